@@ -1,0 +1,146 @@
+// Package store defines the durable state of a run behind one interface, so
+// the engine does not care whether it lives in an embedded SQLite file or a
+// shared database, and every implementation passes one conformance suite
+// (storetest).
+//
+// The engine streams the input once into the store (AddItems), then reads
+// pending items in input order (Pending) and records terminal outcomes in
+// batches (Commit). Every state change is guarded by the expected previous
+// state, so committing the same item twice is a no-op, never a duplicate.
+package store
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// State is an item's durable state. In-flight is not durable: an item that was
+// being sent when the process died is pending again on resume.
+type State string
+
+// Item states.
+const (
+	Pending   State = "pending"
+	Succeeded State = "succeeded"
+	Errored   State = "errored"
+)
+
+// Sentinel errors.
+var (
+	// ErrInputMismatch: the run directory belongs to another input file.
+	ErrInputMismatch = errors.New("store: run directory belongs to a different input")
+	// ErrNotInitialized: Meta or another read before Init.
+	ErrNotInitialized = errors.New("store: not initialized")
+)
+
+// Meta identifies the input a store was created for.
+type Meta struct {
+	InputPath string    `json:"input_path"`
+	InputHash string    `json:"input_hash"` // hex SHA-256 of the whole input file
+	N         int64     `json:"n"`          // number of items (lines with a request)
+	CreatedAt time.Time `json:"created_at"`
+}
+
+// Item is one request of the input, located by its byte range in the input
+// file (the body itself is not copied into the store).
+type Item struct {
+	Seq       int64  // 1-based order of the item in the input
+	Line      int64  // 1-based line number in the input file
+	CustomID  string //
+	Offset    int64  // byte offset of the line in the input file
+	Length    int64  // byte length of the line, without the line ending
+	Model     string //
+	MaxTokens int64  //
+	EstInput  int64  // local estimate of input tokens
+}
+
+// Outcome is the terminal result of one item.
+type Outcome struct {
+	Seq        int64
+	State      State  // Succeeded or Errored
+	Org        string // org that served it ("" when none did)
+	ErrorType  string // error.type for Errored
+	Attempts   int64
+	LatencyMs  int64
+	CostNanos  int64 // cost in nano-dollars (1e-9 USD), exact
+	InputTok   int64
+	OutputTok  int64
+	CacheRead  int64
+	CacheWrite int64
+	// Line is the complete results.jsonl line for this item, without newline.
+	Line []byte
+}
+
+// Batch is what one Commit makes durable in one transaction.
+type Batch struct {
+	Outcomes []Outcome
+	// Counters are added to the store's named counters (attempts, 429s, ...).
+	Counters map[string]int64
+}
+
+// Committed reports what a Commit did: for each outcome in the batch, in
+// order, the result number it was given (1, 2, 3… in commit order across the
+// whole run), or 0 when the item was not pending (already terminal: skipped).
+type Committed struct {
+	RSeq []int64
+}
+
+// OrgTotals are per-org sums over terminal items.
+type OrgTotals struct {
+	Succeeded  int64
+	Errored    int64
+	CostNanos  int64
+	InputTok   int64
+	OutputTok  int64
+	CacheRead  int64
+	CacheWrite int64
+}
+
+// Aggregate is the store's view of the whole run.
+type Aggregate struct {
+	N             int64
+	Pending       int64
+	Succeeded     int64
+	Errored       int64
+	ErroredByType map[string]int64
+	ByOrg         map[string]OrgTotals
+	CostNanos     int64
+	InputTok      int64
+	OutputTok     int64
+	CacheRead     int64
+	CacheWrite    int64
+	Results       int64 // highest result number given
+	Counters      map[string]int64
+}
+
+// Store is the durable state of one run. Implementations are safe for
+// concurrent use; the engine calls Commit from a single goroutine.
+type Store interface {
+	// Init creates the store for meta, or opens an existing one. existing
+	// reports whether the store already held this input; a store made for
+	// another input hash returns ErrInputMismatch and is left untouched.
+	Init(ctx context.Context, meta Meta) (existing bool, err error)
+	// Meta returns what Init recorded.
+	Meta(ctx context.Context) (Meta, error)
+	// AddItems inserts items; an item whose Seq exists already is ignored.
+	AddItems(ctx context.Context, items []Item) error
+	// SetImported marks the import of all N items complete; Imported reports it.
+	SetImported(ctx context.Context) error
+	Imported(ctx context.Context) (bool, error)
+	// Pending returns up to limit pending items with Seq > after, by Seq.
+	Pending(ctx context.Context, after int64, limit int) ([]Item, error)
+	// Commit makes a batch durable in one transaction. Each outcome moves its
+	// item from Pending to its State only if it is still pending.
+	Commit(ctx context.Context, b Batch) (Committed, error)
+	// Results calls fn for every stored result line with result number > after,
+	// in result-number order.
+	Results(ctx context.Context, after int64, fn func(rseq int64, line []byte) error) error
+	// Aggregate sums the run.
+	Aggregate(ctx context.Context) (Aggregate, error)
+	// LatencyPercentiles returns the latency (ms) at each quantile q in [0,1]
+	// over succeeded items (nearest rank); zeros when there are none.
+	LatencyPercentiles(ctx context.Context, qs []float64) ([]int64, error)
+	// Close releases the store. It is safe to call more than once.
+	Close() error
+}
