@@ -32,6 +32,15 @@ var (
 	ErrInputMismatch = errors.New("store: run directory belongs to a different input")
 	// ErrNotInitialized: Meta or another read before Init.
 	ErrNotInitialized = errors.New("store: not initialized")
+	// ErrClosed: a method other than Close was called after Close.
+	ErrClosed = errors.New("store: closed")
+	// ErrInvalidOutcome: Commit was given an outcome it cannot record (a
+	// state other than Succeeded or Errored, a Seq below 1, or a result line
+	// that is empty or holds a newline). Nothing of that batch is written.
+	ErrInvalidOutcome = errors.New("store: invalid outcome")
+	// ErrUnsupportedSchema: the database was written by a newer version of
+	// this program (or is not a store at all) and is left untouched.
+	ErrUnsupportedSchema = errors.New("store: unsupported schema")
 )
 
 // Meta identifies the input a store was created for.
@@ -97,14 +106,14 @@ type OrgTotals struct {
 	CacheWrite int64
 }
 
-// Aggregate is the store's view of the whole run.
+// Aggregate is the store's view of the whole run. Its maps are never nil.
 type Aggregate struct {
-	N             int64
+	N             int64 // items stored (equals Meta.N once the import is complete)
 	Pending       int64
 	Succeeded     int64
 	Errored       int64
 	ErroredByType map[string]int64
-	ByOrg         map[string]OrgTotals
+	ByOrg         map[string]OrgTotals // terminal items by the org that served them ("" for none)
 	CostNanos     int64
 	InputTok      int64
 	OutputTok     int64
@@ -120,6 +129,9 @@ type Store interface {
 	// Init creates the store for meta, or opens an existing one. existing
 	// reports whether the store already held this input; a store made for
 	// another input hash returns ErrInputMismatch and is left untouched.
+	// For an existing store the Meta recorded first is kept (a moved input
+	// file keeps its original InputPath). Every other method except Close
+	// returns ErrNotInitialized until some Init has recorded a Meta.
 	Init(ctx context.Context, meta Meta) (existing bool, err error)
 	// Meta returns what Init recorded.
 	Meta(ctx context.Context) (Meta, error)
@@ -131,10 +143,17 @@ type Store interface {
 	// Pending returns up to limit pending items with Seq > after, by Seq.
 	Pending(ctx context.Context, after int64, limit int) ([]Item, error)
 	// Commit makes a batch durable in one transaction. Each outcome moves its
-	// item from Pending to its State only if it is still pending.
+	// item from Pending to its State only if it is still pending; an outcome
+	// for an item that is terminal already, unknown, or repeated within the
+	// batch is skipped (RSeq 0). When Commit returns an error nothing of the
+	// batch was written, its counters included: the caller still owns every
+	// outcome. A cancelled ctx aborts the batch, so a final flush at shutdown
+	// should pass context.WithoutCancel(ctx).
 	Commit(ctx context.Context, b Batch) (Committed, error)
 	// Results calls fn for every stored result line with result number > after,
-	// in result-number order.
+	// in result-number order, streaming (memory does not grow with the number
+	// of results). fn owns line. An error from fn stops the walk and is
+	// returned unchanged.
 	Results(ctx context.Context, after int64, fn func(rseq int64, line []byte) error) error
 	// Aggregate sums the run.
 	Aggregate(ctx context.Context) (Aggregate, error)

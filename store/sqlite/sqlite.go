@@ -1,0 +1,512 @@
+// Package sqlite is the embedded implementation of store.Store: one SQLite
+// file per run directory (state.db), written through the pure-Go
+// modernc.org/sqlite driver, so the binary needs no C toolchain.
+//
+// Most callers want Open followed by the store.Store methods:
+//
+//	st, err := sqlite.Open(filepath.Join(runDir, "state.db"))
+//	if err != nil { ... }
+//	defer st.Close()
+//	existing, err := st.Init(ctx, meta)
+//
+// # Durability
+//
+// The file is in WAL mode with synchronous=FULL: when Commit returns nil the
+// batch's outcomes are on stable storage and survive a kill -9, an OS crash
+// or a power cut (as far as the disk honours fsync). synchronous=NORMAL would
+// also survive kill -9 (WAL keeps the file consistent) but may forget the
+// last commits on power loss; the engine appends a result line to
+// results.jsonl once Commit returns, so a forgotten commit would send that
+// item again on resume and write its line twice. FULL costs one fsync of the
+// WAL per Commit, which batches of a few hundred outcomes amortise to well
+// beyond the engine's target (store/BENCH.md has the figures for both).
+//
+// A commit that cannot be written (disk full, I/O error, read-only file,
+// cancelled context, store closed) returns an error and rolls back the
+// whole batch: no item of it is terminal, no counter moved, no rseq given.
+//
+// # Concurrency
+//
+// A Store is safe for concurrent use. Writes (Init, AddItems, SetImported,
+// Commit) go through one connection, serialised by a mutex and started with
+// BEGIN IMMEDIATE, so a write transaction never has to upgrade a read lock
+// and cannot deadlock. Reads (Meta, Imported, Pending, Results, Aggregate,
+// LatencyPercentiles) use a small pool of read-only connections; under WAL
+// they see the last committed state and neither wait for nor block a
+// Commit. A Results callback may therefore call the other methods.
+//
+// Another process writing the same file waits up to busyTimeout for the
+// write lock and then fails with SQLITE_BUSY; nothing is corrupted, but one
+// run directory is meant for one running process.
+package sqlite
+
+import (
+	"bytes"
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"maps"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	_ "modernc.org/sqlite" // registers the "sqlite" database/sql driver
+
+	"github.com/apidispatch/apidispatch/store"
+)
+
+const (
+	// busyTimeout is how long a statement waits for a lock held by another
+	// connection (another process, or a checkpoint) before failing.
+	busyTimeout = 5 * time.Second
+	// readers is the size of the read-only connection pool.
+	readers = 4
+	// itemsPerInsert is how many items one INSERT statement carries in
+	// AddItems (8 parameters each, far below SQLite's 32766 limit). Fewer
+	// statements per item is most of the import speed.
+	itemsPerInsert = 128
+	// itemColumns is the number of parameters per item in an INSERT.
+	itemColumns = 8
+)
+
+// config holds the choices Open makes; the benchmarks flip them to measure
+// the alternatives documented in store/BENCH.md.
+type config struct {
+	// synchronous is SQLite's synchronous setting: "FULL" or "NORMAL".
+	synchronous string
+	// sharedConn makes reads use the single writer connection instead of
+	// their own pool (the slower alternative, kept for the benchmark).
+	sharedConn bool
+}
+
+func defaultConfig() config { return config{synchronous: "FULL"} }
+
+// Store is a store.Store in one SQLite file. It is safe for concurrent use.
+// The zero value is not usable; call Open.
+type Store struct {
+	path string
+	w    *sql.DB // one connection: every write
+	r    *sql.DB // read-only pool (w itself when cfg.sharedConn)
+
+	wmu sync.Mutex // serialises writers and guards the write statements
+
+	insertChunk  *sql.Stmt // itemsPerInsert items
+	insertOne    *sql.Stmt // one item
+	update       *sql.Stmt // pending -> terminal, guarded
+	insertResult *sql.Stmt
+	maxRSeq      *sql.Stmt
+	addCounter   *sql.Stmt
+	pending      *sql.Stmt // on r
+
+	initialized atomic.Bool // a Meta is recorded
+	closed      atomic.Bool
+	closeOnce   sync.Once
+	closeErr    error
+}
+
+var _ store.Store = (*Store)(nil)
+
+// Open opens the store in the SQLite file at path, creating the file and its
+// schema when absent. It refuses (store.ErrUnsupportedSchema) a file written
+// by a newer schema or a SQLite file that is not a store, without changing
+// it. The caller must call Init before any other method and Close when done.
+func Open(path string) (*Store, error) {
+	return open(path, defaultConfig())
+}
+
+func open(path string, cfg config) (*Store, error) {
+	if path == "" || strings.ContainsRune(path, '?') || strings.HasPrefix(path, "file:") {
+		// The driver reads everything after '?' as connection options.
+		return nil, fmt.Errorf("sqlite: open %q: path must be a plain file name without '?'", path)
+	}
+	ctx := context.Background()
+	s := &Store{path: path}
+
+	w, err := sql.Open("sqlite", dsn(path, cfg, false))
+	if err != nil {
+		return nil, fmt.Errorf("sqlite: open %s: %w", path, err)
+	}
+	w.SetMaxOpenConns(1)
+	w.SetMaxIdleConns(1)
+	w.SetConnMaxLifetime(0)
+	w.SetConnMaxIdleTime(0)
+	s.w = w
+	if err := migrate(ctx, w, path); err != nil {
+		w.Close()
+		return nil, err
+	}
+	if cfg.sharedConn {
+		s.r = w
+	} else {
+		r, err := sql.Open("sqlite", dsn(path, cfg, true))
+		if err != nil {
+			w.Close()
+			return nil, fmt.Errorf("sqlite: open %s: %w", path, err)
+		}
+		r.SetMaxOpenConns(readers)
+		r.SetMaxIdleConns(readers)
+		r.SetConnMaxLifetime(0)
+		r.SetConnMaxIdleTime(0)
+		s.r = r
+	}
+	if err := s.prepare(ctx); err != nil {
+		s.closeDBs()
+		return nil, fmt.Errorf("sqlite: open %s: %w", path, err)
+	}
+	var n int
+	if err := s.r.QueryRowContext(ctx, `SELECT count(*) FROM meta WHERE key = 'input_hash'`).Scan(&n); err != nil {
+		s.closeDBs()
+		return nil, fmt.Errorf("sqlite: open %s: read meta: %w", path, err)
+	}
+	s.initialized.Store(n > 0)
+	return s, nil
+}
+
+// dsn builds the driver's connection string. Pragmas are per connection, so
+// they go in the DSN and every connection the pool opens gets them.
+func dsn(path string, cfg config, reader bool) string {
+	q := url.Values{}
+	q.Add("_pragma", "busy_timeout("+strconv.FormatInt(busyTimeout.Milliseconds(), 10)+")")
+	if reader {
+		q.Add("_pragma", "cache_size(-16384)") // KiB: 16 MiB per reader
+		q.Set("_query_only", "1")
+	} else {
+		q.Add("_pragma", "cache_size(-65536)")           // KiB: 64 MiB, holds the hot index pages at 1M items
+		q.Add("_pragma", "journal_size_limit(67108864)") // truncate the WAL back to 64 MiB after a checkpoint
+		q.Set("_journal_mode", "WAL")
+		q.Set("_synchronous", cfg.synchronous)
+		q.Set("_txlock", "immediate") // take the write lock at BEGIN: no lock upgrade, no deadlock
+	}
+	return path + "?" + q.Encode()
+}
+
+func (s *Store) prepare(ctx context.Context) error {
+	const itemCols = `INSERT INTO items (seq, line, custom_id, byte_offset, byte_length, model, max_tokens, est_input) VALUES `
+	const onConflict = ` ON CONFLICT (seq) DO NOTHING`
+	row := "(" + strings.TrimSuffix(strings.Repeat("?,", itemColumns), ",") + ")"
+	var err error
+	prep := func(db *sql.DB, q string) *sql.Stmt {
+		if err != nil {
+			return nil
+		}
+		var st *sql.Stmt
+		st, err = db.PrepareContext(ctx, q)
+		if err != nil {
+			err = fmt.Errorf("prepare %.60q: %w", q, err)
+		}
+		return st
+	}
+	s.insertChunk = prep(s.w, itemCols+strings.TrimSuffix(strings.Repeat(row+",", itemsPerInsert), ",")+onConflict)
+	s.insertOne = prep(s.w, itemCols+row+onConflict)
+	s.update = prep(s.w, `UPDATE items SET state = ?, org = ?, error_type = ?, attempts = ?, latency_ms = ?,
+		cost_nanos = ?, input_tok = ?, output_tok = ?, cache_read = ?, cache_write = ?, rseq = ?
+		WHERE seq = ? AND state = 'pending'`)
+	s.insertResult = prep(s.w, `INSERT INTO results (rseq, seq, line) VALUES (?, ?, ?)`)
+	s.maxRSeq = prep(s.w, `SELECT coalesce(max(rseq), 0) FROM results`)
+	s.addCounter = prep(s.w, `INSERT INTO counters (name, value) VALUES (?, ?)
+		ON CONFLICT (name) DO UPDATE SET value = value + excluded.value`)
+	s.pending = prep(s.r, `SELECT seq, line, custom_id, byte_offset, byte_length, model, max_tokens, est_input
+		FROM items INDEXED BY items_pending
+		WHERE state = 'pending' AND seq > ? ORDER BY seq LIMIT ?`)
+	return err
+}
+
+// Path returns the file the store was opened on.
+func (s *Store) Path() string { return s.path }
+
+// check returns the error a method must return before touching the
+// database: ctx's own error, ErrClosed or ErrNotInitialized.
+func (s *Store) check(ctx context.Context, needInit bool) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if s.closed.Load() {
+		return store.ErrClosed
+	}
+	if needInit && !s.initialized.Load() {
+		return store.ErrNotInitialized
+	}
+	return nil
+}
+
+const timeFormat = time.RFC3339Nano
+
+// Init records meta in a new store, or checks that an existing one was made
+// for the same input hash (see store.Store). A mismatch is reported as
+// store.ErrInputMismatch with both paths and hashes, and changes nothing.
+func (s *Store) Init(ctx context.Context, meta store.Meta) (existing bool, err error) {
+	if err := s.check(ctx, false); err != nil {
+		return false, err
+	}
+	if meta.InputHash == "" {
+		return false, errors.New("sqlite: init: meta has no input hash")
+	}
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	tx, err := s.w.BeginTx(ctx, nil)
+	if err != nil {
+		return false, fmt.Errorf("sqlite: init: %w", err)
+	}
+	defer tx.Rollback()
+	kv, err := readMeta(ctx, tx)
+	if err != nil {
+		return false, fmt.Errorf("sqlite: init: %w", err)
+	}
+	if have, ok := kv["input_hash"]; ok {
+		if have != meta.InputHash {
+			return false, fmt.Errorf("%w: %s was made for %s (sha256 %s), not for %s (sha256 %s)",
+				store.ErrInputMismatch, s.path, kv["input_path"], have, meta.InputPath, meta.InputHash)
+		}
+		s.initialized.Store(true)
+		return true, nil
+	}
+	for _, p := range [][2]string{
+		{"input_path", meta.InputPath},
+		{"input_hash", meta.InputHash},
+		{"n", strconv.FormatInt(meta.N, 10)},
+		{"created_at", meta.CreatedAt.UTC().Format(timeFormat)},
+		{"imported", "0"},
+	} {
+		if _, err := tx.ExecContext(ctx, `INSERT INTO meta (key, value) VALUES (?, ?)`, p[0], p[1]); err != nil {
+			return false, fmt.Errorf("sqlite: init: record %s: %w", p[0], err)
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return false, fmt.Errorf("sqlite: init: commit: %w", err)
+	}
+	s.initialized.Store(true)
+	return false, nil
+}
+
+type querier interface {
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+}
+
+func readMeta(ctx context.Context, q querier) (map[string]string, error) {
+	rows, err := q.QueryContext(ctx, `SELECT key, value FROM meta`)
+	if err != nil {
+		return nil, fmt.Errorf("read meta: %w", err)
+	}
+	defer rows.Close()
+	kv := map[string]string{}
+	for rows.Next() {
+		var k, v string
+		if err := rows.Scan(&k, &v); err != nil {
+			return nil, fmt.Errorf("read meta: %w", err)
+		}
+		kv[k] = v
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read meta: %w", err)
+	}
+	return kv, nil
+}
+
+// Meta returns what Init recorded.
+func (s *Store) Meta(ctx context.Context) (store.Meta, error) {
+	if err := s.check(ctx, true); err != nil {
+		return store.Meta{}, err
+	}
+	kv, err := readMeta(ctx, s.r)
+	if err != nil {
+		return store.Meta{}, fmt.Errorf("sqlite: %w", err)
+	}
+	n, err := strconv.ParseInt(kv["n"], 10, 64)
+	if err != nil {
+		return store.Meta{}, fmt.Errorf("sqlite: meta n %q: %w", kv["n"], err)
+	}
+	created, err := time.Parse(timeFormat, kv["created_at"])
+	if err != nil {
+		return store.Meta{}, fmt.Errorf("sqlite: meta created_at %q: %w", kv["created_at"], err)
+	}
+	return store.Meta{InputPath: kv["input_path"], InputHash: kv["input_hash"], N: n, CreatedAt: created}, nil
+}
+
+// AddItems inserts items in one transaction; an item whose Seq exists is
+// ignored, whatever its other fields. A CustomID already used by another Seq
+// is an error (a UNIQUE constraint) and nothing of the call is inserted.
+func (s *Store) AddItems(ctx context.Context, items []store.Item) error {
+	if err := s.check(ctx, true); err != nil {
+		return err
+	}
+	if len(items) == 0 {
+		return nil
+	}
+	for _, it := range items {
+		if it.Seq < 1 {
+			return fmt.Errorf("sqlite: add items: seq %d (custom_id %q) is below 1", it.Seq, it.CustomID)
+		}
+	}
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	tx, err := s.w.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("sqlite: add items: %w", err)
+	}
+	defer tx.Rollback()
+	chunk := tx.StmtContext(ctx, s.insertChunk)
+	one := tx.StmtContext(ctx, s.insertOne)
+	args := make([]any, 0, itemsPerInsert*itemColumns)
+	for len(items) > 0 {
+		n := min(len(items), itemsPerInsert)
+		st := chunk
+		if n < itemsPerInsert {
+			n, st = 1, one
+		}
+		args = args[:0]
+		for _, it := range items[:n] {
+			args = append(args, it.Seq, it.Line, it.CustomID, it.Offset, it.Length, it.Model, it.MaxTokens, it.EstInput)
+		}
+		if _, err := st.ExecContext(ctx, args...); err != nil {
+			return fmt.Errorf("sqlite: add items (seq %d..%d): %w", items[0].Seq, items[n-1].Seq, err)
+		}
+		items = items[n:]
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("sqlite: add items: commit: %w", err)
+	}
+	return nil
+}
+
+// SetImported marks the import complete.
+func (s *Store) SetImported(ctx context.Context) error {
+	if err := s.check(ctx, true); err != nil {
+		return err
+	}
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	if _, err := s.w.ExecContext(ctx, `UPDATE meta SET value = '1' WHERE key = 'imported'`); err != nil {
+		return fmt.Errorf("sqlite: set imported: %w", err)
+	}
+	return nil
+}
+
+// Imported reports whether SetImported was called.
+func (s *Store) Imported(ctx context.Context) (bool, error) {
+	if err := s.check(ctx, true); err != nil {
+		return false, err
+	}
+	var v string
+	if err := s.r.QueryRowContext(ctx, `SELECT value FROM meta WHERE key = 'imported'`).Scan(&v); err != nil {
+		return false, fmt.Errorf("sqlite: imported: %w", err)
+	}
+	return v == "1", nil
+}
+
+// Pending returns up to limit pending items with Seq > after, in Seq order.
+// It reads through the partial index of pending rows, so its cost does not
+// depend on how many items are already done.
+func (s *Store) Pending(ctx context.Context, after int64, limit int) ([]store.Item, error) {
+	if err := s.check(ctx, true); err != nil {
+		return nil, err
+	}
+	if limit <= 0 {
+		return nil, nil
+	}
+	rows, err := s.pending.QueryContext(ctx, after, limit)
+	if err != nil {
+		return nil, fmt.Errorf("sqlite: pending after %d: %w", after, err)
+	}
+	defer rows.Close()
+	items := make([]store.Item, 0, min(limit, 1024))
+	for rows.Next() {
+		var it store.Item
+		if err := rows.Scan(&it.Seq, &it.Line, &it.CustomID, &it.Offset, &it.Length,
+			&it.Model, &it.MaxTokens, &it.EstInput); err != nil {
+			return nil, fmt.Errorf("sqlite: pending after %d: %w", after, err)
+		}
+		items = append(items, it)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("sqlite: pending after %d: %w", after, err)
+	}
+	return items, nil
+}
+
+// Commit makes b durable in one transaction (see store.Store and the
+// package's Durability section). Each outcome is an UPDATE guarded by
+// state = 'pending'; only the rows it actually changed get an rseq, counted
+// on from the highest one in the file, and a result line.
+func (s *Store) Commit(ctx context.Context, b store.Batch) (store.Committed, error) {
+	if err := s.check(ctx, true); err != nil {
+		return store.Committed{}, err
+	}
+	for i, o := range b.Outcomes {
+		if why := invalidOutcome(o); why != "" {
+			return store.Committed{}, fmt.Errorf("%w: outcome %d (seq %d): %s", store.ErrInvalidOutcome, i, o.Seq, why)
+		}
+	}
+	got := store.Committed{RSeq: make([]int64, len(b.Outcomes))}
+	if len(b.Outcomes) == 0 && len(b.Counters) == 0 {
+		return got, nil
+	}
+
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	tx, err := s.w.BeginTx(ctx, nil)
+	if err != nil {
+		return store.Committed{}, fmt.Errorf("sqlite: commit: %w", err)
+	}
+	defer tx.Rollback()
+
+	var next int64
+	if err := tx.StmtContext(ctx, s.maxRSeq).QueryRowContext(ctx).Scan(&next); err != nil {
+		return store.Committed{}, fmt.Errorf("sqlite: commit: read last rseq: %w", err)
+	}
+	next++
+	update := tx.StmtContext(ctx, s.update)
+	insert := tx.StmtContext(ctx, s.insertResult)
+	for i, o := range b.Outcomes {
+		res, err := update.ExecContext(ctx, string(o.State), o.Org, o.ErrorType, o.Attempts, o.LatencyMs,
+			o.CostNanos, o.InputTok, o.OutputTok, o.CacheRead, o.CacheWrite, next, o.Seq)
+		if err != nil {
+			return store.Committed{}, fmt.Errorf("sqlite: commit: update seq %d: %w", o.Seq, err)
+		}
+		n, err := res.RowsAffected()
+		if err != nil {
+			return store.Committed{}, fmt.Errorf("sqlite: commit: update seq %d: %w", o.Seq, err)
+		}
+		if n == 0 {
+			continue // not pending (terminal already, repeated in this batch, or unknown): skipped
+		}
+		if _, err := insert.ExecContext(ctx, next, o.Seq, o.Line); err != nil {
+			return store.Committed{}, fmt.Errorf("sqlite: commit: result line of seq %d: %w", o.Seq, err)
+		}
+		got.RSeq[i] = next
+		next++
+	}
+	if len(b.Counters) > 0 {
+		add := tx.StmtContext(ctx, s.addCounter)
+		// Sorted, so concurrent processes (or a Postgres store) would take
+		// row locks in one order.
+		for _, name := range slices.Sorted(maps.Keys(b.Counters)) {
+			if _, err := add.ExecContext(ctx, name, b.Counters[name]); err != nil {
+				return store.Committed{}, fmt.Errorf("sqlite: commit: counter %q: %w", name, err)
+			}
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return store.Committed{}, fmt.Errorf("sqlite: commit %d outcomes: %w", len(b.Outcomes), err)
+	}
+	return got, nil
+}
+
+// invalidOutcome says why o cannot be recorded, or "" when it can.
+func invalidOutcome(o store.Outcome) string {
+	switch {
+	case o.State != store.Succeeded && o.State != store.Errored:
+		return fmt.Sprintf("state %q is not terminal", o.State)
+	case o.Seq < 1:
+		return "seq below 1"
+	case len(o.Line) == 0:
+		return "empty result line"
+	case bytes.IndexByte(o.Line, '\n') >= 0:
+		return "result line holds a newline"
+	}
+	return ""
+}

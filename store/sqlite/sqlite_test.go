@@ -1,0 +1,303 @@
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/apidispatch/apidispatch/store"
+	"github.com/apidispatch/apidispatch/store/storetest"
+)
+
+func TestConformance(t *testing.T) {
+	storetest.Run(t, func(t *testing.T) store.Store {
+		s, err := Open(filepath.Join(t.TempDir(), "state.db"))
+		if err != nil {
+			t.Fatalf("Open: %v", err)
+		}
+		return s
+	})
+}
+
+var testMeta = store.Meta{
+	InputPath: "/data/requests.jsonl",
+	InputHash: "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
+	N:         100,
+	CreatedAt: time.Date(2026, 7, 1, 0, 0, 0, 0, time.UTC),
+}
+
+func testItems(from, to int64) []store.Item {
+	var out []store.Item
+	for s := from; s <= to; s++ {
+		out = append(out, store.Item{
+			Seq: s, Line: s, CustomID: fmt.Sprintf("item_%06d", s), Offset: s * 700, Length: 699,
+			Model: "claude-sonnet-4-5", MaxTokens: 256, EstInput: 500,
+		})
+	}
+	return out
+}
+
+func testOutcome(seq int64, lineLen int) store.Outcome {
+	line := fmt.Appendf(nil, `{"custom_id":"item_%06d","result":{"type":"succeeded","message":{"text":"`, seq)
+	for len(line) < lineLen-3 {
+		line = append(line, 'x')
+	}
+	line = append(line, `"}}`...)
+	return store.Outcome{
+		Seq: seq, State: store.Succeeded, Org: "high_prio", Attempts: 1, LatencyMs: 1000 + seq%977,
+		CostNanos: 2_130_000, InputTok: 500, OutputTok: 180, Line: line,
+	}
+}
+
+// openInit opens a store at path and initialises it with testMeta.
+func openInit(t testing.TB, path string, cfg config) *Store {
+	t.Helper()
+	s, err := open(path, cfg)
+	if err != nil {
+		t.Fatalf("open: %v", err)
+	}
+	t.Cleanup(func() { s.Close() })
+	if _, err := s.Init(context.Background(), testMeta); err != nil {
+		t.Fatalf("Init: %v", err)
+	}
+	return s
+}
+
+func TestReopenKeepsEverything(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	path := filepath.Join(t.TempDir(), "state.db")
+	s := openInit(t, path, defaultConfig())
+	if err := s.AddItems(ctx, testItems(1, 100)); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SetImported(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var b store.Batch
+	for seq := int64(1); seq <= 40; seq++ {
+		b.Outcomes = append(b.Outcomes, testOutcome(seq, 600))
+	}
+	b.Counters = map[string]int64{"attempts": 55}
+	if _, err := s.Commit(ctx, b); err != nil {
+		t.Fatal(err)
+	}
+	before, err := s.Aggregate(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	s2, err := Open(path)
+	if err != nil {
+		t.Fatalf("reopen: %v", err)
+	}
+	defer s2.Close()
+	// A report reader may look before any Init of its own.
+	m, err := s2.Meta(ctx)
+	if err != nil || m.InputHash != testMeta.InputHash {
+		t.Fatalf("Meta after reopen = (%+v, %v)", m, err)
+	}
+	existing, err := s2.Init(ctx, testMeta)
+	if err != nil || !existing {
+		t.Fatalf("Init after reopen = (%v, %v), want existing", existing, err)
+	}
+	after, err := s2.Aggregate(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after.Results != 40 || after.Pending != 60 || after.Counters["attempts"] != 55 || after.CostNanos != before.CostNanos {
+		t.Fatalf("after reopen: %+v, want %+v", after, before)
+	}
+	if imp, err := s2.Imported(ctx); err != nil || !imp {
+		t.Fatalf("Imported after reopen = (%v, %v)", imp, err)
+	}
+	c, err := s2.Commit(ctx, store.Batch{Outcomes: []store.Outcome{testOutcome(40, 600), testOutcome(41, 600)}})
+	if err != nil || !slices.Equal(c.RSeq, []int64{0, 41}) {
+		t.Fatalf("Commit after reopen = (%v, %v), want [0 41]", c.RSeq, err)
+	}
+	if err := storetest.Check(ctx, s2); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestOpenRefusesNewerSchema(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "state.db")
+	s, err := Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	raw, err := sql.Open("sqlite", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := raw.Exec(`UPDATE meta SET value = '7' WHERE key = 'schema_version'`); err != nil {
+		t.Fatal(err)
+	}
+	raw.Close()
+
+	_, err = Open(path)
+	if !errors.Is(err, store.ErrUnsupportedSchema) {
+		t.Fatalf("Open of a version 7 store: %v, want ErrUnsupportedSchema", err)
+	}
+	if !strings.Contains(err.Error(), "version 7") || !strings.Contains(err.Error(), "version 1") {
+		t.Errorf("error %q should name both versions", err)
+	}
+}
+
+func TestOpenRefusesForeignDatabase(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "other.db")
+	raw, err := sql.Open("sqlite", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := raw.Exec(`CREATE TABLE invoices (id INTEGER PRIMARY KEY)`); err != nil {
+		t.Fatal(err)
+	}
+	raw.Close()
+	if _, err := Open(path); !errors.Is(err, store.ErrUnsupportedSchema) {
+		t.Fatalf("Open of a foreign database: %v, want ErrUnsupportedSchema", err)
+	}
+	raw, _ = sql.Open("sqlite", path)
+	defer raw.Close()
+	var n int
+	if err := raw.QueryRow(`SELECT count(*) FROM sqlite_schema`).Scan(&n); err != nil || n != 1 {
+		t.Fatalf("the refused database was changed: %d objects (%v)", n, err)
+	}
+}
+
+func TestOpenRejectsQueryInPath(t *testing.T) {
+	t.Parallel()
+	if _, err := Open(filepath.Join(t.TempDir(), "state.db?mode=ro")); err == nil {
+		t.Fatal("Open accepted a path with '?'")
+	}
+}
+
+func TestAddItemsDuplicateCustomIDFails(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	s := openInit(t, filepath.Join(t.TempDir(), "state.db"), defaultConfig())
+	if err := s.AddItems(ctx, testItems(1, 10)); err != nil {
+		t.Fatal(err)
+	}
+	// Seq 11 reuses item 3's custom_id: silently ignoring it would lose
+	// an item, so the whole call fails.
+	batch := testItems(11, 20)
+	batch[0].CustomID = "item_000003"
+	if err := s.AddItems(ctx, batch); err == nil {
+		t.Fatal("AddItems accepted a duplicate custom_id")
+	}
+	a, err := s.Aggregate(ctx)
+	if err != nil || a.N != 10 {
+		t.Fatalf("after the failed call N = %d (%v), want 10 (nothing of it inserted)", a.N, err)
+	}
+}
+
+// TestCommitOnFullDiskWritesNothing simulates a full disk with SQLite's
+// max_page_count, which fails a write with SQLITE_FULL exactly where a full
+// file system would: when the transaction needs a new page. (A read-only
+// file cannot be used for this in tests that may run as root.)
+func TestCommitOnFullDiskWritesNothing(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	s := openInit(t, filepath.Join(t.TempDir(), "state.db"), defaultConfig())
+	if err := s.AddItems(ctx, testItems(1, 1000)); err != nil {
+		t.Fatal(err)
+	}
+	var pages int64
+	if err := s.w.QueryRow(`PRAGMA page_count`).Scan(&pages); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.w.Exec(fmt.Sprintf(`PRAGMA max_page_count = %d`, pages)); err != nil {
+		t.Fatal(err)
+	}
+	var b store.Batch
+	for seq := int64(1); seq <= 500; seq++ {
+		b.Outcomes = append(b.Outcomes, testOutcome(seq, 600))
+	}
+	b.Counters = map[string]int64{"attempts": 500}
+	if c, err := s.Commit(ctx, b); err == nil {
+		t.Fatalf("Commit on a full disk succeeded: %v", c.RSeq[:3])
+	} else {
+		t.Logf("Commit on a full disk: %v", err)
+	}
+	a, err := s.Aggregate(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.Pending != 1000 || a.Results != 0 || len(a.Counters) != 0 {
+		t.Fatalf("a failed Commit left traces: %+v", a)
+	}
+	if its, err := s.Pending(ctx, 0, 1); err != nil || len(its) != 1 || its[0].Seq != 1 {
+		t.Fatalf("item 1 not pending after the failed commit: %v %v", its, err)
+	}
+	// Space again: the same batch goes through, numbered from 1.
+	if _, err := s.w.Exec(`PRAGMA max_page_count = 1073741823`); err != nil {
+		t.Fatal(err)
+	}
+	c, err := s.Commit(ctx, b)
+	if err != nil {
+		t.Fatalf("Commit after space returned: %v", err)
+	}
+	if c.RSeq[0] != 1 || c.RSeq[499] != 500 {
+		t.Fatalf("rseqs after the failed commit start at %d, end at %d; want 1, 500", c.RSeq[0], c.RSeq[499])
+	}
+	if err := storetest.Check(ctx, s); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestNearestRank(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		q    float64
+		n, k int64
+	}{
+		{0, 10, 1}, {0.1, 10, 1}, {0.11, 10, 2}, {0.5, 10, 5}, {0.95, 10, 10}, {1, 10, 10},
+		{0.95, 20, 19}, {0.99, 100, 99}, {0.999, 1000, 999}, {0.5, 1, 1}, {0.29, 100, 29}, {0.57, 100, 57},
+	} {
+		if got := nearestRank(tc.q, tc.n); got != tc.k {
+			t.Errorf("nearestRank(%v, %d) = %d, want %d", tc.q, tc.n, got, tc.k)
+		}
+	}
+}
+
+func TestQueryPlans(t *testing.T) {
+	t.Parallel()
+	s := openInit(t, filepath.Join(t.TempDir(), "state.db"), defaultConfig())
+	for q, want := range map[string]string{
+		`SELECT seq FROM items INDEXED BY items_pending WHERE state = 'pending' AND seq > 5 ORDER BY seq LIMIT 10`: "items_pending",
+		`SELECT rseq, line FROM results WHERE rseq > 5 ORDER BY rseq`:                                              "INTEGER PRIMARY KEY",
+		`SELECT latency_ms FROM items INDEXED BY items_latency WHERE state = 'succeeded' ORDER BY latency_ms`:      "items_latency",
+	} {
+		rows, err := s.r.Query("EXPLAIN QUERY PLAN " + q)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var plan []string
+		for rows.Next() {
+			var id, parent, notused int
+			var detail string
+			if err := rows.Scan(&id, &parent, &notused, &detail); err != nil {
+				t.Fatal(err)
+			}
+			plan = append(plan, detail)
+		}
+		rows.Close()
+		p := strings.Join(plan, "; ")
+		if !strings.Contains(p, want) || strings.Contains(p, "TEMP B-TREE") {
+			t.Errorf("plan of %q = %q, want a walk of %s without a sort", q, p, want)
+		}
+	}
+}
