@@ -1,0 +1,211 @@
+package workload
+
+import (
+	"fmt"
+	"strconv"
+	"unicode/utf8"
+)
+
+// checker applies the per-line rules to one line at a time. It reuses its
+// buffers across lines and interns model names, so checking a line does not
+// allocate.
+type checker struct {
+	p     parser
+	r     request
+	b     []byte
+	probs []string // problems of the current line
+
+	idOK        bool
+	id          string // decoded custom_id when it had escapes
+	maxTokensOK bool
+	maxTokens   int64
+	models      map[string]string
+}
+
+func newChecker() *checker {
+	return &checker{models: map[string]string{}}
+}
+
+// check parses line b (not blank, within the length limit) and records its
+// problems in c.probs; on a clean line c.probs is empty.
+func (c *checker) check(b []byte) {
+	c.b = b
+	c.probs = c.probs[:0]
+	c.idOK, c.id, c.maxTokensOK, c.maxTokens = false, "", false, 0
+	c.r = request{}
+
+	if !utf8.Valid(b) {
+		c.problem("not valid UTF-8 at column %d (binary data?)", invalidUTF8At(b)+1)
+		return
+	}
+	c.p = parser{b: b}
+	if !parseRequest(&c.p, &c.r) {
+		c.probs = append(c.probs, c.p.syntaxError())
+		c.r = request{} // keep nothing half-parsed
+		return
+	}
+	r := &c.r
+	if r.top != kindObject {
+		c.problem("the line is %s, not a JSON object", r.top)
+		return
+	}
+
+	switch r.customIDKind {
+	case kindMissing:
+		c.problem("missing custom_id")
+	case kindString:
+		c.checkID()
+	default:
+		c.problem("custom_id must be a string, found %s", r.customIDKind)
+	}
+
+	switch r.paramsKind {
+	case kindMissing:
+		c.problem("missing params")
+		return
+	case kindObject:
+	default:
+		c.problem("params must be an object, found %s", r.paramsKind)
+		return
+	}
+
+	switch r.modelKind {
+	case kindMissing:
+		c.problem("params.model is missing")
+	case kindString:
+		if r.model.e == r.model.s {
+			c.problem("params.model is empty")
+		}
+	default:
+		c.problem("params.model must be a string, found %s", r.modelKind)
+	}
+
+	switch r.maxTokensKind {
+	case kindMissing:
+		c.problem("params.max_tokens is missing")
+	case kindNumber:
+		c.checkMaxTokens()
+	default:
+		c.problem("params.max_tokens must be a positive integer, found %s", r.maxTokensKind)
+	}
+
+	switch {
+	case r.messagesKind == kindMissing:
+		c.problem("params.messages is missing")
+	case r.messagesKind != kindArray:
+		c.problem("params.messages must be a non-empty array, found %s", r.messagesKind)
+	case r.messages == 0:
+		c.problem("params.messages is empty")
+	}
+
+	switch r.streamKind {
+	case kindMissing, kindFalse:
+	case kindTrue:
+		c.problem("params.stream is true; requests are sent without streaming")
+	default:
+		c.problem("params.stream must be a boolean, found %s", r.streamKind)
+	}
+}
+
+func (c *checker) problem(format string, args ...any) {
+	c.probs = append(c.probs, fmt.Sprintf(format, args...))
+}
+
+// checkID applies ^[a-zA-Z0-9_-]{1,64}$ to the decoded custom_id.
+func (c *checker) checkID() {
+	sp := c.r.customID
+	var id []byte
+	if sp.esc {
+		c.id = decodeString(c.b, sp)
+		id = []byte(c.id)
+	} else {
+		id = c.b[sp.s:sp.e]
+	}
+	if len(id) == 0 {
+		c.problem("custom_id is empty (it must be 1 to 64 characters)")
+		return
+	}
+	bad := false
+	for _, ch := range id {
+		if !('a' <= ch && ch <= 'z' || 'A' <= ch && ch <= 'Z' || '0' <= ch && ch <= '9' || ch == '_' || ch == '-') {
+			bad = true
+			break
+		}
+	}
+	n := utf8.RuneCount(id)
+	switch {
+	case bad && n > 64:
+		c.problem("custom_id %s has characters outside [a-zA-Z0-9_-] and is %d characters long (at most 64)", quoteID(string(id)), n)
+	case bad:
+		c.problem("custom_id %s has characters outside [a-zA-Z0-9_-]", quoteID(string(id)))
+	case n > 64:
+		c.problem("custom_id %s is %d characters long (at most 64)", quoteID(string(id)), n)
+	default:
+		c.idOK = true
+	}
+}
+
+// idBytes is the decoded custom_id (valid after check).
+func (c *checker) idBytes() []byte {
+	if c.r.customID.esc {
+		return []byte(c.id)
+	}
+	return c.b[c.r.customID.s:c.r.customID.e]
+}
+
+// customID returns the decoded custom_id as a new string.
+func (c *checker) customID() string {
+	if c.r.customID.esc {
+		return c.id
+	}
+	return string(c.b[c.r.customID.s:c.r.customID.e])
+}
+
+func (c *checker) checkMaxTokens() {
+	lit := c.b[c.r.maxTokens.s:c.r.maxTokens.e]
+	for _, ch := range lit {
+		if ch < '0' || ch > '9' {
+			c.problem("params.max_tokens must be a positive integer, found %s", lit)
+			return
+		}
+	}
+	n, err := strconv.ParseInt(string(lit), 10, 64)
+	switch {
+	case err != nil || n > maxMaxTokens:
+		c.problem("params.max_tokens %s is too large (at most %d)", lit, maxMaxTokens)
+	case n <= 0:
+		c.problem("params.max_tokens must be a positive integer, found %s", lit)
+	default:
+		c.maxTokensOK, c.maxTokens = true, n
+	}
+}
+
+// model returns the model name, interned: lines with the same model share
+// one string.
+func (c *checker) model() string {
+	sp := c.r.model
+	if !sp.esc {
+		if m, ok := c.models[string(c.b[sp.s:sp.e])]; ok {
+			return m
+		}
+	}
+	m := string(c.b[sp.s:sp.e])
+	if sp.esc {
+		m = decodeString(c.b, sp)
+	}
+	if len(c.models) < maxModels {
+		c.models[m] = m
+	}
+	return m
+}
+
+func invalidUTF8At(b []byte) int {
+	for i := 0; i < len(b); {
+		r, size := utf8.DecodeRune(b[i:])
+		if r == utf8.RuneError && size == 1 {
+			return i
+		}
+		i += size
+	}
+	return len(b)
+}

@@ -1,0 +1,139 @@
+package workload
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+
+	"github.com/apidispatch/apidispatch/store"
+)
+
+// Scan reads the request file at path in one streaming pass and calls fn
+// with each item in file order: Seq (1, 2, 3… over non-blank lines), Line,
+// CustomID, Offset and Length (the line's byte range, without its line
+// ending, BOM excluded), Model, MaxTokens and EstInput.
+//
+// Scan is meant for a file Validate accepted. It still checks each line as
+// it reads it (but not custom_id uniqueness or the KnownModel hook) and
+// stops at the first problem with a *ValidationError, wrapped with the path.
+// An error from fn stops the scan and is returned unchanged.
+func Scan(path string, fn func(it store.Item) error) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return fmt.Errorf("workload: %w", err)
+	}
+	defer f.Close()
+	lr := newLineReader(f, MaxLineBytes)
+	c := newChecker()
+	var seq int64
+	for {
+		ln, err := lr.next()
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("workload: %s: %w", path, err)
+		}
+		if ln.tooLong {
+			return scanError(path, ln.num, fmt.Sprintf("line is longer than the limit of %d bytes", MaxLineBytes))
+		}
+		if isBlank(ln.b) {
+			continue
+		}
+		c.check(ln.b)
+		if len(c.probs) > 0 {
+			return scanError(path, ln.num, c.probs[0])
+		}
+		seq++
+		it := store.Item{
+			Seq:       seq,
+			Line:      ln.num,
+			CustomID:  c.customID(),
+			Offset:    ln.off,
+			Length:    int64(len(ln.b)),
+			Model:     c.model(),
+			MaxTokens: c.maxTokens,
+			EstInput:  c.r.estimate(),
+		}
+		if err := fn(it); err != nil {
+			return err
+		}
+	}
+}
+
+func scanError(path string, line int64, msg string) error {
+	return fmt.Errorf("workload: %s: %w", path, &ValidationError{Problems: []Problem{{Line: line, Msg: msg}}})
+}
+
+// ReadAt reads item it back from the request file by its byte range (one
+// positioned read, so concurrent calls on one *os.File are safe) and returns
+// its params object exactly as the file holds it. If the bytes there are not
+// a request with it.CustomID, the file changed since it was scanned: the
+// error wraps ErrChanged.
+func ReadAt(r io.ReaderAt, it store.Item) (json.RawMessage, error) {
+	if it.Length <= 0 || it.Length > MaxLineBytes || it.Offset < 0 {
+		return nil, fmt.Errorf("workload: item %q (line %d): invalid byte range %d+%d", it.CustomID, it.Line, it.Offset, it.Length)
+	}
+	buf := make([]byte, it.Length)
+	n, err := r.ReadAt(buf, it.Offset)
+	if n < len(buf) {
+		if err == nil || errors.Is(err, io.EOF) {
+			return nil, fmt.Errorf("line %d: the file is shorter than it was: %w", it.Line, ErrChanged)
+		}
+		return nil, fmt.Errorf("workload: line %d: %w", it.Line, err)
+	}
+	p := parser{b: buf}
+	var req request
+	if !parseRequest(&p, &req) {
+		return nil, fmt.Errorf("line %d: %s: %w", it.Line, p.syntaxError(), ErrChanged)
+	}
+	if req.customIDKind != kindString {
+		return nil, fmt.Errorf("line %d: no custom_id: %w", it.Line, ErrChanged)
+	}
+	id := buf[req.customID.s:req.customID.e]
+	if req.customID.esc {
+		id = []byte(decodeString(buf, req.customID))
+	}
+	if string(id) != it.CustomID {
+		return nil, fmt.Errorf("line %d: custom_id is %s, want %s: %w", it.Line, quoteID(string(id)), quoteID(it.CustomID), ErrChanged)
+	}
+	if req.paramsKind != kindObject {
+		return nil, fmt.Errorf("line %d: params is %s: %w", it.Line, req.paramsKind, ErrChanged)
+	}
+	return json.RawMessage(buf[req.params.s:req.params.e:req.params.e]), nil
+}
+
+// EstimateInputTokens is apidispatch's LOCAL estimate of the input tokens of
+// a Messages request's params, for projections and rate-limit reservations
+// before the API reports the real count. It is not a tokenizer:
+//
+//	ceil(A / 4) + W + 4 × len(messages) + 4
+//
+// where A counts the ASCII characters and W the non-ASCII characters of the
+// string values in system, messages and tools (keys and the values of
+// "type", "role", "cache_control" and "media_type" are left out; a JSON
+// escape is one character; a base64 "data" string counts at most 6,400
+// characters, about an image's price). English prose runs about four
+// characters a token; CJK text about one token a character, which is why a
+// non-ASCII character counts as a whole token (this overestimates accented
+// Latin text a little, erring toward a higher cost projection). The
+// Phase 6 judge item (a 720-character rubric and a 364-character question)
+// is estimated at about 280 tokens.
+//
+// For an exact count, the plan command can ask the API's count_tokens
+// endpoint. Params that are not a valid JSON object are estimated as a
+// quarter of their length.
+func EstimateInputTokens(params json.RawMessage) int64 {
+	p := parser{b: params}
+	var r request
+	p.skipWS()
+	if p.i < len(p.b) && p.b[p.i] == '{' && parseParams(&p, &r) {
+		p.skipWS()
+		if p.i == len(p.b) {
+			return r.estimate()
+		}
+	}
+	return (int64(len(params)) + 3) / 4
+}
