@@ -1,0 +1,45 @@
+// Package sim is a simulator of the Anthropic Messages API, faithful enough
+// that every test and benchmark of apidispatch runs against it over real HTTP
+// on loopback instead of the real API (design.md §8, anthropic-api.md).
+//
+// A Server is an http.Handler serving
+//
+//	POST /v1/messages               the Messages API (non-streaming)
+//	POST /v1/messages/count_tokens  free token count
+//	GET  /v1/models                 the model list
+//	GET  /sim/stats                 per-org statistics and time series (JSON)
+//	GET  /sim/ledger                every billed request (JSONL)
+//	GET|POST|PUT|DELETE /sim/faults list, add, replace or clear faults (JSON)
+//
+// It authenticates x-api-key against its orgs' keys, validates requests like
+// the API does, and admits a request only when the org's three token buckets
+// for the model's pool (requests, input tokens, output tokens per minute) all
+// have room; a refusal is a 429 rate_limit_error with retry-after and the
+// full anthropic-ratelimit-* header set. Latency follows a seeded long-tailed
+// model calibrated to measurements of the real API (see CALIBRATION.md), and
+// the tokens and text of a response derive only from a hash of the request
+// body, so the same request costs the same in every run. Every billed request
+// is written to a ledger with its exact cost in integer nano-dollars.
+//
+// # Speed factor
+//
+// Config.Speed (K) compresses time: buckets refill K times faster, latencies
+// and waits are divided by K, and retry-after is the API-equivalent wait
+// divided by K (whole seconds, plus an exact retry-after-ms when K > 1).
+// Bucket capacities stay in API units, so the limit headers report the API
+// limits (as the real API would) while the reset headers are in real,
+// compressed time; an hour of API traffic runs in 60/K minutes with the same
+// shape. Every response carries x-sim-speed-factor so a client that reads
+// limit/60 as a per-second refill can correct for K. Fault schedules and
+// windows are given in API-equivalent time.
+//
+// # Typical use
+//
+//	cfg, _ := sim.Preset("origin-3org")
+//	cfg.Speed = 20
+//	run, _ := sim.Start(cfg)
+//	defer run.Close()
+//	// point a client at run.URL with one of run.Server.Keys()["high_prio"]
+//
+// All methods of Server are safe for concurrent use.
+package sim
