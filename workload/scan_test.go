@@ -202,3 +202,34 @@ func TestEstimateInputTokens(t *testing.T) {
 		}
 	}
 }
+
+// TestLongLineRoundTrip: a line longer than the read buffer (assembled in
+// pieces) with a CRLF ending keeps its exact range and params.
+func TestLongLineRoundTrip(t *testing.T) {
+	t.Parallel()
+	text := strings.Repeat("abcdefgh", 3<<20/8) // 3 MiB of prompt
+	params := `{"model":"m","max_tokens":9,"messages":[{"role":"user","content":"` + text + `"}]}`
+	long := `{"custom_id":"big","params":` + params + `}`
+	content := good("a") + "\r\n" + long + "\r\n" + good("b") + "\r\n"
+	path := writeTemp(t, content)
+	sum, err := Validate(path, ValidateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sum.LongestLine != int64(len(long)) {
+		t.Errorf("LongestLine = %d, want %d", sum.LongestLine, len(long))
+	}
+	items := scanAll(t, path)
+	if len(items) != 3 || items[1].Length != int64(len(long)) || items[2].Offset != int64(len(good("a"))+2+len(long)+2) {
+		t.Fatalf("items %+v", items)
+	}
+	if want := int64(3<<20/4 + 4 + 4); items[1].EstInput != want {
+		t.Errorf("EstInput = %d, want %d", items[1].EstInput, want)
+	}
+	f, _ := os.Open(path)
+	defer f.Close()
+	got, err := ReadAt(f, items[1])
+	if err != nil || string(got) != params {
+		t.Errorf("ReadAt: %v (%d bytes)", err, len(got))
+	}
+}
