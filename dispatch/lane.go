@@ -1,0 +1,331 @@
+package dispatch
+
+import (
+	"math"
+	"sync"
+	"time"
+
+	"github.com/apidispatch/apidispatch/anthropic"
+	"github.com/apidispatch/apidispatch/ratelimit"
+)
+
+// Gate is the part of a lane that decides admission: the concurrency slots
+// and the bucket mirrors. The engine consumes only this interface, so that a
+// shared implementation (for example one backed by Redis) can make several
+// processes on several machines keep one polite budget per key.
+type Gate interface {
+	// TryAdmit admits one request needing n at now, or reports how long to
+	// wait before asking again (0 with ok false: wait for a release).
+	TryAdmit(now time.Time, n ratelimit.Need) (p Permit, wait time.Duration, ok bool)
+	// Done returns the permit with what the attempt observed.
+	Done(now time.Time, p Permit, fb Feedback)
+	// Snapshot describes the gate for progress, events and the summary.
+	Snapshot(now time.Time) LaneSnapshot
+}
+
+// Permit is one admitted request. It carries what was reserved so the
+// reservation can be corrected by actual usage.
+type Permit struct {
+	Need ratelimit.Need
+	gen  uint64 // congestion epoch at admission
+}
+
+// Feedback is what one attempt taught the lane.
+type Feedback struct {
+	Outcome anthropic.Outcome
+	Limits  anthropic.RateLimits
+	// Actual is what the request really drew (zero unless the server
+	// processed it: a 200 with usage).
+	Actual ratelimit.Need
+	// Billed reports that Actual is known.
+	Billed bool
+}
+
+// LaneSnapshot is a lane's state at one moment.
+type LaneSnapshot struct {
+	Org         string  `json:"org"`
+	Pool        string  `json:"pool"`
+	Cap         int     `json:"cap"`
+	Limit       float64 `json:"limit"`
+	InFlight    int     `json:"in_flight"`
+	MaxInFlight int     `json:"max_in_flight"`
+	Cuts        int     `json:"cuts"`
+	HeldS       float64 `json:"held_s"`
+	Held        bool    `json:"held"`
+	Others      bool    `json:"others_seen_now"`
+	OthersSeen  int     `json:"others_seen"`
+	Disabled    string  `json:"disabled,omitempty"`
+}
+
+// LaneConfig tunes a lane controller. Zero fields take the defaults noted.
+type LaneConfig struct {
+	Org  string
+	Pool anthropic.Pool
+	// Cap is the polite per-key concurrency cap; the limit never exceeds it.
+	Cap int
+	// StartFraction of Cap the limit starts at (default 0.25, at least MinLimit).
+	StartFraction float64
+	// MinLimit is the floor of a multiplicative cut (default 1).
+	MinLimit float64
+	// RampPerSecond: growth of the limit per second of server time while the
+	// lane uses its limit, before the first cut (default Cap/8 per second,
+	// so a quarter of the cap reaches the cap in six seconds).
+	RampPerSecond float64
+	// IncreasePerSecond: additive growth after a cut (default max(1, Cap/50)).
+	IncreasePerSecond float64
+	// Decrease is the multiplicative cut factor on congestion (default 0.5).
+	Decrease float64
+	// Speed is how much faster than the wall clock the server's time runs
+	// (the simulator's K; 1 for the real API). Every time constant of the
+	// controller is divided by it.
+	Speed float64
+	// Mirror tunes the bucket mirrors (reserve, detection of others).
+	Mirror ratelimit.MirrorConfig
+	// DefaultOutput is the output-token estimate before any usage is seen.
+	DefaultOutput float64
+}
+
+func (c *LaneConfig) defaults() {
+	if c.Cap <= 0 {
+		c.Cap = 40
+	}
+	if c.StartFraction == 0 {
+		c.StartFraction = 0.25
+	}
+	if c.MinLimit == 0 {
+		c.MinLimit = 1
+	}
+	if c.RampPerSecond == 0 {
+		c.RampPerSecond = float64(c.Cap) / 8
+	}
+	if c.IncreasePerSecond == 0 {
+		c.IncreasePerSecond = math.Max(1, float64(c.Cap)/50)
+	}
+	if c.Decrease == 0 {
+		c.Decrease = 0.5
+	}
+	if c.Speed <= 0 {
+		c.Speed = 1
+	}
+	if c.Mirror.Window == 0 {
+		c.Mirror.Window = 10 * time.Second
+	}
+	c.Mirror.Window = time.Duration(float64(c.Mirror.Window) / c.Speed)
+	if c.DefaultOutput == 0 {
+		c.DefaultOutput = 128
+	}
+}
+
+// Lane is the controller of one (org, model pool): AIMD concurrency limit
+// with a time-based warm-up, bucket mirrors with a colleague reserve, and a
+// per-lane hold for retry-after. It implements Gate. It is safe for
+// concurrent use.
+type Lane struct {
+	cfg LaneConfig
+
+	mu          sync.Mutex
+	limit       float64
+	inFlight    int
+	maxInFlight int
+	slowStart   bool
+	lastGrow    time.Time
+	boundAt     time.Time // last time a request found every slot taken
+	gen         uint64
+	cuts        int
+	holdUntil   time.Time
+	heldTotal   time.Duration
+	holdFrom    time.Time
+	noRAStreak  int // consecutive congestion epochs of 429s without retry-after
+	mirror      *ratelimit.Mirror
+	outEst      float64 // EWMA of output tokens per request
+	outSeen     bool
+	outstanding float64 // expected output of requests in flight
+	disabled    string
+}
+
+// NewLane returns a lane controller.
+func NewLane(cfg LaneConfig) *Lane {
+	cfg.defaults()
+	start := math.Max(cfg.MinLimit, math.Floor(float64(cfg.Cap)*cfg.StartFraction))
+	return &Lane{
+		cfg:       cfg,
+		limit:     math.Min(start, float64(cfg.Cap)),
+		slowStart: true,
+		mirror:    ratelimit.NewMirror(cfg.Mirror),
+		outEst:    cfg.DefaultOutput,
+	}
+}
+
+// apiSeconds converts a wall-clock interval to seconds of server time.
+func (l *Lane) apiSeconds(d time.Duration) float64 { return d.Seconds() * l.cfg.Speed }
+
+// grow applies additive growth for the time since the last call, if the
+// lane was limit-bound in that time.
+func (l *Lane) grow(now time.Time) {
+	if l.lastGrow.IsZero() {
+		l.lastGrow = now
+		return
+	}
+	dt := now.Sub(l.lastGrow)
+	if dt <= 0 {
+		return
+	}
+	if !l.boundAt.Before(l.lastGrow) && l.inFlight > 0 {
+		rate := l.cfg.IncreasePerSecond
+		if l.slowStart {
+			rate = l.cfg.RampPerSecond
+		}
+		l.limit = math.Min(float64(l.cfg.Cap), l.limit+rate*l.apiSeconds(dt))
+	}
+	l.lastGrow = now
+}
+
+// ExpectedOutput returns the output-token estimate for a request with
+// maxTokens, from the output seen so far.
+func (l *Lane) ExpectedOutput(maxTokens int64) float64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return math.Min(float64(maxTokens), l.outEst)
+}
+
+// TryAdmit implements Gate.
+func (l *Lane) TryAdmit(now time.Time, n ratelimit.Need) (Permit, time.Duration, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.disabled != "" {
+		return Permit{}, time.Duration(math.MaxInt64), false
+	}
+	if now.Before(l.holdUntil) {
+		return Permit{}, l.holdUntil.Sub(now), false
+	}
+	if !l.holdFrom.IsZero() {
+		l.heldTotal += l.holdUntil.Sub(l.holdFrom)
+		l.holdFrom = time.Time{}
+	}
+	l.grow(now)
+	if l.inFlight >= int(l.limit) {
+		l.boundAt = now
+		return Permit{}, 0, false
+	}
+	if w := l.mirror.Wait(now, n); w > 0 {
+		return Permit{}, w, false
+	}
+	l.mirror.Take(now, n)
+	l.inFlight++
+	l.outstanding += n.Output
+	if l.inFlight >= int(l.limit) {
+		l.boundAt = now
+	}
+	l.maxInFlight = max(l.maxInFlight, l.inFlight)
+	return Permit{Need: n, gen: l.gen}, 0, true
+}
+
+// Done implements Gate.
+func (l *Lane) Done(now time.Time, p Permit, fb Feedback) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.grow(now)
+	l.inFlight--
+	l.outstanding -= p.Need.Output
+	if l.outstanding < 0 {
+		l.outstanding = 0
+	}
+	o := fb.Outcome
+	switch {
+	case fb.Billed:
+		l.mirror.Correct(now, p.Need, fb.Actual)
+		const alpha = 0.05
+		if !l.outSeen {
+			l.outEst, l.outSeen = fb.Actual.Output, true
+		} else {
+			l.outEst = (1-alpha)*l.outEst + alpha*fb.Actual.Output
+		}
+	case o.RateLimited:
+		// Refused by a limit: nothing was charged.
+		l.mirror.Correct(now, p.Need, ratelimit.Need{})
+	default:
+		// Not processed (or unknown): give the token reservation back; the
+		// request itself may have counted, so keep that charge.
+		l.mirror.Correct(now, p.Need, ratelimit.Need{Requests: p.Need.Requests})
+	}
+	if fb.Limits.Requests.Present || fb.Limits.Input.Present || fb.Limits.Output.Present {
+		l.mirror.Sync(now, fb.Limits, l.outstanding)
+	}
+	if o.Kind == anthropic.Success {
+		l.noRAStreak = 0
+	}
+	if o.RateLimited || o.Overloaded {
+		l.congestion(now, p, o)
+	}
+}
+
+// congestion handles a 429 (or 529): one multiplicative cut per congestion
+// epoch, and a hold for retry-after (or, without one, a growing back-off).
+func (l *Lane) congestion(now time.Time, p Permit, o anthropic.Outcome) {
+	newEpoch := p.gen == l.gen
+	if newEpoch && o.RateLimited {
+		l.limit = math.Max(l.cfg.MinLimit, math.Floor(l.limit*l.cfg.Decrease))
+		l.gen++
+		l.cuts++
+		l.slowStart = false
+	}
+	var hold time.Duration
+	switch {
+	case o.HasRetryAfter:
+		hold = o.RetryAfter // already in wall time: the server scales it
+	case newEpoch:
+		// No retry-after: back off 0.5, 1, 2 … 8 s of server time per
+		// epoch, so a storm without retry-after is not hammered.
+		l.noRAStreak++
+		sec := math.Min(8, 0.5*math.Pow(2, float64(l.noRAStreak-1)))
+		hold = time.Duration(sec / l.cfg.Speed * float64(time.Second))
+	}
+	if hold > 0 {
+		until := now.Add(hold)
+		if until.After(l.holdUntil) {
+			if l.holdFrom.IsZero() || !now.Before(l.holdUntil) {
+				if !l.holdFrom.IsZero() {
+					l.heldTotal += l.holdUntil.Sub(l.holdFrom)
+				}
+				l.holdFrom = now
+			}
+			l.holdUntil = until
+		}
+	}
+}
+
+// Disable stops the lane for good with a reason (lane-fatal outcome).
+func (l *Lane) Disable(reason string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.disabled == "" {
+		l.disabled = reason
+	}
+}
+
+// Disabled returns the reason the lane stopped, or "".
+func (l *Lane) Disabled() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.disabled
+}
+
+// Snapshot implements Gate.
+func (l *Lane) Snapshot(now time.Time) LaneSnapshot {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	held := l.heldTotal
+	if !l.holdFrom.IsZero() {
+		end := l.holdUntil
+		if now.Before(end) {
+			end = now
+		}
+		held += end.Sub(l.holdFrom)
+	}
+	return LaneSnapshot{
+		Org: l.cfg.Org, Pool: string(l.cfg.Pool), Cap: l.cfg.Cap,
+		Limit: math.Round(l.limit*100) / 100, InFlight: l.inFlight, MaxInFlight: l.maxInFlight,
+		Cuts: l.cuts, HeldS: held.Seconds(), Held: now.Before(l.holdUntil),
+		Others: l.mirror.Others(now), OthersSeen: l.mirror.OthersSeen(), Disabled: l.disabled,
+	}
+}

@@ -1,0 +1,102 @@
+// Package ratelimit mirrors, on the client, the token buckets an API server
+// keeps for an organisation: requests, input tokens and output tokens per
+// minute, continuously refilled at limit/60 per second. A mirror is refreshed
+// from every response's anthropic-ratelimit-* headers and, in between,
+// refilled and charged locally, so a client can tell before sending whether a
+// request would fit.
+//
+// Time is always an argument: nothing here reads the clock, sleeps or starts
+// a goroutine, so the maths is tested without waiting. Types are not safe for
+// concurrent use; their owner serialises access.
+package ratelimit
+
+import (
+	"math"
+	"time"
+)
+
+// Bucket mirrors one server-side bucket. The zero value is an unknown bucket:
+// it has no limit yet and admits everything until the first Sync.
+type Bucket struct {
+	limit float64   // per minute; 0 = unknown
+	level float64   // available at time at; may go negative (over-committed)
+	at    time.Time // when level was last computed
+}
+
+// Known reports whether the bucket has seen a limit.
+func (b *Bucket) Known() bool { return b.limit > 0 }
+
+// Limit returns the per-minute limit (0 when unknown).
+func (b *Bucket) Limit() float64 { return b.limit }
+
+func (b *Bucket) refill(now time.Time) {
+	if b.limit <= 0 {
+		b.at = now
+		return
+	}
+	if dt := now.Sub(b.at); dt > 0 {
+		b.level = math.Min(b.limit, b.level+b.limit/60*dt.Seconds())
+		b.at = now
+	}
+}
+
+// Level returns what is available at now.
+func (b *Bucket) Level(now time.Time) float64 {
+	b.refill(now)
+	return b.level
+}
+
+// Take charges n at now (n may be negative to give back).
+func (b *Bucket) Take(now time.Time, n float64) {
+	b.refill(now)
+	b.level = math.Min(b.limit, b.level-n)
+	if b.limit <= 0 {
+		b.level = 0
+	}
+}
+
+// Sync replaces the mirror with the server's view: remaining as of now, less
+// outstanding (what this client has reserved that the server has not charged
+// yet). It returns the unexplained consumption: how much less the server has
+// left than the mirror predicted (positive when someone else is drawing on
+// the bucket; rounding makes it noisy around zero). For an unknown bucket it
+// returns 0.
+func (b *Bucket) Sync(now time.Time, limit, remaining int64, outstanding float64) (unexplained float64) {
+	if limit <= 0 {
+		return 0
+	}
+	known := b.limit > 0
+	b.refill(now)
+	predicted := b.level + outstanding
+	b.limit = float64(limit)
+	b.level = math.Min(b.limit, float64(remaining)-outstanding)
+	b.at = now
+	if !known {
+		return 0
+	}
+	return predicted - float64(remaining)
+}
+
+// Wait returns how long until the bucket has need available with floor left
+// over, refilling at limit/60 per second: 0 when it fits now, and
+// math.MaxInt64 when it never can (need+floor above the limit and the bucket
+// is known). An unknown bucket always fits.
+func (b *Bucket) Wait(now time.Time, need, floor float64) time.Duration {
+	if b.limit <= 0 {
+		return 0
+	}
+	b.refill(now)
+	short := need + floor - b.level
+	if short <= 0 {
+		return 0
+	}
+	if need+floor > b.limit {
+		// It can never fit with the floor kept; admit once the bucket is
+		// full, so a single huge request is not starved forever.
+		short = b.limit - b.level
+		if short <= 0 {
+			return 0
+		}
+	}
+	return time.Duration(math.Ceil(short / (b.limit / 60) * float64(time.Second)))
+}

@@ -1,0 +1,140 @@
+package ratelimit
+
+import (
+	"math"
+	"time"
+
+	"github.com/apidispatch/apidispatch/anthropic"
+)
+
+// Need is what one request will draw from the buckets.
+type Need struct {
+	Requests float64
+	Input    float64 // input + cache-creation tokens (cache reads are free)
+	Output   float64 // expected output tokens
+}
+
+// MirrorConfig tunes a Mirror. The zero value is usable: it is filled with
+// the defaults below.
+type MirrorConfig struct {
+	// Reserve is the fraction of each limit left free while others are
+	// seen drawing on the org. Default 0.15.
+	Reserve float64
+	// OthersThreshold: others are present when unexplained consumption runs
+	// above this fraction of the limit per minute. Default 0.03.
+	OthersThreshold float64
+	// Window is the time constant over which unexplained consumption is
+	// averaged, and how long the reserve is kept after others were last seen
+	// (in the server's time; divide by the speed factor). Default 10 s.
+	Window time.Duration
+}
+
+func (c *MirrorConfig) defaults() {
+	if c.Reserve == 0 {
+		c.Reserve = 0.15
+	}
+	if c.OthersThreshold == 0 {
+		c.OthersThreshold = 0.03
+	}
+	if c.Window == 0 {
+		c.Window = 10 * time.Second
+	}
+}
+
+// Mirror mirrors an org's three buckets for one model pool and decides
+// whether a request fits. The zero value is not usable; call NewMirror.
+type Mirror struct {
+	cfg                     MirrorConfig
+	Requests, Input, Output Bucket
+	// unexplained consumption per dimension, exponentially decayed
+	unexp   [3]float64
+	unexpAt time.Time
+	// othersUntil: the reserve is kept until this time.
+	othersUntil time.Time
+	othersSeen  int // number of times others were detected
+}
+
+// NewMirror returns an empty mirror (unknown limits: everything fits until
+// the first Sync).
+func NewMirror(cfg MirrorConfig) *Mirror {
+	cfg.defaults()
+	return &Mirror{cfg: cfg}
+}
+
+// Take reserves need at admission; a negative need gives back.
+func (m *Mirror) Take(now time.Time, n Need) {
+	m.Requests.Take(now, n.Requests)
+	m.Input.Take(now, n.Input)
+	m.Output.Take(now, n.Output)
+}
+
+// Correct replaces an earlier reservation by the actual draw, once known.
+func (m *Mirror) Correct(now time.Time, reserved, actual Need) {
+	m.Take(now, Need{
+		Requests: actual.Requests - reserved.Requests,
+		Input:    actual.Input - reserved.Input,
+		Output:   actual.Output - reserved.Output,
+	})
+}
+
+// Sync refreshes the mirror from a response's headers. outstanding is what
+// this client has reserved and the server has not yet charged: the expected
+// output of requests still in flight (input and requests are charged by the
+// server at admission, so nothing is outstanding for them). It reports
+// whether others are (still) seen drawing on the org.
+func (m *Mirror) Sync(now time.Time, rl anthropic.RateLimits, outstandingOutput float64) bool {
+	var u [3]float64
+	if rl.Requests.Present {
+		u[0] = m.Requests.Sync(now, rl.Requests.Limit, rl.Requests.Remaining, 0)
+	}
+	if rl.Input.Present {
+		u[1] = m.Input.Sync(now, rl.Input.Limit, rl.Input.Remaining, 0)
+	}
+	if rl.Output.Present {
+		u[2] = m.Output.Sync(now, rl.Output.Limit, rl.Output.Remaining, outstandingOutput)
+	}
+	// Decay the running sums, then add this sync's surprise. The sums
+	// telescope, so header rounding cancels out over a window and what
+	// remains is the others' real draw.
+	decay := 1.0
+	if !m.unexpAt.IsZero() {
+		decay = math.Exp(-now.Sub(m.unexpAt).Seconds() / m.cfg.Window.Seconds())
+	}
+	m.unexpAt = now
+	limits := [3]float64{m.Requests.Limit(), m.Input.Limit(), m.Output.Limit()}
+	for i := range u {
+		m.unexp[i] = m.unexp[i]*decay + u[i]
+		if limits[i] <= 0 {
+			continue
+		}
+		// rate ≈ sum / window; compare with threshold × limit per minute.
+		rate := m.unexp[i] / m.cfg.Window.Seconds()
+		if rate > m.cfg.OthersThreshold*limits[i]/60 {
+			if now.After(m.othersUntil) || m.othersUntil.IsZero() {
+				m.othersSeen++
+			}
+			m.othersUntil = now.Add(m.cfg.Window)
+		}
+	}
+	return m.Others(now)
+}
+
+// Others reports whether others have been seen drawing on the org within the
+// window before now; while they have, Wait keeps the reserve free.
+func (m *Mirror) Others(now time.Time) bool { return now.Before(m.othersUntil) }
+
+// OthersSeen counts the separate occasions others were detected.
+func (m *Mirror) OthersSeen() int { return m.othersSeen }
+
+// Wait returns how long until n fits (0: now), keeping the reserve free
+// while others are present.
+func (m *Mirror) Wait(now time.Time, n Need) time.Duration {
+	r := 0.0
+	if m.Others(now) {
+		r = m.cfg.Reserve
+	}
+	w := m.Requests.Wait(now, n.Requests, r*m.Requests.Limit())
+	w = max(w, m.Input.Wait(now, n.Input, r*m.Input.Limit()))
+	w = max(w, m.Output.Wait(now, n.Output, r*m.Output.Limit()))
+	return w
+}
