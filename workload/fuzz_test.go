@@ -124,3 +124,52 @@ func splitLines(data []byte) [][]byte {
 	}
 	return lines
 }
+
+// FuzzParseLine checks the hand-written scanner against encoding/json on
+// single lines (fast, so it explores far more inputs than FuzzValidate): the
+// same lines are valid JSON, and on an object the custom_id and params it
+// finds are the ones encoding/json decodes.
+func FuzzParseLine(f *testing.F) {
+	f.Add([]byte(good("a")))
+	f.Add([]byte(`{"custom_id":"a","custom_id":1,"params":{"model":"m","params":2},"params":{"max_tokens":-0.0e-0}}`))
+	f.Add([]byte(`{"custom\u005fid":"\ud83d\ude00","params":{"messages":[[],{},"",0,true,false,null]}}`))
+	f.Add([]byte(` [ "\"\\\/\b\f\n\r\t" , 1.5E+10 ] `))
+	f.Add([]byte("{\"a\":\"\xff\x80\"}"))
+	f.Fuzz(func(t *testing.T, line []byte) {
+		p := parser{b: line}
+		var r request
+		ok := parseRequest(&p, &r)
+		if ok != json.Valid(line) {
+			t.Fatalf("%q: scanner ok=%v, json.Valid=%v (%s)", line, ok, !ok, p.err)
+		}
+		_ = EstimateInputTokens(line) // must not panic on anything
+		if !ok || r.top != kindObject {
+			return
+		}
+		var m map[string]json.RawMessage
+		if err := json.Unmarshal(line, &m); err != nil {
+			t.Fatalf("%q: valid object does not decode: %v", line, err)
+		}
+		if !utf8.Valid(line) {
+			return // encoding/json rewrites invalid UTF-8 in keys and strings
+		}
+		raw, has := m["custom_id"]
+		if has != (r.customIDKind != kindMissing) {
+			t.Fatalf("%q: custom_id present=%v, scanner kind %v", line, has, r.customIDKind)
+		}
+		if r.customIDKind == kindString {
+			var id string
+			json.Unmarshal(raw, &id)
+			got := string(line[r.customID.s:r.customID.e])
+			if r.customID.esc {
+				got = decodeString(line, r.customID)
+			}
+			if got != id {
+				t.Fatalf("%q: custom_id %q, encoding/json %q", line, got, id)
+			}
+		}
+		if r.paramsKind == kindObject && !bytes.Equal(line[r.params.s:r.params.e], m["params"]) {
+			t.Fatalf("%q: params %q, encoding/json %q", line, line[r.params.s:r.params.e], m["params"])
+		}
+	})
+}
