@@ -1,0 +1,143 @@
+package dispatch
+
+import (
+	"testing"
+	"time"
+
+	"github.com/apidispatch/apidispatch/anthropic"
+	"github.com/apidispatch/apidispatch/ratelimit"
+)
+
+var t0 = time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)
+
+var one = ratelimit.Need{Requests: 1, Input: 100, Output: 50}
+
+func fill(t *testing.T, l *Lane, now time.Time) []Permit {
+	t.Helper()
+	var ps []Permit
+	for {
+		p, _, ok := l.TryAdmit(now, one)
+		if !ok {
+			return ps
+		}
+		ps = append(ps, p)
+	}
+}
+
+func TestLaneStartsAtQuarterCapAndRampsOnlyWhenUsed(t *testing.T) {
+	t.Parallel()
+	l := NewLane(LaneConfig{Org: "a", Pool: anthropic.PoolSonnet4, Cap: 100})
+	ps := fill(t, l, t0)
+	if len(ps) != 25 {
+		t.Fatalf("admitted %d at start, want 25 (a quarter of the cap)", len(ps))
+	}
+	// Idle lane (nothing wanted more): no growth.
+	l2 := NewLane(LaneConfig{Cap: 100})
+	l2.TryAdmit(t0, one)
+	l2.TryAdmit(t0.Add(10*time.Second), one)
+	if s := l2.Snapshot(t0.Add(10 * time.Second)); s.Limit != 25 {
+		t.Fatalf("unused lane grew to %v", s.Limit)
+	}
+	// Saturated lane: ramps at cap/8 per second: 25 → 100 in 6 s, not at once.
+	for i := 1; i <= 6; i++ {
+		now := t0.Add(time.Duration(i) * time.Second)
+		fill(t, l, now)
+		s := l.Snapshot(now)
+		want := min(100, 25+12.5*float64(i))
+		if s.Limit < want-0.01 || s.Limit > want+0.01 {
+			t.Fatalf("after %d s limit %.2f, want %.2f", i, s.Limit, want)
+		}
+	}
+	if s := l.Snapshot(t0.Add(time.Minute)); s.Limit > 100 {
+		t.Fatalf("limit above cap: %v", s.Limit)
+	}
+}
+
+func rl429(ra time.Duration) Feedback {
+	return Feedback{Outcome: anthropic.Outcome{Kind: anthropic.Retryable, Status: 429, RateLimited: true, RetryAfter: ra, HasRetryAfter: ra > 0}}
+}
+
+func TestLaneOneCutPerEpoch(t *testing.T) {
+	t.Parallel()
+	l := NewLane(LaneConfig{Cap: 100, StartFraction: 1})
+	ps := fill(t, l, t0)
+	if len(ps) != 100 {
+		t.Fatalf("admitted %d", len(ps))
+	}
+	// Twenty 429s from requests admitted in one epoch: one cut.
+	for _, p := range ps[:20] {
+		l.Done(t0, p, rl429(0))
+	}
+	s := l.Snapshot(t0)
+	if s.Cuts != 1 || s.Limit != 50 {
+		t.Fatalf("cuts %d limit %v, want 1 cut to 50", s.Cuts, s.Limit)
+	}
+	// A 429 for a request admitted after the cut starts a new epoch.
+	for _, p := range ps[20:] {
+		l.Done(t0, p, Feedback{Outcome: anthropic.Outcome{Kind: anthropic.Success, Status: 200}})
+	}
+	now := t0.Add(20 * time.Second) // past any back-off hold
+	p, _, ok := l.TryAdmit(now, one)
+	if !ok {
+		t.Fatal("not admitted after hold")
+	}
+	l.Done(now, p, rl429(0))
+	if s := l.Snapshot(now); s.Cuts != 2 || s.Limit != 25 {
+		t.Fatalf("second epoch: cuts %d limit %v", s.Cuts, s.Limit)
+	}
+}
+
+func TestLaneHoldsForRetryAfterOfAnyLength(t *testing.T) {
+	t.Parallel()
+	l := NewLane(LaneConfig{Cap: 10})
+	p, _, _ := l.TryAdmit(t0, one)
+	l.Done(t0, p, rl429(2*time.Hour))
+	if _, wait, ok := l.TryAdmit(t0.Add(time.Hour), one); ok || wait != time.Hour {
+		t.Fatalf("admitted during a 2 h retry-after (wait %v)", wait)
+	}
+	if _, _, ok := l.TryAdmit(t0.Add(2*time.Hour), one); !ok {
+		t.Fatal("still held after retry-after")
+	}
+	if s := l.Snapshot(t0.Add(2 * time.Hour)); s.HeldS < 7199 || s.HeldS > 7201 {
+		t.Fatalf("held_s %v", s.HeldS)
+	}
+}
+
+func TestLaneBackoffWithoutRetryAfter(t *testing.T) {
+	t.Parallel()
+	l := NewLane(LaneConfig{Cap: 10, Speed: 10})
+	p, _, _ := l.TryAdmit(t0, one)
+	l.Done(t0, p, rl429(0))
+	// 0.5 s of server time at K=10 is 50 ms.
+	if _, wait, ok := l.TryAdmit(t0, one); ok || wait != 50*time.Millisecond {
+		t.Fatalf("wait %v ok %v, want a 50ms hold", wait, ok)
+	}
+}
+
+func TestLaneDisabled(t *testing.T) {
+	t.Parallel()
+	l := NewLane(LaneConfig{Cap: 10})
+	l.Disable("revoked")
+	if _, _, ok := l.TryAdmit(t0, one); ok {
+		t.Fatal("disabled lane admitted")
+	}
+	if l.Snapshot(t0).Disabled != "revoked" {
+		t.Fatal("reason lost")
+	}
+}
+
+func TestLaneBucketsBind(t *testing.T) {
+	t.Parallel()
+	l := NewLane(LaneConfig{Cap: 100, StartFraction: 1})
+	p, _, _ := l.TryAdmit(t0, one)
+	// The server says: 5 requests left of 60 per minute.
+	l.Done(t0, p, Feedback{Outcome: anthropic.Outcome{Kind: anthropic.Success, Status: 200}, Billed: true, Actual: one,
+		Limits: anthropic.RateLimits{Requests: anthropic.Limit{Present: true, Limit: 60, Remaining: 5}}})
+	if got := len(fill(t, l, t0)); got != 5 {
+		t.Fatalf("admitted %d, want the 5 the bucket has", got)
+	}
+	_, wait, _ := l.TryAdmit(t0, one)
+	if wait != time.Second {
+		t.Fatalf("wait %v, want 1 s for one request at 60/min", wait)
+	}
+}
