@@ -6,8 +6,9 @@ import (
 	"time"
 )
 
-// bucket is a token bucket continuously refilled at rate tokens per (real)
-// second up to capacity, the model of one rate limit (anthropic-api.md §1).
+// bucket is a token bucket continuously refilled at limit/60 tokens per
+// (real) second up to capacity, the model of one rate limit
+// (anthropic-api.md §1). At speed K its limit is already K times the API's.
 // Its time is the real time elapsed since the server started, passed in, so
 // the maths is tested without sleeping. Its level may go negative (output
 // tokens charged after the fact); it then refuses until refilled.
@@ -21,7 +22,7 @@ import (
 // The zero bucket is disabled (limit 0): it always has room. Not safe for
 // concurrent use; poolLimiter guards it.
 type bucket struct {
-	limit    float64       // the API limit per minute (headers, messages)
+	limit    float64       // the limit per (real) minute: API limit × K
 	capacity float64       // burst capacity in tokens
 	rate     float64       // refill, tokens per real second
 	level    float64       // tokens available now (may be negative)
@@ -32,15 +33,19 @@ type bucket struct {
 	colleagueRefused float64
 }
 
-func newBucket(limit int64, burst, speed float64) bucket {
-	if limit <= 0 {
+// newBucket is a full bucket for an API limit per minute at speed K: limit,
+// capacity and refill are all K times the API's, so a client that reads the
+// limit header and refills at limit/60 per second mirrors it exactly.
+func newBucket(apiLimit int64, burst, speed float64) bucket {
+	if apiLimit <= 0 {
 		return bucket{}
 	}
-	c := float64(limit) * burst
+	limit := math.Round(float64(apiLimit) * speed)
+	c := limit * burst
 	return bucket{
-		limit:    float64(limit),
+		limit:    limit,
 		capacity: c,
-		rate:     float64(limit) * speed / 60,
+		rate:     limit / 60,
 		level:    c,
 		minLevel: c,
 	}

@@ -23,15 +23,19 @@
 //
 // # Speed factor
 //
-// Config.Speed (K) compresses time: buckets refill K times faster, latencies
-// and waits are divided by K, and retry-after is the API-equivalent wait
-// divided by K (whole seconds, plus an exact retry-after-ms when K > 1).
-// Bucket capacities stay in API units, so the limit headers report the API
-// limits (as the real API would) while the reset headers are in real,
-// compressed time; an hour of API traffic runs in 60/K minutes with the same
-// shape. Every response carries x-sim-speed-factor so a client that reads
-// limit/60 as a per-second refill can correct for K. Fault schedules and
-// windows are given in API-equivalent time.
+// Config.Speed (K) compresses time: every limit is multiplied by K (the
+// limit headers, the bucket capacities and their refill of limit/60 per real
+// second), latencies and waits are divided by K, and retry-after is the
+// API-equivalent wait divided by K (whole seconds, at least 1, plus an exact
+// retry-after-ms when K > 1). The reset headers are in real time. A client
+// that treats the headers as it would the real API's (capacity = limit,
+// refill limit/60 per second) therefore mirrors the simulator exactly at any
+// K, and an hour of API traffic runs in 60/K minutes with the same rates.
+// One thing does not scale down: a full bucket holds K times more, so a
+// limit-bound experiment needs N well above K × limit (or a smaller K) before
+// the limits bind. Every response carries x-sim-speed-factor: K. Fault
+// schedules and windows, and latencies in the config, are API-equivalent
+// time.
 //
 // # Typical use
 //
