@@ -1,0 +1,143 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/apidispatch/apidispatch/cost"
+	"github.com/apidispatch/apidispatch/org"
+)
+
+// sendFlags are the flags every sending command understands (design.md §2).
+type sendFlags struct {
+	orgsFile  string
+	baseURL   string
+	runDir    string
+	out       string
+	caps      capsFlag
+	maxCost   string
+	budget    string
+	tolerance float64
+	confirm   bool
+	summary   string
+	quiet     bool
+	json      bool
+	prices    string
+	speed     float64
+}
+
+func (s *sendFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&s.orgsFile, "orgs", "", "TOML file of orgs (`FILE`); without it, orgs come from ANTHROPIC_API_KEY, ANTHROPIC_API_KEY_<NAME> and ANTHROPIC_BATCH_KEY")
+	fs.StringVar(&s.baseURL, "base-url", os.Getenv("ANTHROPIC_BASE_URL"), "API root `URL` (env ANTHROPIC_BASE_URL; default https://api.anthropic.com; http:// only for loopback)")
+	fs.StringVar(&s.runDir, "run-dir", "", "run `DIR` for state, results, events, summary and report (default runs/<input-stem>)")
+	fs.StringVar(&s.out, "out", "", "results JSONL `FILE` (default RUN_DIR/results.jsonl)")
+	fs.Var(&s.caps, "cap", "polite per-key concurrency caps `FAMILY=N,...` (default sonnet=100,haiku=120,opus=40,other=40)")
+	fs.StringVar(&s.maxCost, "max-cost", "", "hard spend cap in `USD` for the run directory; admission stops before it could be passed")
+	fs.StringVar(&s.budget, "budget", "", "pre-flight gate in `USD`: refuse when the projected cost exceeds budget×(1+tolerance)")
+	fs.Float64Var(&s.tolerance, "tolerance", 0.5, "tolerance `F` of the budget gate")
+	fs.BoolVar(&s.confirm, "confirm", false, "required when the projected cost is ≥ $100 or N ≥ 50,000")
+	fs.StringVar(&s.summary, "summary", "", "also write the final summary JSON to `FILE`")
+	fs.BoolVar(&s.quiet, "quiet", false, "no progress display")
+	fs.BoolVar(&s.json, "json", false, "print the final summary as one JSON line on stdout")
+	fs.StringVar(&s.prices, "prices", "", "price table `FILE` overriding the embedded one")
+	fs.Float64Var(&s.speed, "speed", 1, "time compression `K` of the server (the simulator's --speed); 1 for the real API")
+}
+
+func (s *sendFlags) loadPrices() (*cost.Table, error) {
+	if s.prices == "" {
+		return cost.Default(), nil
+	}
+	return cost.Load(s.prices)
+}
+
+func (s *sendFlags) loadOrgs(stderr io.Writer) ([]org.Org, error) {
+	orgs, warns, err := org.Load(s.orgsFile, os.Environ())
+	if err != nil {
+		return nil, err
+	}
+	for _, w := range warns {
+		fmt.Fprintln(stderr, "warning:", w)
+	}
+	return orgs, nil
+}
+
+// rotationReminders returns a line per org whose key is older than 90 days.
+func rotationReminders(orgs []org.Org, now time.Time) []string {
+	var out []string
+	for _, o := range orgs {
+		if o.NeedsRotation(now) {
+			out = append(out, fmt.Sprintf("reminder: the key of org %s (%s) was last rotated %s, over 90 days ago; rotate it", o.Name, o.Key.Fingerprint(), o.Rotated.Format("2006-01-02")))
+		}
+	}
+	return out
+}
+
+// capsFlag parses "sonnet=100,haiku=120".
+type capsFlag map[string]int
+
+func (c *capsFlag) String() string {
+	if c == nil || *c == nil {
+		return ""
+	}
+	var parts []string
+	for k, v := range *c {
+		parts = append(parts, k+"="+strconv.Itoa(v))
+	}
+	return strings.Join(parts, ",")
+}
+
+func (c *capsFlag) Set(v string) error {
+	if *c == nil {
+		*c = capsFlag{}
+	}
+	for _, part := range strings.Split(v, ",") {
+		k, n, ok := strings.Cut(strings.TrimSpace(part), "=")
+		if !ok {
+			return fmt.Errorf("cap %q: want FAMILY=N", part)
+		}
+		k = strings.ToLower(strings.TrimSpace(k))
+		switch k {
+		case "sonnet", "haiku", "opus", "other":
+		default:
+			return fmt.Errorf("cap %q: family must be sonnet, haiku, opus or other", part)
+		}
+		i, err := strconv.Atoi(strings.TrimSpace(n))
+		if err != nil || i < 1 || i > 10000 {
+			return fmt.Errorf("cap %q: N must be a whole number from 1 to 10000", part)
+		}
+		(*c)[k] = i
+	}
+	return nil
+}
+
+// parseFlags parses args, printing usage on -h (exit 0) or an error (exit 1).
+// ok is false when the caller should return code.
+func parseFlags(fs *flag.FlagSet, args []string, stderr io.Writer) (code int, ok bool) {
+	fs.SetOutput(stderr)
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return exitOK, false
+		}
+		return exitUsage, false
+	}
+	return 0, true
+}
+
+func newLogger(w io.Writer, quiet bool) *slog.Logger {
+	lvl := slog.LevelInfo
+	if quiet {
+		lvl = slog.LevelWarn
+	}
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: lvl}))
+}
+
+func errf(w io.Writer, format string, a ...any) {
+	fmt.Fprintf(w, "apidispatch: "+format+"\n", a...)
+}

@@ -1,0 +1,161 @@
+package dispatch
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/apidispatch/apidispatch/store"
+)
+
+// Group-commit bounds: a batch is committed when it holds commitMax outcomes
+// or its first outcome has waited commitWait.
+const (
+	commitMax  = 512
+	commitWait = 20 * time.Millisecond
+)
+
+// committer is the one writer of durable state: it commits outcomes in
+// batches, and only then appends their result lines, so results.jsonl never
+// holds anything the store does not.
+type committer struct {
+	st  store.Store
+	rf  *resultsFile
+	c   *counters
+	ev  *EventLog
+	in  chan store.Outcome
+	mu  sync.Mutex
+	err error
+	// failed is set when a commit failed: the run must stop; nothing more
+	// is marked done.
+	failed atomic.Bool
+	closed bool
+}
+
+func newCommitter(st store.Store, rf *resultsFile, c *counters, ev *EventLog) *committer {
+	return &committer{st: st, rf: rf, c: c, ev: ev, in: make(chan store.Outcome, 4096)}
+}
+
+// submit queues an outcome; after a failure it is dropped (the item stays
+// pending in the store and is sent again on resume).
+func (m *committer) submit(o store.Outcome) {
+	if m.failed.Load() {
+		return
+	}
+	m.in <- o
+}
+
+func (m *committer) fail(err error) {
+	m.mu.Lock()
+	if m.err == nil {
+		m.err = err
+	}
+	m.mu.Unlock()
+	m.failed.Store(true)
+}
+
+// close ends the input; run commits what is left and returns.
+func (m *committer) close() {
+	if !m.closed {
+		m.closed = true
+		close(m.in)
+	}
+}
+
+func (m *committer) run() {
+	batch := make([]store.Outcome, 0, commitMax)
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	for {
+		o, ok := <-m.in
+		if !ok {
+			m.commit(batch) // counters, at least
+			return
+		}
+		batch = append(batch[:0], o)
+		timer.Reset(commitWait)
+	collect:
+		for len(batch) < commitMax {
+			select {
+			case o, ok := <-m.in:
+				if !ok {
+					m.commit(batch)
+					return
+				}
+				batch = append(batch, o)
+			case <-timer.C:
+				break collect
+			}
+		}
+		if !timer.Stop() {
+			select {
+			case <-timer.C:
+			default:
+			}
+		}
+		m.commit(batch)
+	}
+}
+
+func (m *committer) commit(batch []store.Outcome) {
+	if m.failed.Load() {
+		return
+	}
+	ctr := m.takeCounters()
+	if len(batch) == 0 && len(ctr) == 0 {
+		return
+	}
+	res, err := m.st.Commit(context.Background(), store.Batch{Outcomes: batch, Counters: ctr})
+	if err != nil {
+		m.fail(err)
+		return
+	}
+	var succ, errd, costN int64
+	for i, o := range batch {
+		if res.RSeq[i] == 0 {
+			continue // already terminal: never a second line
+		}
+		if err := m.rf.append(o.Line); err != nil {
+			m.fail(err)
+			return
+		}
+		if o.State == store.Succeeded {
+			succ++
+		} else {
+			errd++
+		}
+		costN += o.CostNanos
+	}
+	if err := m.rf.flush(); err != nil {
+		m.fail(err)
+		return
+	}
+	m.c.succeeded.Add(succ)
+	m.c.errored.Add(errd)
+	m.c.costN.Add(costN)
+}
+
+// Counter names kept in the store.
+const (
+	CounterAttempts     = "attempts"
+	CounterRateLimited  = "rate_limited_429"
+	CounterOverloaded   = "overloaded_529"
+	CounterOtherRetries = "other_retries"
+)
+
+func (m *committer) takeCounters() map[string]int64 {
+	out := map[string]int64{}
+	take := func(name string, v *atomic.Int64, last *int64) {
+		cur := v.Load()
+		if d := cur - *last; d != 0 {
+			out[name] = d
+			*last = cur
+		}
+	}
+	take(CounterAttempts, &m.c.attempts, &m.c.lastAttempts)
+	take(CounterRateLimited, &m.c.rateLimited, &m.c.lastRL)
+	take(CounterOverloaded, &m.c.overloaded, &m.c.lastOL)
+	take(CounterOtherRetries, &m.c.otherRetries, &m.c.lastOther)
+	return out
+}

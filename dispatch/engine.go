@@ -1,0 +1,948 @@
+// Package dispatch is the engine of apidispatch: it completes every request of
+// a Message Batches request file against the Messages API, fanning out over
+// several organisations' keys with one polite lane per (org, model pool),
+// losing and duplicating nothing, and counting every cent.
+//
+// A run is resumable: its state lives in a store (see package store) and
+// results.jsonl is only appended after a result is durable there. Run the
+// same input against the same store again and only unfinished items are sent.
+package dispatch
+
+import (
+	"bytes"
+	"cmp"
+	"container/heap"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"net/url"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/apidispatch/apidispatch/anthropic"
+	"github.com/apidispatch/apidispatch/cost"
+	"github.com/apidispatch/apidispatch/org"
+	"github.com/apidispatch/apidispatch/ratelimit"
+	"github.com/apidispatch/apidispatch/store"
+)
+
+// Errors callers can branch on.
+var (
+	// ErrIncomplete: the run stopped before every item ended (signal,
+	// deadline, --max-cost, or no usable lane). It is resumable.
+	ErrIncomplete = errors.New("dispatch: run incomplete")
+	// ErrInsecureURL: a plain-http base URL that is not loopback.
+	ErrInsecureURL = errors.New("dispatch: http:// is only allowed for loopback addresses; use https://")
+)
+
+// BodyReader returns the params object of an item, read from the input file.
+type BodyReader func(it store.Item) (json.RawMessage, error)
+
+// Config is everything a run needs. Zero fields take the defaults noted.
+type Config struct {
+	Orgs    []org.Org
+	BaseURL string // default https://api.anthropic.com
+	// Caps are polite per-key concurrency caps by model family ("sonnet",
+	// "haiku", "opus", "other"); missing families take DefaultCaps.
+	Caps map[string]int
+	// Speed is the server's time compression (the simulator's K); 1 for the
+	// real API. The controller's time constants are divided by it.
+	Speed  float64
+	Store  store.Store
+	Body   BodyReader
+	Prices *cost.Table
+	// ResultsPath is results.jsonl; EventsPath events.jsonl (optional).
+	ResultsPath string
+	Events      *EventLog
+	// MaxCost stops admission when spent plus the worst case of in-flight
+	// requests would pass it (0: no cap). It covers the whole run directory.
+	MaxCost cost.Nanos
+	// MaxSeq, when positive, limits this Run to items 1..MaxSeq of the input
+	// (a pilot); the rest stay pending for a later Run.
+	MaxSeq int64
+	// Deadline stops admission at this time (zero: none).
+	Deadline time.Time
+	// Timeout bounds one attempt (default 10 min of server time).
+	Timeout time.Duration
+	// Grace is how long in-flight requests may finish after a stop (default 30 s).
+	Grace time.Duration
+	// Client overrides the HTTP client (default: a tuned transport).
+	Client *http.Client
+	// Lane tunes every lane's controller (Org, Pool and Cap are set per lane).
+	Lane LaneConfig
+	Log  *slog.Logger
+	// SampleEvery is the period of "sample" events for the report (default 1 s; <0 disables).
+	SampleEvery time.Duration
+}
+
+// DefaultCaps are the polite per-key concurrency caps (origin.md §1.2).
+var DefaultCaps = map[string]int{"sonnet": 100, "haiku": 120, "opus": 40, "other": 40}
+
+// CapFor returns the cap for model's family.
+func (c *Config) CapFor(model string) int {
+	f := anthropic.Family(model)
+	if v, ok := c.Caps[f]; ok && v > 0 {
+		return v
+	}
+	return DefaultCaps[f]
+}
+
+// CheckBaseURL accepts https URLs and http URLs on loopback only.
+func CheckBaseURL(raw string) (*url.URL, error) {
+	u, err := url.Parse(raw)
+	if err != nil || u.Host == "" {
+		return nil, fmt.Errorf("dispatch: base URL %q is not an absolute URL", raw)
+	}
+	switch u.Scheme {
+	case "https":
+		return u, nil
+	case "http":
+		host := u.Hostname()
+		if host == "localhost" {
+			return u, nil
+		}
+		if ip := net.ParseIP(host); ip != nil && ip.IsLoopback() {
+			return u, nil
+		}
+		return nil, fmt.Errorf("%w (got %s)", ErrInsecureURL, u.Redacted())
+	}
+	return nil, fmt.Errorf("dispatch: base URL scheme %q is not http or https", u.Scheme)
+}
+
+// NewTransport returns the tuned transport the engine uses: enough idle
+// connections for every in-flight request, TLS verification always on.
+func NewTransport(maxConns int) *http.Transport {
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.MaxIdleConns = maxConns
+	t.MaxIdleConnsPerHost = maxConns
+	t.IdleConnTimeout = 90 * time.Second
+	t.ForceAttemptHTTP2 = true
+	return t
+}
+
+// laneRef is one lane with its org.
+type laneRef struct {
+	*Lane
+	org  *orgState
+	pool anthropic.Pool
+	key  string // lane key "org/pool"
+}
+
+type orgState struct {
+	org.Org
+	id        string // anthropic-organization-id once seen
+	disabled  string
+	completed atomic.Int64 // outcomes handed to the committer
+}
+
+// work is one item while the engine holds it in memory.
+type work struct {
+	it        store.Item
+	pool      anthropic.Pool
+	attempts  int64
+	transient int // consecutive transient failures (for back-off)
+	notBefore time.Time
+	heapIdx   int
+}
+
+type attempt struct {
+	w        *work
+	lane     *laneRef
+	permit   Permit
+	outcome  anthropic.Outcome
+	latency  time.Duration
+	body     []byte
+	reqID    string
+	costN    cost.Nanos
+	worst    cost.Nanos
+	usage    anthropic.Usage
+	readErr  error
+	orgIDHdr string
+}
+
+// Engine runs one dispatch. Use New, then Run once.
+type Engine struct {
+	cfg    Config
+	base   *url.URL
+	client *http.Client
+	log    *slog.Logger
+
+	orgs  []*orgState
+	lanes map[anthropic.Pool][]*laneRef
+	// laneList is every lane, for readers on other goroutines.
+	lanesMu  sync.Mutex
+	laneList []*laneRef
+
+	// scheduler-owned state
+	ready   map[anthropic.Pool][]*work
+	nready  int
+	delayed delayHeap
+	held    int // items in memory (ready+delayed+in flight)
+
+	inflight    int
+	inflightPub atomic.Int64
+	inflightW   cost.Nanos
+	spent       cost.Nanos // committed before this run + completed in this run
+	results     chan *attempt
+	wake        chan struct{}
+	stopReason  string
+	costStop    bool
+	abortCtx    context.Context
+	abortCancel context.CancelFunc
+
+	// counters (atomic: read by progress while the run goes on)
+	c counters
+
+	start     time.Time
+	total     int64 // N
+	doneStart int64 // terminal at start
+}
+
+type counters struct {
+	attempts, rateLimited, overloaded, otherRetries atomic.Int64
+	succeeded, errored                              atomic.Int64 // this run, committed
+	costN                                           atomic.Int64 // this run, committed
+	lastAttempts, lastRL, lastOL, lastOther         int64        // flushed to the store
+}
+
+// New checks cfg and returns an engine.
+func New(cfg Config) (*Engine, error) {
+	if len(cfg.Orgs) == 0 {
+		return nil, org.ErrNoOrgs
+	}
+	if cfg.Store == nil || cfg.Body == nil || cfg.Prices == nil || cfg.ResultsPath == "" {
+		return nil, errors.New("dispatch: Config needs Store, Body, Prices and ResultsPath")
+	}
+	if cfg.BaseURL == "" {
+		cfg.BaseURL = "https://api.anthropic.com"
+	}
+	base, err := CheckBaseURL(cfg.BaseURL)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.Speed <= 0 {
+		cfg.Speed = 1
+	}
+	if cfg.Timeout == 0 {
+		cfg.Timeout = time.Duration(float64(10*time.Minute) / cfg.Speed)
+	}
+	if cfg.Grace == 0 {
+		cfg.Grace = 30 * time.Second
+	}
+	if cfg.SampleEvery == 0 {
+		cfg.SampleEvery = time.Second
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	e := &Engine{cfg: cfg, base: base, log: cfg.Log, lanes: map[anthropic.Pool][]*laneRef{}, ready: map[anthropic.Pool][]*work{}}
+	e.client = cfg.Client
+	if e.client == nil {
+		conns := 0
+		for _, c := range DefaultCaps {
+			conns += c
+		}
+		for _, c := range cfg.Caps {
+			conns += c
+		}
+		e.client = &http.Client{Transport: NewTransport(max(256, conns*len(cfg.Orgs)))}
+	}
+	for _, o := range cfg.Orgs {
+		e.orgs = append(e.orgs, &orgState{Org: o})
+	}
+	return e, nil
+}
+
+// lanesFor returns (creating on first use) the lanes of a pool, one per org.
+func (e *Engine) lanesFor(pool anthropic.Pool, model string) []*laneRef {
+	if ls, ok := e.lanes[pool]; ok {
+		return ls
+	}
+	var ls []*laneRef
+	for _, o := range e.orgs {
+		lc := e.cfg.Lane
+		lc.Org, lc.Pool, lc.Cap, lc.Speed = o.Name, pool, e.cfg.CapFor(model), e.cfg.Speed
+		l := &laneRef{Lane: NewLane(lc), org: o, pool: pool, key: o.Name + "/" + string(pool)}
+		if o.disabled != "" {
+			l.Disable(o.disabled)
+		}
+		ls = append(ls, l)
+	}
+	e.lanes[pool] = ls
+	e.lanesMu.Lock()
+	e.laneList = append(slices.Clone(e.laneList), ls...)
+	e.lanesMu.Unlock()
+	return ls
+}
+
+func (e *Engine) lanesSnapshotSafe() []*laneRef {
+	e.lanesMu.Lock()
+	defer e.lanesMu.Unlock()
+	return e.laneList
+}
+
+// emitSample writes a "sample" event: every lane's state and completions
+// per org since the previous sample, for the report's time series.
+func (e *Engine) emitSample(now, last time.Time, lastDone map[string]int64) {
+	if e.cfg.Events == nil {
+		return
+	}
+	lanes := e.lanesSnapshotSafe()
+	snaps := make([]LaneSnapshot, 0, len(lanes))
+	for _, l := range lanes {
+		snaps = append(snaps, l.Snapshot(now))
+	}
+	done := map[string]int64{}
+	for _, o := range e.orgs {
+		v := o.completed.Load()
+		done[o.Name] = v - lastDone[o.Name]
+		lastDone[o.Name] = v
+	}
+	e.cfg.Events.Emit(EventSample, "", map[string]any{
+		"t_s": now.Sub(e.start).Seconds(), "dt_s": now.Sub(last).Seconds(),
+		"completed_by_org": done, "lanes": snaps,
+		"rate_limited_429": e.c.rateLimited.Load(), "retries": e.c.overloaded.Load() + e.c.otherRetries.Load(),
+		"cost_usd": cost.Nanos(e.c.costN.Load()).USD(), "in_flight": e.inflightPub.Load(),
+	})
+}
+
+func (e *Engine) allLanes() []*laneRef {
+	var out []*laneRef
+	pools := make([]anthropic.Pool, 0, len(e.lanes))
+	for p := range e.lanes {
+		pools = append(pools, p)
+	}
+	slices.Sort(pools)
+	for _, p := range pools {
+		out = append(out, e.lanes[p]...)
+	}
+	return out
+}
+
+// Result is what Run returns.
+type Result struct {
+	Summary  *Summary
+	Complete bool
+	// StopReason says why an incomplete run stopped.
+	StopReason string
+}
+
+// Run sends every unfinished item. Cancelling ctx stops admission; requests
+// in flight get Config.Grace to finish before they are abandoned (their
+// items stay pending). Abort abandons them at once. Run returns ErrIncomplete
+// (wrapped, with the reason) when it stopped early; the store is consistent
+// either way.
+func (e *Engine) Run(ctx context.Context) (*Result, error) {
+	e.start = time.Now()
+	e.abortCtx, e.abortCancel = context.WithCancel(context.Background())
+	defer e.abortCancel()
+	st := e.cfg.Store
+	meta, err := st.Meta(ctx)
+	if err != nil {
+		return nil, err
+	}
+	e.total = meta.N
+	agg, err := st.Aggregate(ctx)
+	if err != nil {
+		return nil, err
+	}
+	e.doneStart = agg.Succeeded + agg.Errored
+	e.spent = cost.Nanos(agg.CostNanos)
+	rf, rebuilt, err := openResults(ctx, e.cfg.ResultsPath, st, agg.Results)
+	if err != nil {
+		return nil, err
+	}
+	if rebuilt > 0 {
+		e.cfg.Events.Emit(EventWarning, fmt.Sprintf("results file was %d lines short of the run's state; rebuilt them", rebuilt), map[string]any{"rebuilt": rebuilt})
+	}
+	var orgNames []map[string]string
+	for _, o := range e.orgs {
+		orgNames = append(orgNames, map[string]string{"org": o.Name, "key": o.Key.Fingerprint()})
+	}
+	e.cfg.Events.Emit(EventStarted, fmt.Sprintf("%d items, %d already done, %d orgs", e.total, e.doneStart, len(e.orgs)),
+		map[string]any{"n": e.total, "done": e.doneStart, "orgs": orgNames, "base_url": e.base.Redacted(), "speed": e.cfg.Speed})
+
+	e.results = make(chan *attempt, 1024)
+	e.wake = make(chan struct{}, 1)
+
+	// The committer makes outcomes durable, then appends their lines.
+	com := newCommitter(st, rf, &e.c, e.cfg.Events)
+	var wg sync.WaitGroup
+	wg.Go(com.run)
+
+	// The feeder streams pending items in input order.
+	feedCtx, stopFeed := context.WithCancel(ctx)
+	feed := make(chan []store.Item, 2)
+	var feedErr error
+	wg.Go(func() {
+		defer close(feed)
+		var after int64
+		for {
+			items, err := st.Pending(feedCtx, after, 1024)
+			if err != nil {
+				if feedCtx.Err() == nil {
+					feedErr = err
+				}
+				return
+			}
+			if e.cfg.MaxSeq > 0 {
+				n := 0
+				for n < len(items) && items[n].Seq <= e.cfg.MaxSeq {
+					n++
+				}
+				if n < len(items) {
+					items = items[:n]
+					if n == 0 {
+						return
+					}
+					select {
+					case feed <- items:
+					case <-feedCtx.Done():
+					}
+					return
+				}
+			}
+			if len(items) == 0 {
+				return
+			}
+			after = items[len(items)-1].Seq
+			select {
+			case feed <- items:
+			case <-feedCtx.Done():
+				return
+			}
+		}
+	})
+
+	var workers sync.WaitGroup
+	runErr := e.schedule(ctx, feed, com, &workers)
+	stopFeed()
+	// Drain the feeder so it exits.
+	for range feed {
+	}
+	workers.Wait()
+	com.close()
+	wg.Wait()
+	if feedErr != nil && runErr == nil {
+		runErr = fmt.Errorf("reading pending items: %w", feedErr)
+	}
+	if com.err != nil && runErr == nil {
+		runErr = com.err
+	}
+	closeErr := rf.close()
+	if runErr == nil && closeErr != nil {
+		runErr = closeErr
+	}
+	sum, serr := e.summarize(context.WithoutCancel(ctx))
+	if serr != nil && runErr == nil {
+		runErr = serr
+	}
+	res := &Result{Summary: sum, StopReason: e.stopReason}
+	if runErr != nil {
+		e.cfg.Events.Emit(EventFailure, runErr.Error(), nil)
+		return res, runErr
+	}
+	res.Complete = sum != nil && sum.Unfinished == 0
+	if !res.Complete {
+		if res.StopReason == "" && e.cfg.MaxSeq > 0 {
+			res.StopReason = fmt.Sprintf("pilot of the first %d items done", e.cfg.MaxSeq)
+		}
+		if res.StopReason == "" {
+			res.StopReason = "stopped"
+		}
+		e.cfg.Events.Emit(EventIncomplete, res.StopReason, sum)
+		return res, fmt.Errorf("%w: %s", ErrIncomplete, res.StopReason)
+	}
+	e.cfg.Events.Emit(EventCompleted, fmt.Sprintf("%d succeeded, %d errored", sum.Succeeded, sum.Errored), sum)
+	return res, nil
+}
+
+// Abort abandons in-flight requests at once (a second signal).
+func (e *Engine) Abort() {
+	if e.abortCancel != nil {
+		e.abortCancel()
+	}
+}
+
+func (e *Engine) signal() {
+	select {
+	case e.wake <- struct{}{}:
+	default:
+	}
+}
+
+// schedule is the admission loop. It owns the item queues.
+func (e *Engine) schedule(ctx context.Context, feed chan []store.Item, com *committer, workers *sync.WaitGroup) error {
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	sample := time.NewTicker(max(e.cfg.SampleEvery, time.Millisecond))
+	if e.cfg.SampleEvery < 0 {
+		sample.Stop()
+	}
+	defer sample.Stop()
+	lowWater := 0
+	stopping := false
+	var graceC <-chan time.Time
+	feedDone := false
+	var lastSample = time.Now()
+	var lastDone = map[string]int64{}
+	milestone := int64(0)
+	for {
+		now := time.Now()
+		if !stopping {
+			if reason := e.stopCondition(ctx, now, com); reason != "" {
+				stopping = true
+				e.stopReason = reason
+				e.dropQueued()
+				if e.inflight > 0 {
+					graceC = time.After(e.cfg.Grace)
+				}
+			}
+		}
+		next := time.Duration(math.MaxInt64)
+		if !stopping {
+			next = e.admit(now, workers)
+		}
+		if lowWater == 0 {
+			lowWater = 512
+		}
+		for _, ls := range e.lanes {
+			for _, l := range ls {
+				lowWater = max(lowWater, 2*l.cfg.Cap*len(ls))
+			}
+		}
+		wantFeed := !stopping && !feedDone && e.nready < lowWater
+		if (feedDone || stopping) && e.held == 0 && e.inflight == 0 {
+			return nil
+		}
+		if !wantFeed && e.nready > 0 && e.inflight == 0 && next == time.Duration(math.MaxInt64) && !stopping {
+			// Work, nothing in flight, and no lane will ever admit: every lane
+			// of these pools is disabled.
+			e.stopReason = "no usable lane: " + e.laneReasons()
+			stopping = true
+			e.dropQueued()
+			continue
+		}
+		if next != time.Duration(math.MaxInt64) {
+			timer.Reset(max(next, 200*time.Microsecond))
+		}
+		var feedC chan []store.Item
+		if wantFeed {
+			feedC = feed
+		}
+		select {
+		case <-e.wake:
+		case <-timer.C:
+		case <-ctx.Done():
+		case <-graceC:
+			e.Abort()
+		case items, ok := <-feedC:
+			if !ok {
+				feedDone = true
+				continue
+			}
+			for _, it := range items {
+				w := &work{it: it, pool: anthropic.PoolOf(it.Model)}
+				e.lanesFor(w.pool, it.Model)
+				e.ready[w.pool] = append(e.ready[w.pool], w)
+				e.nready++
+				e.held++
+			}
+		case a := <-e.results:
+			e.handle(a, com, stopping)
+			// Drain whatever else is ready without re-running admission each time.
+			for more := true; more; {
+				select {
+				case a := <-e.results:
+					e.handle(a, com, stopping)
+				default:
+					more = false
+				}
+			}
+		case t := <-sample.C:
+			e.emitSample(t, lastSample, lastDone)
+			lastSample = t
+			done := e.c.succeeded.Load() + e.c.errored.Load() + e.doneStart
+			if e.total > 0 {
+				m := done * 10 / e.total
+				if m > milestone {
+					milestone = m
+					e.cfg.Events.Emit(EventProgress, fmt.Sprintf("%d%% done", m*10), e.Progress())
+				}
+			}
+		}
+	}
+}
+
+// stopCondition returns why admission must stop now, or "".
+func (e *Engine) stopCondition(ctx context.Context, now time.Time, com *committer) string {
+	switch {
+	case ctx.Err() != nil:
+		return "stopped by signal"
+	case !e.cfg.Deadline.IsZero() && now.After(e.cfg.Deadline):
+		return "deadline reached"
+	case com.failed.Load():
+		return "the run's state could not be written"
+	case e.costStop:
+		return e.stopReason
+	}
+	return ""
+}
+
+// dropQueued forgets queued items (they stay pending in the store).
+func (e *Engine) dropQueued() {
+	for p, q := range e.ready {
+		e.held -= len(q)
+		e.ready[p] = nil
+	}
+	e.nready = 0
+	e.held -= len(e.delayed)
+	e.delayed = e.delayed[:0]
+}
+
+func (e *Engine) laneReasons() string {
+	var b bytes.Buffer
+	for _, l := range e.allLanes() {
+		if r := l.Disabled(); r != "" {
+			if b.Len() > 0 {
+				b.WriteString("; ")
+			}
+			fmt.Fprintf(&b, "%s: %s", l.key, r)
+		}
+	}
+	return b.String()
+}
+
+// admit starts every request that can start now and returns how long until
+// something might change without an event.
+func (e *Engine) admit(now time.Time, workers *sync.WaitGroup) time.Duration {
+	// Due retries go to the front of their pool's queue.
+	for len(e.delayed) > 0 && !e.delayed[0].notBefore.After(now) {
+		w := heap.Pop(&e.delayed).(*work)
+		e.ready[w.pool] = append([]*work{w}, e.ready[w.pool]...)
+		e.nready++
+	}
+	next := time.Duration(math.MaxInt64)
+	if len(e.delayed) > 0 {
+		next = e.delayed[0].notBefore.Sub(now)
+	}
+	for pool, q := range e.ready {
+		if len(q) == 0 {
+			continue
+		}
+		lanes := e.lanes[pool]
+		// Prefer the lane with the most free slots (relative to its limit).
+		order := slices.Clone(lanes)
+		slices.SortStableFunc(order, func(a, b *laneRef) int {
+			sa, sb := a.Snapshot(now), b.Snapshot(now)
+			return cmp.Compare(float64(sb.InFlight)/max(sb.Limit, 1), float64(sa.InFlight)/max(sa.Limit, 1)) * -1
+		})
+		blocked := make([]bool, len(order))
+		for len(q) > 0 {
+			progressed := false
+			for i, l := range order {
+				if blocked[i] || len(q) == 0 {
+					continue
+				}
+				w := q[0]
+				if e.cfg.MaxCost > 0 {
+					worst := e.worstCase(w)
+					if e.spent+e.inflightW+worst > e.cfg.MaxCost {
+						if e.inflight == 0 {
+							e.stopReasonCost()
+						}
+						e.ready[pool] = q
+						return next
+					}
+				}
+				need := ratelimit.Need{Requests: 1, Input: float64(w.it.EstInput), Output: l.ExpectedOutput(w.it.MaxTokens)}
+				p, wait, ok := l.TryAdmit(now, need)
+				if !ok {
+					blocked[i] = true
+					if wait > 0 {
+						next = min(next, wait)
+					}
+					continue
+				}
+				q = q[1:]
+				e.nready--
+				e.start1(w, l, p, workers)
+				progressed = true
+			}
+			if !progressed {
+				break
+			}
+		}
+		e.ready[pool] = q
+	}
+	return next
+}
+
+func (e *Engine) stopReasonCost() {
+	if e.stopReason == "" {
+		e.stopReason = fmt.Sprintf("--max-cost %s reached (spent %s)", e.cfg.MaxCost, e.spent)
+	}
+	// Wake the loop so it notices via costStop.
+	e.costStop = true
+	e.signal()
+}
+
+func (e *Engine) worstCase(w *work) cost.Nanos {
+	// Tokens never outnumber bytes, so the params' length bounds the input.
+	n, err := e.cfg.Prices.WorstCase(w.it.Model, max(w.it.EstInput, w.it.Length), w.it.MaxTokens)
+	if err != nil {
+		return cost.Nanos(math.MaxInt64 / 4)
+	}
+	return n
+}
+
+func (e *Engine) start1(w *work, l *laneRef, p Permit, workers *sync.WaitGroup) {
+	e.inflight++
+	e.inflightPub.Store(int64(e.inflight))
+	w.attempts++
+	e.c.attempts.Add(1)
+	a := &attempt{w: w, lane: l, permit: p}
+	if e.cfg.MaxCost > 0 {
+		a.worst = e.worstCase(w)
+		e.inflightW += a.worst
+	}
+	workers.Go(func() {
+		e.send(a)
+		e.results <- a
+	})
+}
+
+// send performs one HTTP attempt and classifies it. It runs on its own goroutine.
+func (e *Engine) send(a *attempt) {
+	body, err := e.cfg.Body(a.w.it)
+	if err != nil {
+		a.readErr = err
+		a.lane.Done(time.Now(), a.permit, Feedback{Outcome: anthropic.Outcome{Kind: anthropic.Retryable}})
+		return
+	}
+	ctx, cancel := context.WithTimeout(e.abortCtx, e.cfg.Timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, e.base.JoinPath("v1", "messages").String(), bytes.NewReader(body))
+	if err != nil {
+		a.readErr = err
+		a.lane.Done(time.Now(), a.permit, Feedback{Outcome: anthropic.Outcome{Kind: anthropic.Retryable}})
+		return
+	}
+	req.Header.Set(anthropic.HeaderAPIKey, a.lane.org.Key.Reveal())
+	req.Header.Set(anthropic.HeaderVersion, anthropic.APIVersion)
+	req.Header.Set("content-type", "application/json")
+	req.Header.Set("x-stainless-retry-count", strconv.FormatInt(a.w.attempts-1, 10))
+	t0 := time.Now()
+	resp, err := e.client.Do(req)
+	var status int
+	var hdr http.Header
+	var rb []byte
+	if err == nil {
+		status, hdr = resp.StatusCode, resp.Header
+		rb, err = io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if err != nil && status >= 200 && status < 300 {
+			// A 2xx whose body broke off: classify as truncated, not as a
+			// transport error, so the reason says what happened.
+			err = nil
+		}
+	}
+	now := time.Now()
+	a.latency = now.Sub(t0)
+	a.outcome = anthropic.Classify(status, hdr, rb, err, now)
+	a.body = rb
+	fb := Feedback{Outcome: a.outcome}
+	if hdr != nil {
+		fb.Limits = anthropic.ParseRateLimits(hdr)
+		a.reqID = hdr.Get(anthropic.HeaderRequestID)
+		a.orgIDHdr = fb.Limits.OrganizationID
+	}
+	if m := a.outcome.Message; m != nil {
+		a.usage = m.Usage
+		fb.Billed = true
+		fb.Actual = ratelimit.Need{Requests: 1, Input: float64(m.Usage.InputTokens + m.Usage.CacheCreationInputTokens), Output: float64(m.Usage.OutputTokens)}
+		// Priced as the requested model, which validation checked has a price.
+		a.costN, _ = e.cfg.Prices.Cost(a.w.it.Model, m.Usage, false)
+	}
+	a.lane.Done(now, a.permit, fb)
+}
+
+// handle applies one finished attempt. It runs on the scheduler goroutine.
+func (e *Engine) handle(a *attempt, com *committer, stopping bool) {
+	e.inflight--
+	e.inflightPub.Store(int64(e.inflight))
+	e.inflightW -= a.worst
+	now := time.Now()
+	defer e.signal()
+	w, l, o := a.w, a.lane, a.outcome
+	if a.orgIDHdr != "" {
+		e.noteOrgID(l.org, a.orgIDHdr)
+	}
+	if a.readErr != nil {
+		// The input file cannot be read: stop, nothing is lost.
+		e.held--
+		if e.stopReason == "" {
+			e.stopReason = "reading the input: " + a.readErr.Error()
+		}
+		com.fail(fmt.Errorf("reading item %s: %w", w.it.CustomID, a.readErr))
+		return
+	}
+	switch o.Kind {
+	case anthropic.Success:
+		e.spent += a.costN
+		e.held--
+		l.org.completed.Add(1)
+		com.submit(e.outcome(a, store.Succeeded))
+		return
+	case anthropic.Terminal:
+		e.held--
+		l.org.completed.Add(1)
+		com.submit(e.outcome(a, store.Errored))
+		return
+	case anthropic.LaneFatal:
+		reason := o.Reason
+		if o.Scope == anthropic.ScopeOrg {
+			e.disableOrg(l.org, reason)
+		} else {
+			l.Disable(reason)
+			e.cfg.Events.Emit(EventLane, l.key+" stopped: "+reason, l.Snapshot(now))
+		}
+		w.transient = 0
+		w.notBefore = now
+	case anthropic.Retryable:
+		switch {
+		case o.RateLimited:
+			e.c.rateLimited.Add(1)
+		case o.Overloaded:
+			e.c.overloaded.Add(1)
+		default:
+			e.c.otherRetries.Add(1)
+		}
+		if o.RateLimited {
+			// The lane holds for retry-after; other lanes may take the item now.
+			w.notBefore = now
+		} else {
+			w.transient++
+			back := math.Min(8, 0.5*math.Pow(2, float64(w.transient-1))) * (1 - 0.25*rand.Float64())
+			d := time.Duration(back / e.cfg.Speed * float64(time.Second))
+			if o.HasRetryAfter {
+				d = max(d, o.RetryAfter)
+			}
+			w.notBefore = now.Add(d)
+		}
+	}
+	if stopping {
+		e.held-- // stays pending in the store
+		return
+	}
+	heap.Push(&e.delayed, w)
+}
+
+func (e *Engine) disableOrg(o *orgState, reason string) {
+	if o.disabled != "" {
+		return
+	}
+	o.disabled = reason
+	for _, ls := range e.lanes {
+		for _, l := range ls {
+			if l.org == o {
+				l.Disable(reason)
+			}
+		}
+	}
+	e.cfg.Events.Emit(EventLane, "org "+o.Name+" ("+o.Key.String()+") stopped: "+reason, map[string]any{"org": o.Name, "reason": reason})
+	e.log.Warn("org stopped", "org", o.Name, "key", o.Key.Fingerprint(), "reason", reason)
+}
+
+// noteOrgID records an org's anthropic-organization-id; a second key of the
+// same organisation adds no capacity, so its lanes stop and the first org's
+// lanes carry its work.
+func (e *Engine) noteOrgID(o *orgState, id string) {
+	if o.id == id {
+		return
+	}
+	o.id = id
+	for _, other := range e.orgs {
+		if other != o && other.id == id && other.disabled == "" {
+			reason := fmt.Sprintf("key %s reaches the same organisation as org %s (%s): limits do not add, so its work goes through %s's lanes", o.Key.Fingerprint(), other.Name, id, other.Name)
+			e.cfg.Events.Emit(EventWarning, "org "+o.Name+": "+reason, map[string]any{"org": o.Name, "same_as": other.Name, "organization_id": id})
+			e.log.Warn("two keys reach one organisation", "org", o.Name, "same_as", other.Name)
+			e.disableOrg(o, reason)
+			return
+		}
+	}
+}
+
+// outcome builds the durable outcome and its results.jsonl line.
+func (e *Engine) outcome(a *attempt, st store.State) store.Outcome {
+	out := store.Outcome{
+		Seq: a.w.it.Seq, State: st, Org: a.lane.org.Name, Attempts: a.w.attempts,
+		LatencyMs: a.latency.Milliseconds(), CostNanos: int64(a.costN),
+		InputTok: a.usage.InputTokens, OutputTok: a.usage.OutputTokens,
+		CacheRead: a.usage.CacheReadInputTokens, CacheWrite: a.usage.CacheCreationInputTokens,
+	}
+	var res []byte
+	var buf bytes.Buffer
+	if st == store.Succeeded {
+		if json.Compact(&buf, a.body) != nil {
+			buf.Reset()
+			buf.Write(a.body)
+		}
+		res = append([]byte(`{"type":"succeeded","message":`), buf.Bytes()...)
+		res = append(res, '}')
+	} else {
+		out.ErrorType = a.outcome.ErrorType
+		var errObj []byte
+		if a.outcome.Envelope != nil {
+			env := *a.outcome.Envelope
+			errObj, _ = json.Marshal(env)
+		} else {
+			errObj, _ = json.Marshal(anthropic.ErrorEnvelope{Type: "error", Error: anthropic.ErrorDetail{Type: a.outcome.ErrorType, Message: a.outcome.Reason}})
+		}
+		res = append([]byte(`{"type":"errored","error":`), errObj...)
+		res = append(res, '}')
+	}
+	d, _ := json.Marshal(struct {
+		Org       string  `json:"org"`
+		Attempts  int64   `json:"attempts"`
+		LatencyMs int64   `json:"latency_ms"`
+		CostUSD   float64 `json:"cost_usd"`
+		RequestID string  `json:"request_id,omitempty"`
+	}{a.lane.org.Name, a.w.attempts, out.LatencyMs, a.costN.USD(), a.reqID})
+	id, _ := json.Marshal(a.w.it.CustomID)
+	line := make([]byte, 0, len(res)+len(d)+len(id)+40)
+	line = append(line, `{"custom_id":`...)
+	line = append(line, id...)
+	line = append(line, `,"result":`...)
+	line = append(line, res...)
+	line = append(line, `,"dispatch":`...)
+	line = append(line, d...)
+	line = append(line, '}')
+	out.Line = line
+	return out
+}
+
+// delayHeap orders retries by not-before time.
+type delayHeap []*work
+
+func (h delayHeap) Len() int           { return len(h) }
+func (h delayHeap) Less(i, j int) bool { return h[i].notBefore.Before(h[j].notBefore) }
+func (h delayHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i]; h[i].heapIdx = i; h[j].heapIdx = j }
+func (h *delayHeap) Push(x any)        { w := x.(*work); w.heapIdx = len(*h); *h = append(*h, w) }
+func (h *delayHeap) Pop() any {
+	old := *h
+	w := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return w
+}

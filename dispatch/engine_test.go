@@ -1,0 +1,176 @@
+package dispatch_test
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/apidispatch/apidispatch/cost"
+	"github.com/apidispatch/apidispatch/dispatch"
+	"github.com/apidispatch/apidispatch/org"
+	"github.com/apidispatch/apidispatch/sim"
+	"github.com/apidispatch/apidispatch/workload"
+)
+
+// harness is a simulator plus a request file and a run directory.
+type harness struct {
+	t     *testing.T
+	sim   *sim.Running
+	input string
+	dir   string
+	orgs  []org.Org
+	speed float64
+}
+
+func newHarness(t *testing.T, preset string, speed float64, n int, mutate func(*sim.Config)) *harness {
+	t.Helper()
+	cfg, err := sim.Preset(preset)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Speed = speed
+	if mutate != nil {
+		mutate(&cfg)
+	}
+	r, err := sim.Start(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close() })
+	dir := t.TempDir()
+	input := filepath.Join(dir, "req.jsonl")
+	f, err := os.Create(input)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := workload.GenerateJudge(f, n, 1, workload.GenOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	var orgs []org.Org
+	for _, o := range cfg.Orgs {
+		orgs = append(orgs, org.Org{Name: o.Name, Key: org.NewKey(r.Server.Keys()[o.Name][0])})
+	}
+	return &harness{t: t, sim: r, input: input, dir: filepath.Join(dir, "run"), orgs: orgs, speed: speed}
+}
+
+func (h *harness) run(ctx context.Context, mod func(*dispatch.Config)) (*dispatch.Result, error) {
+	h.t.Helper()
+	job, err := dispatch.OpenJob(ctx, dispatch.JobConfig{InputPath: h.input, RunDir: h.dir, Prices: cost.Default()}, nil)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	defer job.Close()
+	cfg := dispatch.Config{Orgs: h.orgs, BaseURL: h.sim.URL, Speed: h.speed, Prices: cost.Default(), SampleEvery: -1}
+	if mod != nil {
+		mod(&cfg)
+	}
+	eng, err := job.Engine(cfg)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return eng.Run(ctx)
+}
+
+// resultIDs reads results.jsonl and returns custom_id → count.
+func (h *harness) resultIDs() map[string]int {
+	h.t.Helper()
+	f, err := os.Open(filepath.Join(h.dir, dispatch.ResultsFile))
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	defer f.Close()
+	ids := map[string]int{}
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 1<<20), 1<<24)
+	for sc.Scan() {
+		var v struct {
+			CustomID string `json:"custom_id"`
+			Result   struct {
+				Type string `json:"type"`
+			} `json:"result"`
+		}
+		if err := json.Unmarshal(sc.Bytes(), &v); err != nil {
+			h.t.Fatalf("results line %q: %v", sc.Text(), err)
+		}
+		ids[v.CustomID]++
+	}
+	return ids
+}
+
+func TestRunCompletesAndMatchesLedger(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, sim.PresetOrigin3Org, 50, 1500, nil)
+	res, err := h.run(context.Background(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := res.Summary
+	if !res.Complete || s.Succeeded != 1500 || s.Errored != 0 || !s.DataLoss.Passed {
+		t.Fatalf("summary: %+v", s)
+	}
+	ids := h.resultIDs()
+	if len(ids) != 1500 {
+		t.Fatalf("%d distinct ids in results", len(ids))
+	}
+	for id, n := range ids {
+		if n != 1 {
+			t.Fatalf("%s appears %d times", id, n)
+		}
+	}
+	led := h.sim.Server.LedgerTotals()
+	if led.CostNanos != s.Cost.TotalNanos {
+		t.Fatalf("ledger cost %d nanos, summary %d", led.CostNanos, s.Cost.TotalNanos)
+	}
+	if len(s.ByOrg) != 3 {
+		t.Fatalf("work did not fan out to every org: %+v", s.ByOrg)
+	}
+	// A second run of the same command sends nothing.
+	before := led.Requests
+	res, err = h.run(context.Background(), nil)
+	if err != nil || !res.Complete {
+		t.Fatalf("resume of a complete run: %v", err)
+	}
+	if after := h.sim.Server.LedgerTotals().Requests; after != before {
+		t.Fatalf("resume of a complete run sent %d requests", after-before)
+	}
+}
+
+// TestStormLosesNothing pins origin.md §3: under a sustained 429 storm on
+// every org, every item still succeeds exactly once.
+func TestStormLosesNothing(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, sim.PresetOrigin3Org, 50, 1200, func(c *sim.Config) {
+		c.Faults = []sim.Fault{{ID: "storm", Kind: sim.FaultRateLimitStorm, Start: 2 * time.Second, Duration: 60 * time.Second, RetryAfter: 5 * time.Second}}
+	})
+	res, err := h.run(context.Background(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := res.Summary
+	if s.Succeeded != 1200 || s.Errored != 0 || !s.DataLoss.Passed {
+		t.Fatalf("summary after storm: succeeded %d errored %d %+v", s.Succeeded, s.Errored, s.DataLoss)
+	}
+	if s.RateLimited429 == 0 {
+		t.Fatal("the storm never hit: the test proves nothing")
+	}
+}
+
+func TestInvalidInputLeavesNothing(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	in := filepath.Join(dir, "bad.jsonl")
+	os.WriteFile(in, []byte(`{"custom_id":"a","params":{"model":"claude-sonnet-4-5","max_tokens":5,"messages":[{"role":"user","content":"hi"}]}}`+"\n{not json\n"), 0o644)
+	_, err := dispatch.OpenJob(context.Background(), dispatch.JobConfig{InputPath: in, RunDir: filepath.Join(dir, "run"), Prices: cost.Default()}, nil)
+	if err == nil || !strings.Contains(err.Error(), "line 2") {
+		t.Fatalf("want an error naming line 2, got %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "run")); !os.IsNotExist(err) {
+		t.Fatal("run directory created for an invalid input")
+	}
+}

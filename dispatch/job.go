@@ -1,0 +1,214 @@
+package dispatch
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/apidispatch/apidispatch/cost"
+	"github.com/apidispatch/apidispatch/store"
+	"github.com/apidispatch/apidispatch/store/sqlite"
+	"github.com/apidispatch/apidispatch/workload"
+)
+
+// Files of a run directory.
+const (
+	StateFile   = "state.db"
+	ResultsFile = "results.jsonl"
+	EventsFile  = "events.jsonl"
+	SummaryFile = "summary.json"
+)
+
+// JobConfig names a run: its input and its directory.
+type JobConfig struct {
+	InputPath string
+	// RunDir defaults to runs/<input stem>.
+	RunDir string
+	// ResultsPath defaults to RunDir/results.jsonl.
+	ResultsPath string
+	Prices      *cost.Table
+}
+
+// DefaultRunDir is runs/<input file name without extension>.
+func DefaultRunDir(input string) string {
+	base := filepath.Base(input)
+	return filepath.Join("runs", strings.TrimSuffix(base, filepath.Ext(base)))
+}
+
+// Job is an opened run directory with a validated input.
+type Job struct {
+	Dir         string
+	InputPath   string
+	ResultsPath string
+	Input       *os.File
+	Store       store.Store
+	Workload    *workload.Summary
+	Events      *EventLog
+	// Existing reports that the run directory already held this input (a resume).
+	Existing bool
+}
+
+// Validate checks the whole input file before anything else happens: every
+// line, every custom_id, and a price for every model.
+func Validate(path string, prices *cost.Table) (*workload.Summary, error) {
+	return workload.Validate(path, workload.ValidateOptions{KnownModel: func(model string) error {
+		_, err := prices.Lookup(model)
+		return err
+	}})
+}
+
+// OpenJob validates the input, then creates or reopens the run directory.
+// A run directory made for another input is refused and left untouched, as
+// is everything when the input is invalid.
+func OpenJob(ctx context.Context, cfg JobConfig, ws *workload.Summary) (*Job, error) {
+	if cfg.RunDir == "" {
+		cfg.RunDir = DefaultRunDir(cfg.InputPath)
+	}
+	if cfg.ResultsPath == "" {
+		cfg.ResultsPath = filepath.Join(cfg.RunDir, ResultsFile)
+	}
+	var err error
+	if ws == nil {
+		if ws, err = Validate(cfg.InputPath, cfg.Prices); err != nil {
+			return nil, err
+		}
+	}
+	if err := os.MkdirAll(cfg.RunDir, 0o755); err != nil {
+		return nil, err
+	}
+	st, err := sqlite.Open(filepath.Join(cfg.RunDir, StateFile))
+	if err != nil {
+		return nil, err
+	}
+	abs, _ := filepath.Abs(cfg.InputPath)
+	existing, err := st.Init(ctx, store.Meta{InputPath: abs, InputHash: ws.Hash, N: ws.N, CreatedAt: time.Now().UTC()})
+	if err != nil {
+		st.Close()
+		if errors.Is(err, store.ErrInputMismatch) {
+			return nil, fmt.Errorf("run directory %s was made for a different input file (or the input changed since): %w; use another --run-dir", cfg.RunDir, err)
+		}
+		return nil, err
+	}
+	j := &Job{Dir: cfg.RunDir, InputPath: cfg.InputPath, ResultsPath: cfg.ResultsPath, Store: st, Workload: ws, Existing: existing}
+	if err := j.importItems(ctx); err != nil {
+		j.Close()
+		return nil, err
+	}
+	if j.Input, err = os.Open(cfg.InputPath); err != nil {
+		j.Close()
+		return nil, err
+	}
+	if j.Events, err = OpenEventLog(filepath.Join(cfg.RunDir, EventsFile)); err != nil {
+		j.Close()
+		return nil, err
+	}
+	return j, nil
+}
+
+// importItems streams the input into the store once.
+func (j *Job) importItems(ctx context.Context) error {
+	done, err := j.Store.Imported(ctx)
+	if err != nil || done {
+		return err
+	}
+	batch := make([]store.Item, 0, 8192)
+	flush := func() error {
+		if len(batch) == 0 {
+			return nil
+		}
+		err := j.Store.AddItems(ctx, batch)
+		batch = batch[:0]
+		return err
+	}
+	err = workload.Scan(j.InputPath, func(it store.Item) error {
+		batch = append(batch, it)
+		if len(batch) == cap(batch) {
+			return flush()
+		}
+		return nil
+	})
+	if err == nil {
+		err = flush()
+	}
+	if err != nil {
+		return fmt.Errorf("importing %s: %w", j.InputPath, err)
+	}
+	return j.Store.SetImported(ctx)
+}
+
+// Body reads an item's params from the input file.
+func (j *Job) Body(it store.Item) (json.RawMessage, error) { return workload.ReadAt(j.Input, it) }
+
+// Engine returns an engine for this job; cfg's Store, Body, ResultsPath and
+// Events are filled in.
+func (j *Job) Engine(cfg Config) (*Engine, error) {
+	cfg.Store, cfg.Body, cfg.ResultsPath, cfg.Events = j.Store, j.Body, j.ResultsPath, j.Events
+	return New(cfg)
+}
+
+// WriteSummary writes summary.json into the run directory (and to extra
+// paths), each atomically.
+func (j *Job) WriteSummary(s any, extra ...string) error {
+	b, err := json.MarshalIndent(s, "", "  ")
+	if err != nil {
+		return err
+	}
+	b = append(b, '\n')
+	for _, p := range append([]string{filepath.Join(j.Dir, SummaryFile)}, extra...) {
+		if p == "" {
+			continue
+		}
+		if err := WriteFileAtomic(p, b, 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Close releases the job's files.
+func (j *Job) Close() error {
+	var errs []error
+	if j.Events != nil {
+		errs = append(errs, j.Events.Close())
+	}
+	if j.Input != nil {
+		errs = append(errs, j.Input.Close())
+	}
+	if j.Store != nil {
+		errs = append(errs, j.Store.Close())
+	}
+	return errors.Join(errs...)
+}
+
+// WriteFileAtomic writes data to a temporary file beside path, syncs it and
+// renames it over path, so readers see the old or the new file, never half.
+func WriteFileAtomic(path string, data []byte, perm os.FileMode) error {
+	dir := filepath.Dir(path)
+	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp*")
+	if err != nil {
+		return err
+	}
+	tmp := f.Name()
+	_, err = f.Write(data)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Chmod(tmp, perm)
+	}
+	if err == nil {
+		err = os.Rename(tmp, path)
+	}
+	if err != nil {
+		os.Remove(tmp)
+	}
+	return err
+}

@@ -1,0 +1,298 @@
+package dispatch
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/maphash"
+	"io"
+	"math"
+	"os"
+	"slices"
+	"time"
+
+	"github.com/apidispatch/apidispatch/anthropic"
+	"github.com/apidispatch/apidispatch/cost"
+	"github.com/apidispatch/apidispatch/store"
+)
+
+// DataLoss is the check that every input ended as exactly one outcome or is
+// still pending, and that no retryable cause was written down as an error.
+type DataLoss struct {
+	Inputs                  int64 `json:"inputs"`
+	Outcomes                int64 `json:"outcomes"`
+	Unfinished              int64 `json:"unfinished"`
+	Missing                 int64 `json:"missing"`
+	Duplicates              int64 `json:"duplicates"`
+	RetryableMarkedTerminal int64 `json:"retryable_marked_terminal"`
+	Passed                  bool  `json:"passed"`
+}
+
+// CostUSD is spend from usage.
+type CostUSD struct {
+	Total      float64            `json:"total"`
+	TotalNanos int64              `json:"total_nanos"`
+	ByOrg      map[string]float64 `json:"by_org"`
+}
+
+// Tokens are usage sums.
+type Tokens struct {
+	Input      int64 `json:"input"`
+	Output     int64 `json:"output"`
+	CacheRead  int64 `json:"cache_read"`
+	CacheWrite int64 `json:"cache_write"`
+}
+
+// Latency percentiles in milliseconds.
+type Latency struct {
+	P50 int64 `json:"p50"`
+	P95 int64 `json:"p95"`
+	P99 int64 `json:"p99"`
+}
+
+// OrgSplit is one org's share of the run.
+type OrgSplit struct {
+	Succeeded int64   `json:"succeeded"`
+	Errored   int64   `json:"errored"`
+	CostUSD   float64 `json:"cost_usd"`
+	Key       string  `json:"key_fingerprint"`
+}
+
+// Summary is summary.json (design.md §3).
+type Summary struct {
+	N                  int64                `json:"n"`
+	Succeeded          int64                `json:"succeeded"`
+	Errored            int64                `json:"errored"`
+	ErroredByType      map[string]int64     `json:"errored_by_type"`
+	Unfinished         int64                `json:"unfinished"`
+	DataLoss           DataLoss             `json:"data_loss"`
+	Cost               CostUSD              `json:"cost_usd"`
+	Tokens             Tokens               `json:"tokens"`
+	Attempts           int64                `json:"attempts"`
+	RateLimited429     int64                `json:"rate_limited_429"`
+	Overloaded529      int64                `json:"overloaded_529"`
+	OtherRetries       int64                `json:"other_retries"`
+	LatencyMs          Latency              `json:"latency_ms"`
+	RequestsPerMin     float64              `json:"requests_per_min"`
+	CompletedThisRun   int64                `json:"completed_this_run"`
+	WallS              float64              `json:"wall_s"`
+	Speed              float64              `json:"speed_factor"`
+	APIEquivalentWallS float64              `json:"api_equivalent_wall_s"`
+	ByOrg              map[string]OrgSplit  `json:"by_org"`
+	Lanes              []LaneSnapshot       `json:"lanes"`
+	StopReason         string               `json:"stop_reason,omitempty"`
+	Projection         json.RawMessage      `json:"projection,omitempty"`
+	Extra              map[string]any       `json:"extra,omitempty"`
+	Orgs               []map[string]string  `json:"orgs"`
+}
+
+func (e *Engine) summarize(ctx context.Context) (*Summary, error) {
+	st := e.cfg.Store
+	agg, err := st.Aggregate(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("summarising: %w", err)
+	}
+	lat, err := st.LatencyPercentiles(ctx, []float64{0.5, 0.95, 0.99})
+	if err != nil {
+		return nil, fmt.Errorf("summarising latencies: %w", err)
+	}
+	wall := time.Since(e.start).Seconds()
+	s := &Summary{
+		N: agg.N, Succeeded: agg.Succeeded, Errored: agg.Errored, ErroredByType: agg.ErroredByType,
+		Unfinished: agg.Pending,
+		Cost:       CostUSD{Total: cost.Nanos(agg.CostNanos).USD(), TotalNanos: agg.CostNanos, ByOrg: map[string]float64{}},
+		Tokens:     Tokens{agg.InputTok, agg.OutputTok, agg.CacheRead, agg.CacheWrite},
+		Attempts:   agg.Counters[CounterAttempts], RateLimited429: agg.Counters[CounterRateLimited],
+		Overloaded529: agg.Counters[CounterOverloaded], OtherRetries: agg.Counters[CounterOtherRetries],
+		LatencyMs: Latency{lat[0], lat[1], lat[2]}, WallS: wall, Speed: e.cfg.Speed,
+		APIEquivalentWallS: wall * e.cfg.Speed, ByOrg: map[string]OrgSplit{}, StopReason: e.stopReason,
+	}
+	if s.ErroredByType == nil {
+		s.ErroredByType = map[string]int64{}
+	}
+	s.CompletedThisRun = agg.Succeeded + agg.Errored - e.doneStart
+	if wall > 0 {
+		s.RequestsPerMin = float64(s.CompletedThisRun) / wall * 60
+	}
+	keys := map[string]string{}
+	for _, o := range e.orgs {
+		keys[o.Name] = o.Key.Fingerprint()
+		s.Orgs = append(s.Orgs, map[string]string{"org": o.Name, "key_fingerprint": o.Key.Fingerprint()})
+	}
+	for name, t := range agg.ByOrg {
+		if name == "" {
+			continue
+		}
+		s.Cost.ByOrg[name] = cost.Nanos(t.CostNanos).USD()
+		s.ByOrg[name] = OrgSplit{Succeeded: t.Succeeded, Errored: t.Errored, CostUSD: cost.Nanos(t.CostNanos).USD(), Key: keys[name]}
+	}
+	now := time.Now()
+	for _, l := range e.allLanes() {
+		s.Lanes = append(s.Lanes, l.Snapshot(now))
+	}
+	dl, err := CheckResults(e.cfg.ResultsPath, agg)
+	if err != nil {
+		return nil, err
+	}
+	s.DataLoss = dl
+	return s, nil
+}
+
+// CheckResults reads results.jsonl and checks it against the store's
+// aggregate: one line per terminal item, no custom_id twice, nothing missing,
+// no retryable cause marked terminal. Memory is a hash per line.
+func CheckResults(path string, agg store.Aggregate) (DataLoss, error) {
+	dl := DataLoss{Inputs: agg.N, Unfinished: agg.Pending}
+	for t, n := range agg.ErroredByType {
+		if anthropic.IsRetryableType(t) {
+			dl.RetryableMarkedTerminal += n
+		}
+	}
+	seed := maphash.MakeSeed()
+	seen := make(map[uint64]uint8, agg.Succeeded+agg.Errored)
+	var collided []uint64
+	err := eachResultID(path, func(id []byte) {
+		dl.Outcomes++
+		h := maphash.Bytes(seed, id)
+		if seen[h] == 1 {
+			collided = append(collided, h)
+		}
+		if seen[h] < 2 {
+			seen[h]++
+		}
+	})
+	if err != nil {
+		return dl, err
+	}
+	if len(collided) > 0 {
+		// Tell true duplicates from hash collisions with the exact ids.
+		want := map[uint64]bool{}
+		for _, h := range collided {
+			want[h] = true
+		}
+		exact := map[string]int{}
+		if err := eachResultID(path, func(id []byte) {
+			if want[maphash.Bytes(seed, id)] {
+				exact[string(id)]++
+			}
+		}); err != nil {
+			return dl, err
+		}
+		for _, n := range exact {
+			dl.Duplicates += int64(n - 1)
+		}
+	}
+	unique := dl.Outcomes - dl.Duplicates
+	terminal := agg.Succeeded + agg.Errored
+	dl.Missing = max(0, agg.N-terminal-agg.Pending) + max(0, terminal-unique)
+	dl.Passed = dl.Missing == 0 && dl.Duplicates == 0 && dl.RetryableMarkedTerminal == 0 && unique == terminal
+	return dl, nil
+}
+
+var idPrefix = []byte(`{"custom_id":"`)
+
+// eachResultID calls fn with the custom_id of every line of a results file.
+func eachResultID(path string, fn func(id []byte)) error {
+	f, err := os.Open(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	r := bufio.NewReaderSize(f, 1<<20)
+	lineNo := 0
+	for {
+		line, err := r.ReadSlice('\n')
+		if errors.Is(err, bufio.ErrBufferFull) {
+			// A long line: read the rest of it.
+			rest := slices.Clone(line)
+			for errors.Is(err, bufio.ErrBufferFull) {
+				line, err = r.ReadSlice('\n')
+				rest = append(rest, line...)
+			}
+			line = rest
+		}
+		if len(line) > 0 {
+			lineNo++
+			id, ok := fastID(line)
+			if !ok {
+				var v struct {
+					CustomID string `json:"custom_id"`
+				}
+				if jerr := json.Unmarshal(line, &v); jerr != nil {
+					return fmt.Errorf("%s line %d: %w", path, lineNo, jerr)
+				}
+				id = []byte(v.CustomID)
+			}
+			fn(id)
+		}
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+	}
+}
+
+// fastID reads the custom_id of a line this package wrote (ids are
+// [a-zA-Z0-9_-], so no escapes).
+func fastID(line []byte) ([]byte, bool) {
+	if !bytes.HasPrefix(line, idPrefix) {
+		return nil, false
+	}
+	rest := line[len(idPrefix):]
+	i := bytes.IndexByte(rest, '"')
+	if i <= 0 || i > 64 || bytes.IndexByte(rest[:i], '\\') >= 0 {
+		return nil, false
+	}
+	return rest[:i], true
+}
+
+// Progress is a snapshot for displays and progress events.
+type Progress struct {
+	Done           int64          `json:"done"`
+	Total          int64          `json:"total"`
+	Succeeded      int64          `json:"succeeded"`
+	Errored        int64          `json:"errored"`
+	InFlight       int            `json:"in_flight"`
+	RequestsPerMin float64        `json:"requests_per_min"`
+	ETA            float64        `json:"eta_s"`
+	CostUSD        float64        `json:"cost_usd"`
+	RateLimited    int64          `json:"rate_limited_429"`
+	Retries        int64          `json:"retries"`
+	ElapsedS       float64        `json:"elapsed_s"`
+	Lanes          []LaneSnapshot `json:"lanes"`
+}
+
+// Progress returns a snapshot of the run. It is safe to call from any goroutine.
+func (e *Engine) Progress() Progress {
+	now := time.Now()
+	el := now.Sub(e.start).Seconds()
+	succ, errd := e.c.succeeded.Load(), e.c.errored.Load()
+	p := Progress{
+		Done: e.doneStart + succ + errd, Total: e.total, Succeeded: succ, Errored: errd,
+		CostUSD: cost.Nanos(e.c.costN.Load()).USD(), RateLimited: e.c.rateLimited.Load(),
+		Retries: e.c.rateLimited.Load() + e.c.overloaded.Load() + e.c.otherRetries.Load(), ElapsedS: el,
+	}
+	if el > 0 {
+		p.RequestsPerMin = float64(succ+errd) / el * 60
+	}
+	if p.RequestsPerMin > 0 {
+		p.ETA = float64(p.Total-p.Done) / p.RequestsPerMin * 60
+	}
+	for _, l := range e.lanesSnapshotSafe() {
+		s := l.Snapshot(now)
+		p.InFlight += s.InFlight
+		p.Lanes = append(p.Lanes, s)
+	}
+	if math.IsInf(p.ETA, 0) || math.IsNaN(p.ETA) {
+		p.ETA = 0
+	}
+	return p
+}
