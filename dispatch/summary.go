@@ -63,30 +63,30 @@ type OrgSplit struct {
 
 // Summary is summary.json (design.md §3).
 type Summary struct {
-	N                  int64                `json:"n"`
-	Succeeded          int64                `json:"succeeded"`
-	Errored            int64                `json:"errored"`
-	ErroredByType      map[string]int64     `json:"errored_by_type"`
-	Unfinished         int64                `json:"unfinished"`
-	DataLoss           DataLoss             `json:"data_loss"`
-	Cost               CostUSD              `json:"cost_usd"`
-	Tokens             Tokens               `json:"tokens"`
-	Attempts           int64                `json:"attempts"`
-	RateLimited429     int64                `json:"rate_limited_429"`
-	Overloaded529      int64                `json:"overloaded_529"`
-	OtherRetries       int64                `json:"other_retries"`
-	LatencyMs          Latency              `json:"latency_ms"`
-	RequestsPerMin     float64              `json:"requests_per_min"`
-	CompletedThisRun   int64                `json:"completed_this_run"`
-	WallS              float64              `json:"wall_s"`
-	Speed              float64              `json:"speed_factor"`
-	APIEquivalentWallS float64              `json:"api_equivalent_wall_s"`
-	ByOrg              map[string]OrgSplit  `json:"by_org"`
-	Lanes              []LaneSnapshot       `json:"lanes"`
-	StopReason         string               `json:"stop_reason,omitempty"`
-	Projection         json.RawMessage      `json:"projection,omitempty"`
-	Extra              map[string]any       `json:"extra,omitempty"`
-	Orgs               []map[string]string  `json:"orgs"`
+	N                  int64               `json:"n"`
+	Succeeded          int64               `json:"succeeded"`
+	Errored            int64               `json:"errored"`
+	ErroredByType      map[string]int64    `json:"errored_by_type"`
+	Unfinished         int64               `json:"unfinished"`
+	DataLoss           DataLoss            `json:"data_loss"`
+	Cost               CostUSD             `json:"cost_usd"`
+	Tokens             Tokens              `json:"tokens"`
+	Attempts           int64               `json:"attempts"`
+	RateLimited429     int64               `json:"rate_limited_429"`
+	Overloaded529      int64               `json:"overloaded_529"`
+	OtherRetries       int64               `json:"other_retries"`
+	LatencyMs          Latency             `json:"latency_ms"`
+	RequestsPerMin     float64             `json:"requests_per_min"`
+	CompletedThisRun   int64               `json:"completed_this_run"`
+	WallS              float64             `json:"wall_s"`
+	Speed              float64             `json:"speed_factor"`
+	APIEquivalentWallS float64             `json:"api_equivalent_wall_s"`
+	ByOrg              map[string]OrgSplit `json:"by_org"`
+	Lanes              []LaneSnapshot      `json:"lanes"`
+	StopReason         string              `json:"stop_reason,omitempty"`
+	Projection         json.RawMessage     `json:"projection,omitempty"`
+	Extra              map[string]any      `json:"extra,omitempty"`
+	Orgs               []map[string]string `json:"orgs"`
 }
 
 func (e *Engine) summarize(ctx context.Context) (*Summary, error) {
