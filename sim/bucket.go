@@ -14,10 +14,12 @@ import (
 // tokens charged after the fact); it then refuses until refilled.
 //
 // Colleague load (a fraction f of the org's budget used by others) is modelled
-// as a steady draw of f·rate that also keeps f·capacity busy: the bucket
-// refills to (1−f)·capacity, so the colleagues are visible in remaining. When
-// our own use leaves too little for the colleagues' draw they are refused;
-// colleagueRefused measures how much.
+// as colleagues that keep f·capacity busy, so the bucket refills only to
+// (1−f)·capacity and they are visible in remaining, and that draw f·rate in
+// requests of 1% of the capacity each. A colleague request is served only if
+// the bucket holds its size at that moment; when our own use has drained the
+// bucket it is refused, and colleagueRefused counts what was refused. A
+// client that leaves a reserve free never starves them.
 //
 // The zero bucket is disabled (limit 0): it always has room. Not safe for
 // concurrent use; poolLimiter guards it.
@@ -29,6 +31,7 @@ type bucket struct {
 	last     time.Duration // time of the last refill
 	minLevel float64       // lowest level seen after a charge
 
+	colleagueWant    float64 // colleague demand accrued, not yet drawn
 	colleagueUsed    float64
 	colleagueRefused float64
 }
@@ -71,14 +74,15 @@ func (b *bucket) refill(now time.Duration, f float64) {
 	b.last = now
 	avail := b.level + b.rate*dt
 	if f > 0 {
-		want := f * b.rate * dt
-		got := want
-		if avail < want {
-			got = math.Max(0, avail)
-			b.colleagueRefused += want - got
+		b.colleagueWant += f * b.rate * dt
+		q := math.Max(1, b.capacity/100)
+		if n := math.Floor(b.colleagueWant / q); n > 0 {
+			b.colleagueWant -= n * q
+			got := math.Min(n, math.Floor(math.Max(0, avail)/q))
+			avail -= got * q
+			b.colleagueUsed += got * q
+			b.colleagueRefused += (n - got) * q
 		}
-		avail -= got
-		b.colleagueUsed += got
 	}
 	if c, _ := b.effective(f); avail > c {
 		avail = c
