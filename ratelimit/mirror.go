@@ -27,6 +27,10 @@ type MirrorConfig struct {
 	// averaged, and how long the reserve is kept after others were last seen
 	// (in the server's time; divide by the speed factor). Default 10 s.
 	Window time.Duration
+	// Confirm is how many consecutive syncs must show others before the
+	// reserve is kept: one late response looks like someone else's draw
+	// until the next one cancels it. Default 3.
+	Confirm int
 }
 
 func (c *MirrorConfig) defaults() {
@@ -39,6 +43,9 @@ func (c *MirrorConfig) defaults() {
 	if c.Window == 0 {
 		c.Window = 10 * time.Second
 	}
+	if c.Confirm == 0 {
+		c.Confirm = 3
+	}
 }
 
 // Mirror mirrors an org's three buckets for one model pool and decides
@@ -49,6 +56,7 @@ type Mirror struct {
 	// unexplained consumption per dimension, exponentially decayed
 	unexp   [3]float64
 	unexpAt time.Time
+	above   [3]int // consecutive syncs with the rate above the threshold
 	// othersUntil: the reserve is kept until this time.
 	othersUntil time.Time
 	othersSeen  int // number of times others were detected
@@ -109,8 +117,13 @@ func (m *Mirror) Sync(now time.Time, rl anthropic.RateLimits, outstandingOutput 
 		}
 		// rate ≈ sum / window; compare with threshold × limit per minute.
 		rate := m.unexp[i] / m.cfg.Window.Seconds()
-		if rate > m.cfg.OthersThreshold*limits[i]/60 {
-			if now.After(m.othersUntil) || m.othersUntil.IsZero() {
+		if rate <= m.cfg.OthersThreshold*limits[i]/60 {
+			m.above[i] = 0
+			continue
+		}
+		m.above[i]++
+		if m.above[i] >= m.cfg.Confirm {
+			if !now.Before(m.othersUntil) {
 				m.othersSeen++
 			}
 			m.othersUntil = now.Add(m.cfg.Window)

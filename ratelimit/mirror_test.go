@@ -131,3 +131,31 @@ func TestMirrorColleagueReserve(t *testing.T) {
 	}
 	t.Logf("ours %d (%.1f/s), refused us %d", ours, float64(ours)/30, refusedUs)
 }
+
+// TestMirrorLateResponseIsNotAColleague: a response whose headers were
+// computed a while before we read it looks like someone else's draw; the next
+// response cancels it, and no reserve is kept.
+func TestMirrorLateResponseIsNotAColleague(t *testing.T) {
+	t.Parallel()
+	const limit = 600000 // 10,000/s
+	m := NewMirror(MirrorConfig{})
+	now := t0
+	server := float64(limit)
+	m.Sync(now, anthropic.RateLimits{Requests: anthropic.Limit{Present: true, Limit: limit, Remaining: limit}}, 0)
+	for step := 0; step < 200; step++ {
+		now = now.Add(time.Millisecond)
+		server = math.Min(limit, server+limit/60*0.001)
+		for range 5 {
+			m.Take(now, Need{Requests: 1})
+			server--
+		}
+		reported := server
+		if step%20 == 10 {
+			reported -= 5000 // headers half a second stale
+		}
+		m.Sync(now, anthropic.RateLimits{Requests: anthropic.Limit{Present: true, Limit: limit, Remaining: int64(reported)}}, 0)
+		if m.Others(now) {
+			t.Fatalf("step %d: a late response was taken for a colleague", step)
+		}
+	}
+}
