@@ -19,7 +19,7 @@ import (
 
 // harness is a simulator plus a request file and a run directory.
 type harness struct {
-	t     *testing.T
+	t     testing.TB
 	sim   *sim.Running
 	input string
 	dir   string
@@ -27,7 +27,7 @@ type harness struct {
 	speed float64
 }
 
-func newHarness(t *testing.T, preset string, speed float64, n int, mutate func(*sim.Config)) *harness {
+func newHarness(t testing.TB, preset string, speed float64, n int, mutate func(*sim.Config)) *harness {
 	t.Helper()
 	cfg, err := sim.Preset(preset)
 	if err != nil {
@@ -174,3 +174,5 @@ func TestInvalidInputLeavesNothing(t *testing.T) {
 		t.Fatal("run directory created for an invalid input")
 	}
 }
+
+func costDefault() *cost.Table { return cost.Default() }

@@ -118,15 +118,32 @@ func (c *capsFlag) Set(v string) error {
 }
 
 // parseFlags parses args, printing usage on -h (exit 0) or an error (exit 1).
+// Flags may come before or after positional arguments ("run FILE --quiet");
+// "--" ends the flags. Positional arguments are in Positional after it.
 // ok is false when the caller should return code.
 func parseFlags(fs *flag.FlagSet, args []string, stderr io.Writer) (code int, ok bool) {
 	fs.SetOutput(stderr)
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return exitOK, false
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return exitOK, false
+			}
+			return exitUsage, false
 		}
-		return exitUsage, false
+		rest := fs.Args()
+		if len(rest) == 0 {
+			break
+		}
+		if len(args) > len(rest) && args[len(args)-len(rest)-1] == "--" {
+			pos = append(pos, rest...)
+			break
+		}
+		pos = append(pos, rest[0])
+		args = rest[1:]
 	}
+	// Leave the positional arguments where fs.Args() finds them.
+	fs.Parse(append([]string{"--"}, pos...))
 	return 0, true
 }
 

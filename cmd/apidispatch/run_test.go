@@ -1,0 +1,150 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/apidispatch/apidispatch/dispatch"
+	"github.com/apidispatch/apidispatch/sim"
+	"github.com/apidispatch/apidispatch/workload"
+)
+
+// cliEnv returns the environment for a child apidispatch: the simulator's
+// keys and nothing of the parent's ANTHROPIC_* variables.
+func cliEnv(r *sim.Running) []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "ANTHROPIC_") {
+			env = append(env, kv)
+		}
+	}
+	env = append(env, "APIDISPATCH_AS_CLI=1")
+	return append(env, r.Server.EnvLines()...)
+}
+
+func cliCmd(r *sim.Running, args ...string) *exec.Cmd {
+	c := exec.Command(os.Args[0], append([]string{"-test.run=^$", "--"}, args...)...)
+	c.Env = cliEnv(r)
+	return c
+}
+
+func writeJudge(t *testing.T, path string, n int) {
+	t.Helper()
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := workload.GenerateJudge(f, n, 7, workload.GenOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func readIDs(t *testing.T, path string) map[string]int {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	ids := map[string]int{}
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 1<<20), 1<<24)
+	for sc.Scan() {
+		var v struct {
+			CustomID string `json:"custom_id"`
+		}
+		if err := json.Unmarshal(sc.Bytes(), &v); err != nil {
+			t.Fatalf("results line %q: %v", sc.Text(), err)
+		}
+		ids[v.CustomID]++
+	}
+	return ids
+}
+
+// TestKillNineThenResume kills the run with SIGKILL at random moments, then
+// runs the same command to completion: every custom_id is in results.jsonl
+// exactly once, and the summary's cost equals what the simulator billed for
+// distinct requests (a request billed twice — in flight when the process
+// died — is the only difference, and it is counted).
+func TestKillNineThenResume(t *testing.T) {
+	if testing.Short() {
+		t.Skip("spawns processes")
+	}
+	t.Parallel()
+	cfg, _ := sim.Preset(sim.PresetOrigin3Org)
+	cfg.Speed = 50
+	r, err := sim.Start(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	dir := t.TempDir()
+	input := filepath.Join(dir, "req.jsonl")
+	const n = 4000
+	writeJudge(t, input, n)
+	runDir := filepath.Join(dir, "run")
+	args := []string{"run", input, "--run-dir", runDir, "--base-url", r.URL, "--speed", "50", "--quiet", "--confirm"}
+	rng := rand.New(rand.NewPCG(1, 2))
+	kills := 0
+	for i := 0; i < 6; i++ {
+		c := cliCmd(r, args...)
+		var out bytes.Buffer
+		c.Stdout, c.Stderr = &out, &out
+		if err := c.Start(); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(time.Duration(150+rng.IntN(700)) * time.Millisecond)
+		if err := c.Process.Signal(syscall.SIGKILL); err == nil {
+			kills++
+		}
+		c.Wait()
+	}
+	c := cliCmd(r, append(args, "--json")...)
+	var out, errb bytes.Buffer
+	c.Stdout, c.Stderr = &out, &errb
+	if err := c.Run(); err != nil {
+		t.Fatalf("final run: %v\n%s", err, errb.String())
+	}
+	ids := readIDs(t, filepath.Join(runDir, dispatch.ResultsFile))
+	if len(ids) != n {
+		t.Fatalf("%d distinct custom_ids in results, want %d", len(ids), n)
+	}
+	for id, k := range ids {
+		if k != 1 {
+			t.Fatalf("%s appears %d times", id, k)
+		}
+	}
+	var s dispatch.Summary
+	if err := json.Unmarshal(bytes.TrimSpace(out.Bytes()), &s); err != nil {
+		t.Fatalf("summary: %v\n%s", err, out.String())
+	}
+	if !s.DataLoss.Passed || s.Succeeded != n {
+		t.Fatalf("summary: %+v", s.DataLoss)
+	}
+	// What the simulator billed for distinct request bodies.
+	seen := map[sim.BodyHash]bool{}
+	var distinct int64
+	var dups int
+	for _, e := range r.Server.Ledger() {
+		if seen[e.BodySHA256] {
+			dups++
+			continue
+		}
+		seen[e.BodySHA256] = true
+		distinct += e.CostNanos
+	}
+	if distinct != s.Cost.TotalNanos {
+		t.Fatalf("summary cost %d nanos, ledger (distinct requests) %d", s.Cost.TotalNanos, distinct)
+	}
+	t.Logf("%d kills; %d requests billed twice", kills, dups)
+}
