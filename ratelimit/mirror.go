@@ -27,10 +27,11 @@ type MirrorConfig struct {
 	// averaged, and how long the reserve is kept after others were last seen
 	// (in the server's time; divide by the speed factor). Default 10 s.
 	Window time.Duration
-	// Confirm is how many consecutive syncs must show others before the
-	// reserve is kept: one late response looks like someone else's draw
-	// until the next one cancels it. Default 3.
-	Confirm int
+	// Confirm is how long (server time, like Window) and over how many
+	// syncs (at least 3) the others' draw must show before the reserve is
+	// kept: a late response looks like someone else's draw until the next
+	// ones cancel it. Default Window/4.
+	Confirm time.Duration
 }
 
 func (c *MirrorConfig) defaults() {
@@ -44,7 +45,7 @@ func (c *MirrorConfig) defaults() {
 		c.Window = 10 * time.Second
 	}
 	if c.Confirm == 0 {
-		c.Confirm = 3
+		c.Confirm = c.Window / 4
 	}
 }
 
@@ -56,7 +57,8 @@ type Mirror struct {
 	// unexplained consumption per dimension, exponentially decayed
 	unexp   [3]float64
 	unexpAt time.Time
-	above   [3]int // consecutive syncs with the rate above the threshold
+	above   [3]int       // consecutive syncs with the rate above the threshold
+	since   [3]time.Time // when the current run of such syncs began
 	// othersUntil: the reserve is kept until this time.
 	othersUntil time.Time
 	othersSeen  int // number of times others were detected
@@ -121,8 +123,11 @@ func (m *Mirror) Sync(now time.Time, rl anthropic.RateLimits, outstandingOutput 
 			m.above[i] = 0
 			continue
 		}
+		if m.above[i] == 0 {
+			m.since[i] = now
+		}
 		m.above[i]++
-		if m.above[i] >= m.cfg.Confirm {
+		if m.above[i] >= 3 && now.Sub(m.since[i]) >= m.cfg.Confirm {
 			if !now.Before(m.othersUntil) {
 				m.othersSeen++
 			}
