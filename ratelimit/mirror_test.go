@@ -89,7 +89,7 @@ func TestMirrorColleagueReserve(t *testing.T) {
 	m.Sync(now, anthropic.RateLimits{Requests: anthropic.Limit{Present: true, Limit: limit, Remaining: limit}}, 0)
 	ours, oursLate, refusedUs, colleagueRefusedLate := 0, 0, 0, 0
 	owed := 0.0
-	for step := 0; step < 3000; step++ {
+	for step := 0; step < 4500; step++ {
 		dt := 10 * time.Millisecond
 		now = now.Add(dt)
 		server = math.Min(limit, server+limit/60*dt.Seconds())
@@ -98,7 +98,7 @@ func TestMirrorColleagueReserve(t *testing.T) {
 			owed--
 			if server >= 1 {
 				server--
-			} else if step > 1500 {
+			} else if step > 3000 {
 				colleagueRefusedLate++
 			}
 		}
@@ -107,7 +107,7 @@ func TestMirrorColleagueReserve(t *testing.T) {
 			if server >= 1 {
 				server--
 				ours++
-				if step > 1500 {
+				if step > 3000 {
 					oursLate++
 				}
 			} else {
