@@ -69,8 +69,10 @@ type Outcome struct {
 	Overloaded bool
 	// Scope applies to LaneFatal.
 	Scope Scope
-	// Message is the parsed message on Success.
-	Message *Message
+	// Message is the head of the message on Success: everything but the
+	// content blocks, which are kept raw (the dispatcher stores the body as
+	// it came and never needs the text).
+	Message *MessageHead
 	// Envelope is the parsed error envelope when the body had one.
 	Envelope *ErrorEnvelope
 }
@@ -116,13 +118,13 @@ func Classify(status int, h http.Header, body []byte, transportErr error, now ti
 		o.RetryAfter, o.HasRetryAfter = ParseRetryAfter(h, now)
 	}
 	if status >= 200 && status < 300 {
-		var m Message
+		var m MessageHead
 		if err := json.Unmarshal(body, &m); err != nil {
 			o.Kind, o.ErrorType = Retryable, ErrTypeTruncated
 			o.Reason = fmt.Sprintf("HTTP %d with an unreadable body (%d bytes): %s", status, len(body), oneLine(err.Error()))
 			return o
 		}
-		if m.Type != "message" || m.ID == "" || m.Content == nil {
+		if m.Type != "message" || m.ID == "" || len(m.Content) == 0 || m.Content[0] != '[' {
 			o.Kind, o.ErrorType = Retryable, ErrTypeNotMessage
 			o.Reason = fmt.Sprintf("HTTP %d body is not a message (type %q)", status, m.Type)
 			return o

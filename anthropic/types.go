@@ -75,6 +75,17 @@ type Message struct {
 	Usage        Usage          `json:"usage"`
 }
 
+// MessageHead is a Message whose content is left undecoded.
+type MessageHead struct {
+	ID         string          `json:"id"`
+	Type       string          `json:"type"`
+	Role       string          `json:"role"`
+	Model      string          `json:"model"`
+	Content    json.RawMessage `json:"content"`
+	StopReason *string         `json:"stop_reason"`
+	Usage      Usage           `json:"usage"`
+}
+
 // ErrorDetail is the inner object of the error envelope.
 type ErrorDetail struct {
 	Type    string          `json:"type"`

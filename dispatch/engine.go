@@ -895,7 +895,11 @@ func (e *Engine) outcome(a *attempt, st store.State) store.Outcome {
 	var res []byte
 	var buf bytes.Buffer
 	if st == store.Succeeded {
-		if json.Compact(&buf, a.body) != nil {
+		// Classify parsed the body, so it is valid JSON; only a body with
+		// line breaks needs compacting to stay one JSONL line.
+		if bytes.IndexByte(a.body, '\n') < 0 && bytes.IndexByte(a.body, '\r') < 0 {
+			buf.Write(a.body)
+		} else if json.Compact(&buf, a.body) != nil {
 			buf.Reset()
 			buf.Write(a.body)
 		}
