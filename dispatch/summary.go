@@ -77,6 +77,7 @@ type Summary struct {
 	OtherRetries       int64               `json:"other_retries"`
 	LatencyMs          Latency             `json:"latency_ms"`
 	RequestsPerMin     float64             `json:"requests_per_min"`
+	APIRequestsPerMin  float64             `json:"api_requests_per_min"`
 	CompletedThisRun   int64               `json:"completed_this_run"`
 	WallS              float64             `json:"wall_s"`
 	Speed              float64             `json:"speed_factor"`
@@ -116,6 +117,7 @@ func (e *Engine) summarize(ctx context.Context) (*Summary, error) {
 	s.CompletedThisRun = agg.Succeeded + agg.Errored - e.doneStart
 	if wall > 0 {
 		s.RequestsPerMin = float64(s.CompletedThisRun) / wall * 60
+		s.APIRequestsPerMin = s.RequestsPerMin / e.cfg.Speed
 	}
 	keys := map[string]string{}
 	for _, o := range e.orgs {
