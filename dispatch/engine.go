@@ -78,8 +78,12 @@ type Config struct {
 	Grace time.Duration
 	// Client overrides the HTTP client (default: a tuned transport).
 	Client *http.Client
-	// Lane tunes every lane's controller (Org, Pool and Cap are set per lane).
+	// Lane tunes every lane's controller (Org, Pool, Cap and Speed are set
+	// per lane).
 	Lane LaneConfig
+	// NewGate makes a lane's gate (default: NewLane, in-process). A shared
+	// implementation lets several processes keep one budget per key.
+	NewGate func(LaneConfig) Gate
 	Log  *slog.Logger
 	// SampleEvery is the period of "sample" events for the report (default 1 s; <0 disables).
 	SampleEvery time.Duration
@@ -130,9 +134,10 @@ func NewTransport(maxConns int) *http.Transport {
 	return t
 }
 
-// laneRef is one lane with its org.
+// laneRef is one lane's gate with its org.
 type laneRef struct {
-	*Lane
+	Gate
+	cap  int
 	org  *orgState
 	pool anthropic.Pool
 	key  string // lane key "org/pool"
@@ -245,6 +250,9 @@ func New(cfg Config) (*Engine, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
+	if cfg.NewGate == nil {
+		cfg.NewGate = func(c LaneConfig) Gate { return NewLane(c) }
+	}
 	e := &Engine{cfg: cfg, base: base, log: cfg.Log, lanes: map[anthropic.Pool][]*laneRef{}, ready: map[anthropic.Pool][]*work{}}
 	e.client = cfg.Client
 	if e.client == nil {
@@ -272,7 +280,7 @@ func (e *Engine) lanesFor(pool anthropic.Pool, model string) []*laneRef {
 	for _, o := range e.orgs {
 		lc := e.cfg.Lane
 		lc.Org, lc.Pool, lc.Cap, lc.Speed = o.Name, pool, e.cfg.CapFor(model), e.cfg.Speed
-		l := &laneRef{Lane: NewLane(lc), org: o, pool: pool, key: o.Name + "/" + string(pool)}
+		l := &laneRef{Gate: e.cfg.NewGate(lc), cap: lc.Cap, org: o, pool: pool, key: o.Name + "/" + string(pool)}
 		if o.disabled != "" {
 			l.Disable(o.disabled)
 		}
@@ -518,7 +526,7 @@ func (e *Engine) schedule(ctx context.Context, feed chan []store.Item, com *comm
 		}
 		for _, ls := range e.lanes {
 			for _, l := range ls {
-				lowWater = max(lowWater, 2*l.cfg.Cap*len(ls))
+				lowWater = max(lowWater, 2*l.cap*len(ls))
 			}
 		}
 		wantFeed := !stopping && !feedDone && e.nready < lowWater

@@ -13,15 +13,26 @@ import (
 // and the bucket mirrors. The engine consumes only this interface, so that a
 // shared implementation (for example one backed by Redis) can make several
 // processes on several machines keep one polite budget per key.
+//
+// Lane is the in-process implementation; Config.NewGate substitutes another.
 type Gate interface {
 	// TryAdmit admits one request needing n at now, or reports how long to
 	// wait before asking again (0 with ok false: wait for a release).
 	TryAdmit(now time.Time, n ratelimit.Need) (p Permit, wait time.Duration, ok bool)
 	// Done returns the permit with what the attempt observed.
 	Done(now time.Time, p Permit, fb Feedback)
+	// ExpectedOutput is the output-token estimate to reserve for a request
+	// with maxTokens.
+	ExpectedOutput(maxTokens int64) float64
+	// Disable stops the gate for good (the key cannot succeed); Disabled
+	// returns the reason, or "".
+	Disable(reason string)
+	Disabled() string
 	// Snapshot describes the gate for progress, events and the summary.
 	Snapshot(now time.Time) LaneSnapshot
 }
+
+var _ Gate = (*Lane)(nil)
 
 // Permit is one admitted request. It carries what was reserved so the
 // reservation can be corrected by actual usage.
