@@ -17,17 +17,39 @@ const schemaVersion = 1
 
 // schema creates version 1. Design notes for maintainers:
 //
-//   - items holds one row per input request, located by byte range in the
-//     input file. Its rows stay small (~120 bytes) so the partial index for
-//     pending work, Aggregate's full scan and the import stay fast at 1M rows.
-//   - The result line (~600 bytes or more) lives in results, keyed by rseq, so
-//     Commit appends to the end of one b-tree instead of growing items rows in
-//     place, and Results is a plain primary-key range scan.
-//   - The no-loss invariants are enforced by the database, not only by the
-//     code: a terminal row has an rseq and a pending row has none (CHECK), an
-//     rseq is given to one item only (items_rseq UNIQUE) and an item has at
-//     most one result line (results.seq UNIQUE).
+//   - items holds the input, one row per request located by byte range in
+//     the input file, and is never updated after the import.
+//   - pending holds the seq of every item still to do. AddItems fills it
+//     with the seqs it inserts into items, never with one stored already (so
+//     an item added again after it completed is not pending again; an AFTER
+//     INSERT trigger did the same at 2.3 µs more per item). Pending
+//     walks it; deleting an item's row there is Commit's guard: the DELETE
+//     removes the row only if the item is still pending, and a result is
+//     written only when it did.
+//   - results holds one row per terminal item, appended in rseq order: the
+//     outcome's numbers. lines holds its result line under the same rseq.
+//     Commit therefore appends to two b-trees and deletes from a small one
+//     instead of rewriting items rows and their indexes (~35 µs a row with
+//     modernc.org/sqlite, more than the whole of Commit's cost now; see
+//     store/BENCH.md). The lines (~600 bytes each) are apart so that
+//     Aggregate and LatencyPercentiles scan ~60-byte rows, not 700-byte ones.
+//   - totals holds the sums of results by (state, org, error_type), kept by
+//     Commit in the same transaction as the results it adds (a few upserts
+//     a batch), so Aggregate reads a handful of rows instead of grouping a
+//     million: SQLite groups by sorting, and the transpiled sorter took 5 to
+//     10 s for 900k results on the 2-core benchmark machine. The tests
+//     recompute the sums from results and compare, after kill -9 too.
+//   - The no-loss invariants are database constraints where SQLite can hold
+//     them: one result per item (results.seq UNIQUE), one item per result
+//     number (the primary key), only terminal states in results (CHECK).
+//     That every result has its line is Commit's two inserts in one
+//     transaction, checked like the rest by the crash test.
+//     That an item is either pending or has a result, never both and never
+//     neither, follows from Commit's delete-then-insert in one transaction;
+//     the crash test checks it on files left by kill -9.
 //   - STRICT tables refuse a value of the wrong type instead of storing it.
+//   - item_states is a view for people inspecting a file with the sqlite3
+//     shell; the program does not read it.
 var schema = []string{
 	`CREATE TABLE meta (
 		key   TEXT PRIMARY KEY,
@@ -41,36 +63,49 @@ var schema = []string{
 		byte_length INTEGER NOT NULL,
 		model       TEXT    NOT NULL,
 		max_tokens  INTEGER NOT NULL,
-		est_input   INTEGER NOT NULL,
-		state       TEXT    NOT NULL DEFAULT 'pending'
-		            CHECK (state IN ('pending', 'succeeded', 'errored')),
-		org         TEXT    NOT NULL DEFAULT '',
-		error_type  TEXT    NOT NULL DEFAULT '',
-		attempts    INTEGER NOT NULL DEFAULT 0,
-		latency_ms  INTEGER NOT NULL DEFAULT 0,
-		cost_nanos  INTEGER NOT NULL DEFAULT 0,
-		input_tok   INTEGER NOT NULL DEFAULT 0,
-		output_tok  INTEGER NOT NULL DEFAULT 0,
-		cache_read  INTEGER NOT NULL DEFAULT 0,
-		cache_write INTEGER NOT NULL DEFAULT 0,
-		rseq        INTEGER,
-		CHECK ((state = 'pending') = (rseq IS NULL))
+		est_input   INTEGER NOT NULL
 	) STRICT`,
-	// Pending walks this index: it holds only the rows still to do, so a
-	// resume after 900k completions does not step over them.
-	`CREATE INDEX items_pending ON items (seq) WHERE state = 'pending'`,
-	`CREATE UNIQUE INDEX items_rseq ON items (rseq) WHERE rseq IS NOT NULL`,
-	// LatencyPercentiles reads ranks from this index instead of sorting.
-	`CREATE INDEX items_latency ON items (latency_ms) WHERE state = 'succeeded'`,
+	`CREATE TABLE pending (
+		seq INTEGER PRIMARY KEY
+	) STRICT`,
 	`CREATE TABLE results (
-		rseq INTEGER PRIMARY KEY CHECK (rseq >= 1),
-		seq  INTEGER NOT NULL UNIQUE,
-		line BLOB    NOT NULL
+		rseq        INTEGER PRIMARY KEY CHECK (rseq >= 1),
+		seq         INTEGER NOT NULL UNIQUE,
+		state       TEXT    NOT NULL CHECK (state IN ('succeeded', 'errored')),
+		org         TEXT    NOT NULL,
+		error_type  TEXT    NOT NULL,
+		attempts    INTEGER NOT NULL,
+		latency_ms  INTEGER NOT NULL,
+		cost_nanos  INTEGER NOT NULL,
+		input_tok   INTEGER NOT NULL,
+		output_tok  INTEGER NOT NULL,
+		cache_read  INTEGER NOT NULL,
+		cache_write INTEGER NOT NULL
 	) STRICT`,
+	`CREATE TABLE lines (
+		rseq INTEGER PRIMARY KEY,
+		line BLOB NOT NULL
+	) STRICT`,
+	`CREATE TABLE totals (
+		state       TEXT    NOT NULL,
+		org         TEXT    NOT NULL,
+		error_type  TEXT    NOT NULL,
+		n           INTEGER NOT NULL,
+		cost_nanos  INTEGER NOT NULL,
+		input_tok   INTEGER NOT NULL,
+		output_tok  INTEGER NOT NULL,
+		cache_read  INTEGER NOT NULL,
+		cache_write INTEGER NOT NULL,
+		PRIMARY KEY (state, org, error_type)
+	) STRICT, WITHOUT ROWID`,
 	`CREATE TABLE counters (
 		name  TEXT PRIMARY KEY,
 		value INTEGER NOT NULL
 	) STRICT, WITHOUT ROWID`,
+	`CREATE VIEW item_states AS
+		SELECT i.seq, i.custom_id, i.model, coalesce(r.state, 'pending') AS state,
+			r.rseq, r.org, r.error_type, r.attempts, r.latency_ms, r.cost_nanos
+		FROM items i LEFT JOIN results r ON r.seq = i.seq`,
 }
 
 // migrate creates the schema in an empty database, or checks the version of

@@ -42,6 +42,7 @@ package sqlite
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"database/sql"
 	"errors"
@@ -72,6 +73,12 @@ const (
 	itemsPerInsert = 128
 	// itemColumns is the number of parameters per item in an INSERT.
 	itemColumns = 8
+	// pendingPerInsert is how many seqs one INSERT INTO pending carries.
+	pendingPerInsert = 256
+	// resultsPerInsert is how many results one INSERT statement carries in
+	// Commit, and resultColumns the parameters of each.
+	resultsPerInsert = 32
+	resultColumns    = 12
 )
 
 // config holds the choices Open makes; the benchmarks flip them to measure
@@ -95,13 +102,21 @@ type Store struct {
 
 	wmu sync.Mutex // serialises writers and guards the write statements
 
-	insertChunk  *sql.Stmt // itemsPerInsert items
-	insertOne    *sql.Stmt // one item
-	update       *sql.Stmt // pending -> terminal, guarded
-	insertResult *sql.Stmt
-	maxRSeq      *sql.Stmt
-	addCounter   *sql.Stmt
-	pending      *sql.Stmt // on r
+	insertChunk    *sql.Stmt // itemsPerInsert items
+	insertOne      *sql.Stmt // one item
+	itemsBetween   *sql.Stmt
+	itemExists     *sql.Stmt
+	insertPendings *sql.Stmt // pendingPerInsert seqs
+	insertPending  *sql.Stmt // one seq
+	unpend         *sql.Stmt // the guard: removes an item from pending
+	insertResults  *sql.Stmt // resultsPerInsert results
+	insertResult   *sql.Stmt // one result
+	insertLines    *sql.Stmt // resultsPerInsert lines
+	insertLine     *sql.Stmt // one line
+	maxRSeq        *sql.Stmt
+	addTotal       *sql.Stmt
+	addCounter     *sql.Stmt
+	pending        *sql.Stmt // on r
 
 	initialized atomic.Bool // a Meta is recorded
 	closed      atomic.Bool
@@ -185,9 +200,24 @@ func dsn(path string, cfg config, reader bool) string {
 	return path + "?" + q.Encode()
 }
 
+// The queries on the hot paths; TestQueryPlans pins how SQLite runs them.
+const (
+	// pendingQuery walks pending by seq and looks each item up by rowid.
+	// CROSS JOIN keeps pending the outer loop, so the walk never steps over
+	// done items, however many there are.
+	pendingQuery = `SELECT i.seq, i.line, i.custom_id, i.byte_offset, i.byte_length, i.model, i.max_tokens, i.est_input
+		FROM pending AS p CROSS JOIN items AS i
+		WHERE p.seq > ? AND i.seq = p.seq ORDER BY p.seq LIMIT ?`
+	// unpendQuery is Commit's guard.
+	unpendQuery = `DELETE FROM pending WHERE seq = ?`
+	// resultsQuery streams result lines by rowid.
+	resultsQuery = `SELECT rseq, line FROM lines WHERE rseq > ? ORDER BY rseq`
+	// latenciesQuery reads the succeeded latencies in table order: no sort.
+	latenciesQuery = `SELECT latency_ms FROM results WHERE state = 'succeeded'`
+)
+
 func (s *Store) prepare(ctx context.Context) error {
 	const itemCols = `INSERT INTO items (seq, line, custom_id, byte_offset, byte_length, model, max_tokens, est_input) VALUES `
-	const onConflict = ` ON CONFLICT (seq) DO NOTHING`
 	row := "(" + strings.TrimSuffix(strings.Repeat("?,", itemColumns), ",") + ")"
 	var err error
 	prep := func(db *sql.DB, q string) *sql.Stmt {
@@ -201,18 +231,29 @@ func (s *Store) prepare(ctx context.Context) error {
 		}
 		return st
 	}
-	s.insertChunk = prep(s.w, itemCols+strings.TrimSuffix(strings.Repeat(row+",", itemsPerInsert), ",")+onConflict)
-	s.insertOne = prep(s.w, itemCols+row+onConflict)
-	s.update = prep(s.w, `UPDATE items SET state = ?, org = ?, error_type = ?, attempts = ?, latency_ms = ?,
-		cost_nanos = ?, input_tok = ?, output_tok = ?, cache_read = ?, cache_write = ?, rseq = ?
-		WHERE seq = ? AND state = 'pending'`)
-	s.insertResult = prep(s.w, `INSERT INTO results (rseq, seq, line) VALUES (?, ?, ?)`)
+	s.insertChunk = prep(s.w, itemCols+strings.TrimSuffix(strings.Repeat(row+",", itemsPerInsert), ","))
+	s.insertOne = prep(s.w, itemCols+row)
+	s.itemsBetween = prep(s.w, `SELECT seq FROM items WHERE seq BETWEEN ? AND ?`)
+	s.itemExists = prep(s.w, `SELECT count(*) FROM items WHERE seq = ?`)
+	s.insertPendings = prep(s.w, `INSERT INTO pending (seq) VALUES `+strings.TrimSuffix(strings.Repeat("(?),", pendingPerInsert), ","))
+	s.insertPending = prep(s.w, `INSERT INTO pending (seq) VALUES (?)`)
+	s.unpend = prep(s.w, unpendQuery)
+	const resultCols = `INSERT INTO results (rseq, seq, state, org, error_type, attempts, latency_ms,
+		cost_nanos, input_tok, output_tok, cache_read, cache_write) VALUES `
+	resultRow := "(" + strings.TrimSuffix(strings.Repeat("?,", resultColumns), ",") + ")"
+	s.insertResults = prep(s.w, resultCols+strings.TrimSuffix(strings.Repeat(resultRow+",", resultsPerInsert), ","))
+	s.insertResult = prep(s.w, resultCols+resultRow)
+	s.insertLines = prep(s.w, `INSERT INTO lines (rseq, line) VALUES `+strings.TrimSuffix(strings.Repeat("(?, ?),", resultsPerInsert), ","))
+	s.insertLine = prep(s.w, `INSERT INTO lines (rseq, line) VALUES (?, ?)`)
 	s.maxRSeq = prep(s.w, `SELECT coalesce(max(rseq), 0) FROM results`)
+	s.addTotal = prep(s.w, `INSERT INTO totals (state, org, error_type, n, cost_nanos, input_tok, output_tok, cache_read, cache_write)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
+		ON CONFLICT (state, org, error_type) DO UPDATE SET n = n + excluded.n, cost_nanos = cost_nanos + excluded.cost_nanos,
+			input_tok = input_tok + excluded.input_tok, output_tok = output_tok + excluded.output_tok,
+			cache_read = cache_read + excluded.cache_read, cache_write = cache_write + excluded.cache_write`)
 	s.addCounter = prep(s.w, `INSERT INTO counters (name, value) VALUES (?, ?)
 		ON CONFLICT (name) DO UPDATE SET value = value + excluded.value`)
-	s.pending = prep(s.r, `SELECT seq, line, custom_id, byte_offset, byte_length, model, max_tokens, est_input
-		FROM items INDEXED BY items_pending
-		WHERE state = 'pending' AND seq > ? ORDER BY seq LIMIT ?`)
+	s.pending = prep(s.r, pendingQuery)
 	return err
 }
 
@@ -349,28 +390,114 @@ func (s *Store) AddItems(ctx context.Context, items []store.Item) error {
 		return fmt.Errorf("sqlite: add items: %w", err)
 	}
 	defer tx.Rollback()
+	// Only new items are inserted and made pending: an item added again,
+	// perhaps after it completed, must not become pending again.
+	fresh, err := s.newItems(ctx, tx, items)
+	if err != nil {
+		return fmt.Errorf("sqlite: add items: %w", err)
+	}
 	chunk := tx.StmtContext(ctx, s.insertChunk)
 	one := tx.StmtContext(ctx, s.insertOne)
 	args := make([]any, 0, itemsPerInsert*itemColumns)
-	for len(items) > 0 {
-		n := min(len(items), itemsPerInsert)
+	err = inChunks(len(fresh), itemsPerInsert, func(from, n int) error {
 		st := chunk
-		if n < itemsPerInsert {
-			n, st = 1, one
+		if n == 1 {
+			st = one
 		}
 		args = args[:0]
-		for _, it := range items[:n] {
+		for _, it := range fresh[from : from+n] {
 			args = append(args, it.Seq, it.Line, it.CustomID, it.Offset, it.Length, it.Model, it.MaxTokens, it.EstInput)
 		}
 		if _, err := st.ExecContext(ctx, args...); err != nil {
-			return fmt.Errorf("sqlite: add items (seq %d..%d): %w", items[0].Seq, items[n-1].Seq, err)
+			return fmt.Errorf("sqlite: add items (seq %d..%d): %w", fresh[from].Seq, fresh[from+n-1].Seq, err)
 		}
-		items = items[n:]
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	if err := s.makePending(ctx, tx, fresh); err != nil {
+		return fmt.Errorf("sqlite: add items: make pending: %w", err)
 	}
 	if err := tx.Commit(); err != nil {
 		return fmt.Errorf("sqlite: add items: commit: %w", err)
 	}
 	return nil
+}
+
+// newItems returns the items whose Seq is not stored yet, each Seq once
+// (its first occurrence), in the given order. It runs in AddItems' write
+// transaction, so nothing can be inserted between its answer and the
+// insert. One range query serves the usual call, a run of consecutive
+// seqs, whatever the size of the store.
+func (s *Store) newItems(ctx context.Context, tx *sql.Tx, items []store.Item) ([]store.Item, error) {
+	lo, hi := items[0].Seq, items[0].Seq
+	increasing := true
+	for i, it := range items {
+		lo, hi = min(lo, it.Seq), max(hi, it.Seq)
+		if i > 0 && it.Seq <= items[i-1].Seq {
+			increasing = false
+		}
+	}
+	stored := map[int64]bool{}
+	if span := hi - lo + 1; span <= 4*int64(len(items))+1024 {
+		rows, err := tx.StmtContext(ctx, s.itemsBetween).QueryContext(ctx, lo, hi)
+		if err != nil {
+			return nil, err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var seq int64
+			if err := rows.Scan(&seq); err != nil {
+				return nil, err
+			}
+			stored[seq] = true
+		}
+		if err := rows.Err(); err != nil {
+			return nil, err
+		}
+	} else { // scattered seqs: ask for each
+		exists := tx.StmtContext(ctx, s.itemExists)
+		for _, it := range items {
+			var n int
+			if err := exists.QueryRowContext(ctx, it.Seq).Scan(&n); err != nil {
+				return nil, err
+			}
+			if n > 0 {
+				stored[it.Seq] = true
+			}
+		}
+	}
+	if len(stored) == 0 && increasing {
+		return items, nil // the import's case: all new, no repeats
+	}
+	fresh := make([]store.Item, 0, len(items))
+	for _, it := range items {
+		if !stored[it.Seq] {
+			stored[it.Seq] = true // a repeat later in the call is not new
+			fresh = append(fresh, it)
+		}
+	}
+	return fresh, nil
+}
+
+// makePending adds the seqs of fresh, just inserted, to pending.
+func (s *Store) makePending(ctx context.Context, tx *sql.Tx, fresh []store.Item) error {
+	chunk := tx.StmtContext(ctx, s.insertPendings)
+	one := tx.StmtContext(ctx, s.insertPending)
+	args := make([]any, 0, pendingPerInsert)
+	return inChunks(len(fresh), pendingPerInsert, func(from, n int) error {
+		st := chunk
+		if n == 1 {
+			st = one
+		}
+		args = args[:0]
+		for _, it := range fresh[from : from+n] {
+			args = append(args, it.Seq)
+		}
+		_, err := st.ExecContext(ctx, args...)
+		return err
+	})
 }
 
 // SetImported marks the import complete.
@@ -399,8 +526,8 @@ func (s *Store) Imported(ctx context.Context) (bool, error) {
 }
 
 // Pending returns up to limit pending items with Seq > after, in Seq order.
-// It reads through the partial index of pending rows, so its cost does not
-// depend on how many items are already done.
+// It walks the pending table, so its cost does not depend on how many items
+// are already done.
 func (s *Store) Pending(ctx context.Context, after int64, limit int) ([]store.Item, error) {
 	if err := s.check(ctx, true); err != nil {
 		return nil, err
@@ -429,9 +556,10 @@ func (s *Store) Pending(ctx context.Context, after int64, limit int) ([]store.It
 }
 
 // Commit makes b durable in one transaction (see store.Store and the
-// package's Durability section). Each outcome is an UPDATE guarded by
-// state = 'pending'; only the rows it actually changed get an rseq, counted
-// on from the highest one in the file, and a result line.
+// package's Durability section). Each outcome first deletes its item from
+// the pending table, the guard; only when that removed a row is the outcome
+// appended to results with the next rseq, counted on from the highest one in
+// the file.
 func (s *Store) Commit(ctx context.Context, b store.Batch) (store.Committed, error) {
 	if err := s.check(ctx, true); err != nil {
 		return store.Committed{}, err
@@ -459,26 +587,59 @@ func (s *Store) Commit(ctx context.Context, b store.Batch) (store.Committed, err
 		return store.Committed{}, fmt.Errorf("sqlite: commit: read last rseq: %w", err)
 	}
 	next++
-	update := tx.StmtContext(ctx, s.update)
-	insert := tx.StmtContext(ctx, s.insertResult)
+	// The guard: an outcome is taken only if deleting its item from pending
+	// removed a row. A seq repeated in the batch finds it gone already.
+	unpend := tx.StmtContext(ctx, s.unpend)
+	taken := make([]int, 0, len(b.Outcomes))
 	for i, o := range b.Outcomes {
-		res, err := update.ExecContext(ctx, string(o.State), o.Org, o.ErrorType, o.Attempts, o.LatencyMs,
-			o.CostNanos, o.InputTok, o.OutputTok, o.CacheRead, o.CacheWrite, next, o.Seq)
+		res, err := unpend.ExecContext(ctx, o.Seq)
 		if err != nil {
-			return store.Committed{}, fmt.Errorf("sqlite: commit: update seq %d: %w", o.Seq, err)
+			return store.Committed{}, fmt.Errorf("sqlite: commit: seq %d: %w", o.Seq, err)
 		}
 		n, err := res.RowsAffected()
 		if err != nil {
-			return store.Committed{}, fmt.Errorf("sqlite: commit: update seq %d: %w", o.Seq, err)
+			return store.Committed{}, fmt.Errorf("sqlite: commit: seq %d: %w", o.Seq, err)
 		}
 		if n == 0 {
 			continue // not pending (terminal already, repeated in this batch, or unknown): skipped
 		}
-		if _, err := insert.ExecContext(ctx, next, o.Seq, o.Line); err != nil {
-			return store.Committed{}, fmt.Errorf("sqlite: commit: result line of seq %d: %w", o.Seq, err)
-		}
 		got.RSeq[i] = next
 		next++
+		taken = append(taken, i)
+	}
+	// The taken outcomes and their lines, resultsPerInsert rows per
+	// statement.
+	chunk, one := tx.StmtContext(ctx, s.insertResults), tx.StmtContext(ctx, s.insertResult)
+	lchunk, lone := tx.StmtContext(ctx, s.insertLines), tx.StmtContext(ctx, s.insertLine)
+	args := make([]any, 0, resultsPerInsert*resultColumns)
+	err = inChunks(len(taken), resultsPerInsert, func(from, n int) error {
+		st, lst := chunk, lchunk
+		if n == 1 {
+			st, lst = one, lone
+		}
+		args = args[:0]
+		for _, i := range taken[from : from+n] {
+			o := &b.Outcomes[i]
+			args = append(args, got.RSeq[i], o.Seq, string(o.State), o.Org, o.ErrorType, o.Attempts,
+				o.LatencyMs, o.CostNanos, o.InputTok, o.OutputTok, o.CacheRead, o.CacheWrite)
+		}
+		if _, err := st.ExecContext(ctx, args...); err != nil {
+			return fmt.Errorf("sqlite: commit: results of seq %d..: %w", b.Outcomes[taken[from]].Seq, err)
+		}
+		args = args[:0]
+		for _, i := range taken[from : from+n] {
+			args = append(args, got.RSeq[i], b.Outcomes[i].Line)
+		}
+		if _, err := lst.ExecContext(ctx, args...); err != nil {
+			return fmt.Errorf("sqlite: commit: result lines of seq %d..: %w", b.Outcomes[taken[from]].Seq, err)
+		}
+		return nil
+	})
+	if err != nil {
+		return store.Committed{}, err
+	}
+	if err := s.addTotals(ctx, tx, b.Outcomes, got.RSeq); err != nil {
+		return store.Committed{}, fmt.Errorf("sqlite: commit: totals: %w", err)
 	}
 	if len(b.Counters) > 0 {
 		add := tx.StmtContext(ctx, s.addCounter)
@@ -494,6 +655,65 @@ func (s *Store) Commit(ctx context.Context, b store.Batch) (store.Committed, err
 		return store.Committed{}, fmt.Errorf("sqlite: commit %d outcomes: %w", len(b.Outcomes), err)
 	}
 	return got, nil
+}
+
+// totalsKey identifies a row of the totals table.
+type totalsKey struct{ state, org, errorType string }
+
+// addTotals adds the outcomes that were taken (rseq != 0) to the totals
+// table, one upsert per (state, org, error_type) in the batch, in key order.
+func (s *Store) addTotals(ctx context.Context, tx *sql.Tx, outs []store.Outcome, rseq []int64) error {
+	sums := map[totalsKey]*store.OrgTotals{} // Succeeded holds the count
+	for i := range outs {
+		if rseq[i] == 0 {
+			continue
+		}
+		o := &outs[i]
+		k := totalsKey{string(o.State), o.Org, o.ErrorType}
+		t := sums[k]
+		if t == nil {
+			t = &store.OrgTotals{}
+			sums[k] = t
+		}
+		t.Succeeded++
+		t.CostNanos += o.CostNanos
+		t.InputTok += o.InputTok
+		t.OutputTok += o.OutputTok
+		t.CacheRead += o.CacheRead
+		t.CacheWrite += o.CacheWrite
+	}
+	if len(sums) == 0 {
+		return nil
+	}
+	keys := slices.SortedFunc(maps.Keys(sums), func(a, b totalsKey) int {
+		return cmp.Or(cmp.Compare(a.state, b.state), cmp.Compare(a.org, b.org), cmp.Compare(a.errorType, b.errorType))
+	})
+	add := tx.StmtContext(ctx, s.addTotal)
+	for _, k := range keys {
+		t := sums[k]
+		if _, err := add.ExecContext(ctx, k.state, k.org, k.errorType, t.Succeeded,
+			t.CostNanos, t.InputTok, t.OutputTok, t.CacheRead, t.CacheWrite); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// inChunks calls do for consecutive ranges of [0, n): per rows at a time
+// while that many remain, then single rows, so that two prepared
+// statements (per rows and one row) serve any n.
+func inChunks(n, per int, do func(from, n int) error) error {
+	for from := 0; from < n; {
+		k := min(n-from, per)
+		if k < per {
+			k = 1
+		}
+		if err := do(from, k); err != nil {
+			return err
+		}
+		from += k
+	}
+	return nil
 }
 
 // invalidOutcome says why o cannot be recorded, or "" when it can.

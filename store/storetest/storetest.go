@@ -319,6 +319,20 @@ func testAddItemsIdempotent(t *testing.T, open func(t *testing.T) store.Store) {
 	if err := s.AddItems(t.Context(), nil); err != nil {
 		t.Fatalf("AddItems(nil): %v", err)
 	}
+	// Within one call a repeated seq is added once (the first wins), and
+	// seqs far apart are fine.
+	first := item(500_000)
+	repeat := first
+	repeat.Model = "changed"
+	if err := s.AddItems(t.Context(), []store.Item{item(2_000_000), first, item(7), repeat, item(151)}); err != nil {
+		t.Fatalf("AddItems with repeats and gaps: %v", err)
+	}
+	if got, want := pending(t, s, 150, 10), []int64{151, 500_000, 2_000_000}; !slices.Equal(got, want) {
+		t.Fatalf("Pending after adding with repeats and gaps = %v, want %v", got, want)
+	}
+	if got, err := s.Pending(t.Context(), 499_999, 1); err != nil || len(got) != 1 || got[0] != first {
+		t.Fatalf("repeated item = %+v (%v), want the first %+v", got, err, first)
+	}
 	check(t, s)
 }
 
