@@ -196,6 +196,7 @@ func BenchmarkPending(b *testing.B) {
 	ctx := context.Background()
 	var after int64
 	items := 0
+	c0 := cpuTime()
 	for b.Loop() {
 		its, err := s.Pending(ctx, after, 256)
 		if err != nil {
@@ -208,7 +209,7 @@ func BenchmarkPending(b *testing.B) {
 		after = its[len(its)-1].Seq
 		items += len(its)
 	}
-	b.ReportMetric(float64(items)/b.Elapsed().Seconds(), "items/s")
+	reportRate(b, items, cpuTime()-c0, "item")
 }
 
 // BenchmarkPendingDuringCommit measures a Pending page while another
@@ -273,6 +274,8 @@ func BenchmarkPendingDuringCommit(b *testing.B) {
 func BenchmarkAggregate(b *testing.B) {
 	s := fixtureStore(b)
 	ctx := context.Background()
+	c0 := cpuTime()
+	defer func() { b.ReportMetric(float64((cpuTime()-c0).Microseconds())/1e3/float64(b.N), "cpu-ms/op") }()
 	for b.Loop() {
 		a, err := s.Aggregate(ctx)
 		if err != nil {
@@ -289,6 +292,8 @@ func BenchmarkAggregate(b *testing.B) {
 func BenchmarkLatencyPercentiles(b *testing.B) {
 	s := fixtureStore(b)
 	ctx := context.Background()
+	c0 := cpuTime()
+	defer func() { b.ReportMetric(float64((cpuTime()-c0).Microseconds())/1e3/float64(b.N), "cpu-ms/op") }()
 	for b.Loop() {
 		if _, err := s.LatencyPercentiles(ctx, []float64{0.5, 0.95, 0.99}); err != nil {
 			b.Fatal(err)
@@ -301,6 +306,7 @@ func BenchmarkResults(b *testing.B) {
 	s := fixtureStore(b)
 	ctx := context.Background()
 	lines := 0
+	c0 := cpuTime()
 	for b.Loop() {
 		if err := s.Results(ctx, 0, func(int64, []byte) error {
 			lines++
@@ -309,5 +315,5 @@ func BenchmarkResults(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
-	b.ReportMetric(float64(lines)/b.Elapsed().Seconds(), "lines/s")
+	reportRate(b, lines, cpuTime()-c0, "line")
 }
