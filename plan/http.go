@@ -1,0 +1,38 @@
+package plan
+
+import (
+	"encoding/json"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/apidispatch/apidispatch/anthropic"
+	"github.com/apidispatch/apidispatch/org"
+)
+
+// newClient is the client Probe and CountTokens use when given none: its
+// own transport (closed when they return, so no connection outlives them)
+// and a 60 s timeout.
+func newClient() *http.Client {
+	return &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone(), Timeout: 60 * time.Second}
+}
+
+// setHeaders sets the API headers; the key goes into x-api-key only.
+func setHeaders(req *http.Request, key org.Key) {
+	req.Header.Set(anthropic.HeaderAPIKey, key.Reveal())
+	req.Header.Set(anthropic.HeaderVersion, anthropic.APIVersion)
+	req.Header.Set("content-type", "application/json")
+}
+
+// errorText is "type: message" of an error envelope, or the start of the body.
+func errorText(b []byte) string {
+	var env anthropic.ErrorEnvelope
+	if json.Unmarshal(b, &env) == nil && env.Error.Type != "" {
+		return env.Error.Type + ": " + env.Error.Message
+	}
+	s := strings.TrimSpace(string(b))
+	if len(s) > 200 {
+		s = s[:200] + "…"
+	}
+	return s
+}
