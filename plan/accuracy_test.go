@@ -1,0 +1,205 @@
+package plan_test
+
+import (
+	"context"
+	"math"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/apidispatch/apidispatch/cost"
+	"github.com/apidispatch/apidispatch/dispatch"
+	"github.com/apidispatch/apidispatch/plan"
+	"github.com/apidispatch/apidispatch/sim"
+	"github.com/apidispatch/apidispatch/workload"
+)
+
+func judgeSummary(t *testing.T, n int) *workload.Summary {
+	t.Helper()
+	ws, err := plan.JudgeSummary(n, 1, workload.GenOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ws
+}
+
+// writeJudge writes n judge items to a file and validates it.
+func writeJudge(t *testing.T, n int, seed int64) (string, *workload.Summary) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "judge.jsonl")
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := workload.GenerateJudge(f, n, seed, workload.GenOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	ws, err := dispatch.Validate(path, cost.Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return path, ws
+}
+
+// TestProjectionAccuracy is the measured check of the "done means":
+// the judge workload is dispatched by the real engine against the
+// simulator, first a pilot of 200 items (as 'run --pilot 200' does), then
+// the rest, and the projections are compared with the billed total of the
+// simulator's ledger:
+//
+//   - without a pilot (local input estimate, default output): within ±25%;
+//   - re-projected after the 200-item pilot: within ±5%;
+//   - the worst case is never below the billed total.
+func TestProjectionAccuracy(t *testing.T) {
+	t.Parallel()
+	const n, pilot, speed = 2000, 200, 20
+	prices := cost.Default()
+	cfg, err := sim.Preset(sim.PresetOrigin3Org)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Speed = speed
+	r, orgs := startSim(t, cfg)
+	input, ws := writeJudge(t, n, 42)
+	names := []string{}
+	for _, o := range orgs {
+		names = append(names, o.Name)
+	}
+
+	before, err := plan.Project(plan.Input{Workload: ws, Prices: prices, Orgs: names, Speed: speed})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	ctx := context.Background()
+	job, err := dispatch.OpenJob(ctx, dispatch.JobConfig{InputPath: input, RunDir: filepath.Join(t.TempDir(), "run"), Prices: prices}, ws)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer job.Close()
+	run := func(maxSeq int64) *dispatch.Result {
+		eng, err := job.Engine(dispatch.Config{Orgs: orgs, BaseURL: r.URL, Speed: speed, Prices: prices, MaxSeq: maxSeq, SampleEvery: -1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		res, err := eng.Run(ctx)
+		if err != nil && maxSeq == 0 {
+			t.Fatal(err)
+		}
+		return res
+	}
+	run(pilot)
+	ps, err := plan.PilotFromStore(ctx, job.Store, pilot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ps.Succeeded != pilot || ps.Pending[workload.DefaultModel].N != n-pilot {
+		t.Fatalf("pilot stats %+v", ps)
+	}
+	after, err := plan.Project(plan.Input{Workload: ws, Prices: prices, Orgs: names, Speed: speed, Pilot: ps})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res := run(0)
+	if !res.Complete || res.Summary.Succeeded != n {
+		t.Fatalf("run incomplete: %+v", res.Summary)
+	}
+
+	led := r.Server.LedgerTotals()
+	billed := cost.Nanos(led.CostNanos)
+	if led.Requests != n || int64(billed) != res.Summary.Cost.TotalNanos {
+		t.Fatalf("ledger %d requests %d n$, summary %d n$", led.Requests, billed, res.Summary.Cost.TotalNanos)
+	}
+	dev := func(p cost.Nanos) float64 { return float64(p-billed) / float64(billed) }
+	t.Logf("billed (ledger) %s for %d items: %.1f input, %.1f output tokens a request", billed, n,
+		float64(led.InputTokens)/n, float64(led.OutputTokens)/n)
+	t.Logf("no pilot:  expected %s (%+.2f%%), worst case %s", before.ExpectedCost, 100*dev(before.ExpectedCost), before.WorstCase)
+	t.Logf("pilot 200: expected %s (%+.2f%%), worst case %s", after.ExpectedCost, 100*dev(after.ExpectedCost), after.WorstCase)
+	t.Logf("wall: projected %.1f s API (%.2f s at K=%d) before, %.1f s API after the pilot for the rest; measured %.2f s for everything (%.1f s API)",
+		before.WallS, before.WallAtSpeedS, speed, after.WallS, res.Summary.WallS, res.Summary.APIEquivalentWallS)
+	if d := dev(before.ExpectedCost); math.Abs(d) > 0.25 {
+		t.Errorf("projection without a pilot is off by %+.1f%% (limit ±25%%)", 100*d)
+	}
+	if d := dev(after.ExpectedCost); math.Abs(d) > 0.05 {
+		t.Errorf("projection after the pilot is off by %+.1f%% (limit ±5%%)", 100*d)
+	}
+	for _, p := range []*plan.Projection{before, after} {
+		if p.WorstCase < billed || p.AllMaxTokens < billed {
+			t.Errorf("worst case %s / all max_tokens %s below the billed %s", p.WorstCase, p.AllMaxTokens, billed)
+		}
+	}
+}
+
+// TestCountTokens asks the simulator's count_tokens for a sample of the
+// judge workload; the counted input per request must match what the
+// simulator then bills.
+func TestCountTokens(t *testing.T) {
+	t.Parallel()
+	cfg, err := sim.Preset(sim.PresetOrigin3Org)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Speed = 100
+	r, orgs := startSim(t, cfg)
+	input, ws := writeJudge(t, 500, 3)
+	ctx := context.Background()
+	counts, err := plan.CountTokens(ctx, input, ws, plan.CountConfig{BaseURL: r.URL, Key: orgs[0].Key, Sample: 50})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mc := counts.Models[workload.DefaultModel]
+	if mc.Items != 50 || mc.All || mc.Counted <= 0 {
+		t.Fatalf("counts %+v", mc)
+	}
+	if led := r.Server.LedgerTotals(); led.Requests != 0 || led.CostNanos != 0 {
+		t.Fatalf("count_tokens was billed: %+v", led)
+	}
+	all, err := plan.CountTokens(ctx, input, ws, plan.CountConfig{BaseURL: r.URL, Key: orgs[0].Key, Sample: 0, Concurrency: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m := all.Models[workload.DefaultModel]; m.Items != 500 || !m.All {
+		t.Fatalf("counting every item: %+v", m)
+	}
+	p, err := plan.Project(plan.Input{Workload: ws, Prices: cost.Default(), Counts: counts})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pAll, err := plan.Project(plan.Input{Workload: ws, Prices: cost.Default(), Counts: all})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// Bill the same items: send them all.
+	job, err := dispatch.OpenJob(ctx, dispatch.JobConfig{InputPath: input, RunDir: filepath.Join(t.TempDir(), "run"), Prices: cost.Default()}, ws)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer job.Close()
+	eng, err := job.Engine(dispatch.Config{Orgs: orgs, BaseURL: r.URL, Speed: 100, Prices: cost.Default(), SampleEvery: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := eng.Run(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Every billed request of the same items (a retry is billed again, with
+	// the same input).
+	led := r.Server.LedgerTotals()
+	billedIn := float64(led.InputTokens) / float64(led.Requests)
+	est := float64(ws.Models[workload.DefaultModel].EstInput) / 500
+	t.Logf("input a request: local estimate %.1f, count_tokens sample %.1f, all %.1f, billed %.1f",
+		est, p.Models[0].InputPerReq, pAll.Models[0].InputPerReq, billedIn)
+	if math.Abs(p.Models[0].InputPerReq-billedIn)/billedIn > 0.02 {
+		t.Errorf("sampled count %.1f a request vs billed %.1f", p.Models[0].InputPerReq, billedIn)
+	}
+	if math.Abs(pAll.Models[0].InputPerReq-billedIn) > 0.01 {
+		t.Errorf("full count %.2f a request vs billed %.2f", pAll.Models[0].InputPerReq, billedIn)
+	}
+	if perItem := led.CostNanos * 500 / led.Requests; pAll.WorstCase < cost.Nanos(perItem) {
+		t.Errorf("worst case with counts %s below billed %d", pAll.WorstCase, perItem)
+	}
+}
