@@ -58,7 +58,7 @@ type LedgerEntry struct {
 	CostNanos      int64     `json:"cost_nanos"` // exact, 1e-9 USD
 	CostUSD        float64   `json:"cost_usd"`
 	Time           time.Time `json:"time"`  // wall clock at billing
-	APISeconds     float64   `json:"api_s"` // API-equivalent seconds since server start
+	APISeconds     float64   `json:"api_s"` // API-equivalent seconds since server start (µs precision)
 	Status         int       `json:"status"`
 	Delivery       string    `json:"delivery"`
 	// Duplicate: the same body had been billed before (by any org or key).
@@ -99,7 +99,7 @@ func (e *LedgerEntry) appendJSON(b []byte) []byte {
 	b = append(b, `,"time":"`...)
 	b = e.Time.UTC().AppendFormat(b, time.RFC3339Nano)
 	b = append(b, `","api_s":`...)
-	b = strconv.AppendFloat(b, e.APISeconds, 'f', 6, 64)
+	b = strconv.AppendFloat(b, e.APISeconds, 'f', -1, 64)
 	b = append(b, `,"status":`...)
 	b = strconv.AppendInt(b, int64(e.Status), 10)
 	b = append(b, `,"delivery":`...)

@@ -583,7 +583,7 @@ func (s *Server) messages(c *call) {
 		RequestID: c.rid, MessageID: msgID, Org: o.name, KeyFingerprint: ks.fp, Model: req.model.id,
 		BodySHA256: sum, InputTokens: u.input, OutputTokens: u.output, CacheWrite5m: u.write5m,
 		CacheWrite1h: u.write1h, CacheRead: u.read, CostNanos: cost, CostUSD: nanosToUSD(cost),
-		Time: wall, APISeconds: api.Seconds(), Status: http.StatusOK, Delivery: delivery,
+		Time: wall, APISeconds: float64(api.Microseconds()) / 1e6, Status: http.StatusOK, Delivery: delivery,
 	}, now)
 
 	b := appendMessage((*bp)[:0], msgID, req.model.id, out, u)

@@ -47,9 +47,20 @@ func StartOn(addr string, cfg Config) (*Running, error) {
 	if err != nil {
 		return nil, err
 	}
-	ln, err := net.Listen("tcp", addr)
+	r, err := serveOn(addr, s)
 	if err != nil {
 		s.Close()
+		return nil, err
+	}
+	return r, nil
+}
+
+// serve serves an existing simulator on 127.0.0.1 at a free port.
+func serve(s *Server) (*Running, error) { return serveOn("127.0.0.1:0", s) }
+
+func serveOn(addr string, s *Server) (*Running, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
 		return nil, fmt.Errorf("sim: listen: %w", err)
 	}
 	r := &Running{
