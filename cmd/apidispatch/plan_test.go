@@ -1,0 +1,247 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+
+	"github.com/apidispatch/apidispatch/cost"
+	"github.com/apidispatch/apidispatch/dispatch"
+	"github.com/apidispatch/apidispatch/org"
+	"github.com/apidispatch/apidispatch/plan"
+	"github.com/apidispatch/apidispatch/sim"
+	"github.com/apidispatch/apidispatch/workload"
+)
+
+// planRequests writes n judge requests (opts) and returns the path.
+func planRequests(t *testing.T, n int, opts workload.GenOptions) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "req.jsonl")
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := workload.GenerateJudge(f, n, 5, opts); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// orgsFile writes a TOML orgs file whose keys are in 0600 key files, so a
+// test needs no environment variables.
+func orgsFile(t *testing.T, keys map[string]string) string {
+	t.Helper()
+	dir := t.TempDir()
+	var b strings.Builder
+	for _, name := range sortedNames(keys) {
+		kf := filepath.Join(dir, name+".key")
+		if err := os.WriteFile(kf, []byte(keys[name]), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprintf(&b, "[[org]]\nname = %q\nkey_file = %q\n\n", name, kf)
+	}
+	p := filepath.Join(dir, "orgs.toml")
+	if err := os.WriteFile(p, []byte(b.String()), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func sortedNames(m map[string]string) []string {
+	var out []string
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+func simKeys(r *sim.Running) map[string]string {
+	m := map[string]string{}
+	for name, ks := range r.Server.Keys() {
+		m[name] = ks[0]
+	}
+	return m
+}
+
+func runCLI(args ...string) (code int, stdout, stderr string) {
+	var o, e bytes.Buffer
+	code = mainCode(args, &o, &e)
+	return code, o.String(), e.String()
+}
+
+func TestPlanExitCodes(t *testing.T) {
+	t.Parallel()
+	judge := planRequests(t, 300, workload.GenOptions{})
+	// 300 Opus 4.8 requests that each generate 20,000 tokens: 300 × 20,000 ×
+	// $25/M = $150 of output, over the $100 confirm threshold.
+	big := planRequests(t, 300, workload.GenOptions{Model: "claude-opus-4-8", MaxTokens: 20000})
+	orgs := orgsFile(t, map[string]string{"a": "sk-ant-test-a", "b": "sk-ant-test-b"})
+	tests := []struct {
+		name string
+		args []string
+		code int
+		out  []string // substrings of stdout
+	}{
+		// 300 × (282 × $3/M + 100 × $15/M) ≈ $0.70.
+		{"small passes", []string{"plan", "--orgs", orgs, judge}, exitOK,
+			[]string{"gate: pass", "claude-sonnet-4-5-20250929", "binding", "no limits file"}},
+		{"flags after the file", []string{"plan", judge, "--orgs", orgs, "--budget", "1"}, exitOK,
+			[]string{"expected $0.70", "≤ $1.00 × (1 + 0.5) = $1.50 → within budget"}},
+		{"over budget pauses", []string{"plan", "--orgs", orgs, "--budget", "0.40", judge}, exitPaused,
+			[]string{"gate: pause", "> $0.400000 × (1 + 0.5) = $0.600000 → pause"}},
+		{"tolerance lifts it", []string{"plan", "--orgs", orgs, "--budget", "0.40", "--tolerance", "1", judge}, exitOK, nil},
+		{"$100 needs confirm", []string{"plan", "--orgs", orgs, "--expect-output", "20000", big}, exitRefused,
+			[]string{"gate: confirm_required", "≥ $100.00 → --confirm required"}},
+		{"confirm given", []string{"plan", "--orgs", orgs, "--expect-output", "20000", "--confirm", big}, exitOK,
+			[]string{"→ --confirm given"}},
+		{"phase6 shape, two arms", []string{"plan", "--phase6", "--n", "2000", "--orgs", orgs}, exitOK,
+			[]string{"2,000 items × 2 arms", "total (2 arms)", "baseline arm", "projected speed-up"}},
+		{"phase6 over budget", []string{"plan", "--phase6", "--n", "2000", "--budget", "5", "--tolerance", "0"}, exitPaused,
+			[]string{"= 2 arms × $", "> $5.00 × (1 + 0) = $5.00"}},
+		{"phase6 with limits", []string{"plan", "--phase6", "--n", "1000", "--limits", "../../plan/testdata/phase0_limits.json"}, exitOK,
+			[]string{"high_prio", "low_prio", "30,000"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			code, out, errOut := runCLI(tc.args...)
+			if code != tc.code {
+				t.Errorf("exit %d, want %d\nstdout:\n%s\nstderr:\n%s", code, tc.code, out, errOut)
+			}
+			for _, s := range tc.out {
+				if !strings.Contains(out, s) {
+					t.Errorf("stdout lacks %q:\n%s", s, out)
+				}
+			}
+		})
+	}
+}
+
+func TestPlanUsageErrors(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	bad := filepath.Join(dir, "bad.jsonl")
+	body := `{"custom_id":"a","params":{"model":"claude-sonnet-4-5","max_tokens":10,"messages":[{"role":"user","content":"hi"}]}}
+{"custom_id":"a","params":{"model":"claude-sonnet-4-5","max_tokens":10,"messages":[{"role":"user","content":"hi"}]}}
+{"custom_id":"c","params":{"model":"claude-fable-5","max_tokens":10,"messages":[{"role":"user","content":"hi"}]}}
+`
+	if err := os.WriteFile(bad, []byte(body), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	judge := planRequests(t, 10, workload.GenOptions{})
+	orgs := orgsFile(t, map[string]string{"a": "sk-ant-test-a"})
+	for _, tc := range []struct {
+		name string
+		args []string
+		err  []string
+	}{
+		{"invalid input", []string{"plan", "--orgs", orgs, bad}, []string{"line 2:", "duplicate", "line 3:", "claude-fable-5"}},
+		{"no file", []string{"plan", "--orgs", orgs}, []string{"usage:"}},
+		{"file and phase6", []string{"plan", "--phase6", judge}, []string{"usage:"}},
+		{"pilot is a run flag", []string{"plan", "--pilot", "200", judge}, []string{"run --pilot", "--from-run"}},
+		{"bad budget", []string{"plan", "--budget", "lots", judge}, []string{"--budget"}},
+		{"missing limits", []string{"plan", "--limits", filepath.Join(dir, "none.json"), judge}, []string{"limits file"}},
+		{"from-run of nothing", []string{"plan", "--from-run", filepath.Join(dir, "norun"), judge}, []string{"--from-run"}},
+		{"count-tokens without keys", []string{"plan", "--orgs", filepath.Join(dir, "none.toml"), "--count-tokens", judge}, []string{"none.toml"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			code, _, errOut := runCLI(tc.args...)
+			if code != exitUsage {
+				t.Errorf("exit %d, want %d:\n%s", code, exitUsage, errOut)
+			}
+			for _, s := range tc.err {
+				if !strings.Contains(errOut, s) {
+					t.Errorf("stderr lacks %q:\n%s", s, errOut)
+				}
+			}
+		})
+	}
+}
+
+// TestPlanJSONCountTokensAndFromRun: 'plan --json --count-tokens' against
+// the simulator, then a pilot of 50 items run by the engine and 'plan
+// --from-run' re-projecting from it.
+func TestPlanJSONCountTokensAndFromRun(t *testing.T) {
+	t.Parallel()
+	cfg, err := sim.Preset(sim.PresetOrigin3Org)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Speed = 50
+	r, err := sim.Start(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close() })
+	keys := simKeys(r)
+	orgs := orgsFile(t, keys)
+	input := planRequests(t, 400, workload.GenOptions{})
+
+	code, out, errOut := runCLI("plan", "--orgs", orgs, "--base-url", r.URL, "--count-tokens", "--count-sample", "20", "--json", "--speed", "50", input)
+	if code != exitOK {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	var doc plan.ProjectionJSON
+	if err := json.Unmarshal([]byte(out), &doc); err != nil {
+		t.Fatalf("--json output: %v\n%s", err, out)
+	}
+	if doc.N != 400 || doc.Gate != plan.Pass || len(doc.Lanes) != 3 || doc.ProjectedCostUSD.Expected <= 0 ||
+		doc.ProjectedWallS <= 0 || doc.SpeedFactor != 50 || !strings.Contains(doc.Models[0].InputSource, "count_tokens on 20 of 400") {
+		t.Errorf("json %s", out)
+	}
+	if led := r.Server.LedgerTotals(); led.Requests != 0 {
+		t.Errorf("plan sent %d billed requests", led.Requests)
+	}
+
+	// A pilot of 50 items, as 'run --pilot 50' sends it.
+	ctx := context.Background()
+	ws, err := dispatch.Validate(input, cost.Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	runDir := filepath.Join(t.TempDir(), "run")
+	job, err := dispatch.OpenJob(ctx, dispatch.JobConfig{InputPath: input, RunDir: runDir, Prices: cost.Default()}, ws)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var orgList []org.Org
+	for _, name := range sortedNames(keys) {
+		orgList = append(orgList, org.Org{Name: name, Key: org.NewKey(keys[name])})
+	}
+	eng, err := job.Engine(dispatch.Config{Orgs: orgList, BaseURL: r.URL, Speed: 50, Prices: cost.Default(), MaxSeq: 50, SampleEvery: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := eng.Run(ctx); err != nil && !errors.Is(err, dispatch.ErrIncomplete) {
+		t.Fatal(err)
+	}
+	job.Close()
+
+	code, out, errOut = runCLI("plan", "--orgs", orgs, "--from-run", runDir, "--json", input)
+	if code != exitOK {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	doc = plan.ProjectionJSON{}
+	if err := json.Unmarshal([]byte(out), &doc); err != nil {
+		t.Fatal(err)
+	}
+	spent := float64(r.Server.LedgerTotals().CostNanos) / 1e9
+	if doc.Done != 50 || doc.Models[0].Remaining != 350 || doc.ProjectedCostUSD.Spent != spent {
+		t.Errorf("from-run: done %d remaining %d spent %v (ledger %v)", doc.Done, doc.Models[0].Remaining, doc.ProjectedCostUSD.Spent, spent)
+	}
+	// Another input's run directory is refused.
+	other := planRequests(t, 10, workload.GenOptions{})
+	if code, _, errOut := runCLI("plan", "--orgs", orgs, "--from-run", runDir, other); code != exitUsage || !strings.Contains(errOut, "another input") {
+		t.Errorf("from-run of another input: exit %d %s", code, errOut)
+	}
+}
