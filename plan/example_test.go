@@ -1,0 +1,41 @@
+package plan_test
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/apidispatch/apidispatch/cost"
+	"github.com/apidispatch/apidispatch/plan"
+	"github.com/apidispatch/apidispatch/workload"
+)
+
+// A projection of 10,000 judge-sized requests and the gates of a $25
+// budget: 10,000 × (280 × $3/M + 100 × $15/M) = $23.40, under $25 × 1.5.
+func ExampleGate() {
+	ws := &workload.Summary{N: 10_000, Models: map[string]workload.ModelSummary{
+		"claude-sonnet-4-5-20250929": {N: 10_000, MaxTokens: 10_000 * 256, EstInput: 10_000 * 280},
+	}}
+	p, err := plan.Project(plan.Input{Workload: ws, Prices: cost.Default(), Orgs: []string{"a", "b"}})
+	if err != nil {
+		panic(err)
+	}
+	g := plan.Gate(p, ws.N, plan.GateConfig{Budget: 25 * cost.NanosPerUSD, Tolerance: 0.5})
+	fmt.Println(p.Models[0].Arithmetic)
+	fmt.Println(g.Explain)
+	// Output:
+	// 10,000 × (280 input × $3.00/M + 100 output × $15.00/M) = $23.40
+	// expected cost $23.40 (worst case $72.00)
+	// budget: expected $23.40 ≤ $25.00 × (1 + 0.5) = $37.50 → within budget
+	// confirm: expected $23.40 < $100.00 and N = 10,000 < 50,000 → not required
+	// decision: pass
+}
+
+// BenchmarkJudgeSummary is what 'plan --phase6' spends summing the
+// 141,600-item judge workload in memory.
+func BenchmarkJudgeSummary(b *testing.B) {
+	for b.Loop() {
+		if _, err := plan.JudgeSummary(plan.Phase6N, 0, workload.GenOptions{}); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
