@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -370,5 +371,47 @@ func TestQueryPlans(t *testing.T) {
 		if p != tc.want {
 			t.Errorf("plan of %q = %q, want %q", tc.q, p, tc.want)
 		}
+	}
+}
+
+// TestResultsStreamsInBoundedMemory pins that Results does not load the
+// lines it streams: the live heap, measured after a GC in the middle of the
+// stream, stays far below the size of all lines together.
+func TestResultsStreamsInBoundedMemory(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	s := openInit(t, filepath.Join(t.TempDir(), "state.db"), defaultConfig())
+	const n, lineLen = 8000, 2000 // 16 MB of lines
+	if err := s.AddItems(ctx, testItems(1, n)); err != nil {
+		t.Fatal(err)
+	}
+	for from := int64(1); from <= n; from += 1000 {
+		var b store.Batch
+		for seq := from; seq < from+1000; seq++ {
+			b.Outcomes = append(b.Outcomes, testOutcome(seq, lineLen))
+		}
+		if _, err := s.Commit(ctx, b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	live := func() uint64 {
+		runtime.GC()
+		var m runtime.MemStats
+		runtime.ReadMemStats(&m)
+		return m.HeapAlloc
+	}
+	before := live()
+	var peak uint64
+	if err := s.Results(ctx, 0, func(rseq int64, line []byte) error {
+		if rseq%2000 == 0 {
+			peak = max(peak, live())
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	// Other parallel tests allocate too; 4 MB is a quarter of the lines.
+	if peak > before && peak-before > 4<<20 {
+		t.Fatalf("live heap grew by %d bytes while streaming %d bytes of lines", peak-before, n*lineLen)
 	}
 }
