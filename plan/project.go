@@ -39,7 +39,8 @@ const BaselineConcurrency = 50
 // six seconds, ∫(cap − limit)dt / cap ≈ 2.25 s of full-rate time.
 const rampS = 2.25
 
-// Input is what Project needs. Workload and Prices are required.
+// Input is what Project needs. Workload and Prices are required; every
+// other field's zero value means "not known" and is documented with it.
 type Input struct {
 	// Workload is the validated request file (workload.Validate).
 	Workload *workload.Summary
