@@ -318,6 +318,9 @@ func Project(in Input) (*Projection, error) {
 		}
 	}
 	note("worst case: every request generates max_tokens and its input is at its upper bound (%d × the local estimate, or count_tokens + 10%% when every item was counted), at the uncached input price", InputBoundFactor)
+	if len(names) > 1 && pil != nil {
+		note("the pilot's output per request and input ratio are measured over all its models together and applied to each")
+	}
 	if len(names) > 1 {
 		note("a model's expected output uses the mean max_tokens of its items, which can only overstate min(max_tokens, expected)")
 	}
