@@ -101,7 +101,7 @@ flags:`)
 	for i, o := range orgs {
 		orgNames[i] = o.Name
 	}
-	pin := plan.Input{Workload: ws, Prices: prices, Orgs: orgNames, Caps: sf.caps, Limits: limits, ExpectOutput: *expectOut}
+	pin := plan.Input{Workload: ws, Prices: prices, Orgs: orgNames, Caps: sf.caps, Limits: limits, ExpectOutput: *expectOut, Speed: sf.speed}
 	proj, err := plan.Project(pin)
 	if err != nil {
 		errf(stderr, "projecting: %v", err)
