@@ -35,7 +35,7 @@
 // they see the last committed state and neither wait for nor block a
 // Commit. A Results callback may therefore call the other methods.
 //
-// Another process writing the same file waits up to busyTimeout for the
+// Another process writing the same file waits up to 5 s (busyTimeout) for the
 // write lock and then fails with SQLITE_BUSY; nothing is corrupted, but one
 // run directory is meant for one running process. Within the process, do
 // not open state.db (or its -wal file) with os.Open while a Store has it

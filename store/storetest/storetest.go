@@ -74,7 +74,7 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 	}
 }
 
-// Meta returns the Meta the suite initialises stores with, for hash.
+// testMeta is the Meta the suite initialises stores with, for hash.
 func testMeta(hash string) store.Meta {
 	return store.Meta{
 		InputPath: "/data/requests-" + hash + ".jsonl",
