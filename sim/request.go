@@ -31,28 +31,28 @@ func invalid(format string, a ...any) *apiError {
 // top-level field set matches the API's and anything else is refused
 // ("Extra inputs are not permitted").
 type wireRequest struct {
-	Model         *string           `json:"model"`
-	MaxTokens     *int64            `json:"max_tokens"`
-	Messages      []json.RawMessage `json:"messages"`
-	System        json.RawMessage   `json:"system"`
-	Stream        *bool             `json:"stream"`
-	Temperature   *float64          `json:"temperature"`
-	TopP          *float64          `json:"top_p"`
-	TopK          *int64            `json:"top_k"`
-	StopSequences []string          `json:"stop_sequences"`
-	Metadata      json.RawMessage   `json:"metadata"`
-	Tools         json.RawMessage   `json:"tools"`
-	ToolChoice    json.RawMessage   `json:"tool_choice"`
-	Thinking      json.RawMessage   `json:"thinking"`
-	ServiceTier   *string           `json:"service_tier"`
-	InferenceGeo  json.RawMessage   `json:"inference_geo"`
-	CacheControl  json.RawMessage   `json:"cache_control"`
-	Container     json.RawMessage   `json:"container"`
-	MCPServers    json.RawMessage   `json:"mcp_servers"`
-	Context       json.RawMessage   `json:"context_management"`
-	OutputConfig  json.RawMessage   `json:"output_config"`
-	OutputFormat  json.RawMessage   `json:"output_format"`
-	Speed         json.RawMessage   `json:"speed"`
+	Model         *string         `json:"model"`
+	MaxTokens     *int64          `json:"max_tokens"`
+	Messages      []wireMessage   `json:"messages"`
+	System        json.RawMessage `json:"system"`
+	Stream        *bool           `json:"stream"`
+	Temperature   *float64        `json:"temperature"`
+	TopP          *float64        `json:"top_p"`
+	TopK          *int64          `json:"top_k"`
+	StopSequences []string        `json:"stop_sequences"`
+	Metadata      json.RawMessage `json:"metadata"`
+	Tools         json.RawMessage `json:"tools"`
+	ToolChoice    json.RawMessage `json:"tool_choice"`
+	Thinking      json.RawMessage `json:"thinking"`
+	ServiceTier   *string         `json:"service_tier"`
+	InferenceGeo  json.RawMessage `json:"inference_geo"`
+	CacheControl  json.RawMessage `json:"cache_control"`
+	Container     json.RawMessage `json:"container"`
+	MCPServers    json.RawMessage `json:"mcp_servers"`
+	Context       json.RawMessage `json:"context_management"`
+	OutputConfig  json.RawMessage `json:"output_config"`
+	OutputFormat  json.RawMessage `json:"output_format"`
+	Speed         json.RawMessage `json:"speed"`
 }
 
 type wireMessage struct {
@@ -60,9 +60,14 @@ type wireMessage struct {
 	Content json.RawMessage `json:"content"`
 }
 
+// wireBlock is a content block; payloads stay raw (they are only measured).
 type wireBlock struct {
 	Type         string          `json:"type"`
 	Text         json.RawMessage `json:"text"`
+	Source       json.RawMessage `json:"source"`
+	Input        json.RawMessage `json:"input"`
+	Content      json.RawMessage `json:"content"`
+	Data         json.RawMessage `json:"data"`
 	CacheControl *struct {
 		Type string `json:"type"`
 		TTL  string `json:"ttl"`
@@ -164,12 +169,8 @@ func parseRequest(body []byte, countOnly, longContextBeta bool) (request, *apiEr
 		r.input += n
 		r.judge = r.judge || judge
 	}
-	for i, raw := range w.Messages {
+	for i, msg := range w.Messages {
 		where := "messages." + strconv.Itoa(i)
-		var msg wireMessage
-		if err := json.Unmarshal(raw, &msg); err != nil {
-			return request{}, invalid("%s: Input should be a valid dictionary", where)
-		}
 		if msg.Role == nil {
 			return request{}, invalid("%s.role: Field required", where)
 		}
@@ -259,81 +260,83 @@ var knownTopLevel = func() map[string]bool {
 // scanContent counts the tokens of a content value (a string or a list of
 // blocks; for system only text blocks), reports whether it asks for a JSON
 // verdict (system: mentions judging or evaluation; user: asks for a "JSON
-// object"), and records the cached prefix.
+// object"), and records the cached prefix. The value is valid JSON already
+// (the request decoded); strings are measured raw, escapes and all, which is
+// as good a tokenizer stand-in as the decoded length and costs no copy.
 func scanContent(raw json.RawMessage, where string, system bool, r *request, segs *[][]byte) (int64, bool, *apiError) {
 	raw = bytes.TrimSpace(raw)
 	if len(raw) == 0 {
 		return 0, false, invalid("%s: Field required", where)
 	}
-	judgeWords := [][]byte{[]byte("json object")}
+	judgeWords := userJudgeWords
 	if system {
-		judgeWords = [][]byte{[]byte("judg"), []byte("evaluat")}
+		judgeWords = systemJudgeWords
 	}
 	switch raw[0] {
 	case '"':
-		var s string
-		if err := json.Unmarshal(raw, &s); err != nil {
-			return 0, false, invalid("%s: Input should be a valid string", where)
-		}
 		*segs = append(*segs, raw)
-		return textTokens(len(s)), containsFold(raw, judgeWords), nil
+		return textTokens(len(raw) - 2), containsFold(raw, judgeWords), nil
 	case '[':
 	default:
 		return 0, false, invalid("%s: Input should be a valid string or list of content blocks", where)
 	}
-	var blocks []json.RawMessage
+	var blocks []wireBlock
 	if err := json.Unmarshal(raw, &blocks); err != nil {
-		return 0, false, invalid("%s: Input should be a valid list", where)
+		return 0, false, invalid("%s: Input should be a valid list of content blocks", where)
 	}
 	var n int64
 	judge := false
-	for j, braw := range blocks {
-		bw := where + "." + strconv.Itoa(j)
-		var b wireBlock
-		if err := json.Unmarshal(braw, &b); err != nil {
-			return 0, false, invalid("%s: Input should be a valid content block", bw)
-		}
+	for j := range blocks {
+		b := &blocks[j]
 		if b.Type == "" {
-			return 0, false, invalid("%s.type: Field required", bw)
+			return 0, false, invalid("%s.%d.type: Field required", where, j)
 		}
 		if !knownBlockTypes[b.Type] || (system && b.Type != "text") {
-			return 0, false, invalid("%s.type: Input tag '%s' found using 'type' does not match any of the expected tags", bw, b.Type)
+			return 0, false, invalid("%s.%d.type: Input tag '%s' found using 'type' does not match any of the expected tags", where, j, b.Type)
 		}
-		*segs = append(*segs, braw)
 		switch b.Type {
 		case "text":
-			var s string
-			if len(b.Text) == 0 || json.Unmarshal(b.Text, &s) != nil {
-				return 0, false, invalid("%s.text: Field required (a string)", bw)
+			if len(b.Text) == 0 || b.Text[0] != '"' {
+				return 0, false, invalid("%s.%d.text: Field required (a string)", where, j)
 			}
-			if s == "" {
-				return 0, false, invalid("%s: text content blocks must be non-empty", bw)
+			if len(b.Text) == 2 {
+				return 0, false, invalid("%s.%d: text content blocks must be non-empty", where, j)
 			}
-			n += textTokens(len(s))
+			*segs = append(*segs, b.Text)
+			n += textTokens(len(b.Text) - 2)
 			judge = judge || containsFold(b.Text, judgeWords)
 		case "image":
+			*segs = append(*segs, b.Source)
 			n += tokensPerImage
 		default:
-			n += textTokens(len(braw))
+			size := len(b.Text) + len(b.Source) + len(b.Input) + len(b.Content) + len(b.Data)
+			*segs = append(*segs, []byte(b.Type), b.Text, b.Source, b.Input, b.Content, b.Data)
+			n += textTokens(size + 16)
 		}
 		if b.CacheControl != nil {
 			if b.CacheControl.Type != "ephemeral" {
-				return 0, false, invalid("%s.cache_control.type: Input should be 'ephemeral'", bw)
+				return 0, false, invalid("%s.%d.cache_control.type: Input should be 'ephemeral'", where, j)
 			}
 			if b.CacheControl.TTL != "" && b.CacheControl.TTL != "5m" && b.CacheControl.TTL != "1h" {
-				return 0, false, invalid("%s.cache_control.ttl: Input should be '5m' or '1h'", bw)
+				return 0, false, invalid("%s.%d.cache_control.ttl: Input should be '5m' or '1h'", where, j)
 			}
 			r.cacheTokens = r.input + n
 			r.cache1h = b.CacheControl.TTL == "1h"
 			h := sha256.New()
 			for _, s := range *segs {
 				h.Write(s)
+				h.Write([]byte{0})
 			}
 			copy(r.cacheKey[:], h.Sum(nil))
 		}
 	}
 	return n, judge, nil
 }
+
+var (
+	userJudgeWords   = [][]byte{[]byte("json object")}
+	systemJudgeWords = [][]byte{[]byte("judg"), []byte("evaluat")}
+)
 
 // containsFold reports whether s contains any of the lower-case words,
 // ignoring ASCII case.

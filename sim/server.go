@@ -682,48 +682,73 @@ func remaining(level, limit float64, tokens bool) int64 {
 	return min(r, int64(limit))
 }
 
+// rateRow is one header family: requests, tokens, input or output tokens.
+type rateRow struct {
+	on         bool
+	limit, rem int64
+	until      time.Duration
+}
+
 // rateHeaders sets the anthropic-ratelimit-* headers from a bucket view.
-// Reset is the real (compressed) time at which the bucket is full again:
-// whole seconds at K = 1, milliseconds when K > 1.
+// Reset is the real time at which the bucket is full again: whole seconds
+// at K = 1, milliseconds when K > 1. All values are formatted into one
+// buffer and sliced out of one string: two allocations, not twelve.
 func (s *Server) rateHeaders(h http.Header, v limitView) {
 	if !v.on {
 		return
 	}
-	now := time.Now().UTC()
-	vals := make([]string, 12)
-	set := func(row, i int, limit, rem int64, until time.Duration) {
-		vals[i*3] = strconv.FormatInt(limit, 10)
-		vals[i*3+1] = strconv.FormatInt(rem, 10)
-		vals[i*3+2] = s.resetTime(now, until)
-		h[hRate[row][0]] = vals[i*3 : i*3+1 : i*3+1]
-		h[hRate[row][1]] = vals[i*3+1 : i*3+2 : i*3+2]
-		h[hRate[row][2]] = vals[i*3+2 : i*3+3 : i*3+3]
-	}
+	var rows [4]rateRow // in hRate order: requests, tokens, input, output
 	if v.limit[0] > 0 {
-		set(0, 0, int64(v.limit[0]), remaining(v.level[0], v.limit[0], false), v.untilFull[0])
+		rows[0] = rateRow{true, int64(v.limit[0]), remaining(v.level[0], v.limit[0], false), v.untilFull[0]}
 	}
-	if v.limit[1] > 0 {
-		set(2, 1, int64(v.limit[1]), remaining(v.level[1], v.limit[1], true), v.untilFull[1])
+	for i := 1; i <= 2; i++ {
+		if v.limit[i] > 0 {
+			rows[i+1] = rateRow{true, int64(v.limit[i]), remaining(v.level[i], v.limit[i], true), v.untilFull[i]}
+		}
 	}
-	if v.limit[2] > 0 {
-		set(3, 2, int64(v.limit[2]), remaining(v.level[2], v.limit[2], true), v.untilFull[2])
+	if rows[2].on || rows[3].on {
+		rows[1] = rateRow{true, rows[2].limit + rows[3].limit, rows[2].rem + rows[3].rem, max(rows[2].until, rows[3].until)}
 	}
-	if v.limit[1] > 0 || v.limit[2] > 0 {
-		lim := v.limit[1] + v.limit[2]
-		rem := remaining(v.level[1], v.limit[1], true) + remaining(v.level[2], v.limit[2], true)
-		set(1, 3, int64(lim), rem, max(v.untilFull[1], v.untilFull[2]))
+	now := time.Now().UTC()
+	var arr [320]byte
+	var ends [12]int
+	buf := arr[:0]
+	for i, r := range rows {
+		if !r.on {
+			continue
+		}
+		buf = strconv.AppendInt(buf, r.limit, 10)
+		ends[i*3] = len(buf)
+		buf = strconv.AppendInt(buf, r.rem, 10)
+		ends[i*3+1] = len(buf)
+		buf = s.appendReset(buf, now, r.until)
+		ends[i*3+2] = len(buf)
+	}
+	all := string(buf)
+	vals := make([]string, 12)
+	start := 0
+	for i, r := range rows {
+		if !r.on {
+			continue
+		}
+		for j := 0; j < 3; j++ {
+			k := i*3 + j
+			vals[k] = all[start:ends[k]]
+			start = ends[k]
+			h[hRate[i][j]] = vals[k : k+1 : k+1]
+		}
 	}
 }
 
-func (s *Server) resetTime(now time.Time, until time.Duration) string {
+func (s *Server) appendReset(b []byte, now time.Time, until time.Duration) []byte {
 	t := now.Add(until)
 	if s.speed == 1 {
 		if t.Nanosecond() > 0 {
 			t = t.Truncate(time.Second).Add(time.Second)
 		}
-		return t.Format(time.RFC3339)
+		return t.AppendFormat(b, time.RFC3339)
 	}
-	return t.Format("2006-01-02T15:04:05.000Z07:00")
+	return t.AppendFormat(b, "2006-01-02T15:04:05.000Z07:00")
 }
 
 // accelerating reports whether o's admitted-request rate over the fault's
