@@ -4,6 +4,8 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -147,4 +149,81 @@ func TestKillNineThenResume(t *testing.T) {
 		t.Fatalf("summary cost %d nanos, ledger (distinct requests) %d", s.Cost.TotalNanos, distinct)
 	}
 	t.Logf("%d kills; %d requests billed twice", kills, dups)
+}
+
+// TestMaxCostThenResume: --max-cost at 30% of the workload's cost stops the
+// run with exit 4 before the simulator has billed more than the cap;
+// resuming without a cap completes the rest with no custom_id twice, and the
+// summary's cost equals the ledger's to the nano-dollar.
+func TestMaxCostThenResume(t *testing.T) {
+	if testing.Short() {
+		t.Skip("spawns processes")
+	}
+	t.Parallel()
+	cfg, _ := sim.Preset(sim.PresetOrigin3Org)
+	cfg.Speed = 50
+	r, err := sim.Start(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	dir := t.TempDir()
+	input := filepath.Join(dir, "req.jsonl")
+	const n = 2000
+	writeJudge(t, input, n)
+	runDir := filepath.Join(dir, "run")
+	base := []string{"run", input, "--run-dir", runDir, "--base-url", r.URL, "--speed", "50", "--quiet", "--json"}
+
+	// What the whole workload costs, measured on a second simulator.
+	full := func() int64 {
+		r2, err := sim.Start(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer r2.Close()
+		c := cliCmd(r2, "run", input, "--run-dir", filepath.Join(dir, "full"), "--base-url", r2.URL, "--speed", "50", "--quiet")
+		if out, err := c.CombinedOutput(); err != nil {
+			t.Fatalf("full run: %v\n%s", err, out)
+		}
+		return r2.Server.LedgerTotals().CostNanos
+	}()
+	capNanos := full * 3 / 10
+	capUSD := fmt.Sprintf("%.6f", float64(capNanos)/1e9)
+
+	c := cliCmd(r, append(base, "--max-cost", capUSD)...)
+	out, err := c.Output()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != exitIncomplete {
+		t.Fatalf("capped run: want exit 4, got %v\n%s", err, out)
+	}
+	billed := r.Server.LedgerTotals().CostNanos
+	if billed > capNanos {
+		t.Fatalf("billed %d nanos, over the cap %d", billed, capNanos)
+	}
+	if billed < capNanos/2 {
+		t.Fatalf("billed only %d of a %d cap: the cap stopped far too early", billed, capNanos)
+	}
+
+	c = cliCmd(r, base...)
+	out, err = c.Output()
+	if err != nil {
+		t.Fatalf("resume: %v\n%s", err, out)
+	}
+	var s dispatch.Summary
+	if err := json.Unmarshal(bytes.TrimSpace(out), &s); err != nil {
+		t.Fatalf("summary: %v\n%s", err, out)
+	}
+	ids := readIDs(t, filepath.Join(runDir, dispatch.ResultsFile))
+	if len(ids) != n || !s.DataLoss.Passed {
+		t.Fatalf("%d ids, data loss %+v", len(ids), s.DataLoss)
+	}
+	for id, k := range ids {
+		if k != 1 {
+			t.Fatalf("%s appears %d times", id, k)
+		}
+	}
+	if led := r.Server.LedgerTotals().CostNanos; led != s.Cost.TotalNanos {
+		t.Fatalf("ledger %d nanos, summary %d", led, s.Cost.TotalNanos)
+	}
+	t.Logf("full workload $%.6f; cap $%s; billed before stopping $%.6f", float64(full)/1e9, capUSD, float64(billed)/1e9)
 }
