@@ -239,7 +239,8 @@ func (p *poolLimiter) viewLocked(f float64) limitView {
 type PoolStats struct {
 	Pool string `json:"pool"`
 	// Limit, Remaining and MinRemaining are indexed requests, input tokens,
-	// output tokens. Remaining is the bucket level now; MinRemaining the
+	// output tokens. Limit is per real minute (the API limit × K).
+	// Remaining is the bucket level now; MinRemaining the
 	// lowest level after any charge since the start (it may be negative for
 	// output tokens charged after the fact). A colleague reserve was left
 	// free when MinRemaining stayed above it.

@@ -129,6 +129,10 @@ func TestLoadConfig(t *testing.T) {
 		cfg.Latency.PerToken != DefaultLatency().PerToken {
 		t.Errorf("overlay: %+v", cfg)
 	}
+	p, _ := Preset(PresetOrigin3Org)
+	if cfg.Orgs[0].Keys[0] == p.Orgs[0].Keys[0] || cfg.Orgs[0].Keys[0] != p.WithSeed(4).Orgs[0].Keys[0] {
+		t.Errorf("seed 4 in the file kept the preset's seed-0 keys")
+	}
 	f := cfg.Faults[0]
 	if f.Kind != FaultRateLimitStorm || f.Start != 30*time.Second || f.Duration != 10*time.Second || f.RetryAfter != 2*time.Second || f.Probability != 0.5 {
 		t.Errorf("fault %+v", f)

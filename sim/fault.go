@@ -102,7 +102,8 @@ type Fault struct {
 	SpendCapUSD float64
 	// Fraction is the colleague share of the budget, in [0, 1).
 	Fraction float64
-	// Factor, FloorRPM, Window and Baseline tune acceleration.
+	// Factor, FloorRPM, Window and Baseline tune acceleration (windows are
+	// whole API seconds, at least 1; shorter means the default).
 	Factor   float64
 	FloorRPM float64
 	Window   time.Duration

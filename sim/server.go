@@ -320,6 +320,13 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 var bufPool = sync.Pool{New: func() any { b := make([]byte, 0, 4096); return &b }}
 
+// putBuf returns a buffer to the pool unless a huge body grew it.
+func putBuf(bp *[]byte) {
+	if cap(*bp) <= 1<<20 {
+		bufPool.Put(bp)
+	}
+}
+
 // writeJSON sends status and body with a Content-Length.
 func writeJSON(c *call, status int, body []byte) {
 	c.h[hContentType] = jsonType
@@ -334,7 +341,7 @@ func (s *Server) writeError(c *call, o *orgState, e *apiError) {
 	b := appendError((*bp)[:0], e, c.rid)
 	writeJSON(c, e.status, b)
 	*bp = b
-	bufPool.Put(bp)
+	putBuf(bp)
 	if o != nil {
 		s.count(o, e.status)
 	}
@@ -413,7 +420,7 @@ func (s *Server) messages(c *call) {
 	}
 	o := ks.org
 	bp := bufPool.Get().(*[]byte)
-	defer bufPool.Put(bp)
+	defer putBuf(bp)
 	body, ok := s.readBody(c, o, (*bp)[:0])
 	if !ok {
 		return
@@ -871,7 +878,7 @@ func (s *Server) countTokens(c *call) {
 		return
 	}
 	bp := bufPool.Get().(*[]byte)
-	defer bufPool.Put(bp)
+	defer putBuf(bp)
 	body, ok := s.readBody(c, ks.org, (*bp)[:0])
 	if !ok {
 		return
