@@ -142,6 +142,7 @@ const (
 	CounterRateLimited  = "rate_limited_429"
 	CounterOverloaded   = "overloaded_529"
 	CounterOtherRetries = "other_retries"
+	CounterMaybeBilled  = "possible_duplicate_billing"
 )
 
 func (m *committer) takeCounters() map[string]int64 {
@@ -157,5 +158,6 @@ func (m *committer) takeCounters() map[string]int64 {
 	take(CounterRateLimited, &m.c.rateLimited, &m.c.lastRL)
 	take(CounterOverloaded, &m.c.overloaded, &m.c.lastOL)
 	take(CounterOtherRetries, &m.c.otherRetries, &m.c.lastOther)
+	take(CounterMaybeBilled, &m.c.maybeBilled, &m.c.lastMB)
 	return out
 }

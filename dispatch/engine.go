@@ -84,7 +84,7 @@ type Config struct {
 	// NewGate makes a lane's gate (default: NewLane, in-process). A shared
 	// implementation lets several processes keep one budget per key.
 	NewGate func(LaneConfig) Gate
-	Log  *slog.Logger
+	Log     *slog.Logger
 	// SampleEvery is the period of "sample" events for the report (default 1 s; <0 disables).
 	SampleEvery time.Duration
 }
@@ -173,6 +173,9 @@ type attempt struct {
 	usage    anthropic.Usage
 	readErr  error
 	orgIDHdr string
+	// maybeBilled: the request was sent and may have been processed, but
+	// no usable answer came back.
+	maybeBilled bool
 }
 
 // Engine runs one dispatch. Use New, then Run once.
@@ -215,9 +218,13 @@ type Engine struct {
 
 type counters struct {
 	attempts, rateLimited, overloaded, otherRetries atomic.Int64
+	// maybeBilled counts attempts the server may have billed although no
+	// result came back (a connection lost after sending, a truncated 2xx):
+	// their retry can bill the same request twice.
+	maybeBilled                                     atomic.Int64
 	succeeded, errored                              atomic.Int64 // this run, committed
 	costN                                           atomic.Int64 // this run, committed
-	lastAttempts, lastRL, lastOL, lastOther         int64        // flushed to the store
+	lastAttempts, lastRL, lastOL, lastOther, lastMB int64        // flushed to the store
 }
 
 // New checks cfg and returns an engine.
@@ -770,6 +777,15 @@ func (e *Engine) send(a *attempt) {
 	a.latency = now.Sub(t0)
 	a.outcome = anthropic.Classify(status, hdr, rb, err, now)
 	a.body = rb
+	switch a.outcome.ErrorType {
+	case anthropic.ErrTypeTruncated, anthropic.ErrTypeNotMessage:
+		a.maybeBilled = true
+	case anthropic.ErrTypeConnection:
+		// Only a connection lost after the request went out can have
+		// been billed; a refused dial cannot.
+		var op *net.OpError
+		a.maybeBilled = !(errors.As(err, &op) && op.Op == "dial")
+	}
 	fb := Feedback{Outcome: a.outcome}
 	if hdr != nil {
 		fb.Limits = anthropic.ParseRateLimits(hdr)
@@ -836,6 +852,9 @@ func (e *Engine) handle(a *attempt, com *committer, stopping bool) {
 			e.c.overloaded.Add(1)
 		default:
 			e.c.otherRetries.Add(1)
+		}
+		if a.maybeBilled {
+			e.c.maybeBilled.Add(1)
 		}
 		if o.RateLimited {
 			// The lane holds for retry-after; other lanes may take the item now.

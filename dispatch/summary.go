@@ -63,31 +63,35 @@ type OrgSplit struct {
 
 // Summary is summary.json (design.md §3).
 type Summary struct {
-	N                  int64               `json:"n"`
-	Succeeded          int64               `json:"succeeded"`
-	Errored            int64               `json:"errored"`
-	ErroredByType      map[string]int64    `json:"errored_by_type"`
-	Unfinished         int64               `json:"unfinished"`
-	DataLoss           DataLoss            `json:"data_loss"`
-	Cost               CostUSD             `json:"cost_usd"`
-	Tokens             Tokens              `json:"tokens"`
-	Attempts           int64               `json:"attempts"`
-	RateLimited429     int64               `json:"rate_limited_429"`
-	Overloaded529      int64               `json:"overloaded_529"`
-	OtherRetries       int64               `json:"other_retries"`
-	LatencyMs          Latency             `json:"latency_ms"`
-	RequestsPerMin     float64             `json:"requests_per_min"`
-	APIRequestsPerMin  float64             `json:"api_requests_per_min"`
-	CompletedThisRun   int64               `json:"completed_this_run"`
-	WallS              float64             `json:"wall_s"`
-	Speed              float64             `json:"speed_factor"`
-	APIEquivalentWallS float64             `json:"api_equivalent_wall_s"`
-	ByOrg              map[string]OrgSplit `json:"by_org"`
-	Lanes              []LaneSnapshot      `json:"lanes"`
-	StopReason         string              `json:"stop_reason,omitempty"`
-	Projection         json.RawMessage     `json:"projection,omitempty"`
-	Extra              map[string]any      `json:"extra,omitempty"`
-	Orgs               []map[string]string `json:"orgs"`
+	N              int64            `json:"n"`
+	Succeeded      int64            `json:"succeeded"`
+	Errored        int64            `json:"errored"`
+	ErroredByType  map[string]int64 `json:"errored_by_type"`
+	Unfinished     int64            `json:"unfinished"`
+	DataLoss       DataLoss         `json:"data_loss"`
+	Cost           CostUSD          `json:"cost_usd"`
+	Tokens         Tokens           `json:"tokens"`
+	Attempts       int64            `json:"attempts"`
+	RateLimited429 int64            `json:"rate_limited_429"`
+	Overloaded529  int64            `json:"overloaded_529"`
+	OtherRetries   int64            `json:"other_retries"`
+	// PossibleDuplicateBilling counts attempts that the API may have billed
+	// without an answer reaching us (connection lost after sending, body
+	// cut short); each retry of one can be billed a second time.
+	PossibleDuplicateBilling int64               `json:"possible_duplicate_billing"`
+	LatencyMs                Latency             `json:"latency_ms"`
+	RequestsPerMin           float64             `json:"requests_per_min"`
+	APIRequestsPerMin        float64             `json:"api_requests_per_min"`
+	CompletedThisRun         int64               `json:"completed_this_run"`
+	WallS                    float64             `json:"wall_s"`
+	Speed                    float64             `json:"speed_factor"`
+	APIEquivalentWallS       float64             `json:"api_equivalent_wall_s"`
+	ByOrg                    map[string]OrgSplit `json:"by_org"`
+	Lanes                    []LaneSnapshot      `json:"lanes"`
+	StopReason               string              `json:"stop_reason,omitempty"`
+	Projection               json.RawMessage     `json:"projection,omitempty"`
+	Extra                    map[string]any      `json:"extra,omitempty"`
+	Orgs                     []map[string]string `json:"orgs"`
 }
 
 func (e *Engine) summarize(ctx context.Context) (*Summary, error) {
@@ -108,7 +112,8 @@ func (e *Engine) summarize(ctx context.Context) (*Summary, error) {
 		Tokens:     Tokens{agg.InputTok, agg.OutputTok, agg.CacheRead, agg.CacheWrite},
 		Attempts:   agg.Counters[CounterAttempts], RateLimited429: agg.Counters[CounterRateLimited],
 		Overloaded529: agg.Counters[CounterOverloaded], OtherRetries: agg.Counters[CounterOtherRetries],
-		LatencyMs: Latency{lat[0], lat[1], lat[2]}, WallS: wall, Speed: e.cfg.Speed,
+		PossibleDuplicateBilling: agg.Counters[CounterMaybeBilled],
+		LatencyMs:                Latency{lat[0], lat[1], lat[2]}, WallS: wall, Speed: e.cfg.Speed,
 		APIEquivalentWallS: wall * e.cfg.Speed, ByOrg: map[string]OrgSplit{}, StopReason: e.stopReason,
 	}
 	if s.ErroredByType == nil {
