@@ -8,6 +8,7 @@ import (
 	"sort"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -148,6 +149,7 @@ func BenchmarkSimZeroLatency(b *testing.B) {
 			b.SetParallelism(16)
 			b.ResetTimer()
 			start := time.Now()
+			cpu0 := processCPU()
 			b.RunParallel(func(pb *testing.PB) {
 				for pb.Next() {
 					req, _ := http.NewRequest("POST", run.URL+"/v1/messages", bytes.NewReader(body))
@@ -167,8 +169,20 @@ func BenchmarkSimZeroLatency(b *testing.B) {
 				}
 			})
 			b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "req/s")
+			// CPU of this process (clients and simulator) per request: less
+			// sensitive than req/s to other load on the machine.
+			b.ReportMetric(float64((processCPU()-cpu0).Microseconds())/float64(b.N), "cpu_µs/req")
 		})
 	}
+}
+
+// processCPU is the user+system CPU time this process has used.
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // BenchmarkHandler is the handler alone (no network), for allocations:
@@ -186,6 +200,10 @@ func BenchmarkHandler(b *testing.B) {
 	key := s.Keys()["high_prio"][0]
 	body := judgeBody(1, 256)
 	b.ReportAllocs()
+	cpu0 := processCPU()
+	defer func() {
+		b.ReportMetric(float64((processCPU()-cpu0).Microseconds())/float64(b.N), "cpu_µs/req")
+	}()
 	b.RunParallel(func(pb *testing.PB) {
 		rec := newRecorder()
 		req, _ := http.NewRequest("POST", "/v1/messages", nil)
@@ -202,4 +220,15 @@ func BenchmarkHandler(b *testing.B) {
 			}
 		}
 	})
+}
+
+// BenchmarkParseRequest is request validation alone.
+func BenchmarkParseRequest(b *testing.B) {
+	body := judgeBody(1, 256)
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, e := parseRequest(body, false, false); e != nil {
+			b.Fatal(e.msg)
+		}
+	}
 }
