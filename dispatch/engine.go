@@ -892,22 +892,27 @@ func (e *Engine) disableOrg(o *orgState, reason string) {
 	e.log.Warn("org stopped", "org", o.Name, "key", o.Key.Fingerprint(), "reason", reason)
 }
 
-// noteOrgID records an org's anthropic-organization-id; a second key of the
-// same organisation adds no capacity, so its lanes stop and the first org's
-// lanes carry its work.
+// noteOrgID records an org's anthropic-organization-id. A second key of the
+// same organisation adds no capacity: of the two, the org listed later
+// stops, with a warning, and the earlier one's lanes carry the work.
 func (e *Engine) noteOrgID(o *orgState, id string) {
 	if o.id == id {
 		return
 	}
 	o.id = id
 	for _, other := range e.orgs {
-		if other != o && other.id == id && other.disabled == "" {
-			reason := fmt.Sprintf("key %s reaches the same organisation as org %s (%s): limits do not add, so its work goes through %s's lanes", o.Key.Fingerprint(), other.Name, id, other.Name)
-			e.cfg.Events.Emit(EventWarning, "org "+o.Name+": "+reason, map[string]any{"org": o.Name, "same_as": other.Name, "organization_id": id})
-			e.log.Warn("two keys reach one organisation", "org", o.Name, "same_as", other.Name)
-			e.disableOrg(o, reason)
-			return
+		if other == o || other.id != id || other.disabled != "" {
+			continue
 		}
+		keep, drop := other, o
+		if slices.Index(e.orgs, o) < slices.Index(e.orgs, other) {
+			keep, drop = o, other
+		}
+		reason := fmt.Sprintf("key %s reaches the same organisation as org %s (%s): limits do not add, so its work goes through %s's lanes", drop.Key.Fingerprint(), keep.Name, id, keep.Name)
+		e.cfg.Events.Emit(EventWarning, "org "+drop.Name+": "+reason, map[string]any{"org": drop.Name, "same_as": keep.Name, "organization_id": id})
+		e.log.Warn("two keys reach one organisation", "org", drop.Name, "same_as", keep.Name)
+		e.disableOrg(drop, reason)
+		return
 	}
 }
 

@@ -2,6 +2,7 @@ package dispatch_test
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"os"
@@ -187,3 +188,34 @@ func TestInvalidInputLeavesNothing(t *testing.T) {
 }
 
 func costDefault() *cost.Table { return cost.Default() }
+
+// TestTwoKeysOneOrg: two keys of one organisation add no capacity; the
+// second org's lanes stop with a warning naming the first, and the run
+// completes through the first.
+func TestTwoKeysOneOrg(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, sim.PresetOrigin3Org, 100, 400, func(c *sim.Config) {
+		c.Orgs[0].Keys = append(c.Orgs[0].Keys, "sk-ant-sim-second-key-of-high-prio")
+	})
+	h.orgs = append(h.orgs, org.Org{Name: "alias", Key: org.NewKey("sk-ant-sim-second-key-of-high-prio")})
+	res, err := h.run(context.Background(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var aliasLane dispatch.LaneSnapshot
+	for _, l := range res.Summary.Lanes {
+		if l.Org == "alias" {
+			aliasLane = l
+		}
+	}
+	if !strings.Contains(aliasLane.Disabled, "same organisation as org high_prio") {
+		t.Fatalf("alias lane: %+v", aliasLane)
+	}
+	if res.Summary.Succeeded != 400 || !res.Summary.DataLoss.Passed {
+		t.Fatalf("summary %+v", res.Summary.DataLoss)
+	}
+	ev, _ := os.ReadFile(filepath.Join(h.dir, dispatch.EventsFile))
+	if !bytes.Contains(ev, []byte(`"kind":"warning"`)) || !bytes.Contains(ev, []byte("same organisation")) {
+		t.Fatal("no warning event about the shared organisation")
+	}
+}
