@@ -227,3 +227,71 @@ func TestMaxCostThenResume(t *testing.T) {
 	}
 	t.Logf("full workload $%.6f; cap $%s; billed before stopping $%.6f", float64(full)/1e9, capUSD, float64(billed)/1e9)
 }
+
+// TestSignals: the first SIGINT stops admission and lets requests in flight
+// finish (exit 4, resumable); a second abandons them at once. Either way the
+// run resumes to completion with every custom_id once.
+func TestSignals(t *testing.T) {
+	if testing.Short() {
+		t.Skip("spawns processes")
+	}
+	t.Parallel()
+	for _, twice := range []bool{false, true} {
+		t.Run(fmt.Sprintf("twice=%v", twice), func(t *testing.T) {
+			t.Parallel()
+			cfg, _ := sim.Preset(sim.PresetOrigin3Org)
+			cfg.Speed = 5
+			if twice {
+				// Requests that take ten minutes: only a second signal ends the run soon.
+				cfg.Faults = []sim.Fault{{Kind: sim.FaultSlow, ExtraLatency: 50 * time.Minute}}
+			}
+			r, err := sim.Start(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer r.Close()
+			dir := t.TempDir()
+			input := filepath.Join(dir, "req.jsonl")
+			const n = 3000
+			writeJudge(t, input, n)
+			runDir := filepath.Join(dir, "run")
+			args := []string{"run", input, "--run-dir", runDir, "--base-url", r.URL, "--speed", "5", "--quiet", "--grace", "30s"}
+			c := cliCmd(r, args...)
+			var out bytes.Buffer
+			c.Stdout, c.Stderr = &out, &out
+			if err := c.Start(); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(1500 * time.Millisecond)
+			c.Process.Signal(os.Interrupt)
+			if twice {
+				time.Sleep(200 * time.Millisecond)
+				c.Process.Signal(os.Interrupt)
+			}
+			t0 := time.Now()
+			err = c.Wait()
+			var ee *exec.ExitError
+			if !errors.As(err, &ee) || ee.ExitCode() != exitIncomplete {
+				t.Fatalf("want exit 4, got %v\n%s", err, out.String())
+			}
+			if twice && time.Since(t0) > 10*time.Second {
+				t.Fatalf("a second signal took %v to end the run", time.Since(t0))
+			}
+			// Resume, without the slow fault.
+			r.Server.ClearFaults()
+			c = cliCmd(r, args...)
+			if b, err := c.CombinedOutput(); err != nil {
+				t.Fatalf("resume: %v\n%s", err, b)
+			}
+			ids := readIDs(t, filepath.Join(runDir, dispatch.ResultsFile))
+			if len(ids) != n {
+				t.Fatalf("%d ids after resume", len(ids))
+			}
+			for id, k := range ids {
+				if k != 1 {
+					t.Fatalf("%s appears %d times", id, k)
+				}
+			}
+		})
+	}
+}
