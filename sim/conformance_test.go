@@ -116,9 +116,9 @@ func TestSDKRetryHonoursRetryAfter(t *testing.T) {
 	cfg := testConfig()
 	cfg.Speed = 10
 	run := startSim(t, cfg)
-	// A storm from now for 8 API seconds (0.8 s real), retry-after 9 API s
-	// (0.9 s real): the retry lands after the storm.
-	if _, err := run.Server.AddFault(Fault{Kind: FaultRateLimitStorm, FromNow: true, Duration: 8 * time.Second, RetryAfter: 9 * time.Second}); err != nil {
+	// A storm from now for 20 API seconds (2 s real), retry-after 25 API s
+	// (2.5 s real): the retry lands after the storm.
+	if _, err := run.Server.AddFault(Fault{Kind: FaultRateLimitStorm, FromNow: true, Duration: 20 * time.Second, RetryAfter: 25 * time.Second}); err != nil {
 		t.Fatal(err)
 	}
 	var mu sync.Mutex
@@ -148,8 +148,8 @@ func TestSDKRetryHonoursRetryAfter(t *testing.T) {
 		t.Fatalf("%d attempts, want 2 (one 429, one success)", len(arrivals))
 	}
 	ms, err := strconv.Atoi(retryAfterMs[0])
-	if err != nil || ms != 900 {
-		t.Fatalf("retry-after-ms %q, want 900", retryAfterMs[0])
+	if err != nil || ms != 2500 {
+		t.Fatalf("retry-after-ms %q, want 2500", retryAfterMs[0])
 	}
 	if gap := arrivals[1].Sub(arrivals[0]); gap < time.Duration(ms)*time.Millisecond {
 		t.Errorf("retry came %v after the 429, before retry-after-ms %d", gap, ms)

@@ -134,14 +134,18 @@ func TestFaultSlowAddsLatency(t *testing.T) {
 func TestFaultKeyRevokedFromT(t *testing.T) {
 	t.Parallel()
 	cfg := testConfig()
-	cfg.Speed = 100
+	cfg.Speed = 10
 	cfg.Orgs[0].Keys = []string{soloKey, "sk-ant-sim-solo-second"}
-	cfg.Faults = []Fault{{Kind: FaultKeyRevoked, Org: "solo", KeyFingerprint: org.Fingerprint(soloKey), Start: 20 * time.Second}}
+	cfg.Faults = []Fault{{Kind: FaultKeyRevoked, Org: "solo", KeyFingerprint: org.Fingerprint(soloKey), Start: 10 * time.Second}}
 	run := startSim(t, cfg)
-	if r := post(t, run, soloKey, judgeBody(1, 64)); r.status != 200 {
-		t.Fatalf("before T: status %d", r.status)
+	if _, api := run.Server.Elapsed(); api < 10*time.Second {
+		if r := post(t, run, soloKey, judgeBody(1, 64)); r.status != 200 {
+			t.Fatalf("before T: status %d", r.status)
+		}
 	}
-	time.Sleep(250 * time.Millisecond) // 25 API seconds
+	for _, api := run.Server.Elapsed(); api < 11*time.Second; _, api = run.Server.Elapsed() {
+		time.Sleep(50 * time.Millisecond)
+	}
 	if r := post(t, run, soloKey, judgeBody(2, 64)); r.status != 401 {
 		t.Errorf("after T: status %d, want 401", r.status)
 	}

@@ -96,37 +96,37 @@ func TestSpeedScalesHeadersAndRetryAfter(t *testing.T) {
 	t.Parallel()
 	cfg := testConfig()
 	cfg.Speed = 10
-	// 3 RPM at K=10: 30 a real minute, refilled at 0.5 a real second.
-	cfg.Orgs[0].Limits[anthropic.PoolSonnet4] = Limits{RPM: 3, ITPM: 600000, OTPM: 600000}
+	// 1 RPM at K=10: 10 a real minute, refilled at one every 6 real seconds.
+	cfg.Orgs[0].Limits[anthropic.PoolSonnet4] = Limits{RPM: 1, ITPM: 600000, OTPM: 600000}
 	run := startSim(t, cfg)
 	var last reply
-	for i := 0; i < 31; i++ {
+	for i := 0; i < 11; i++ {
 		last = post(t, run, soloKey, judgeBody(i, 64))
-		if i < 30 && last.status != 200 {
+		if i < 10 && last.status != 200 {
 			t.Fatalf("request %d: status %d", i, last.status)
 		}
 	}
 	if last.status != 429 {
-		t.Fatalf("31st request: status %d, want 429", last.status)
+		t.Fatalf("11th request: status %d, want 429", last.status)
 	}
 	h := last.header
-	if h.Get("anthropic-ratelimit-requests-limit") != "30" || h.Get("anthropic-ratelimit-input-tokens-limit") != "6000000" {
-		t.Errorf("limits %q %q, want 30 and 6000000", h.Get("anthropic-ratelimit-requests-limit"), h.Get("anthropic-ratelimit-input-tokens-limit"))
+	if h.Get("anthropic-ratelimit-requests-limit") != "10" || h.Get("anthropic-ratelimit-input-tokens-limit") != "6000000" {
+		t.Errorf("limits %q %q, want 10 and 6000000", h.Get("anthropic-ratelimit-requests-limit"), h.Get("anthropic-ratelimit-input-tokens-limit"))
 	}
 	if h.Get("x-sim-speed-factor") != "10" {
 		t.Errorf("x-sim-speed-factor %q", h.Get("x-sim-speed-factor"))
 	}
 	ms, err := strconv.Atoi(h.Get("retry-after-ms"))
-	// One request short at 0.5 a second: just under 2 s real (time passed
-	// since the bucket emptied).
-	if err != nil || ms < 1500 || ms > 2000 {
-		t.Fatalf("retry-after-ms %q, want ~2000", h.Get("retry-after-ms"))
+	// One request short at one per 6 s: at most 6 s real, less the time
+	// since the bucket emptied.
+	if err != nil || ms < 1 || ms > 6000 {
+		t.Fatalf("retry-after-ms %q, want (0, 6000]", h.Get("retry-after-ms"))
 	}
 	if ra := h.Get("retry-after"); ra != strconv.Itoa((ms+999)/1000) {
 		t.Errorf("retry-after %q for retry-after-ms %d: want the ceiling in seconds", ra, ms)
 	}
 	e := last.envelope(t)
-	if !strings.Contains(e.Error.Message, "rate limit of 30 requests per minute") || !strings.Contains(e.Error.Message, run.Server.Config().Orgs[0].ID) ||
+	if !strings.Contains(e.Error.Message, "rate limit of 10 requests per minute") || !strings.Contains(e.Error.Message, run.Server.Config().Orgs[0].ID) ||
 		!strings.Contains(e.Error.Message, "claude-sonnet-4-5-20250929") {
 		t.Errorf("message %q", e.Error.Message)
 	}
@@ -134,8 +134,8 @@ func TestSpeedScalesHeadersAndRetryAfter(t *testing.T) {
 	if err != nil || !strings.Contains(h.Get("anthropic-ratelimit-requests-reset"), ".") {
 		t.Fatalf("reset %q: want RFC 3339 with milliseconds", h.Get("anthropic-ratelimit-requests-reset"))
 	}
-	// Full in at most 30 requests / 0.5 per second = 60 s real.
-	if d := time.Until(reset); d < 50*time.Second || d > 61*time.Second {
+	// Full in at most 10 requests at one per 6 s = 60 s real.
+	if d := time.Until(reset); d < 30*time.Second || d > 61*time.Second {
 		t.Errorf("reset in %v, want about 60s", d)
 	}
 
