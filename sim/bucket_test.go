@@ -4,8 +4,11 @@ import (
 	"math"
 	"net/http"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/apidispatch/apidispatch/anthropic"
 )
 
 // drive offers requests to p at twice the rate the limit allows, for two
@@ -223,5 +226,27 @@ func TestHeadersAgreeWithBuckets(t *testing.T) {
 	s.rateHeaders(h, p.view(0, 0))
 	if got := get("anthropic-ratelimit-output-tokens-remaining"); got != 0 {
 		t.Errorf("negative bucket reports remaining %d, want 0", got)
+	}
+}
+
+// reserve_max_tokens over HTTP: a request reserves max_tokens of output at
+// admission, so a bucket with room for fewer is refused before any output.
+func TestOTPMReserveModeOverHTTP(t *testing.T) {
+	t.Parallel()
+	cfg := testConfig()
+	cfg.OTPMMode = OTPMReserveMaxTokens
+	cfg.Orgs[0].Limits[anthropic.PoolSonnet4] = Limits{RPM: 600, ITPM: 60000, OTPM: 1000}
+	run := startSim(t, cfg)
+	// 4,000 reserved > 1,000 capacity: admitted only on a full bucket, and
+	// the refund leaves it at 1,000 − actual.
+	r := post(t, run, soloKey, judgeBody(1, 4000))
+	m := r.message(t)
+	rem, _ := strconv.ParseInt(r.header.Get("anthropic-ratelimit-output-tokens-remaining"), 10, 64)
+	if rem < 1000-m.Usage.OutputTokens || rem > 1000-m.Usage.OutputTokens+2 {
+		t.Errorf("output remaining %d after %d tokens, want the reservation refunded", rem, m.Usage.OutputTokens)
+	}
+	// 990 reserved does not fit in what is left.
+	if r := post(t, run, soloKey, judgeBody(2, 990)); r.status != 429 || !strings.Contains(r.envelope(t).Error.Message, "output tokens per minute") {
+		t.Errorf("status %d: want an output-token 429", r.status)
 	}
 }
