@@ -103,13 +103,19 @@ func CostNanos(model string, u anthropic.Usage) (int64, bool) {
 	if m == nil {
 		return 0, false
 	}
-	w5, w1 := u.CacheCreationInputTokens, int64(0)
+	su := usage{input: u.InputTokens, output: u.OutputTokens, write5m: u.CacheCreationInputTokens, read: u.CacheReadInputTokens}
 	if u.CacheCreation != nil {
-		w5, w1 = u.CacheCreation.Ephemeral5mInputTokens, u.CacheCreation.Ephemeral1hInputTokens
+		su.write5m, su.write1h = u.CacheCreation.Ephemeral5mInputTokens, u.CacheCreation.Ephemeral1hInputTokens
 	}
+	return m.cost(su), true
+}
+
+// cost prices a usage on m: long-context rates for the whole request when
+// the model has them and the total input exceeds 200k tokens.
+func (m *modelInfo) cost(u usage) int64 {
 	p := m.price
-	if m.longContext && u.InputTokens+u.CacheCreationInputTokens+u.CacheReadInputTokens > 200000 {
+	if m.longContext && u.input+u.write5m+u.write1h+u.read > 200000 {
 		p = m.longPrice
 	}
-	return p.cost(u.InputTokens, u.OutputTokens, w5, w1, u.CacheReadInputTokens), true
+	return p.cost(u.input, u.output, u.write5m, u.write1h, u.read)
 }

@@ -38,7 +38,8 @@ func PresetNames() []string {
 }
 
 // Preset returns a named configuration (see the Preset* constants) with
-// Speed 1 and Seed 0, orgs with deterministic ids and one generated key each.
+// Speed 1 and Seed 0, and orgs with deterministic ids and one generated key
+// each (see WithSeed for others).
 func Preset(name string) (Config, error) {
 	switch name {
 	case PresetOrigin3Org:
@@ -52,7 +53,7 @@ func Preset(name string) (Config, error) {
 			{Name: "otpm_bound", Limits: limits(5000, 5000000, 90000), ServiceCapacity: 120},
 			{Name: "itpm_bound", Limits: limits(5000, 450000, 1000000), ServiceCapacity: 120},
 		}}
-		return cfg.filled(), nil
+		return cfg.withDefaults(), nil
 	case PresetColleague:
 		cfg := origin3Org()
 		cfg.Faults = []Fault{{ID: "colleague", Kind: FaultColleague, Org: "high_prio", Fraction: 0.4}}
@@ -83,21 +84,7 @@ func origin3Org() Config {
 		{Name: "low_prio", ID: orgUUID("af04cd8f", "low_prio", 0), ServiceCapacity: 120, Limits: mk(
 			row{30000, 15000000, 1200000}, row{30000, 24000000, 2400000}, row{150000, 120000000, 12000000})},
 	}}
-	return cfg.filled()
-}
-
-// filled gives every org without keys one generated key (Seed 0), so a
-// preset lists its keys before New.
-func (c Config) filled() Config {
-	for i := range c.Orgs {
-		if c.Orgs[i].ID == "" {
-			c.Orgs[i].ID = orgUUID("", c.Orgs[i].Name, c.Seed)
-		}
-		if len(c.Orgs[i].Keys) == 0 {
-			c.Orgs[i].Keys = []string{simKey(c.Orgs[i].Name, c.Seed, 0)}
-		}
-	}
-	return c
+	return cfg.withDefaults()
 }
 
 // WithSeed returns c with Seed set and the org ids and keys that were

@@ -443,48 +443,8 @@ func (s *Server) messages(c *call) {
 	now := time.Since(s.start)
 	api := s.api(now)
 	fs := s.faults.Load()
-	if f := fs.match(FaultSpendCap, o.idx, pool, ks.fp, api, &c.rng); f != nil && o.costNanos.Load() >= f.capNanos {
-		resume := nextMonth(time.Now())
-		s.writeError(c, o, &apiError{status: http.StatusTooManyRequests, typ: anthropic.ErrRateLimit,
-			msg: fmt.Sprintf("This request would exceed your organization's monthly spend limit (org: %s). Your API access will resume at %s. To continue sooner, raise your spend limit in the Console.",
-				o.id, resume.Format(time.RFC3339)),
-			details: `{"error_code":"` + anthropic.SpendLimitErrorCode + `","resume_at":"` + resume.Format(time.RFC3339) + `"}`})
-		return
-	}
-	if fs.match(FaultOverloaded, o.idx, pool, ks.fp, api, &c.rng) != nil {
-		s.writeError(c, o, &apiError{status: 529, typ: anthropic.ErrOverloaded, msg: "Overloaded", details: "null"})
-		return
-	}
-	if fs.match(FaultServerError, o.idx, pool, ks.fp, api, &c.rng) != nil {
-		s.writeError(c, o, &apiError{status: http.StatusInternalServerError, typ: anthropic.ErrAPI, msg: "Internal server error"})
-		return
-	}
-	if fs.match(FaultServerErrorHTML, o.idx, pool, ks.fp, api, &c.rng) != nil {
-		c.h[hContentType] = []string{"text/html; charset=utf-8"}
-		c.w.WriteHeader(http.StatusInternalServerError)
-		io.WriteString(c.w, htmlError)
-		s.count(o, http.StatusInternalServerError)
-		return
-	}
 	colleague := fs.colleague(o.idx, pool, api)
-	if f := fs.match(FaultRateLimitStorm, o.idx, pool, ks.fp, api, &c.rng); f != nil {
-		if lim != nil {
-			s.rateHeaders(c.h, lim.view(now, colleague))
-		}
-		s.rateLimited(c, o, f.RetryAfter > 0, s.real(f.RetryAfter),
-			fmt.Sprintf("This request would exceed your organization's rate limit (org: %s, model: %s). For details, refer to: https://docs.claude.com/en/api/rate-limits. Please try again later.", o.id, req.model.id))
-		return
-	}
-	if f := fs.match(FaultAcceleration, o.idx, pool, ks.fp, api, &c.rng); f != nil && o.accelerating(api, f) {
-		wait := f.RetryAfter
-		if wait == 0 {
-			wait = f.window()
-		}
-		if lim != nil {
-			s.rateHeaders(c.h, lim.view(now, colleague))
-		}
-		s.rateLimited(c, o, true, s.real(wait),
-			fmt.Sprintf("This request would exceed your organization's acceleration limit: usage increased too sharply (org: %s, model: %s). Please ramp up your traffic gradually. For details, refer to: https://docs.claude.com/en/api/rate-limits.", o.id, req.model.id))
+	if s.injectBeforeAdmission(c, ks, req, lim, fs, now, api, colleague) {
 		return
 	}
 
@@ -582,10 +542,7 @@ func (s *Server) messages(c *call) {
 		delivery = DeliveryTruncated
 	}
 	msgID := s.newID("msg_", c.n, 0x3c6ef372fe94f82b)
-	cost := req.model.price.cost(u.input, u.output, u.write5m, u.write1h, u.read)
-	if req.model.longContext && req.input > 200000 {
-		cost = req.model.longPrice.cost(u.input, u.output, u.write5m, u.write1h, u.read)
-	}
+	cost := req.model.cost(u)
 	s.bill(o, ks, &LedgerEntry{
 		RequestID: c.rid, MessageID: msgID, Org: o.name, KeyFingerprint: ks.fp, Model: req.model.id,
 		BodySHA256: sum, InputTokens: u.input, OutputTokens: u.output, CacheWrite5m: u.write5m,
@@ -603,6 +560,58 @@ func (s *Server) messages(c *call) {
 	case DeliveryTruncated:
 		hijackAndClose(c, b, len(b)/2)
 	}
+}
+
+// injectBeforeAdmission answers the faults that strike before a request is
+// admitted (spend cap, 529, 500s, a 429 storm, acceleration), in that order,
+// and reports whether it answered.
+func (s *Server) injectBeforeAdmission(c *call, ks *keyState, req request, lim *poolLimiter, fs *faultSet, now, api time.Duration, colleague float64) bool {
+	o, pool := ks.org, req.model.pool
+	if f := fs.match(FaultSpendCap, o.idx, pool, ks.fp, api, &c.rng); f != nil && o.costNanos.Load() >= f.capNanos {
+		resume := nextMonth(time.Now())
+		s.writeError(c, o, &apiError{status: http.StatusTooManyRequests, typ: anthropic.ErrRateLimit,
+			msg: fmt.Sprintf("This request would exceed your organization's monthly spend limit (org: %s). Your API access will resume at %s. To continue sooner, raise your spend limit in the Console.",
+				o.id, resume.Format(time.RFC3339)),
+			details: `{"error_code":"` + anthropic.SpendLimitErrorCode + `","resume_at":"` + resume.Format(time.RFC3339) + `"}`})
+		return true
+	}
+	if fs.match(FaultOverloaded, o.idx, pool, ks.fp, api, &c.rng) != nil {
+		s.writeError(c, o, &apiError{status: 529, typ: anthropic.ErrOverloaded, msg: "Overloaded", details: "null"})
+		return true
+	}
+	if fs.match(FaultServerError, o.idx, pool, ks.fp, api, &c.rng) != nil {
+		s.writeError(c, o, &apiError{status: http.StatusInternalServerError, typ: anthropic.ErrAPI, msg: "Internal server error"})
+		return true
+	}
+	if fs.match(FaultServerErrorHTML, o.idx, pool, ks.fp, api, &c.rng) != nil {
+		c.h[hContentType] = []string{"text/html; charset=utf-8"}
+		c.w.WriteHeader(http.StatusInternalServerError)
+		io.WriteString(c.w, htmlError)
+		s.count(o, http.StatusInternalServerError)
+		return true
+	}
+	if f := fs.match(FaultRateLimitStorm, o.idx, pool, ks.fp, api, &c.rng); f != nil {
+		if lim != nil {
+			s.rateHeaders(c.h, lim.view(now, colleague))
+		}
+		s.rateLimited(c, o, f.RetryAfter > 0, s.real(f.RetryAfter),
+			fmt.Sprintf("This request would exceed your organization's rate limit (org: %s, model: %s). For details, refer to: https://docs.claude.com/en/api/rate-limits. Please try again later.", o.id, req.model.id))
+		return true
+	}
+	if f := fs.match(FaultAcceleration, o.idx, pool, ks.fp, api, &c.rng); f != nil && o.accelerating(api, f) {
+		wait := f.RetryAfter
+		if wait == 0 {
+			wait = f.window()
+		}
+		if lim != nil {
+			s.rateHeaders(c.h, lim.view(now, colleague))
+		}
+		s.rateLimited(c, o, true, s.real(wait),
+			fmt.Sprintf("This request would exceed your organization's acceleration limit: usage increased too sharply (org: %s, model: %s). Please ramp up your traffic gradually. For details, refer to: https://docs.claude.com/en/api/rate-limits.", o.id, req.model.id))
+		return true
+	}
+
+	return false
 }
 
 // bill records a processed request: ledger, totals, series, duplicates.
