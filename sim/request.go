@@ -109,13 +109,11 @@ var knownBlockTypes = map[string]bool{
 // response. It never panics, whatever the bytes (FuzzValidateRequest).
 func parseRequest(body []byte, countOnly, longContextBeta bool) (request, *apiError) {
 	var w wireRequest
-	d := json.NewDecoder(bytes.NewReader(body))
-	d.DisallowUnknownFields()
-	if err := d.Decode(&w); err != nil {
-		return request{}, decodeError(body, err)
-	}
-	if rest := bytes.TrimSpace(body[d.InputOffset():]); len(rest) > 0 {
-		return request{}, invalid("There was an error parsing the body of your request: unexpected data after the JSON object")
+	if !fastDecodeRequest(body, &w) {
+		w = wireRequest{}
+		if e := strictDecodeRequest(body, &w); e != nil {
+			return request{}, e
+		}
 	}
 	if w.Model == nil || *w.Model == "" {
 		return request{}, invalid("model: Field required")
@@ -207,6 +205,20 @@ func parseRequest(body []byte, countOnly, longContextBeta bool) (request, *apiEr
 	return r, nil
 }
 
+// strictDecodeRequest decodes body with encoding/json, refusing unknown
+// fields and trailing data.
+func strictDecodeRequest(body []byte, w *wireRequest) *apiError {
+	d := json.NewDecoder(bytes.NewReader(body))
+	d.DisallowUnknownFields()
+	if err := d.Decode(w); err != nil {
+		return decodeError(body, err)
+	}
+	if rest := bytes.TrimSpace(body[d.InputOffset():]); len(rest) > 0 {
+		return invalid("There was an error parsing the body of your request: unexpected data after the JSON object")
+	}
+	return nil
+}
+
 // decodeError turns a decoding failure into the API's 400. For an unknown
 // field it finds the field's name by decoding the body as a plain object.
 func decodeError(body []byte, err error) *apiError {
@@ -281,8 +293,11 @@ func scanContent(raw json.RawMessage, where string, system bool, r *request, seg
 		return 0, false, invalid("%s: Input should be a valid string or list of content blocks", where)
 	}
 	var blocks []wireBlock
-	if err := json.Unmarshal(raw, &blocks); err != nil {
-		return 0, false, invalid("%s: Input should be a valid list of content blocks", where)
+	if !fastDecodeBlocks(raw, &blocks) {
+		blocks = nil
+		if err := json.Unmarshal(raw, &blocks); err != nil {
+			return 0, false, invalid("%s: Input should be a valid list of content blocks", where)
+		}
 	}
 	var n int64
 	judge := false

@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/json"
 	"net/http"
+	"reflect"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -166,6 +167,38 @@ func FuzzValidateRequest(f *testing.F) {
 		o := plan(sha256.Sum256([]byte(body)), r)
 		if msg := appendMessage(nil, "msg_x", r.model.id, o, usage{}); !json.Valid(msg) {
 			t.Fatalf("invalid response %s", msg)
+		}
+	})
+}
+
+// FuzzFastDecode holds the fast decoder to encoding/json: whenever it
+// accepts a body, the strict decode accepts it too and fills the same.
+func FuzzFastDecode(f *testing.F) {
+	f.Add(string(judgeBody(1, 256)))
+	f.Add(string(proseBody(2, 64)))
+	f.Add(`{"model":"claude-haiku-4-5","max_tokens":10,"temperature":0.5,"stream":false,"metadata":{"user_id":"u"},"system":"s","messages":[{"role":"user","content":[{"type":"text","text":"a\u00e9\n","cache_control":{"type":"ephemeral","ttl":"1h"}}]},{"content":"x","role":"assistant"}]}`)
+	f.Add(`{"model":"m","max_tokens":-1,"messages":[]}`)
+	f.Add(`{"model":"m","messages":[{}]} `)
+	f.Fuzz(func(t *testing.T, body string) {
+		var fast wireRequest
+		if fastDecodeRequest([]byte(body), &fast) {
+			var slow wireRequest
+			if e := strictDecodeRequest([]byte(body), &slow); e != nil {
+				t.Fatalf("fast accepted what the strict decode refuses (%s): %q", e.msg, body)
+			}
+			if !reflect.DeepEqual(fast, slow) {
+				t.Fatalf("fast %+v\nslow %+v\nbody %q", fast, slow, body)
+			}
+		}
+		var fb []wireBlock
+		if fastDecodeBlocks([]byte(body), &fb) {
+			var sb []wireBlock
+			if err := json.Unmarshal([]byte(body), &sb); err != nil {
+				t.Fatalf("fast blocks accepted what json refuses (%v): %q", err, body)
+			}
+			if !reflect.DeepEqual(fb, sb) {
+				t.Fatalf("fast %+v\nslow %+v\nbody %q", fb, sb, body)
+			}
 		}
 	})
 }
