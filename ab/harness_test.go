@@ -1,0 +1,359 @@
+package ab
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/apidispatch/apidispatch/cost"
+	"github.com/apidispatch/apidispatch/dispatch"
+	"github.com/apidispatch/apidispatch/sim"
+)
+
+// smallConfig is a fast A/B on the embedded simulator: n items per arm at
+// K=50, with a small storm self-test.
+func smallConfig(t *testing.T, n int) (Config, *[]*sim.Running) {
+	t.Helper()
+	var sims []*sim.Running
+	return Config{
+		N: n, Sim: true, Speed: 50, Dir: filepath.Join(t.TempDir(), "ab"), ProgressEvery: -1,
+		StormTest: StormTest{N: 300, Speed: 50},
+		OnSim:     func(r *sim.Running) { sims = append(sims, r) },
+	}, &sims
+}
+
+func readEvents(t *testing.T, path string) []dispatch.Event {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []dispatch.Event
+	for _, l := range bytes.Split(bytes.TrimSpace(b), []byte("\n")) {
+		var e dispatch.Event
+		if err := json.Unmarshal(l, &e); err != nil {
+			t.Fatalf("event %q: %v", l, err)
+		}
+		out = append(out, e)
+	}
+	return out
+}
+
+func kinds(evs []dispatch.Event) map[string]int {
+	m := map[string]int{}
+	for _, e := range evs {
+		m[e.Kind]++
+	}
+	return m
+}
+
+// lookup walks a decoded JSON object along a dotted path.
+func lookup(v any, path string) (any, bool) {
+	for _, k := range strings.Split(path, ".") {
+		m, ok := v.(map[string]any)
+		if !ok {
+			return nil, false
+		}
+		if v, ok = m[k]; !ok {
+			return nil, false
+		}
+	}
+	return v, true
+}
+
+// resultKeys are the keys design.md §9 and the issue ask of ab.json.
+var resultKeys = []string{
+	"speedup", "target_met", "simulated", "speed_factor", "projected_cost_usd.per_arm", "projected_cost_usd.total",
+	"config.orgs", "config.model", "config.n", "config.simulated", "config.speed_factor", "config.order",
+	"projected_vs_actual.projected_total_usd", "projected_vs_actual.actual_total_usd", "storm_self_test.passed", "rounds",
+}
+
+var armKeys = []string{
+	"wall_s", "api_equivalent_wall_s", "cost_usd", "ledger_cost_usd", "requests_per_min", "succeeded", "errored",
+	"errored_by_type", "unfinished", "rate_limited_429", "overloaded_529", "other_retries", "attempts",
+	"tokens.input", "tokens.output", "latency_ms.p50", "latency_ms.p95", "latency_ms.p99", "by_org",
+	"data_loss.inputs", "data_loss.outcomes", "data_loss.missing", "data_loss.duplicates",
+	"data_loss.retryable_marked_terminal", "data_loss.passed",
+}
+
+func TestRunSimEndToEnd(t *testing.T) {
+	t.Parallel()
+	cfg, sims := smallConfig(t, 400)
+	cfg.StatusFile = filepath.Join(t.TempDir(), "status.md")
+	os.WriteFile(cfg.StatusFile, []byte("# Status\n\nkeep this line\n"), 0o644)
+	cfg.Out = filepath.Join(t.TempDir(), "phase6_full.json")
+	res, err := Run(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, d := res.Arms.Baseline, res.Arms.Dispatcher
+	if !res.Complete || a == nil || d == nil || a.Succeeded != 400 || d.Succeeded != 400 || !a.DataLoss.Passed || !d.DataLoss.Passed {
+		t.Fatalf("result %+v", res)
+	}
+	for _, arm := range []*ArmResult{a, d} {
+		if arm.CostMatchesLedger == nil || !*arm.CostMatchesLedger || *arm.LedgerCostNanos != arm.CostNanos || *arm.LedgerRequests != 400 {
+			t.Fatalf("%s: cost %d vs ledger %v", arm.Arm, arm.CostNanos, arm.LedgerCostNanos)
+		}
+	}
+	if len(d.ByOrg) != 3 || len(a.ByOrg) != 1 || a.ByOrg["high_prio"].Succeeded != 400 {
+		t.Fatalf("per-org split: baseline %+v dispatcher %+v", a.ByOrg, d.ByOrg)
+	}
+	if !res.Simulated || res.SpeedFactor != 50 || !strings.Contains(res.Headline, "SIMULATION") {
+		t.Fatalf("not marked as a simulation: %+v", res.Headline)
+	}
+	if want := round3(a.WallS / d.WallS); res.Speedup != want {
+		t.Fatalf("speedup %v, want wall A / wall B = %v", res.Speedup, want)
+	}
+
+	// Every key of the result JSON, in both copies.
+	for _, path := range []string{filepath.Join(cfg.Dir, ResultFile), cfg.Out} {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var doc any
+		if err := json.Unmarshal(b, &doc); err != nil {
+			t.Fatal(err)
+		}
+		for _, k := range resultKeys {
+			if _, ok := lookup(doc, k); !ok {
+				t.Errorf("%s lacks %s", path, k)
+			}
+		}
+		for _, arm := range []string{"baseline", "dispatcher"} {
+			for _, k := range armKeys {
+				if _, ok := lookup(doc, "arms."+arm+"."+k); !ok {
+					t.Errorf("%s lacks arms.%s.%s", path, arm, k)
+				}
+			}
+		}
+	}
+	// The arms' run directories and summaries.
+	for _, arm := range []string{ArmBaseline, ArmDispatcher} {
+		for _, f := range []string{dispatch.ResultsFile, dispatch.EventsFile, dispatch.SummaryFile, ArmFile} {
+			if _, err := os.Stat(filepath.Join(cfg.Dir, arm, f)); err != nil {
+				t.Errorf("%s/%s: %v", arm, f, err)
+			}
+		}
+	}
+	// Events: started, progress, completed.
+	k := kinds(readEvents(t, filepath.Join(cfg.Dir, dispatch.EventsFile)))
+	if k[dispatch.EventStarted] != 1 || k[dispatch.EventProgress] < 4 || k[dispatch.EventCompleted] != 1 {
+		t.Fatalf("events %v", k)
+	}
+	// The status section, with the rest of the file kept.
+	st, _ := os.ReadFile(cfg.StatusFile)
+	if !bytes.HasPrefix(st, []byte("# Status\n\nkeep this line\n\n"+StatusStart)) || !bytes.Contains(st, []byte("speed-up (wall A ÷ wall B)")) || !bytes.Contains(st, []byte("SIMULATION")) {
+		t.Fatalf("status file:\n%s", st)
+	}
+	// No key text anywhere in the outputs.
+	var secrets []string
+	for _, s := range *sims {
+		for _, ks := range s.Server.Keys() {
+			secrets = append(secrets, ks...)
+		}
+	}
+	if len(secrets) != 3 {
+		t.Fatalf("keys %d", len(secrets))
+	}
+	grepTree(t, cfg.Dir, secrets)
+	grepTree(t, filepath.Dir(cfg.StatusFile), secrets)
+	grepTree(t, filepath.Dir(cfg.Out), secrets)
+
+	// A rerun on the same directory reuses both complete arms and sends nothing.
+	before := len(*sims)
+	res2, err := Run(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(*sims) != before+1 {
+		t.Fatal("no simulator on the rerun")
+	}
+	if n := (*sims)[before].Server.LedgerTotals().Requests; n != 0 {
+		t.Fatalf("rerun of a complete A/B sent %d requests", n)
+	}
+	if !res2.Arms.Baseline.Reused || !res2.Arms.Dispatcher.Reused || res2.Speedup != res.Speedup {
+		t.Fatalf("rerun: %+v", res2.Rounds)
+	}
+	// An interrupted legacy arm (no arm.json, a partial results file) is run
+	// again from the start; the complete dispatcher arm is kept.
+	os.Remove(filepath.Join(cfg.Dir, ArmBaseline, ArmFile))
+	os.WriteFile(filepath.Join(cfg.Dir, ArmBaseline, dispatch.ResultsFile), []byte(`{"custom_id":"phase6_000000"}`+"\n"), 0o644)
+	res3, err := Run(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b := res3.Arms.Baseline; b.Reused || b.Succeeded != 400 || !b.DataLoss.Passed || b.DataLoss.Outcomes != 400 || !res3.Arms.Dispatcher.Reused {
+		t.Fatalf("after an interrupted baseline: %+v / %+v", b, res3.Arms.Dispatcher)
+	}
+	if n := (*sims)[len(*sims)-1].Server.LedgerTotals().Requests; n != 400 {
+		t.Fatalf("the rerun of the baseline sent %d requests, want 400", n)
+	}
+	st2, _ := os.ReadFile(cfg.StatusFile)
+	if bytes.Count(st2, []byte(StatusStart)) != 1 || !bytes.HasPrefix(st2, []byte("# Status\n\nkeep this line\n")) {
+		t.Fatalf("status file after rerun:\n%s", st2)
+	}
+}
+
+// grepTree fails if any file under dir contains one of secrets.
+func grepTree(t *testing.T, dir string, secrets []string) {
+	t.Helper()
+	filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			t.Error(err)
+			return nil
+		}
+		for _, s := range secrets {
+			if bytes.Contains(b, []byte(s)) {
+				t.Errorf("%s contains a key", p)
+			}
+		}
+		return nil
+	})
+}
+
+func TestRunPausedSendsNothing(t *testing.T) {
+	t.Parallel()
+	cfg, sims := smallConfig(t, 400)
+	cfg.Budget = cost.NanosPerUSD / 10 // $0.10 against a projected ~$1.90
+	res, err := Run(context.Background(), cfg)
+	if !errors.Is(err, ErrPaused) || res != nil {
+		t.Fatalf("err %v, result %v", err, res)
+	}
+	if n := (*sims)[0].Server.LedgerTotals().Requests; n != 0 {
+		t.Fatalf("a paused A/B sent %d requests", n)
+	}
+	evs := readEvents(t, filepath.Join(cfg.Dir, dispatch.EventsFile))
+	if last := evs[len(evs)-1]; last.Kind != dispatch.EventBlocked || !strings.Contains(last.Note, "paused") {
+		t.Fatalf("last event %+v", last)
+	}
+	for _, p := range []string{ResultFile, SelfTestDir, ArmBaseline, ArmDispatcher} {
+		if _, err := os.Stat(filepath.Join(cfg.Dir, p)); err == nil {
+			t.Errorf("%s exists after a pause", p)
+		}
+	}
+}
+
+func TestRunConfirmRequired(t *testing.T) {
+	t.Parallel()
+	// 25,000 items per arm are 50,000 requests in all: --confirm is required.
+	cfg, sims := smallConfig(t, 25000)
+	_, err := Run(context.Background(), cfg)
+	if !errors.Is(err, ErrConfirmRequired) || !errors.Is(err, ErrRefused) {
+		t.Fatalf("err %v", err)
+	}
+	if n := (*sims)[0].Server.LedgerTotals().Requests; n != 0 {
+		t.Fatalf("a refused A/B sent %d requests", n)
+	}
+	if k := kinds(readEvents(t, filepath.Join(cfg.Dir, dispatch.EventsFile))); k[dispatch.EventBlocked] != 1 {
+		t.Fatalf("events %v", k)
+	}
+}
+
+func TestRunTooFewOrgs(t *testing.T) {
+	t.Parallel()
+	cfg, _ := smallConfig(t, 100)
+	cfg.SimConfig = func(c *sim.Config) { c.Orgs = c.Orgs[:1] }
+	_, err := Run(context.Background(), cfg)
+	if !errors.Is(err, ErrTooFewOrgs) || !errors.Is(err, ErrRefused) {
+		t.Fatalf("err %v", err)
+	}
+	if k := kinds(readEvents(t, filepath.Join(cfg.Dir, dispatch.EventsFile))); k[dispatch.EventBlocked] != 1 {
+		t.Fatalf("events %v", k)
+	}
+}
+
+// TestRunStormTestFailureBlocks: a self-test whose items cannot complete
+// (every key revoked), or a broken dispatcher configuration, blocks the
+// A/B before either arm sends anything.
+func TestRunStormTestFailureBlocks(t *testing.T) {
+	t.Parallel()
+	for name, st := range map[string]StormTest{
+		"items cannot complete": {N: 200, Speed: 50, Sim: func(c *sim.Config) {
+			c.Faults = append(c.Faults, sim.Fault{Kind: sim.FaultKeyRevoked})
+		}},
+		"broken dispatcher": {N: 200, Speed: 50, Dispatch: func(c *dispatch.Config) { c.Deadline = time.Now() }},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			cfg, sims := smallConfig(t, 200)
+			cfg.StormTest = st
+			res, err := Run(context.Background(), cfg)
+			if !errors.Is(err, ErrStormTest) || !errors.Is(err, ErrRefused) || res != nil {
+				t.Fatalf("err %v", err)
+			}
+			if n := (*sims)[0].Server.LedgerTotals().Requests; n != 0 {
+				t.Fatalf("arms sent %d requests after a failed self-test", n)
+			}
+			evs := readEvents(t, filepath.Join(cfg.Dir, dispatch.EventsFile))
+			last := evs[len(evs)-1]
+			if last.Kind != dispatch.EventBlocked || !strings.Contains(last.Note, "storm self-test failed") {
+				t.Fatalf("last event %+v", last)
+			}
+			if _, err := os.Stat(filepath.Join(cfg.Dir, ArmBaseline)); err == nil {
+				t.Error("the baseline arm ran")
+			}
+		})
+	}
+}
+
+func TestRunOrderABAB(t *testing.T) {
+	t.Parallel()
+	cfg, _ := smallConfig(t, 150)
+	cfg.Order = OrderABAB
+	res, err := Run(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Rounds) != 2 || !res.Complete {
+		t.Fatalf("rounds %+v", res.Rounds)
+	}
+	if want := round3((res.Rounds[0].Speedup + res.Rounds[1].Speedup) / 2); res.Speedup != want {
+		t.Fatalf("speedup %v, want the mean %v", res.Speedup, want)
+	}
+	if res.ProjectedCostUSD.Arms != 4 || res.ProjectedCostUSD.TotalNanos != 4*res.ProjectedCostUSD.PerArmNanos {
+		t.Fatalf("projection %+v", res.ProjectedCostUSD)
+	}
+	for _, d := range []string{"baseline", "dispatcher", "round2/baseline", "round2/dispatcher"} {
+		if _, err := os.Stat(filepath.Join(cfg.Dir, d, ArmFile)); err != nil {
+			t.Error(err)
+		}
+	}
+	if res.Rounds[1].Baseline.Dir != "round2/baseline" {
+		t.Errorf("round 2 dir %q", res.Rounds[1].Baseline.Dir)
+	}
+}
+
+func TestRunOrderBA(t *testing.T) {
+	t.Parallel()
+	cfg, _ := smallConfig(t, 200)
+	cfg.Order = OrderBA
+	res, err := Run(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Rounds) != 1 || res.Rounds[0].Order != OrderBA || !res.Complete {
+		t.Fatalf("rounds %+v", res.Rounds)
+	}
+	evs := readEvents(t, filepath.Join(cfg.Dir, dispatch.EventsFile))
+	var started []string
+	for _, e := range evs {
+		if strings.HasSuffix(e.Note, "arm (round 1) started") {
+			started = append(started, strings.Fields(e.Note)[0])
+		}
+	}
+	if strings.Join(started, ",") != "dispatcher,baseline" {
+		t.Fatalf("arms started in order %v", started)
+	}
+}
