@@ -15,7 +15,10 @@
 // the API does, and admits a request only when the org's three token buckets
 // for the model's pool (requests, input tokens, output tokens per minute) all
 // have room; a refusal is a 429 rate_limit_error with retry-after and the
-// full anthropic-ratelimit-* header set. Latency follows a seeded long-tailed
+// full anthropic-ratelimit-* header set. Every response carries request-id
+// (the envelope's request_id on errors), and every response to a known key
+// anthropic-organization-id. Keys are read from x-api-key or from
+// "Authorization: Bearer", which the current official SDKs send. Latency follows a seeded long-tailed
 // model calibrated to measurements of the real API (see CALIBRATION.md), and
 // the tokens and text of a response derive only from a hash of the request
 // body, so the same request costs the same in every run. Every billed request

@@ -29,8 +29,8 @@ const accelSlots = 256
 
 // Server is the simulator: an http.Handler (see the package doc for its
 // routes) plus Go methods to read its ledger and statistics and to change
-// faults while it runs. Create it with New; all methods are safe for
-// concurrent use. Close flushes the ledger file.
+// faults while it runs. Create it with New (the zero value is not usable);
+// all methods are safe for concurrent use. Close flushes the ledger file.
 type Server struct {
 	cfg      Config
 	speed    float64
@@ -212,7 +212,8 @@ func (c Config) withDefaults() Config {
 }
 
 // Config returns the configuration the server runs with (defaults and
-// generated ids and keys filled in).
+// generated ids and keys filled in). Treat it as read-only: its maps are
+// the server's.
 func (s *Server) Config() Config { return s.cfg }
 
 // Speed returns the speed factor K.

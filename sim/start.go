@@ -17,7 +17,8 @@ import (
 // for a network.
 var ErrNotLoopback = errors.New("sim: listen address must be on loopback (127.0.0.1, ::1 or localhost)")
 
-// Running is a simulator served over HTTP on a real listener.
+// Running is a simulator served over HTTP on a real listener, from Start or
+// StartOn. Its Close is safe to call more than once and from any goroutine.
 type Running struct {
 	// URL is the API root, e.g. "http://127.0.0.1:41234"; point a client's
 	// base URL at it.
