@@ -142,7 +142,7 @@ func limitCeiling(h *harness, s *dispatch.Summary, meanLatS float64) float64 {
 // Σ min(RPM, ITPM ÷ in, OTPM ÷ out), and 429s as a share of attempts.
 func BenchmarkLimitBound(b *testing.B) {
 	for range b.N {
-		const k = 30
+		const k = 10
 		h := newHarness(b, sim.PresetBuild3Org, k, 24000, nil)
 		st := measureSteady(b, h, nil)
 		s := st.res.Summary
@@ -160,7 +160,7 @@ func BenchmarkLimitBound(b *testing.B) {
 // refused) with 429s ≤ 1% of attempts.
 func BenchmarkColleague(b *testing.B) {
 	for range b.N {
-		const k = 30
+		const k = 10
 		h := newHarness(b, sim.PresetBuild3Org, k, 12000, func(c *sim.Config) {
 			c.Faults = append(c.Faults, sim.Fault{ID: "colleague", Kind: sim.FaultColleague, Org: "rpm_bound", Fraction: 0.4})
 		})
