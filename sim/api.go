@@ -135,28 +135,13 @@ func (s *Server) LedgerTotals() LedgerTotals {
 		var ot Totals
 		o.mu.Lock()
 		for _, k := range o.keys {
-			kt := k.totals
-			t.ByKey[k.fp] = kt
-			ot.Requests += kt.Requests
-			ot.InputTokens += kt.InputTokens
-			ot.OutputTokens += kt.OutputTokens
-			ot.CacheWrite += kt.CacheWrite
-			ot.CacheRead += kt.CacheRead
-			ot.CostNanos += kt.CostNanos
-			ot.Duplicates += kt.Duplicates
+			t.ByKey[k.fp] = k.totals
+			ot.merge(k.totals)
 		}
 		o.mu.Unlock()
-		ot.CostUSD = nanosToUSD(ot.CostNanos)
 		t.ByOrg[o.name] = ot
-		t.Requests += ot.Requests
-		t.InputTokens += ot.InputTokens
-		t.OutputTokens += ot.OutputTokens
-		t.CacheWrite += ot.CacheWrite
-		t.CacheRead += ot.CacheRead
-		t.CostNanos += ot.CostNanos
-		t.Duplicates += ot.Duplicates
+		t.merge(ot)
 	}
-	t.CostUSD = nanosToUSD(t.CostNanos)
 	t.DuplicateBodies = s.dupBodies.Load()
 	return t
 }

@@ -135,6 +135,18 @@ func (t *Totals) add(e *LedgerEntry) {
 	}
 }
 
+// merge adds the totals o to t.
+func (t *Totals) merge(o Totals) {
+	t.Requests += o.Requests
+	t.InputTokens += o.InputTokens
+	t.OutputTokens += o.OutputTokens
+	t.CacheWrite += o.CacheWrite
+	t.CacheRead += o.CacheRead
+	t.CostNanos += o.CostNanos
+	t.Duplicates += o.Duplicates
+	t.CostUSD = nanosToUSD(t.CostNanos)
+}
+
 func nanosToUSD(n int64) float64 { return float64(n) / 1e9 }
 
 // LedgerTotals are the totals of every billed request since the start,
