@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -133,6 +134,7 @@ type harness struct {
 	speed     float64
 	orgs      []org.Org
 	baseURL   string
+	shownURL  string // baseURL without any password, for outputs
 	srv       *sim.Running
 	simCfg    sim.Config
 	prices    *cost.Table
@@ -204,6 +206,10 @@ func newHarness(cfg Config) (*harness, error) {
 		}
 		if _, err := dispatch.CheckBaseURL(h.baseURL); err != nil {
 			return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+		}
+		h.shownURL = h.baseURL
+		if u, err := url.Parse(h.baseURL); err == nil {
+			h.shownURL = u.Redacted()
 		}
 		h.speed = max(cfg.Speed, 1)
 	}
@@ -352,7 +358,7 @@ func (h *harness) run(ctx context.Context) (*Result, error) {
 		Config: RunConfig{
 			N: int64(cfg.N), Seed: cfg.Seed, Model: workload.DefaultModel, MaxTokens: workload.DefaultMaxTokens,
 			Mode: "live", Simulated: h.simulated || h.speed != 1, SpeedFactor: h.speed, Order: cfg.Order,
-			BaseURL: h.baseURL, Orgs: orgInfo, BaselineOrg: h.orgs[0].Name,
+			BaseURL: h.shownURL, Orgs: orgInfo, BaselineOrg: h.orgs[0].Name,
 			BaselineConcurrency: LegacyConcurrency, BaselineMaxRetries: LegacyRetry(1).MaxRetries,
 			Caps: h.caps(), Requests: RequestsFile, RequestsSHA256: h.ws.Hash, CPUs: runtime.NumCPU(),
 		},
@@ -569,9 +575,9 @@ func (h *harness) modeText() string {
 		return fmt.Sprintf("SIMULATION on the embedded simulator at K = %g", h.speed)
 	}
 	if h.speed != 1 {
-		return fmt.Sprintf("against the simulator at %s, K = %g", h.baseURL, h.speed)
+		return fmt.Sprintf("against the simulator at %s, K = %g", h.shownURL, h.speed)
 	}
-	return "LIVE against " + h.baseURL
+	return "LIVE against " + h.shownURL
 }
 
 // costArithmetic shows the per-arm projection and the total.

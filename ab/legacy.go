@@ -82,7 +82,8 @@ type Legacy struct {
 	cfg    LegacyConfig
 	base   *url.URL
 	client *http.Client
-	pool   atomic.Value // anthropic.Pool of the first item
+	owned  *http.Transport // the default client's transport, closed by Run
+	pool   atomic.Value    // anthropic.Pool of the first item
 
 	start    time.Time
 	n        int64
@@ -131,7 +132,8 @@ func NewLegacy(cfg LegacyConfig) (*Legacy, error) {
 	}
 	l := &Legacy{cfg: cfg, base: base, client: cfg.Client}
 	if l.client == nil {
-		l.client = &http.Client{Transport: dispatch.NewTransport(100)}
+		l.owned = dispatch.NewTransport(100)
+		l.client = &http.Client{Transport: l.owned}
 	}
 	return l, nil
 }
@@ -155,6 +157,9 @@ type legacyOutcome struct {
 func (l *Legacy) Run(ctx context.Context, inputPath, resultsPath string, n int64) (*dispatch.Summary, error) {
 	l.start = time.Now()
 	l.n = n
+	if l.owned != nil {
+		defer l.owned.CloseIdleConnections()
+	}
 	in, err := os.Open(inputPath)
 	if err != nil {
 		return nil, err

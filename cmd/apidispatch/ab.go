@@ -28,6 +28,15 @@ func init() {
 func abCmd(args []string, stdout, stderr io.Writer) int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	go func() {
+		// After the first signal the arms wind down (the dispatcher lets
+		// requests in flight finish); a second one ends the process at
+		// once, which loses nothing: the dispatcher's state is durable and
+		// the legacy arm is rerun from the start.
+		<-ctx.Done()
+		fmt.Fprintln(stderr, "stopping: the arm in progress winds down (signal again to quit at once); rerun the same command to resume")
+		stop()
+	}()
 	return runAB(ctx, args, stdout, stderr, nil)
 }
 
@@ -73,7 +82,11 @@ With no key configured, or --sim, both arms run against the embedded simulator
 (preset origin-3org) at speed factor K: a SIMULATION, reported with API-equivalent
 times. Example: apidispatch ab --sim --n 141600 --confirm
 
-Exit codes: 0 complete; 1 usage or configuration error; 2 paused by the budget
+The first SIGINT/SIGTERM winds the running arm down; a second quits at once.
+Rerunning the same command (same --dir) reuses complete arms, resumes the
+dispatcher's, and reruns an incomplete legacy arm from the start.
+
+Exit codes: 0 complete (whether or not the 5× target was met: see ab.json); 1 usage or configuration error; 2 paused by the budget
 gate; 3 refused (--confirm missing, fewer than 2 orgs, storm self-test failed);
 4 incomplete (rerun the same command to resume); 5 data-loss check failed.
 
