@@ -19,6 +19,7 @@ import (
 	"github.com/apidispatch/apidispatch/cost"
 	"github.com/apidispatch/apidispatch/dispatch"
 	"github.com/apidispatch/apidispatch/org"
+	"github.com/apidispatch/apidispatch/report"
 )
 
 func init() {
@@ -106,7 +107,7 @@ flags:`)
 	cfg := ab.Config{
 		N: *n, Seed: *seed, Sim: *useSim, Speed: *speed, Order: strings.ToLower(*order), Out: *out,
 		StatusFile: *statusFile, Tolerance: *tolerance, Confirm: *confirm, Caps: caps, Stderr: stderr,
-		BaseURL: *baseURL, ExpectOutput: *expectOut,
+		BaseURL: *baseURL, ExpectOutput: *expectOut, Report: report.Write,
 	}
 	if *quiet {
 		cfg.ProgressEvery = -1
@@ -157,7 +158,8 @@ flags:`)
 			b, _ := json.Marshal(res)
 			fmt.Fprintln(stdout, string(b))
 		} else {
-			fmt.Fprintf(stdout, "%s\n\n%s\nresult: %s\n", res.Headline, ab.HeadlineTable(res), filepath.Join(cfg.Dir, ab.ResultFile))
+			fmt.Fprintf(stdout, "%s\n\n%s\nresult: %s\nreport: %s\n", res.Headline, ab.HeadlineTable(res),
+				filepath.Join(cfg.Dir, ab.ResultFile), filepath.Join(cfg.Dir, "report.html"))
 			if cfg.Out != "" {
 				fmt.Fprintf(stdout, "result copy: %s\n", cfg.Out)
 			}

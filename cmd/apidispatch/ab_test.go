@@ -165,6 +165,9 @@ func TestABSimEndToEnd(t *testing.T) {
 	if !res.Complete || !res.Simulated || res.Arms.Baseline.Succeeded != 300 || res.Arms.Dispatcher.Succeeded != 300 {
 		t.Fatalf("result %+v", res)
 	}
+	if page, err := os.ReadFile(filepath.Join(dir, "report.html")); err != nil || !bytes.Contains(page, []byte("<svg")) {
+		t.Errorf("no HTML report with plots in the A/B directory: %v", err)
+	}
 	if !strings.Contains(errb.String(), "SIMULATION") || !strings.Contains(errb.String(), "nothing to rotate") {
 		t.Errorf("stderr:\n%s", errb.String())
 	}
