@@ -680,7 +680,7 @@ func (e *Engine) admit(now time.Time, workers *sync.WaitGroup) time.Duration {
 						return next
 					}
 				}
-				need := ratelimit.Need{Requests: 1, Input: float64(w.it.EstInput), Output: l.ExpectedOutput(w.it.MaxTokens)}
+				need := ratelimit.Need{Requests: 1, Input: l.ExpectedInput(w.it.EstInput), Output: l.ExpectedOutput(w.it.MaxTokens)}
 				p, wait, ok := l.TryAdmit(now, need)
 				if !ok {
 					blocked[i] = true

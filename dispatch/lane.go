@@ -22,8 +22,9 @@ type Gate interface {
 	// Done returns the permit with what the attempt observed.
 	Done(now time.Time, p Permit, fb Feedback)
 	// ExpectedOutput is the output-token estimate to reserve for a request
-	// with maxTokens.
+	// with maxTokens; ExpectedInput corrects a local input estimate.
 	ExpectedOutput(maxTokens int64) float64
+	ExpectedInput(estimate int64) float64
 	// Disable stops the gate for good (the key cannot succeed); Disabled
 	// returns the reason, or "".
 	Disable(reason string)
@@ -150,6 +151,7 @@ type Lane struct {
 	mirror      *ratelimit.Mirror
 	outEst      float64 // EWMA of output tokens per request
 	outSeen     bool
+	inRatio     float64 // EWMA of actual ÷ estimated input tokens
 	outstanding float64 // expected output of requests in flight
 	disabled    string
 }
@@ -164,6 +166,7 @@ func NewLane(cfg LaneConfig) *Lane {
 		slowStart: true,
 		mirror:    ratelimit.NewMirror(cfg.Mirror),
 		outEst:    cfg.DefaultOutput,
+		inRatio:   1,
 	}
 }
 
@@ -197,6 +200,15 @@ func (l *Lane) ExpectedOutput(maxTokens int64) float64 {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return math.Min(float64(maxTokens), l.outEst)
+}
+
+// ExpectedInput corrects a local input-token estimate by how far such
+// estimates have been off on this lane: a systematic error would otherwise
+// look like someone else drawing on the input bucket.
+func (l *Lane) ExpectedInput(estimate int64) float64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return float64(estimate) * l.inRatio
 }
 
 // TryAdmit implements Gate.
@@ -248,8 +260,14 @@ func (l *Lane) Done(now time.Time, p Permit, fb Feedback) {
 		const alpha = 0.05
 		if !l.outSeen {
 			l.outEst, l.outSeen = fb.Actual.Output, true
+			if p.Need.Input > 0 {
+				l.inRatio = fb.Actual.Input / (p.Need.Input / l.inRatio)
+			}
 		} else {
 			l.outEst = (1-alpha)*l.outEst + alpha*fb.Actual.Output
+			if p.Need.Input > 0 {
+				l.inRatio = (1-alpha)*l.inRatio + alpha*fb.Actual.Input/(p.Need.Input/l.inRatio)
+			}
 		}
 	case o.RateLimited:
 		// Refused by a limit: nothing was charged.

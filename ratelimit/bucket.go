@@ -18,9 +18,13 @@ import (
 // Bucket mirrors one server-side bucket. The zero value is an unknown bucket:
 // it has no limit yet and admits everything until the first Sync.
 type Bucket struct {
-	limit float64   // per minute; 0 = unknown
-	level float64   // available at time at; may go negative (over-committed)
-	at    time.Time // when level was last computed
+	limit float64 // per minute; 0 = unknown
+	// capacity is the bucket's size as observed: the most the server has
+	// ever reported remaining. The API does not publish it; it is at most
+	// the limit and can be less (a limit enforced over a shorter interval).
+	capacity float64
+	level    float64   // available at time at; may go negative (over-committed)
+	at       time.Time // when level was last computed
 }
 
 // Known reports whether the bucket has seen a limit.
@@ -29,13 +33,23 @@ func (b *Bucket) Known() bool { return b.limit > 0 }
 // Limit returns the per-minute limit (0 when unknown).
 func (b *Bucket) Limit() float64 { return b.limit }
 
+// Capacity returns the bucket's size as far as it has been observed: the
+// most the server has reported remaining, or the limit before any
+// remaining above zero was seen.
+func (b *Bucket) Capacity() float64 {
+	if b.capacity > 0 {
+		return b.capacity
+	}
+	return b.limit
+}
+
 func (b *Bucket) refill(now time.Time) {
 	if b.limit <= 0 {
 		b.at = now
 		return
 	}
 	if dt := now.Sub(b.at); dt > 0 {
-		b.level = math.Min(b.limit, b.level+b.limit/60*dt.Seconds())
+		b.level = math.Min(b.Capacity(), b.level+b.limit/60*dt.Seconds())
 		b.at = now
 	}
 }
@@ -49,7 +63,7 @@ func (b *Bucket) Level(now time.Time) float64 {
 // Take charges n at now (n may be negative to give back).
 func (b *Bucket) Take(now time.Time, n float64) {
 	b.refill(now)
-	b.level = math.Min(b.limit, b.level-n)
+	b.level = math.Min(b.Capacity(), b.level-n)
 	if b.limit <= 0 {
 		b.level = 0
 	}
@@ -69,7 +83,8 @@ func (b *Bucket) Sync(now time.Time, limit, remaining int64, outstanding float64
 	b.refill(now)
 	predicted := b.level + outstanding
 	b.limit = float64(limit)
-	b.level = math.Min(b.limit, float64(remaining)-outstanding)
+	b.capacity = math.Min(b.limit, math.Max(b.capacity, float64(remaining)))
+	b.level = math.Min(b.Capacity(), float64(remaining)-outstanding)
 	b.at = now
 	if !known {
 		return 0
@@ -90,10 +105,10 @@ func (b *Bucket) Wait(now time.Time, need, floor float64) time.Duration {
 	if short <= 0 {
 		return 0
 	}
-	if need+floor > b.limit {
+	if c := b.Capacity(); need+floor > c {
 		// It can never fit with the floor kept; admit once the bucket is
 		// full, so a single huge request is not starved forever.
-		short = b.limit - b.level
+		short = c - b.level
 		if short <= 0 {
 			return 0
 		}

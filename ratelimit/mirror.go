@@ -112,7 +112,13 @@ func (m *Mirror) Sync(now time.Time, rl anthropic.RateLimits, outstandingOutput 
 	}
 	m.unexpAt = now
 	limits := [3]float64{m.Requests.Limit(), m.Input.Limit(), m.Output.Limit()}
-	for i := range u {
+	// Requests and input tokens are charged when the server admits a
+	// request, so what they show beyond our own draw is someone else's.
+	// Output tokens are charged when a request finishes: every answer
+	// still on its way to us shows up as a surprise, which a busy client
+	// cannot tell from a colleague. Anyone sharing the org also sends
+	// requests, so the first two dimensions see them.
+	for i := range 2 {
 		m.unexp[i] = m.unexp[i]*decay + u[i]
 		if limits[i] <= 0 {
 			continue
@@ -151,8 +157,10 @@ func (m *Mirror) Wait(now time.Time, n Need) time.Duration {
 	if m.Others(now) {
 		r = m.cfg.Reserve
 	}
-	w := m.Requests.Wait(now, n.Requests, r*m.Requests.Limit())
-	w = max(w, m.Input.Wait(now, n.Input, r*m.Input.Limit()))
-	w = max(w, m.Output.Wait(now, n.Output, r*m.Output.Limit()))
+	// The reserve is a share of what the bucket holds: its limit, or less
+	// when the server enforces the limit over a shorter interval.
+	w := m.Requests.Wait(now, n.Requests, r*m.Requests.Capacity())
+	w = max(w, m.Input.Wait(now, n.Input, r*m.Input.Capacity()))
+	w = max(w, m.Output.Wait(now, n.Output, r*m.Output.Capacity()))
 	return w
 }

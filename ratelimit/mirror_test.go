@@ -159,3 +159,34 @@ func TestMirrorLateResponseIsNotAColleague(t *testing.T) {
 		}
 	}
 }
+
+// TestBucketSmallerThanLimit: a server that enforces its per-minute limit
+// with a bucket a tenth of its size (as the simulator can) never reports
+// more remaining than that; the mirror learns the size from the headers and
+// keeps its reserve as a share of it, so it neither stalls nor sees others.
+func TestBucketSmallerThanLimit(t *testing.T) {
+	t.Parallel()
+	const limit, size = 60000, 6000 // 1,000/s refill, 6,000 burst
+	m := NewMirror(MirrorConfig{})
+	server := float64(size)
+	now := t0
+	m.Sync(now, anthropic.RateLimits{Requests: anthropic.Limit{Present: true, Limit: limit, Remaining: size}}, 0)
+	ours := 0
+	for step := 0; step < 3000; step++ {
+		now = now.Add(time.Millisecond)
+		server = math.Min(size, server+limit/60*0.001)
+		for m.Wait(now, Need{Requests: 1}) == 0 && server >= 1 {
+			m.Take(now, Need{Requests: 1})
+			server--
+			ours++
+		}
+		m.Sync(now, anthropic.RateLimits{Requests: anthropic.Limit{Present: true, Limit: limit, Remaining: int64(server)}}, 0)
+		if m.Others(now) {
+			t.Fatalf("step %d: others seen with nobody else on the bucket", step)
+		}
+	}
+	// 6,000 burst + 3 s × 1,000/s refill.
+	if ours < 8900 {
+		t.Fatalf("sent %d, want about 9,000", ours)
+	}
+}

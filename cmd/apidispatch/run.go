@@ -17,6 +17,7 @@ import (
 	"github.com/apidispatch/apidispatch/cost"
 	"github.com/apidispatch/apidispatch/dispatch"
 	"github.com/apidispatch/apidispatch/plan"
+	"github.com/apidispatch/apidispatch/report"
 )
 
 func init() {
@@ -242,6 +243,12 @@ func finishRun(job *dispatch.Job, res *dispatch.Result, runErr error, sf sendFla
 	s.Projection = projJSON
 	if err := job.WriteSummary(s, sf.summary); err != nil {
 		errf(stderr, "writing the summary: %v", err)
+	}
+	if err := job.Events.Flush(); err != nil {
+		errf(stderr, "writing events: %v", err)
+	}
+	if err := report.Write(job.Dir); err != nil {
+		errf(stderr, "writing the report: %v", err)
 	}
 	if sf.json {
 		b, _ := json.Marshal(s)

@@ -262,7 +262,13 @@ func TestSignals(t *testing.T) {
 			if err := c.Start(); err != nil {
 				t.Fatal(err)
 			}
-			time.Sleep(1500 * time.Millisecond)
+			// Signal only once the run is sending (its results file or first
+			// request exists): before that the child may not be listening yet.
+			deadline := time.Now().Add(60 * time.Second)
+			for r.Server.Stats().Billed.Requests == 0 && r.Server.Stats().Orgs[0].InFlight == 0 && time.Now().Before(deadline) {
+				time.Sleep(20 * time.Millisecond)
+			}
+			time.Sleep(300 * time.Millisecond)
 			c.Process.Signal(os.Interrupt)
 			if twice {
 				time.Sleep(200 * time.Millisecond)
