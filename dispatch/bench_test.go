@@ -143,7 +143,9 @@ func limitCeiling(h *harness, s *dispatch.Summary, meanLatS float64) float64 {
 func BenchmarkLimitBound(b *testing.B) {
 	for range b.N {
 		const k = 10
-		h := newHarness(b, sim.PresetBuild3Org, k, 24000, nil)
+		// A bucket that holds one minute of server time (the simulator's
+		// default at speed K holds K minutes), so the limits bind early.
+		h := newHarness(b, sim.PresetBuild3Org, k, 24000, func(c *sim.Config) { c.BurstFraction = 1.0 / k })
 		st := measureSteady(b, h, nil)
 		s := st.res.Summary
 		ceiling := limitCeiling(h, s, st.meanLatS)
@@ -162,6 +164,7 @@ func BenchmarkColleague(b *testing.B) {
 	for range b.N {
 		const k = 10
 		h := newHarness(b, sim.PresetBuild3Org, k, 12000, func(c *sim.Config) {
+			c.BurstFraction = 1.0 / k
 			c.Faults = append(c.Faults, sim.Fault{ID: "colleague", Kind: sim.FaultColleague, Org: "rpm_bound", Fraction: 0.4})
 		})
 		st := measureSteady(b, h, nil)
@@ -170,9 +173,14 @@ func BenchmarkColleague(b *testing.B) {
 		minFrac := 1.0
 		refused := int64(0)
 		for _, p := range os.Pools {
+			if p.Pool != "sonnet-4" {
+				continue
+			}
 			for i := range 3 {
-				if p.Limit[i] > 0 {
-					minFrac = min(minFrac, float64(p.MinRemaining[i])/float64(p.Limit[i]))
+				// The bucket holds limit × burst fraction; the reserve is
+				// 15% of that.
+				if size := float64(p.Limit[i]) / k; size > 0 {
+					minFrac = min(minFrac, float64(p.MinRemaining[i])/size)
 				}
 				refused += p.ColleagueRefused[i]
 			}
