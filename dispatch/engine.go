@@ -680,8 +680,7 @@ func (e *Engine) admit(now time.Time, workers *sync.WaitGroup) time.Duration {
 						return next
 					}
 				}
-				need := ratelimit.Need{Requests: 1, Input: l.ExpectedInput(w.it.EstInput), Output: l.ExpectedOutput(w.it.MaxTokens)}
-				p, wait, ok := l.TryAdmit(now, need)
+				p, wait, ok := l.TryAdmit(now, Demand{EstInput: w.it.EstInput, MaxTokens: w.it.MaxTokens})
 				if !ok {
 					blocked[i] = true
 					if wait > 0 {

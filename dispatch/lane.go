@@ -16,15 +16,11 @@ import (
 //
 // Lane is the in-process implementation; Config.NewGate substitutes another.
 type Gate interface {
-	// TryAdmit admits one request needing n at now, or reports how long to
-	// wait before asking again (0 with ok false: wait for a release).
-	TryAdmit(now time.Time, n ratelimit.Need) (p Permit, wait time.Duration, ok bool)
+	// TryAdmit admits one request with demand d at now, or reports how long
+	// to wait before asking again (0 with ok false: wait for a release).
+	TryAdmit(now time.Time, d Demand) (p Permit, wait time.Duration, ok bool)
 	// Done returns the permit with what the attempt observed.
 	Done(now time.Time, p Permit, fb Feedback)
-	// ExpectedOutput is the output-token estimate to reserve for a request
-	// with maxTokens; ExpectedInput corrects a local input estimate.
-	ExpectedOutput(maxTokens int64) float64
-	ExpectedInput(estimate int64) float64
 	// Disable stops the gate for good (the key cannot succeed); Disabled
 	// returns the reason, or "".
 	Disable(reason string)
@@ -35,11 +31,18 @@ type Gate interface {
 
 var _ Gate = (*Lane)(nil)
 
+// Demand describes one request to a gate before it is sent.
+type Demand struct {
+	EstInput  int64 // local estimate of input tokens
+	MaxTokens int64
+}
+
 // Permit is one admitted request. It carries what was reserved so the
 // reservation can be corrected by actual usage.
 type Permit struct {
-	Need ratelimit.Need
-	gen  uint64 // congestion epoch at admission
+	Need   ratelimit.Need // what was reserved
+	Demand Demand         // what it was reserved for
+	gen    uint64         // congestion epoch at admission
 }
 
 // Feedback is what one attempt taught the lane.
@@ -194,27 +197,14 @@ func (l *Lane) grow(now time.Time) {
 	l.lastGrow = now
 }
 
-// ExpectedOutput returns the output-token estimate for a request with
-// maxTokens, from the output seen so far.
-func (l *Lane) ExpectedOutput(maxTokens int64) float64 {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return math.Min(float64(maxTokens), l.outEst)
-}
-
-// ExpectedInput corrects a local input-token estimate by how far such
-// estimates have been off on this lane: a systematic error would otherwise
-// look like someone else drawing on the input bucket.
-func (l *Lane) ExpectedInput(estimate int64) float64 {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return float64(estimate) * l.inRatio
-}
-
 // TryAdmit implements Gate.
-func (l *Lane) TryAdmit(now time.Time, n ratelimit.Need) (Permit, time.Duration, bool) {
+func (l *Lane) TryAdmit(now time.Time, d Demand) (Permit, time.Duration, bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	// Reserve the input estimate corrected by how far such estimates have
+	// been off on this lane (a systematic error would otherwise look like
+	// someone else drawing on the bucket), and the output seen so far.
+	n := ratelimit.Need{Requests: 1, Input: float64(d.EstInput) * l.inRatio, Output: math.Min(float64(d.MaxTokens), l.outEst)}
 	if l.disabled != "" {
 		return Permit{}, time.Duration(math.MaxInt64), false
 	}
@@ -240,7 +230,7 @@ func (l *Lane) TryAdmit(now time.Time, n ratelimit.Need) (Permit, time.Duration,
 		l.boundAt = now
 	}
 	l.maxInFlight = max(l.maxInFlight, l.inFlight)
-	return Permit{Need: n, gen: l.gen}, 0, true
+	return Permit{Need: n, Demand: d, gen: l.gen}, 0, true
 }
 
 // Done implements Gate.
@@ -258,16 +248,15 @@ func (l *Lane) Done(now time.Time, p Permit, fb Feedback) {
 	case fb.Billed:
 		l.mirror.Correct(now, p.Need, fb.Actual)
 		const alpha = 0.05
+		ratio := 1.0
+		if p.Demand.EstInput > 0 {
+			ratio = fb.Actual.Input / float64(p.Demand.EstInput)
+		}
 		if !l.outSeen {
-			l.outEst, l.outSeen = fb.Actual.Output, true
-			if p.Need.Input > 0 {
-				l.inRatio = fb.Actual.Input / (p.Need.Input / l.inRatio)
-			}
+			l.outEst, l.inRatio, l.outSeen = fb.Actual.Output, ratio, true
 		} else {
 			l.outEst = (1-alpha)*l.outEst + alpha*fb.Actual.Output
-			if p.Need.Input > 0 {
-				l.inRatio = (1-alpha)*l.inRatio + alpha*fb.Actual.Input/(p.Need.Input/l.inRatio)
-			}
+			l.inRatio = (1-alpha)*l.inRatio + alpha*ratio
 		}
 	case o.RateLimited:
 		// Refused by a limit: nothing was charged.

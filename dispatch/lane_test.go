@@ -10,7 +10,7 @@ import (
 
 var t0 = time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)
 
-var one = ratelimit.Need{Requests: 1, Input: 100, Output: 50}
+var one = Demand{EstInput: 100, MaxTokens: 50}
 
 func fill(t *testing.T, l *Lane, now time.Time) []Permit {
 	t.Helper()
@@ -131,7 +131,7 @@ func TestLaneBucketsBind(t *testing.T) {
 	l := NewLane(LaneConfig{Cap: 100, StartFraction: 1})
 	p, _, _ := l.TryAdmit(t0, one)
 	// The server says: 5 requests left of 60 per minute.
-	l.Done(t0, p, Feedback{Outcome: anthropic.Outcome{Kind: anthropic.Success, Status: 200}, Billed: true, Actual: one,
+	l.Done(t0, p, Feedback{Outcome: anthropic.Outcome{Kind: anthropic.Success, Status: 200}, Billed: true, Actual: ratelimit.Need{Requests: 1, Input: 100, Output: 50},
 		Limits: anthropic.RateLimits{Requests: anthropic.Limit{Present: true, Limit: 60, Remaining: 5}}})
 	if got := len(fill(t, l, t0)); got != 5 {
 		t.Fatalf("admitted %d, want the 5 the bucket has", got)
@@ -139,5 +139,27 @@ func TestLaneBucketsBind(t *testing.T) {
 	_, wait, _ := l.TryAdmit(t0, one)
 	if wait != time.Second {
 		t.Fatalf("wait %v, want 1 s for one request at 60/min", wait)
+	}
+}
+
+// TestLaneInputEstimateCorrection: when the API counts 10% more input
+// tokens than the local estimate, the lane learns the ratio and reserves
+// that, and the ratio stays put (a feedback on its own correction once made
+// it run away, reserving a hundred times the real input).
+func TestLaneInputEstimateCorrection(t *testing.T) {
+	t.Parallel()
+	l := NewLane(LaneConfig{Cap: 100, StartFraction: 1})
+	now := t0
+	for i := 0; i < 2000; i++ {
+		p, _, ok := l.TryAdmit(now, Demand{EstInput: 1000, MaxTokens: 100})
+		if !ok {
+			t.Fatalf("not admitted at %d", i)
+		}
+		l.Done(now, p, Feedback{Outcome: anthropic.Outcome{Kind: anthropic.Success, Status: 200}, Billed: true,
+			Actual: ratelimit.Need{Requests: 1, Input: 1100, Output: 60}})
+	}
+	p, _, _ := l.TryAdmit(now, Demand{EstInput: 1000, MaxTokens: 100})
+	if p.Need.Input < 1090 || p.Need.Input > 1110 || p.Need.Output < 59 || p.Need.Output > 61 {
+		t.Fatalf("reserved %+v, want about 1,100 input and 60 output", p.Need)
 	}
 }
