@@ -148,9 +148,7 @@ func limitCeiling(h *harness, s *dispatch.Summary, meanLatS float64) float64 {
 func BenchmarkLimitBound(b *testing.B) {
 	for range b.N {
 		const k = 10
-		// A bucket that holds one minute of server time (the simulator's
-		// default at speed K holds K minutes), so the limits bind early.
-		h := newHarness(b, sim.PresetBuild3Org, k, 24000, func(c *sim.Config) { c.BurstFraction = 1.0 / k })
+		h := newHarness(b, sim.PresetBuild3Org, k, 24000, nil)
 		// Past the first half the one-minute buckets have long been drained.
 		st := measureWindow(b, h, nil, 0.5, 0.95)
 		s := st.res.Summary
@@ -170,7 +168,6 @@ func BenchmarkColleague(b *testing.B) {
 	for range b.N {
 		const k = 10
 		h := newHarness(b, sim.PresetBuild3Org, k, 12000, func(c *sim.Config) {
-			c.BurstFraction = 1.0 / k
 			c.Faults = append(c.Faults, sim.Fault{ID: "colleague", Kind: sim.FaultColleague, Org: "rpm_bound", Fraction: 0.4})
 		})
 		st := measureSteady(b, h, nil)

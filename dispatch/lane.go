@@ -126,6 +126,7 @@ func (c *LaneConfig) defaults() {
 		c.Mirror.Window = 10 * time.Second
 	}
 	c.Mirror.Window = time.Duration(float64(c.Mirror.Window) / c.Speed)
+	c.Mirror.Speed = c.Speed
 	if c.DefaultOutput == 0 {
 		c.DefaultOutput = 128
 	}

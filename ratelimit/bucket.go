@@ -19,12 +19,13 @@ import (
 // it has no limit yet and admits everything until the first Sync.
 type Bucket struct {
 	limit float64 // per minute; 0 = unknown
-	// capacity is the bucket's size as observed: the most the server has
-	// ever reported remaining. The API does not publish it; it is at most
-	// the limit and can be less (a limit enforced over a shorter interval).
-	capacity float64
-	level    float64   // available at time at; may go negative (over-committed)
-	at       time.Time // when level was last computed
+	// scale is the bucket's size as a fraction of the per-minute limit
+	// (0 means 1: the bucket holds one minute). A server whose clock runs K
+	// times faster reports K times the limit but still holds one minute of
+	// its own time: scale 1/K.
+	scale float64
+	level float64   // available at time at; may go negative (over-committed)
+	at    time.Time // when level was last computed
 }
 
 // Known reports whether the bucket has seen a limit.
@@ -33,12 +34,13 @@ func (b *Bucket) Known() bool { return b.limit > 0 }
 // Limit returns the per-minute limit (0 when unknown).
 func (b *Bucket) Limit() float64 { return b.limit }
 
-// Capacity returns the bucket's size as far as it has been observed: the
-// most the server has reported remaining, or the limit before any
-// remaining above zero was seen.
+// SetScale sets the bucket's size as a fraction of its limit (see scale).
+func (b *Bucket) SetScale(f float64) { b.scale = f }
+
+// Capacity returns the bucket's size: the limit times its scale.
 func (b *Bucket) Capacity() float64 {
-	if b.capacity > 0 {
-		return b.capacity
+	if b.scale > 0 {
+		return b.limit * b.scale
 	}
 	return b.limit
 }
@@ -83,7 +85,6 @@ func (b *Bucket) Sync(now time.Time, limit, remaining int64, outstanding float64
 	b.refill(now)
 	predicted := b.level + outstanding
 	b.limit = float64(limit)
-	b.capacity = math.Min(b.limit, math.Max(b.capacity, float64(remaining)))
 	b.level = math.Min(b.Capacity(), float64(remaining)-outstanding)
 	b.at = now
 	if !known {

@@ -27,6 +27,10 @@ type MirrorConfig struct {
 	// averaged, and how long the reserve is kept after others were last seen
 	// (in the server's time; divide by the speed factor). Default 10 s.
 	Window time.Duration
+	// Speed is how many times faster than the wall clock the server's
+	// time runs (a simulator's K; 0 means 1). Its limit headers are K times
+	// the API's while its buckets hold one minute of its own time.
+	Speed float64
 	// Confirm is how long (server time, like Window) and over how many
 	// syncs (at least 3) the others' draw must show before the reserve is
 	// kept: a late response looks like someone else's draw until the next
@@ -68,7 +72,13 @@ type Mirror struct {
 // the first Sync).
 func NewMirror(cfg MirrorConfig) *Mirror {
 	cfg.defaults()
-	return &Mirror{cfg: cfg}
+	m := &Mirror{cfg: cfg}
+	if cfg.Speed > 0 {
+		for _, b := range []*Bucket{&m.Requests, &m.Input, &m.Output} {
+			b.SetScale(1 / cfg.Speed)
+		}
+	}
+	return m
 }
 
 // Take reserves need at admission; a negative need gives back.
@@ -157,8 +167,8 @@ func (m *Mirror) Wait(now time.Time, n Need) time.Duration {
 	if m.Others(now) {
 		r = m.cfg.Reserve
 	}
-	// The reserve is a share of what the bucket holds: its limit, or less
-	// when the server enforces the limit over a shorter interval.
+	// The reserve is a share of what the bucket holds: one minute of the
+	// limit.
 	w := m.Requests.Wait(now, n.Requests, r*m.Requests.Capacity())
 	w = max(w, m.Input.Wait(now, n.Input, r*m.Input.Capacity()))
 	w = max(w, m.Output.Wait(now, n.Output, r*m.Output.Capacity()))

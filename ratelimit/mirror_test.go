@@ -160,14 +160,13 @@ func TestMirrorLateResponseIsNotAColleague(t *testing.T) {
 	}
 }
 
-// TestBucketSmallerThanLimit: a server that enforces its per-minute limit
-// with a bucket a tenth of its size (as the simulator can) never reports
-// more remaining than that; the mirror learns the size from the headers and
-// keeps its reserve as a share of it, so it neither stalls nor sees others.
-func TestBucketSmallerThanLimit(t *testing.T) {
+// TestBucketOfASpedUpServer: a server running K=10 times faster reports
+// ten times the limit but its bucket holds one minute of its own time; with
+// Speed set the mirror neither stalls nor sees others.
+func TestBucketOfASpedUpServer(t *testing.T) {
 	t.Parallel()
 	const limit, size = 60000, 6000 // 1,000/s refill, 6,000 burst
-	m := NewMirror(MirrorConfig{})
+	m := NewMirror(MirrorConfig{Speed: 10})
 	server := float64(size)
 	now := t0
 	m.Sync(now, anthropic.RateLimits{Requests: anthropic.Limit{Present: true, Limit: limit, Remaining: size}}, 0)

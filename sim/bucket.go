@@ -36,15 +36,18 @@ type bucket struct {
 	colleagueRefused float64
 }
 
-// newBucket is a full bucket for an API limit per minute at speed K: limit,
-// capacity and refill are all K times the API's, so a client that reads the
-// limit header and refills at limit/60 per second mirrors it exactly.
+// newBucket is a full bucket for an API limit per minute at speed K. The
+// limit (as the headers report it) and the refill are K times the API's, so
+// a client that reads the limit header and refills at limit/60 per second
+// mirrors it exactly; the capacity is the API's own (burst × the API limit),
+// so the bucket holds the same minute of server time at every K and a
+// sped-up run meets the limits as early, in server time, as a real one.
 func newBucket(apiLimit int64, burst, speed float64) bucket {
 	if apiLimit <= 0 {
 		return bucket{}
 	}
 	limit := math.Round(float64(apiLimit) * speed)
-	c := limit * burst
+	c := math.Max(1, math.Round(float64(apiLimit)*burst))
 	return bucket{
 		limit:    limit,
 		capacity: c,

@@ -89,25 +89,27 @@ func TestStatsCount429(t *testing.T) {
 	}
 }
 
-// Speed K: limit headers are K times the API's, retry-after is whole
-// seconds (ceil, at least 1) with an exact retry-after-ms, and reset times
-// are real (compressed) times with millisecond precision.
+// Speed K: limit headers and refill are K times the API's while the bucket
+// holds the API's own minute; retry-after is whole seconds (ceil, at least
+// 1) with an exact retry-after-ms, and reset times are real (compressed)
+// times with millisecond precision.
 func TestSpeedScalesHeadersAndRetryAfter(t *testing.T) {
 	t.Parallel()
 	cfg := testConfig()
 	cfg.Speed = 10
-	// 1 RPM at K=10: 10 a real minute, refilled at one every 6 real seconds.
+	// 1 RPM at K=10: 10 a real minute, refilled at one every 6 real
+	// seconds, in a bucket that holds the API's one request.
 	cfg.Orgs[0].Limits[anthropic.PoolSonnet4] = Limits{RPM: 1, ITPM: 600000, OTPM: 600000}
 	run := startSim(t, cfg)
 	var last reply
-	for i := 0; i < 11; i++ {
+	for i := 0; i < 2; i++ {
 		last = post(t, run, soloKey, judgeBody(i, 64))
-		if i < 10 && last.status != 200 {
+		if i < 1 && last.status != 200 {
 			t.Fatalf("request %d: status %d", i, last.status)
 		}
 	}
 	if last.status != 429 {
-		t.Fatalf("11th request: status %d, want 429", last.status)
+		t.Fatalf("2nd request: status %d, want 429", last.status)
 	}
 	h := last.header
 	if h.Get("anthropic-ratelimit-requests-limit") != "10" || h.Get("anthropic-ratelimit-input-tokens-limit") != "6000000" {
@@ -134,9 +136,9 @@ func TestSpeedScalesHeadersAndRetryAfter(t *testing.T) {
 	if err != nil || !strings.Contains(h.Get("anthropic-ratelimit-requests-reset"), ".") {
 		t.Fatalf("reset %q: want RFC 3339 with milliseconds", h.Get("anthropic-ratelimit-requests-reset"))
 	}
-	// Full in at most 10 requests at one per 6 s = 60 s real.
-	if d := time.Until(reset); d < 30*time.Second || d > 61*time.Second {
-		t.Errorf("reset in %v, want about 60s", d)
+	// Full again after one request at one per 6 s: 6 s real.
+	if d := time.Until(reset); d < 3*time.Second || d > 7*time.Second {
+		t.Errorf("reset in %v, want about 6s", d)
 	}
 
 	// At K = 1 there is no retry-after-ms, and retry-after is at least 1.
