@@ -138,8 +138,9 @@ type Config struct {
 	Seed int64 `json:"seed"`
 	// OTPMMode is how output tokens are charged. Empty means OTPMActual.
 	OTPMMode OTPMMode `json:"otpm_mode,omitempty"`
-	// BurstFraction is each bucket's capacity as a fraction of its limit
-	// (the API does not publish it). 0 means 1: capacity = limit.
+	// BurstFraction is each bucket's capacity as a fraction of its API
+	// limit per minute, not multiplied by Speed (the API does not publish
+	// it). 0 means 1: capacity = one minute of the limit.
 	BurstFraction float64 `json:"burst_fraction,omitempty"`
 	// Latency is the latency model.
 	Latency LatencyConfig `json:"latency"`

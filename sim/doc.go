@@ -26,17 +26,17 @@
 //
 // # Speed factor
 //
-// Config.Speed (K) compresses time: every limit is multiplied by K (the
-// limit headers, the bucket capacities and their refill of limit/60 per real
-// second), latencies and waits are divided by K, and retry-after is the
-// API-equivalent wait divided by K (whole seconds, at least 1, plus an exact
-// retry-after-ms when K > 1). The reset headers are in real time. A client
-// that treats the headers as it would the real API's (capacity = limit,
-// refill limit/60 per second) therefore mirrors the simulator exactly at any
-// K, and an hour of API traffic runs in 60/K minutes with the same rates.
-// One thing does not scale down: a full bucket holds K times more, so a
-// limit-bound experiment needs N well above K × limit (or a smaller K) before
-// the limits bind. Every response carries x-sim-speed-factor: K. Fault
+// Config.Speed (K) compresses time: the limit headers and the buckets'
+// refill (limit/60 per real second) are multiplied by K, latencies and waits
+// are divided by K, and retry-after is the API-equivalent wait divided by K
+// (whole seconds, at least 1, plus an exact retry-after-ms when K > 1). The
+// reset headers are in real time. A bucket holds what the API's holds (one
+// minute of the limit, times BurstFraction), which is one minute of server
+// time at any K, so a sped-up run meets its limits as early, in server time,
+// as a real one. A client mirrors the simulator by refilling at the header's
+// limit/60 per second into a bucket of limit/K, and an hour of API traffic
+// runs in 60/K minutes with the same rates and the same bursts.
+// Every response carries x-sim-speed-factor: K. Fault
 // schedules and windows, and latencies in the config, are API-equivalent
 // time.
 //
