@@ -53,6 +53,9 @@ func (c *MirrorConfig) defaults() {
 	}
 }
 
+// transitMargin is kept free above the reserve (as a share of the bucket).
+const transitMargin = 0.03
+
 // Mirror mirrors an org's three buckets for one model pool and decides
 // whether a request fits. The zero value is not usable; call NewMirror.
 type Mirror struct {
@@ -165,7 +168,10 @@ func (m *Mirror) OthersSeen() int { return m.othersSeen }
 func (m *Mirror) Wait(now time.Time, n Need) time.Duration {
 	r := 0.0
 	if m.Others(now) {
-		r = m.cfg.Reserve
+		// Requests on their way to the server are not in its remaining
+		// yet, and a colleague draws in lumps: keep a small margin on top
+		// of the reserve so the server never sees less than the reserve.
+		r = m.cfg.Reserve + transitMargin
 	}
 	// The reserve is a share of what the bucket holds: one minute of the
 	// limit.
