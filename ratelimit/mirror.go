@@ -54,7 +54,7 @@ func (c *MirrorConfig) defaults() {
 }
 
 // transitMargin is kept free above the reserve (as a share of the bucket).
-const transitMargin = 0.03
+const transitMargin = 0.05
 
 // Mirror mirrors an org's three buckets for one model pool and decides
 // whether a request fits. The zero value is not usable; call NewMirror.
@@ -169,7 +169,7 @@ func (m *Mirror) Wait(now time.Time, n Need) time.Duration {
 	r := 0.0
 	if m.Others(now) {
 		// Requests on their way to the server are not in its remaining
-		// yet, and a colleague draws in lumps: keep a small margin on top
+		// yet, and a colleague draws in lumps: keep a margin (5% of the bucket) on top
 		// of the reserve so the server never sees less than the reserve.
 		r = m.cfg.Reserve + transitMargin
 	}
