@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log"
 	"log/slog"
 	"net/http"
 	"net/url"
@@ -136,6 +137,8 @@ type harness struct {
 	baseURL   string
 	shownURL  string // baseURL without any password, for outputs
 	srv       *sim.Running
+	pipe      *pipeListener // in-memory connections to srv (embedded simulator only)
+	pipeSrv   *http.Server
 	simCfg    sim.Config
 	prices    *cost.Table
 	events    *dispatch.EventLog
@@ -225,6 +228,9 @@ func newHarness(cfg Config) (*harness, error) {
 }
 
 func (h *harness) close() {
+	if h.pipeSrv != nil {
+		h.pipeSrv.Close()
+	}
 	if h.srv != nil {
 		h.srv.Close()
 	}
@@ -263,6 +269,14 @@ func (h *harness) run(ctx context.Context) (*Result, error) {
 			return nil, fmt.Errorf("%w: starting the simulator: %w", ErrConfig, err)
 		}
 		h.srv, h.simCfg = srv, scfg
+		// The arms reach the simulator through in-memory connections, so
+		// that the latency they see is the simulator's model and not the
+		// kernel's loopback competing with the simulator for the CPU. The
+		// TCP listener stays for anything else (and for OnSim users).
+		h.pipe = newPipeListener()
+		h.pipeSrv = &http.Server{Handler: srv.Server, ReadHeaderTimeout: 30 * time.Second, IdleTimeout: 5 * time.Minute,
+			ErrorLog: log.New(io.Discard, "", 0)}
+		go h.pipeSrv.Serve(h.pipe)
 		h.orgs, h.baseURL = simOrgs(scfg, srv.Server), srv.URL
 		if cfg.OnSim != nil {
 			cfg.OnSim(srv)
@@ -318,7 +332,7 @@ func (h *harness) run(ctx context.Context) (*Result, error) {
 		WorstCasePerArm: proj.PerArmWorst.USD(), WorstCaseTotal: gp.WorstCase.USD(),
 		PerArmNanos: int64(proj.PerArmExpected), TotalNanos: int64(gp.ExpectedCost), Arithmetic: arith,
 	}
-	h.say("projected cost (price table %s):\n%s", "embedded", arith)
+	h.say("projected cost, from the price table:\n%s", arith)
 	h.say("%s", gate.Explain)
 	h.events.Emit(dispatch.EventProgress, "projection: "+strings.ReplaceAll(arith, "\n", "; "), map[string]any{"projected_cost_usd": pc, "gate": gate.Decision, "gate_explain": gate.Explain})
 	switch gate.Decision {
@@ -368,7 +382,7 @@ func (h *harness) run(ctx context.Context) (*Result, error) {
 	}
 	if h.srv != nil {
 		h.res.Config.SimPreset = sim.PresetOrigin3Org
-		h.res.Config.BaseURL = "embedded simulator"
+		h.res.Config.BaseURL = "embedded simulator (in-memory connections)"
 	}
 
 	// The arms.
@@ -749,7 +763,7 @@ func (h *harness) runLegacy(ctx context.Context, dir, arm string, round int) (*d
 		return nil, err
 	}
 	defer ev.Close()
-	tr := dispatch.NewTransport(100)
+	tr := h.transport(100)
 	defer tr.CloseIdleConnections()
 	leg, err := NewLegacy(LegacyConfig{Org: h.orgs[0], BaseURL: h.baseURL, Speed: h.speed, Prices: h.prices, Events: ev,
 		Client: &http.Client{Transport: tr}})
@@ -779,7 +793,7 @@ func (h *harness) runDispatcher(ctx context.Context, dir, arm string, round int)
 	if dcfg.Client == nil {
 		// The arm's own connections, closed when it ends, so that the
 		// simulator can shut down at once.
-		tr := dispatch.NewTransport(max(256, 2*len(h.orgs)*maxCap(h.caps())))
+		tr := h.transport(max(256, 2*len(h.orgs)*maxCap(h.caps())))
 		defer tr.CloseIdleConnections()
 		dcfg.Client = &http.Client{Transport: tr}
 	}
@@ -851,6 +865,17 @@ func (h *harness) reportArm(a *ArmResult) {
 	h.say("%s", msg)
 	h.events.Emit(dispatch.EventProgress, msg, armHeadline(a))
 	h.events.Flush()
+}
+
+// transport is an arm's HTTP transport: to the embedded simulator over
+// in-memory connections, else the dispatcher's tuned transport.
+func (h *harness) transport(maxConns int) *http.Transport {
+	tr := dispatch.NewTransport(maxConns)
+	if h.pipe != nil {
+		tr.DialContext = h.pipe.Dial
+		tr.ForceAttemptHTTP2 = false
+	}
+	return tr
 }
 
 // maxCap is the largest of caps.
