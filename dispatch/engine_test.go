@@ -26,6 +26,9 @@ type harness struct {
 	dir   string
 	orgs  []org.Org
 	speed float64
+	// faults are switched on just before the run starts, timed from then,
+	// so slow set-up (a race build) cannot let their window pass unseen.
+	faults []sim.Fault
 }
 
 func newHarness(t testing.TB, preset string, speed float64, n int, mutate func(*sim.Config)) *harness {
@@ -75,7 +78,23 @@ func (h *harness) run(ctx context.Context, mod func(*dispatch.Config)) (*dispatc
 	if err != nil {
 		h.t.Fatal(err)
 	}
+	h.startFaults()
 	return eng.Run(ctx)
+}
+
+func (h *harness) startFaults() {
+	h.t.Helper()
+	if len(h.faults) == 0 {
+		return
+	}
+	fs := make([]sim.Fault, len(h.faults))
+	for i, f := range h.faults {
+		f.FromNow = true
+		fs[i] = f
+	}
+	if err := h.sim.Server.SetFaults(fs...); err != nil {
+		h.t.Fatal(err)
+	}
 }
 
 // resultIDs reads results.jsonl and returns custom_id → count.
@@ -150,9 +169,8 @@ func TestStormLosesNothing(t *testing.T) {
 	for _, ra := range []time.Duration{5 * time.Second, 0} {
 		t.Run("retry-after="+ra.String(), func(t *testing.T) {
 			t.Parallel()
-			h := newHarness(t, sim.PresetOrigin3Org, 100, 2000, func(c *sim.Config) {
-				c.Faults = []sim.Fault{{ID: "storm", Kind: sim.FaultRateLimitStorm, Start: 4 * time.Second, Duration: 5 * time.Minute, RetryAfter: ra}}
-			})
+			h := newHarness(t, sim.PresetOrigin3Org, 100, 2000, nil)
+			h.faults = []sim.Fault{{ID: "storm", Kind: sim.FaultRateLimitStorm, Start: 4 * time.Second, Duration: 5 * time.Minute, RetryAfter: ra}}
 			res, err := h.run(context.Background(), nil)
 			if err != nil {
 				t.Fatal(err)

@@ -111,7 +111,8 @@ func TestFaultMatrix(t *testing.T) {
 	for _, fc := range faultCases() {
 		t.Run(fc.name, func(t *testing.T) {
 			t.Parallel()
-			h := newHarness(t, sim.PresetOrigin3Org, 100, n, func(c *sim.Config) { c.Faults = fc.faults })
+			h := newHarness(t, sim.PresetOrigin3Org, 100, n, nil)
+			h.faults = fc.faults
 			bad := 0
 			if fc.poison {
 				bad = poison(t, h.input)
