@@ -73,6 +73,25 @@ func readIDs(t *testing.T, path string) map[string]int {
 	return ids
 }
 
+// simAndInput starts an origin-3org simulator at speed k (closed at the
+// end of the test) and writes n judge requests; it returns the simulator,
+// the input path and a run directory path.
+func simAndInput(t *testing.T, k float64, n int, faults ...sim.Fault) (*sim.Running, string, string) {
+	t.Helper()
+	cfg, _ := sim.Preset(sim.PresetOrigin3Org)
+	cfg.Speed = k
+	cfg.Faults = faults
+	r, err := sim.Start(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close() })
+	dir := t.TempDir()
+	input := filepath.Join(dir, "req.jsonl")
+	writeJudge(t, input, n)
+	return r, input, filepath.Join(dir, "run")
+}
+
 // TestKillNineThenResume kills the run with SIGKILL at random moments, then
 // runs the same command to completion: every custom_id is in results.jsonl
 // exactly once, and the summary's cost equals what the simulator billed for
@@ -83,18 +102,8 @@ func TestKillNineThenResume(t *testing.T) {
 		t.Skip("spawns processes")
 	}
 	t.Parallel()
-	cfg, _ := sim.Preset(sim.PresetOrigin3Org)
-	cfg.Speed = 50
-	r, err := sim.Start(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r.Close()
-	dir := t.TempDir()
-	input := filepath.Join(dir, "req.jsonl")
 	const n = 4000
-	writeJudge(t, input, n)
-	runDir := filepath.Join(dir, "run")
+	r, input, runDir := simAndInput(t, 50, n)
 	args := []string{"run", input, "--run-dir", runDir, "--base-url", r.URL, "--speed", "50", "--quiet", "--confirm"}
 	rng := rand.New(rand.NewPCG(1, 2))
 	kills := 0
@@ -160,18 +169,10 @@ func TestMaxCostThenResume(t *testing.T) {
 		t.Skip("spawns processes")
 	}
 	t.Parallel()
-	cfg, _ := sim.Preset(sim.PresetOrigin3Org)
-	cfg.Speed = 50
-	r, err := sim.Start(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r.Close()
-	dir := t.TempDir()
-	input := filepath.Join(dir, "req.jsonl")
 	const n = 2000
-	writeJudge(t, input, n)
-	runDir := filepath.Join(dir, "run")
+	r, input, runDir := simAndInput(t, 50, n)
+	cfg := r.Server.Config()
+	dir := filepath.Dir(input)
 	base := []string{"run", input, "--run-dir", runDir, "--base-url", r.URL, "--speed", "50", "--quiet", "--json"}
 
 	// What the whole workload costs, measured on a second simulator.
@@ -239,22 +240,13 @@ func TestSignals(t *testing.T) {
 	for _, twice := range []bool{false, true} {
 		t.Run(fmt.Sprintf("twice=%v", twice), func(t *testing.T) {
 			t.Parallel()
-			cfg, _ := sim.Preset(sim.PresetOrigin3Org)
-			cfg.Speed = 5
+			var faults []sim.Fault
 			if twice {
 				// Requests that take ten minutes: only a second signal ends the run soon.
-				cfg.Faults = []sim.Fault{{Kind: sim.FaultSlow, ExtraLatency: 50 * time.Minute}}
+				faults = []sim.Fault{{Kind: sim.FaultSlow, ExtraLatency: 50 * time.Minute}}
 			}
-			r, err := sim.Start(cfg)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer r.Close()
-			dir := t.TempDir()
-			input := filepath.Join(dir, "req.jsonl")
 			const n = 3000
-			writeJudge(t, input, n)
-			runDir := filepath.Join(dir, "run")
+			r, input, runDir := simAndInput(t, 5, n, faults...)
 			args := []string{"run", input, "--run-dir", runDir, "--base-url", r.URL, "--speed", "5", "--quiet", "--grace", "30s"}
 			c := cliCmd(r, args...)
 			var out bytes.Buffer
@@ -275,7 +267,7 @@ func TestSignals(t *testing.T) {
 				c.Process.Signal(os.Interrupt)
 			}
 			t0 := time.Now()
-			err = c.Wait()
+			err := c.Wait()
 			var ee *exec.ExitError
 			if !errors.As(err, &ee) || ee.ExitCode() != exitIncomplete {
 				t.Fatalf("want exit 4, got %v\n%s", err, out.String())
