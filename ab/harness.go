@@ -59,11 +59,11 @@ const (
 // DefaultSpeed is the simulator's speed factor K when none is given. The
 // legacy arm completes about 50 ÷ 2.05 s ≈ 24 requests per API second, so
 // the Phase 6 A/B (141,600 items through each arm) takes about 5,800 API
-// seconds for the baseline and a sixth of that for the dispatcher: at
-// K = 14, about 7 + 1.2 minutes on a 2-core machine, under the ten the
-// validation allows. A higher K shortens it but asks the dispatcher arm for
-// more requests a second (about 2,000 at K = 14) than two shared cores
-// serve without inflating the simulated latencies.
+// seconds for the baseline and a sixth of that for the dispatcher. At
+// K = 14 that measured 7.0 + 1.2 minutes (8 min 18 s in all) on a 2-core
+// machine, under the ten the validation allows. A higher K shortens it but
+// asks the dispatcher arm for more than the ~2,000 requests a second two
+// shared cores serve without inflating the simulated latencies.
 const DefaultSpeed = 14
 
 // Config is an A/B run. Zero fields take the defaults noted.
