@@ -21,6 +21,7 @@
 //
 //	ab.json            the result JSON (Result)
 //	events.jsonl       started, progress, completed | blocked | failure | incomplete
+//	report.html        the HTML report, when Config.Report renders it (the command does)
 //	requests.jsonl     the workload both arms sent
 //	baseline/          the legacy arm's run: results.jsonl, events.jsonl, summary.json, arm.json
 //	dispatcher/        the dispatcher arm's run: state.db, results.jsonl, events.jsonl, summary.json, arm.json
