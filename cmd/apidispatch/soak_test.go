@@ -35,6 +35,12 @@ const (
 	soakRaceN = 20_000
 	soakK     = 12
 	soakSeed  = 20260627
+
+	// build3OrgCeiling is what the preset's limits allow the judge
+	// workload, in requests per API-minute (sim.PresetBuild3Org: ~1,000 +
+	// ~1,000 + ~1,500). A fault-free run well below it was starved of CPU,
+	// not bound by the limits.
+	build3OrgCeiling = 3500
 )
 
 // soakRun is one 'apidispatch run' of the soak, measured.
@@ -58,9 +64,10 @@ type soakRun struct {
 // errored, the data-loss check passed, exit 0. With faults: every fault
 // struck, requests billed twice (the ledger) are no more than the attempts
 // the summary says may have been billed twice, and throughput in
-// completions per API-minute is within 10% of the fault-free run's (not
-// under -race, where both runs are CPU-bound below the limits). The
-// figures are logged (go test -v) for the README.
+// completions per API-minute is within 10% of the fault-free run's — when
+// the fault-free run was bound by the limits; under -race, or on a machine
+// too busy for it, both runs are CPU-bound and the ratio is only logged.
+// The figures are logged (go test -v) for the README.
 //
 // The 1M soak of the README:
 //
@@ -143,6 +150,10 @@ func TestSoak(t *testing.T) {
 		// below the preset's limits: the ratio measures the machine, not
 		// the dispatcher. Everything else above still holds.
 		t.Logf("-race: throughput ratio not asserted (CPU-bound, not limit-bound)")
+	case free.Summary.APIRequestsPerMin < 0.85*build3OrgCeiling:
+		// The same on a machine too busy to reach the limits.
+		t.Logf("NOT ASSERTED: the fault-free run reached only %.0f of the preset's ~%d completions per API-minute: CPU-bound here, so the ratio measures the machine",
+			free.Summary.APIRequestsPerMin, build3OrgCeiling)
 	case ratio < 0.9:
 		t.Errorf("throughput with faults is %.1f%% of the fault-free run's, want at least 90%%", 100*ratio)
 	}
