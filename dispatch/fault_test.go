@@ -82,8 +82,10 @@ func faultCases() []faultCase {
 	// a normal answer, far below the slow fault's 20 minutes.
 	timeout := func(c *dispatch.Config) { c.Timeout = time.Second }
 	return []faultCase{
-		{name: "storm with retry-after", faults: []sim.Fault{{Kind: sim.FaultRateLimitStorm, Start: 2 * time.Second, Duration: time.Minute, RetryAfter: 5 * time.Second}}, complete: true, hit: rateLimited},
-		{name: "storm without retry-after", faults: []sim.Fault{{Kind: sim.FaultRateLimitStorm, Start: 2 * time.Second, Duration: time.Minute}}, complete: true, hit: rateLimited},
+		// Storms from the first request for three minutes of server time
+		// (under two seconds of wall time at K=100, however loaded the machine).
+		{name: "storm with retry-after", faults: []sim.Fault{{Kind: sim.FaultRateLimitStorm, Duration: 3 * time.Minute, RetryAfter: 5 * time.Second}}, complete: true, hit: rateLimited},
+		{name: "storm without retry-after", faults: []sim.Fault{{Kind: sim.FaultRateLimitStorm, Duration: 3 * time.Minute}}, complete: true, hit: rateLimited},
 		{name: "529 bursts", faults: []sim.Fault{p(sim.FaultOverloaded, 0.2)}, complete: true, hit: overloaded},
 		{name: "500 json", faults: []sim.Fault{p(sim.FaultServerError, 0.1)}, complete: true, hit: retried},
 		{name: "500 html", faults: []sim.Fault{p(sim.FaultServerErrorHTML, 0.1)}, complete: true, hit: retried},

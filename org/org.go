@@ -53,6 +53,18 @@ func (k Key) MarshalJSON() ([]byte, error) { return []byte(`"` + k.Fingerprint()
 // MarshalText writes the fingerprint (slog and encoders that use it).
 func (k Key) MarshalText() ([]byte, error) { return []byte(k.Fingerprint()), nil }
 
+// checkKey refuses a key that cannot travel in an HTTP header: one holding
+// white space or control characters (a key file with a second line, say).
+// The error names where the key came from, never the key.
+func checkKey(secret, source string) error {
+	for i := 0; i < len(secret); i++ {
+		if c := secret[i]; c <= ' ' || c == 0x7f {
+			return fmt.Errorf("org: the key from %s contains white space or a control character (is it more than one line?); a key is a single token", source)
+		}
+	}
+	return nil
+}
+
 // Fingerprint is the first 8 hex digits of the SHA-256 of secret.
 func Fingerprint(secret string) string {
 	sum := sha256.Sum256([]byte(secret))
@@ -114,7 +126,11 @@ func FromEnv(environ []string) ([]Org, error) {
 			return nil, fmt.Errorf("org: two environment variables name org %q", on)
 		}
 		seen[on] = true
-		orgs = append(orgs, Org{Name: on, Key: NewKey(strings.TrimSpace(val)), Source: "env " + name})
+		secret := strings.TrimSpace(val)
+		if err := checkKey(secret, "environment variable "+name); err != nil {
+			return nil, err
+		}
+		orgs = append(orgs, Org{Name: on, Key: NewKey(secret), Source: "env " + name})
 	}
 	sort.SliceStable(orgs, func(i, j int) bool {
 		if (orgs[i].Name == "default") != (orgs[j].Name == "default") {
@@ -185,6 +201,9 @@ func FromFile(path string, getenv func(string) string) ([]Org, []Warning, error)
 			if v == "" {
 				return nil, nil, fmt.Errorf("%s (%s): environment variable %s is not set", where, fo.Name, fo.KeyEnv)
 			}
+			if err := checkKey(v, "environment variable "+fo.KeyEnv); err != nil {
+				return nil, nil, fmt.Errorf("%s (%s): %w", where, fo.Name, err)
+			}
 			o.Key, o.Source = NewKey(v), "env "+fo.KeyEnv
 		case fo.KeyFile != "":
 			st, err := os.Stat(fo.KeyFile)
@@ -201,6 +220,9 @@ func FromFile(path string, getenv func(string) string) ([]Org, []Warning, error)
 			v := strings.TrimSpace(string(b))
 			if v == "" {
 				return nil, nil, fmt.Errorf("%s (%s): key file %s is empty", where, fo.Name, fo.KeyFile)
+			}
+			if err := checkKey(v, "key file "+fo.KeyFile); err != nil {
+				return nil, nil, fmt.Errorf("%s (%s): %w", where, fo.Name, err)
 			}
 			o.Key, o.Source = NewKey(v), "file "+fo.KeyFile
 		default:
