@@ -94,7 +94,16 @@ var (
 	ErrNoOrgs = errors.New("org: no API keys configured (set ANTHROPIC_API_KEY or ANTHROPIC_API_KEY_<NAME>, or pass --orgs FILE)")
 )
 
-var nameRE = regexp.MustCompile(`^[a-z0-9_-]{1,64}$`)
+var (
+	nameRE   = regexp.MustCompile(`^[a-z0-9_-]{1,64}$`)
+	envVarRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,127}$`)
+)
+
+// looksLikeKey reports whether a value that should name a variable or a
+// path is more likely a pasted key: it must then never be echoed.
+func looksLikeKey(v string) bool {
+	return strings.HasPrefix(v, "sk-") || strings.Contains(v, "sk-ant")
+}
 
 // FromEnv reads orgs from environment entries ("NAME=value"):
 // ANTHROPIC_API_KEY is org "default", ANTHROPIC_API_KEY_<NAME> is org
@@ -196,6 +205,10 @@ func FromFile(path string, getenv func(string) string) ([]Org, []Warning, error)
 		switch {
 		case fo.KeyEnv != "" && fo.KeyFile != "":
 			return nil, nil, fmt.Errorf("%s (%s): give key_env or key_file, not both", where, fo.Name)
+		case fo.KeyEnv != "" && (looksLikeKey(fo.KeyEnv) || !envVarRE.MatchString(fo.KeyEnv)):
+			return nil, nil, fmt.Errorf("%s (%s): key_env must name an environment variable, and this value is not a variable name (a pasted key? fingerprint %s); put the key in the environment and name the variable", where, fo.Name, Fingerprint(fo.KeyEnv))
+		case fo.KeyFile != "" && looksLikeKey(fo.KeyFile):
+			return nil, nil, fmt.Errorf("%s (%s): key_file must be a path, and this value looks like a key (fingerprint %s); put the key in a file (mode 0600) and name the file", where, fo.Name, Fingerprint(fo.KeyFile))
 		case fo.KeyEnv != "":
 			v := strings.TrimSpace(getenv(fo.KeyEnv))
 			if v == "" {
