@@ -31,6 +31,9 @@ type committer struct {
 	// is marked done.
 	failed atomic.Bool
 	closed bool
+	// journalKey, when set, is the store counter that records how many of
+	// the attempt journal's maybe-billed records have been flushed.
+	journalKey string
 }
 
 func newCommitter(st store.Store, rf *resultsFile, c *counters, ev *EventLog) *committer {
@@ -158,6 +161,10 @@ func (m *committer) takeCounters() map[string]int64 {
 	take(CounterRateLimited, &m.c.rateLimited, &m.c.lastRL)
 	take(CounterOverloaded, &m.c.overloaded, &m.c.lastOL)
 	take(CounterOtherRetries, &m.c.otherRetries, &m.c.lastOther)
+	mb := m.c.lastMB
 	take(CounterMaybeBilled, &m.c.maybeBilled, &m.c.lastMB)
+	if d := m.c.lastMB - mb; d != 0 && m.journalKey != "" {
+		out[m.journalKey] = d
+	}
 	return out
 }

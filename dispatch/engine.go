@@ -22,6 +22,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"net/url"
 	"slices"
 	"strconv"
@@ -63,7 +64,12 @@ type Config struct {
 	Prices *cost.Table
 	// ResultsPath is results.jsonl; EventsPath events.jsonl (optional).
 	ResultsPath string
-	Events      *EventLog
+	// JournalDir, when set, holds the attempt journal (the run directory):
+	// a run that starts there after one that died counts the requests the
+	// dead one may have had billed without recording them (in flight, or
+	// answered but not yet durable) in possible_duplicate_billing.
+	JournalDir string
+	Events     *EventLog
 	// MaxCost stops admission when spent plus the worst case of in-flight
 	// requests would pass it (0: no cap). It covers the whole run directory.
 	MaxCost cost.Nanos
@@ -162,6 +168,7 @@ type work struct {
 
 type attempt struct {
 	w        *work
+	n        int64 // the item's attempt number
 	lane     *laneRef
 	permit   Permit
 	outcome  anthropic.Outcome
@@ -176,6 +183,8 @@ type attempt struct {
 	// maybeBilled: the request was sent and may have been processed, but
 	// no usable answer came back.
 	maybeBilled bool
+	// wrote: the whole request was written to the connection.
+	wrote atomic.Bool
 }
 
 // Engine runs one dispatch. Use New, then Run once.
@@ -210,6 +219,8 @@ type Engine struct {
 
 	// counters (atomic: read by progress while the run goes on)
 	c counters
+	// jr is this run's attempt journal (nil without Config.JournalDir).
+	jr *journal
 
 	start     time.Time
 	total     int64 // N
@@ -371,6 +382,19 @@ func (e *Engine) Run(ctx context.Context) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
+	if e.cfg.JournalDir != "" {
+		// A journal left by a process that died says what it may have had
+		// billed that the store never recorded.
+		if n, err := replayJournals(ctx, e.cfg.JournalDir, st); err != nil {
+			return nil, err
+		} else if n > 0 {
+			e.cfg.Events.Emit(EventWarning, fmt.Sprintf("an earlier run of this directory died with requests in flight or unrecorded: %d may have been billed and will be sent again (counted in possible_duplicate_billing)", n), map[string]any{"possible_duplicate_billing": n})
+			e.log.Warn("an earlier run died with requests in flight or unrecorded", "possible_duplicate_billing", n)
+		}
+		if agg, err = st.Aggregate(ctx); err != nil {
+			return nil, err
+		}
+	}
 	e.doneStart = agg.Succeeded + agg.Errored
 	e.spent = cost.Nanos(agg.CostNanos)
 	rf, rebuilt, err := openResults(ctx, e.cfg.ResultsPath, st, agg.Results)
@@ -391,7 +415,16 @@ func (e *Engine) Run(ctx context.Context) (*Result, error) {
 	e.wake = make(chan struct{}, 1)
 
 	// The committer makes outcomes durable, then appends their lines.
+	if e.cfg.JournalDir != "" {
+		if e.jr, err = openJournal(e.cfg.JournalDir); err != nil {
+			rf.close()
+			return nil, err
+		}
+	}
 	com := newCommitter(st, rf, &e.c, e.cfg.Events)
+	if e.jr != nil {
+		com.journalKey = e.jr.key
+	}
 	var wg sync.WaitGroup
 	wg.Go(com.run)
 
@@ -455,6 +488,11 @@ func (e *Engine) Run(ctx context.Context) (*Result, error) {
 		runErr = com.err
 	}
 	closeErr := rf.close()
+	// Every attempt has ended; once every outcome and counter is durable
+	// the journal has nothing left to say.
+	if err := e.jr.close(com.err == nil); err != nil && closeErr == nil {
+		closeErr = err
+	}
 	if runErr == nil && closeErr != nil {
 		runErr = closeErr
 	}
@@ -725,7 +763,7 @@ func (e *Engine) start1(w *work, l *laneRef, p Permit, workers *sync.WaitGroup) 
 	e.inflightPub.Store(int64(e.inflight))
 	w.attempts++
 	e.c.attempts.Add(1)
-	a := &attempt{w: w, lane: l, permit: p}
+	a := &attempt{w: w, n: w.attempts, lane: l, permit: p}
 	if e.cfg.MaxCost > 0 {
 		a.worst = e.worstCase(w)
 		e.inflightW += a.worst
@@ -746,6 +784,13 @@ func (e *Engine) send(a *attempt) {
 	}
 	ctx, cancel := context.WithTimeout(e.abortCtx, e.cfg.Timeout)
 	defer cancel()
+	if e.jr != nil {
+		ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{WroteRequest: func(i httptrace.WroteRequestInfo) {
+			if i.Err == nil && !a.wrote.Swap(true) {
+				e.jr.sent(a.w.it.Seq, a.n)
+			}
+		}})
+	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, e.base.JoinPath("v1", "messages").String(), bytes.NewReader(body))
 	if err != nil {
 		a.readErr = err
@@ -755,7 +800,7 @@ func (e *Engine) send(a *attempt) {
 	req.Header.Set(anthropic.HeaderAPIKey, a.lane.org.Key.Reveal())
 	req.Header.Set(anthropic.HeaderVersion, anthropic.APIVersion)
 	req.Header.Set("content-type", "application/json")
-	req.Header.Set("x-stainless-retry-count", strconv.FormatInt(a.w.attempts-1, 10))
+	req.Header.Set("x-stainless-retry-count", strconv.FormatInt(a.n-1, 10))
 	t0 := time.Now()
 	resp, err := e.client.Do(req)
 	var status int
@@ -782,8 +827,23 @@ func (e *Engine) send(a *attempt) {
 	case anthropic.ErrTypeConnection:
 		// Only a connection lost after the request went out can have
 		// been billed; a refused dial cannot.
-		var op *net.OpError
-		a.maybeBilled = !(errors.As(err, &op) && op.Op == "dial")
+		if e.jr != nil {
+			a.maybeBilled = a.wrote.Load()
+		} else {
+			var op *net.OpError
+			a.maybeBilled = !(errors.As(err, &op) && op.Op == "dial")
+		}
+	}
+	if a.outcome.Kind == anthropic.Success {
+		e.jr.succeeded(a.w.it.Seq, a.n)
+	} else {
+		mb := a.maybeBilled && a.outcome.Kind == anthropic.Retryable
+		// Journal first, count second: the committer never flushes a
+		// count the journal does not hold.
+		e.jr.ended(a.w.it.Seq, a.n, mb)
+		if mb {
+			e.c.maybeBilled.Add(1)
+		}
 	}
 	fb := Feedback{Outcome: a.outcome}
 	if hdr != nil {
@@ -851,9 +911,6 @@ func (e *Engine) handle(a *attempt, com *committer, stopping bool) {
 			e.c.overloaded.Add(1)
 		default:
 			e.c.otherRetries.Add(1)
-		}
-		if a.maybeBilled {
-			e.c.maybeBilled.Add(1)
 		}
 		if o.RateLimited {
 			// The lane holds for retry-after; other lanes may take the item now.

@@ -21,6 +21,8 @@ const (
 	StateFile   = "state.db"
 	ResultsFile = "results.jsonl"
 	EventsFile  = "events.jsonl"
+	// LockFile is locked while a process runs in the directory.
+	LockFile    = "lock"
 	SummaryFile = "summary.json"
 )
 
@@ -51,6 +53,7 @@ type Job struct {
 	Events      *EventLog
 	// Existing reports that the run directory already held this input (a resume).
 	Existing bool
+	lock     *os.File
 }
 
 // Validate checks the whole input file before anything else happens: every
@@ -81,20 +84,26 @@ func OpenJob(ctx context.Context, cfg JobConfig, ws *workload.Summary) (*Job, er
 	if err := os.MkdirAll(cfg.RunDir, 0o755); err != nil {
 		return nil, err
 	}
+	lock, err := lockRunDir(cfg.RunDir)
+	if err != nil {
+		return nil, err
+	}
 	st, err := sqlite.Open(filepath.Join(cfg.RunDir, StateFile))
 	if err != nil {
+		lock.Close()
 		return nil, err
 	}
 	abs, _ := filepath.Abs(cfg.InputPath)
 	existing, err := st.Init(ctx, store.Meta{InputPath: abs, InputHash: ws.Hash, N: ws.N, CreatedAt: time.Now().UTC()})
 	if err != nil {
 		st.Close()
+		lock.Close()
 		if errors.Is(err, store.ErrInputMismatch) {
 			return nil, fmt.Errorf("run directory %s was made for a different input file (or the input changed since): %w; use another --run-dir", cfg.RunDir, err)
 		}
 		return nil, err
 	}
-	j := &Job{Dir: cfg.RunDir, InputPath: cfg.InputPath, ResultsPath: cfg.ResultsPath, Store: st, Workload: ws, Existing: existing}
+	j := &Job{Dir: cfg.RunDir, InputPath: cfg.InputPath, ResultsPath: cfg.ResultsPath, Store: st, Workload: ws, Existing: existing, lock: lock}
 	if err := j.importItems(ctx); err != nil {
 		j.Close()
 		return nil, err
@@ -147,7 +156,7 @@ func (j *Job) Body(it store.Item) (json.RawMessage, error) { return workload.Rea
 // Engine returns an engine for this job; cfg's Store, Body, ResultsPath and
 // Events are filled in.
 func (j *Job) Engine(cfg Config) (*Engine, error) {
-	cfg.Store, cfg.Body, cfg.ResultsPath, cfg.Events = j.Store, j.Body, j.ResultsPath, j.Events
+	cfg.Store, cfg.Body, cfg.ResultsPath, cfg.Events, cfg.JournalDir = j.Store, j.Body, j.ResultsPath, j.Events, j.Dir
 	return New(cfg)
 }
 
@@ -181,6 +190,10 @@ func (j *Job) Close() error {
 	}
 	if j.Store != nil {
 		errs = append(errs, j.Store.Close())
+	}
+	if j.lock != nil {
+		errs = append(errs, j.lock.Close())
+		j.lock = nil
 	}
 	return errors.Join(errs...)
 }

@@ -76,8 +76,13 @@ type Summary struct {
 	Overloaded529  int64            `json:"overloaded_529"`
 	OtherRetries   int64            `json:"other_retries"`
 	// PossibleDuplicateBilling counts attempts that the API may have billed
-	// without an answer reaching us (connection lost after sending, body
-	// cut short); each retry of one can be billed a second time.
+	// without their result being recorded, each of which was sent again
+	// and can be billed a second time: a connection lost after the request
+	// went out, a body cut short, and — found in the attempt journal of a
+	// process that died — requests in flight at the crash and successes
+	// received but not yet durable. It is an upper bound: the API's count
+	// of requests billed twice is never higher, and equals it when the API
+	// bills every request it received.
 	PossibleDuplicateBilling int64               `json:"possible_duplicate_billing"`
 	LatencyMs                Latency             `json:"latency_ms"`
 	RequestsPerMin           float64             `json:"requests_per_min"`

@@ -166,6 +166,12 @@ type Config struct {
 	// none (the cheapest, for throughput benchmarks). Duplicate detection
 	// keeps 20 bytes per distinct body billed, whatever this is.
 	LedgerRetain int `json:"ledger_retain,omitempty"`
+	// BillAbandoned: a request whose client goes away (a timeout, a killed
+	// process) while it is being generated is finished and billed anyway,
+	// the answer going nowhere. Whether the API bills such requests is not
+	// documented; this is the worse case, for tests of what a crash can
+	// cost. Off: an abandoned request is dropped unbilled (status 499).
+	BillAbandoned bool `json:"bill_abandoned,omitempty"`
 }
 
 // configJSON is the file form: a Config plus the preset it starts from.

@@ -512,7 +512,11 @@ func (s *Server) messages(c *call) {
 	if f := fs.match(FaultSlow, o.idx, pool, ks.fp, api, &c.rng); f != nil {
 		lat += f.ExtraLatency
 	}
-	if !sleep(c.r.Context(), s.real(lat)) {
+	sctx := c.r.Context()
+	if s.cfg.BillAbandoned {
+		sctx = context.WithoutCancel(sctx)
+	}
+	if !sleep(sctx, s.real(lat)) {
 		// The client gave up: nothing is billed, the reservation is returned.
 		now = time.Since(s.start)
 		if lim != nil {

@@ -1,0 +1,123 @@
+package dispatch
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/apidispatch/apidispatch/store"
+	"github.com/apidispatch/apidispatch/store/sqlite"
+)
+
+// journalStore is a store of n pending items in dir.
+func journalStore(t *testing.T, dir string, n int) store.Store {
+	t.Helper()
+	ctx := context.Background()
+	st, err := sqlite.Open(filepath.Join(dir, StateFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	if _, err := st.Init(ctx, store.Meta{InputPath: "in.jsonl", InputHash: strings.Repeat("ab", 32), N: int64(n), CreatedAt: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	var its []store.Item
+	for i := 1; i <= n; i++ {
+		its = append(its, store.Item{Seq: int64(i), Line: int64(i), CustomID: "c" + string(rune('a'+i)), Model: "claude-sonnet-4-5", MaxTokens: 10})
+	}
+	if err := st.AddItems(ctx, its); err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+// A journal left by a dead process counts what may have been billed: the
+// attempts in flight, the successes the store never recorded, and the
+// maybe-billed ends not yet flushed; a replay is done once, and the file goes.
+func TestReplayJournal(t *testing.T) {
+	dir := t.TempDir()
+	st := journalStore(t, dir, 6)
+	ctx := context.Background()
+	j, err := openJournal(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	j.sent(1, 1)
+	j.ended(1, 1, true) // flushed below: not counted again
+	j.sent(1, 2)        // in flight: counted
+	j.sent(2, 1)
+	j.succeeded(2, 1) // committed below: not counted
+	j.sent(3, 1)
+	j.succeeded(3, 1) // never committed: sent again, counted
+	j.sent(4, 1)
+	j.ended(4, 1, false) // a plain 429: not counted
+	j.sent(5, 1)
+	j.ended(5, 1, true) // not flushed: counted
+	j.sent(6, 1)
+	j.close(false)
+	// The committer flushed one maybe-billed end and item 2's success.
+	if _, err := st.Commit(ctx, store.Batch{
+		Outcomes: []store.Outcome{{Seq: 2, State: store.Succeeded, Attempts: 1, Line: []byte(`{"custom_id":"c2"}`)}},
+		Counters: map[string]int64{CounterMaybeBilled: 1, j.key: 1},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	// A torn last record, as a kill mid-write leaves it: item 6's end is lost.
+	f, _ := os.OpenFile(j.path, os.O_APPEND|os.O_WRONLY, 0)
+	f.WriteString("C 6 1")
+	f.Close()
+
+	n, err := replayJournals(ctx, dir, st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// In flight: 1/2 and 6/1; unrecorded success: 3; unflushed: 5.
+	if n != 4 {
+		t.Fatalf("replay counted %d, want 4", n)
+	}
+	agg, _ := st.Aggregate(ctx)
+	if got := agg.Counters[CounterMaybeBilled]; got != 5 {
+		t.Fatalf("possible_duplicate_billing = %d, want 1 flushed + 4 replayed", got)
+	}
+	if left, _ := filepath.Glob(filepath.Join(dir, journalGlob)); len(left) != 0 {
+		t.Fatalf("journal not removed: %v", left)
+	}
+	// A crash after the commit but before the removal: the journal is back,
+	// and the replay must not count it twice.
+	os.WriteFile(j.path, []byte("S 1 3\n"), 0o600)
+	if n, err := replayJournals(ctx, dir, st); err != nil || n != 0 {
+		t.Fatalf("second replay of the same journal counted %d (%v), want 0", n, err)
+	}
+}
+
+func TestReadJournalRefusesGarbage(t *testing.T) {
+	for _, body := range []string{"S 1\n", "X 1 1\n", "C 1 1 7\n", "S a 1\n", "R 1 1 1\n"} {
+		p := filepath.Join(t.TempDir(), "attempts-x.journal")
+		os.WriteFile(p, []byte(body), 0o600)
+		if _, err := readJournal(p); err == nil || !strings.Contains(err.Error(), ":1:") {
+			t.Errorf("%q: got %v, want an error naming line 1", body, err)
+		}
+	}
+}
+
+// Two processes in one run directory would corrupt each other's journal
+// and results: the second is refused while the first holds the lock.
+func TestRunDirLock(t *testing.T) {
+	dir := t.TempDir()
+	l, err := lockRunDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := lockRunDir(dir); err == nil {
+		t.Fatal("a second lock of the same run directory was granted")
+	}
+	l.Close()
+	l2, err := lockRunDir(dir)
+	if err != nil {
+		t.Fatalf("lock not released by close: %v", err)
+	}
+	l2.Close()
+}

@@ -1,0 +1,18 @@
+//go:build !unix
+
+package dispatch
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+)
+
+// ErrRunDirBusy: another process is running in the same run directory.
+var ErrRunDirBusy = errors.New("dispatch: run directory in use by another process")
+
+// lockRunDir only creates dir/lock where advisory locks are not available:
+// nothing stops two processes sharing a run directory there.
+func lockRunDir(dir string) (*os.File, error) {
+	return os.OpenFile(filepath.Join(dir, LockFile), os.O_CREATE|os.O_RDWR, 0o600)
+}
