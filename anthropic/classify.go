@@ -119,7 +119,7 @@ func Classify(status int, h http.Header, body []byte, transportErr error, now ti
 	}
 	if status >= 200 && status < 300 {
 		var m MessageHead
-		if err := json.Unmarshal(body, &m); err != nil {
+		if err := DecodeMessageHead(body, &m); err != nil {
 			o.Kind, o.ErrorType = Retryable, ErrTypeTruncated
 			o.Reason = fmt.Sprintf("HTTP %d with an unreadable body (%d bytes): %s", status, len(body), oneLine(err.Error()))
 			return o

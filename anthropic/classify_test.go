@@ -1,8 +1,11 @@
 package anthropic
 
 import (
+	"encoding/json"
 	"errors"
 	"net/http"
+	"reflect"
+	"strings"
 	"testing"
 	"time"
 )
@@ -170,5 +173,55 @@ func FuzzClassify(f *testing.F) {
 			t.Fatalf("status %d terminal", status)
 		}
 		_ = ParseRateLimits(h)
+	})
+}
+
+// FuzzDecodeMessageHead: the fast decoder of a success body agrees with
+// json.Unmarshal on every input, valid or not.
+func FuzzDecodeMessageHead(f *testing.F) {
+	f.Add(okBody)
+	f.Add(`{"id":"msg_1","type":"message","role":"assistant","model":"m","content":[{"type":"text","text":"a\"}b"}],"stop_reason":null,"usage":{"input_tokens":12,"output_tokens":3,"cache_creation":{"ephemeral_5m_input_tokens":1}}}`)
+	f.Add(`{"ID":"x","usage":{"Input_Tokens":5},"usage":{"output_tokens":2}}`)
+	f.Add(`{"id":"a\u00e9","usage":{"input_tokens":1.5}}`)
+	f.Add(`{"content":null,"stop_reason":"end_turn","usage":null,"x":[1,{"y":"}"}],"z":true}`)
+	f.Fuzz(func(t *testing.T, body string) {
+		var want, got MessageHead
+		werr := json.Unmarshal([]byte(body), &want)
+		gerr := DecodeMessageHead([]byte(body), &got)
+		if (werr == nil) != (gerr == nil) {
+			t.Fatalf("json.Unmarshal error %v, DecodeMessageHead error %v", werr, gerr)
+		}
+		if werr == nil && !reflect.DeepEqual(want, got) {
+			t.Fatalf("json.Unmarshal %+v\nDecodeMessageHead %+v", want, got)
+		}
+	})
+}
+
+// A usual body takes the fast path (not the json.Unmarshal fallback).
+func TestDecodeMessageHeadFastPath(t *testing.T) {
+	var m MessageHead
+	if !decodeHeadFast([]byte(okBody), &m) || m.ID != "msg_1" || m.Usage.InputTokens != 3 || m.Usage.OutputTokens != 2 || *m.StopReason != "end_turn" {
+		t.Fatalf("fast path refused or misread a usual body: %+v", m)
+	}
+}
+
+func BenchmarkDecodeMessageHead(b *testing.B) {
+	body := []byte(`{"id":"msg_01XFDUDYJgAACzvnptvVoYEL","type":"message","role":"assistant","model":"claude-sonnet-4-5-20250929","content":[{"type":"text","text":"` +
+		strings.Repeat("The answer is graded as correct because it matches. ", 8) + `"}],"stop_reason":"end_turn","stop_sequence":null,"usage":{"input_tokens":812,"cache_creation_input_tokens":0,"cache_read_input_tokens":0,"cache_creation":{"ephemeral_5m_input_tokens":0,"ephemeral_1h_input_tokens":0},"output_tokens":97,"service_tier":"standard"}}`)
+	b.Run("fast", func(b *testing.B) {
+		for b.Loop() {
+			var m MessageHead
+			if err := DecodeMessageHead(body, &m); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("json.Unmarshal", func(b *testing.B) {
+		for b.Loop() {
+			var m MessageHead
+			if err := json.Unmarshal(body, &m); err != nil {
+				b.Fatal(err)
+			}
+		}
 	})
 }
