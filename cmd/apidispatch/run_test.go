@@ -79,9 +79,15 @@ func readIDs(t *testing.T, path string) map[string]int {
 // the input path and a run directory path.
 func simAndInput(t *testing.T, k float64, n int, faults ...sim.Fault) (*sim.Running, string, string) {
 	t.Helper()
+	return simWith(t, k, n, func(c *sim.Config) { c.Faults = faults })
+}
+
+// simWith is simAndInput with the simulator's config changed by mutate.
+func simWith(t *testing.T, k float64, n int, mutate func(*sim.Config)) (*sim.Running, string, string) {
+	t.Helper()
 	cfg, _ := sim.Preset(sim.PresetOrigin3Org)
 	cfg.Speed = k
-	cfg.Faults = faults
+	mutate(&cfg)
 	r, err := sim.Start(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -129,17 +135,7 @@ func TestKillNineThenResume(t *testing.T) {
 		}
 	}
 	const k = 20
-	cfg, _ := sim.Preset(sim.PresetOrigin3Org)
-	cfg.Speed = k
-	cfg.BillAbandoned = true
-	r, err := sim.Start(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { r.Close() })
-	dir := t.TempDir()
-	input, runDir := filepath.Join(dir, "req.jsonl"), filepath.Join(dir, "run")
-	writeJudge(t, input, n)
+	r, input, runDir := simWith(t, k, n, func(c *sim.Config) { c.BillAbandoned = true })
 	args := []string{"run", input, "--run-dir", runDir, "--base-url", r.URL, "--speed", strconv.Itoa(k), "--quiet", "--confirm"}
 
 	// Kill i strikes once the simulator has billed a random number of
