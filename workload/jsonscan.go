@@ -56,6 +56,11 @@ type span struct {
 
 // request is what one line holds, as far as apidispatch cares.
 type request struct {
+	// shallow (set by the caller) checks params' syntax only, without
+	// reading its fields or counting its text: enough to send a line that
+	// was validated whole before.
+	shallow bool
+
 	top kind // kind of the whole line's value
 
 	customIDKind kind
@@ -496,7 +501,7 @@ func (p *parser) array(count countMode) (int, bool) {
 // parseRequest scans a whole line into r. It returns false on a syntax
 // error (p.err says which); r is then incomplete.
 func parseRequest(p *parser, r *request) bool {
-	*r = request{}
+	*r = request{shallow: r.shallow}
 	p.skipWS()
 	if p.i < len(p.b) && p.b[p.i] == '{' {
 		r.top = kindObject
@@ -515,7 +520,12 @@ func parseRequest(p *parser, r *request) bool {
 			case "params":
 				if p.i < len(p.b) && p.b[p.i] == '{' {
 					start := p.i
-					ok := parseParams(p, r)
+					var ok bool
+					if r.shallow {
+						_, ok = p.value(countNone)
+					} else {
+						ok = parseParams(p, r)
+					}
 					r.paramsKind, r.params = kindObject, span{s: start, e: p.i}
 					return ok
 				}

@@ -85,7 +85,7 @@ func ReadAt(r io.ReaderAt, it store.Item) (json.RawMessage, error) {
 		return nil, fmt.Errorf("workload: line %d: %w", it.Line, err)
 	}
 	p := parser{b: buf}
-	var req request
+	req := request{shallow: true}
 	if !parseRequest(&p, &req) {
 		return nil, fmt.Errorf("line %d: %s: %w", it.Line, p.syntaxError(), ErrChanged)
 	}
