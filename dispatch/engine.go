@@ -67,7 +67,8 @@ type Config struct {
 	// JournalDir, when set, holds the attempt journal (the run directory):
 	// a run that starts there after one that died counts the requests the
 	// dead one may have had billed without recording them (in flight, or
-	// answered but not yet durable) in possible_duplicate_billing.
+	// answered but not yet durable) in possible_duplicate_billing. One
+	// engine at a time per directory (OpenJob locks the run directory).
 	JournalDir string
 	Events     *EventLog
 	// MaxCost stops admission when spent plus the worst case of in-flight
