@@ -41,7 +41,8 @@ one polite lane per (org, model pool), and writes one result line per
 custom_id. Re-running the same command resumes: only unfinished items are sent.
 The first SIGINT/SIGTERM stops admission and lets in-flight requests finish
 (--grace); a second abandons them at once. Exit codes: 0 complete, 1 usage or
-input error, 2 paused by the budget gate, 3 --confirm required, 4 incomplete
+input error, 2 paused by the budget gate, 3 refused (--confirm required, or the
+run directory in use by another process), 4 incomplete
 (resumable), 5 data-loss check failed.
 
 flags:`)
@@ -121,6 +122,9 @@ flags:`)
 	job, err := dispatch.OpenJob(ctx, dispatch.JobConfig{InputPath: input, RunDir: sf.runDir, ResultsPath: sf.out, Prices: prices}, ws)
 	if err != nil {
 		errf(stderr, "%v", err)
+		if errors.Is(err, dispatch.ErrRunDirBusy) {
+			return exitRefused
+		}
 		return exitUsage
 	}
 	defer job.Close()

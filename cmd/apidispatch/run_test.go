@@ -350,3 +350,35 @@ func TestSignals(t *testing.T) {
 		})
 	}
 }
+
+// TestRunDirInUse: a second 'apidispatch run' in a run directory another
+// process is using is refused (exit 3) and changes nothing; once the first
+// is gone (even by kill -9) the directory is free again.
+func TestRunDirInUse(t *testing.T) {
+	if testing.Short() {
+		t.Skip("spawns processes")
+	}
+	t.Parallel()
+	r, input, runDir := simAndInput(t, 1, 2000)
+	args := []string{"run", input, "--run-dir", runDir, "--base-url", r.URL, "--quiet", "--confirm"}
+	first := cliCmd(r, args...)
+	if err := first.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer first.Process.Kill()
+	for r.Server.LedgerTotals().Requests == 0 {
+		time.Sleep(5 * time.Millisecond)
+	}
+	second := cliCmd(r, args...)
+	out, err := second.CombinedOutput()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != exitRefused || !strings.Contains(string(out), "in use by another process") {
+		t.Fatalf("second run: %v\n%s", err, out)
+	}
+	first.Process.Signal(syscall.SIGKILL)
+	first.Wait()
+	third := cliCmd(r, append(args, "--deadline", "1ms")...)
+	if out, err := third.CombinedOutput(); strings.Contains(string(out), "in use") {
+		t.Fatalf("run dir still locked after the first process died: %v\n%s", err, out)
+	}
+}
