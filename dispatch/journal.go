@@ -17,12 +17,14 @@ import (
 
 // The attempt journal records, for each attempt of a run, that its request
 // was written to the connection and how it ended. It is what lets a run that
-// was killed (kill -9, a crash, a power cut of the client alone) count the
-// requests the API may have billed that the store never heard of: those in
-// flight at the kill, the successes received but not yet committed (they are
-// sent again on resume), and ambiguous failures whose counter was not yet
-// flushed. Every record is one write(2) of one line, with no fsync: the page
-// cache survives the death of the process, which is the failure it is for.
+// was killed (kill -9, a crash of the process) count the requests the API
+// may have billed that the store never heard of: those in flight at the
+// kill, the successes received but not yet committed (they are sent again on
+// resume), and ambiguous failures whose counter was not yet flushed. Every
+// record is one write(2) of one line, with no fsync: the page cache survives
+// the death of the process, which is the failure it is for. A crash of the
+// whole machine can lose the journal's last lines, and with them part of
+// that count (never an item: the store is synced).
 //
 // A journal that ends with its run is deleted; one found at the start of a
 // run was left by a process that died, and is replayed into the store's
