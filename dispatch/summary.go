@@ -155,7 +155,7 @@ func (e *Engine) summarize(ctx context.Context) (*Summary, error) {
 
 // CheckResults reads results.jsonl and checks it against the store's
 // aggregate: one line per terminal item, no custom_id twice, nothing missing,
-// no retryable cause marked terminal. Memory is a hash per line.
+// no retryable cause marked terminal. Memory is eight bytes per line.
 func CheckResults(path string, agg store.Aggregate) (DataLoss, error) {
 	dl := DataLoss{Inputs: agg.N, Unfinished: agg.Pending}
 	for t, n := range agg.ErroredByType {
@@ -163,22 +163,24 @@ func CheckResults(path string, agg store.Aggregate) (DataLoss, error) {
 			dl.RetryableMarkedTerminal += n
 		}
 	}
+	// Eight bytes per line, sorted: a third of what a hash set takes.
 	seed := maphash.MakeSeed()
-	seen := make(map[uint64]uint8, agg.Succeeded+agg.Errored)
-	var collided []uint64
+	hashes := make([]uint64, 0, agg.Succeeded+agg.Errored)
 	err := eachResultID(path, func(id []byte) {
 		dl.Outcomes++
-		h := maphash.Bytes(seed, id)
-		if seen[h] == 1 {
-			collided = append(collided, h)
-		}
-		if seen[h] < 2 {
-			seen[h]++
-		}
+		hashes = append(hashes, maphash.Bytes(seed, id))
 	})
 	if err != nil {
 		return dl, err
 	}
+	slices.Sort(hashes)
+	var collided []uint64
+	for i := 1; i < len(hashes); i++ {
+		if hashes[i] == hashes[i-1] && (len(collided) == 0 || collided[len(collided)-1] != hashes[i]) {
+			collided = append(collided, hashes[i])
+		}
+	}
+	hashes = nil
 	if len(collided) > 0 {
 		// Tell true duplicates from hash collisions with the exact ids.
 		want := map[uint64]bool{}
