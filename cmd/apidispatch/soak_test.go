@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -48,6 +49,9 @@ type soakRun struct {
 	Summary dispatch.Summary
 	Wall    time.Duration // the child process, start to exit
 	MaxRSS  int64         // peak resident set of the child, KiB
+	// PeakAt is the share of the items the simulator had billed when the
+	// child's resident set was sampled at its highest (every 250 ms).
+	PeakAt float64
 	Ledger  sim.LedgerTotals
 	Sim429  int64 // 429s the simulator answered
 	Check   soak.Check
@@ -192,6 +196,22 @@ func runSoak(t *testing.T, input, runDir string, n int, k float64, plan soak.Pla
 		t.Fatal(err)
 	}
 	start := time.Now()
+	peakAt := make(chan float64, 1)
+	go func() {
+		var peak int64
+		at := 0.0
+		defer func() { peakAt <- at }()
+		for {
+			rss, ok := procRSS(c.Process.Pid)
+			if !ok {
+				return
+			}
+			if rss > peak {
+				peak, at = rss, float64(r.Server.LedgerTotals().Requests)/float64(n)
+			}
+			time.Sleep(250 * time.Millisecond)
+		}
+	}()
 	// The storms are timed from the run's first billed request (however
 	// long the child takes to validate its input), and the spend cap comes
 	// once CapAfter of the items are billed, whenever that is.
@@ -208,7 +228,7 @@ func runSoak(t *testing.T, input, runDir string, n int, k float64, plan soak.Pla
 		capped <- added && plan.CapOrg != ""
 	}()
 	err = c.Wait()
-	run := soakRun{Wall: time.Since(start)}
+	run := soakRun{Wall: time.Since(start), PeakAt: <-peakAt}
 	stopWatch()
 	run.Capped = <-capped
 	if c.ProcessState != nil {
@@ -256,10 +276,10 @@ func checkSoak(t *testing.T, name string, n int, r soakRun) {
 func logSoak(t *testing.T, name string, n int, k float64, r soakRun) {
 	t.Helper()
 	s := r.Summary
-	t.Logf("%s: N=%d K=%g: wall %.1f s (engine %.1f s), API-equivalent %.1f s = %.1f API-min; %.0f completions per API-minute (%.0f per wall second); peak RSS %.1f MiB; "+
+	t.Logf("%s: N=%d K=%g: wall %.1f s (engine %.1f s), API-equivalent %.1f s = %.1f API-min; %.0f completions per API-minute (%.0f per wall second); peak RSS %.1f MiB (sampled highest at %.0f%% billed); "+
 		"attempts %d, 429s %d (simulator %d), 529s %d, other retries %d; billed twice %d (ledger) vs possible_duplicate_billing %d; cost $%.2f",
 		name, n, k, r.Wall.Seconds(), s.WallS, s.APIEquivalentWallS, s.APIEquivalentWallS/60, s.APIRequestsPerMin, s.RequestsPerMin/60,
-		float64(r.MaxRSS)/1024, s.Attempts, s.RateLimited429, r.Sim429, s.Overloaded529, s.OtherRetries,
+		float64(r.MaxRSS)/1024, 100*r.PeakAt, s.Attempts, s.RateLimited429, r.Sim429, s.Overloaded529, s.OtherRetries,
 		r.Ledger.Duplicates, s.PossibleDuplicateBilling, s.Cost.Total)
 }
 
@@ -269,4 +289,23 @@ func tail(s string) string {
 		return "…" + s[len(s)-4096:]
 	}
 	return s
+}
+
+// procRSS reads a live process's resident set (KiB) from /proc; false once
+// the process is gone (or where there is no /proc).
+func procRSS(pid int) (int64, bool) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		return 0, false
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			f := strings.Fields(rest)
+			if len(f) > 0 {
+				v, err := strconv.ParseInt(f[0], 10, 64)
+				return v, err == nil
+			}
+		}
+	}
+	return 0, false
 }
