@@ -52,10 +52,10 @@ type soakRun struct {
 	// PeakAt is the share of the items the simulator had billed when the
 	// child's resident set was sampled at its highest (every 250 ms).
 	PeakAt float64
-	Ledger  sim.LedgerTotals
-	Sim429  int64 // 429s the simulator answered
-	Check   soak.Check
-	Capped  bool // the spend cap was added during the run
+	Ledger sim.LedgerTotals
+	Sim429 int64 // 429s the simulator answered
+	Check  soak.Check
+	Capped bool // the spend cap was added during the run
 }
 
 // TestSoak pushes N items through the build-3org (limit-bound) preset at
