@@ -19,6 +19,7 @@ import (
 
 	"github.com/apidispatch/apidispatch/cost"
 	"github.com/apidispatch/apidispatch/dispatch"
+	"github.com/apidispatch/apidispatch/internal/host"
 	"github.com/apidispatch/apidispatch/org"
 	"github.com/apidispatch/apidispatch/plan"
 	"github.com/apidispatch/apidispatch/sim"
@@ -671,7 +672,7 @@ func (h *harness) runArm(ctx context.Context, arm string, round int) (*ArmResult
 	if h.srv != nil {
 		mark = h.srv.Server.Mark()
 	}
-	cpu0, load0 := processCPU(), loadAverage()
+	cpu0, load0 := host.ProcessCPU(), host.LoadAverage()
 	var (
 		s       *dispatch.Summary
 		setup   time.Duration
@@ -692,8 +693,8 @@ func (h *harness) runArm(ctx context.Context, arm string, round int) (*ArmResult
 		ledger = &t
 	}
 	a := armResult(arm, round, rel, s, h.speed, setup, ledger)
-	cpu := (processCPU() - cpu0).Seconds()
-	a.Host = HostLoad{ProcessCPUS: round3(cpu), LoadAvgStart: load0, LoadAvgEnd: loadAverage(), CPUs: runtime.NumCPU()}
+	cpu := (host.ProcessCPU() - cpu0).Seconds()
+	a.Host = HostLoad{ProcessCPUS: round3(cpu), LoadAvgStart: load0, LoadAvgEnd: host.LoadAverage(), CPUs: runtime.NumCPU()}
 	if done := s.CompletedThisRun; done > 0 {
 		a.Host.CPUMsPerRequest = round3(cpu * 1000 / float64(done))
 	}

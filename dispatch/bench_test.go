@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/apidispatch/apidispatch/dispatch"
+	"github.com/apidispatch/apidispatch/internal/host"
 	"github.com/apidispatch/apidispatch/sim"
 	"github.com/apidispatch/apidispatch/store"
 	"github.com/apidispatch/apidispatch/workload"
@@ -232,9 +233,9 @@ func BenchmarkOverhead(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		t0, c0 := time.Now(), processCPU()
+		t0, c0 := time.Now(), host.ProcessCPU()
 		res, err := eng.Run(ctx)
-		el, cpu := time.Since(t0), processCPU()-c0
+		el, cpu := time.Since(t0), host.ProcessCPU()-c0
 		job.Close()
 		if err != nil {
 			b.Fatal(err)
@@ -279,7 +280,7 @@ func bareLoop(b *testing.B, h *harness, conc int) (float64, time.Duration) {
 	var next atomic.Int64
 	var failed atomic.Int64
 	var wg sync.WaitGroup
-	t0, c0 := time.Now(), processCPU()
+	t0, c0 := time.Now(), host.ProcessCPU()
 	for g := range conc {
 		key := h.orgs[g%len(h.orgs)].Key.Reveal()
 		wg.Go(func() {
@@ -306,7 +307,7 @@ func bareLoop(b *testing.B, h *harness, conc int) (float64, time.Duration) {
 		})
 	}
 	wg.Wait()
-	el, cpu := time.Since(t0), processCPU()-c0
+	el, cpu := time.Since(t0), host.ProcessCPU()-c0
 	if failed.Load() != 0 {
 		b.Fatalf("bare loop: %d of %d requests failed", failed.Load(), len(bodies))
 	}

@@ -1,6 +1,8 @@
 //go:build unix
 
-package ab
+// Package host reads what the machine says about this process and itself,
+// for benchmarks and the A/B's record of how busy the machine was.
+package host
 
 import (
 	"os"
@@ -10,9 +12,9 @@ import (
 	"time"
 )
 
-// processCPU is the CPU time this process has used (user + system): under
-// the embedded simulator, the simulator's share included.
-func processCPU() time.Duration {
+// ProcessCPU is the CPU time this process has used (user + system), or 0
+// where it cannot be read.
+func ProcessCPU() time.Duration {
 	var ru syscall.Rusage
 	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) != nil {
 		return 0
@@ -20,8 +22,8 @@ func processCPU() time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
-// loadAverage is the host's one-minute load average (Linux), or -1.
-func loadAverage() float64 {
+// LoadAverage is the host's one-minute load average (Linux), or -1.
+func LoadAverage() float64 {
 	b, err := os.ReadFile("/proc/loadavg")
 	if err != nil {
 		return -1

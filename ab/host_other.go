@@ -1,9 +1,0 @@
-//go:build !unix
-
-package ab
-
-import "time"
-
-func processCPU() time.Duration { return 0 }
-
-func loadAverage() float64 { return -1 }
