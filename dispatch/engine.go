@@ -169,7 +169,6 @@ type work struct {
 
 type attempt struct {
 	w        *work
-	n        int64 // the item's attempt number
 	lane     *laneRef
 	permit   Permit
 	outcome  anthropic.Outcome
@@ -386,14 +385,13 @@ func (e *Engine) Run(ctx context.Context) (*Result, error) {
 	if e.cfg.JournalDir != "" {
 		// A journal left by a process that died says what it may have had
 		// billed that the store never recorded.
-		if n, err := replayJournals(ctx, e.cfg.JournalDir, st); err != nil {
+		// The replay only adds counters, which nothing below reads: agg
+		// stays valid.
+		if n, err := replayJournals(ctx, e.cfg.JournalDir, st, agg.Counters); err != nil {
 			return nil, err
 		} else if n > 0 {
 			e.cfg.Events.Emit(EventWarning, fmt.Sprintf("an earlier run of this directory died with requests in flight or unrecorded: %d may have been billed and will be sent again (counted in possible_duplicate_billing)", n), map[string]any{"possible_duplicate_billing": n})
 			e.log.Warn("an earlier run died with requests in flight or unrecorded", "possible_duplicate_billing", n)
-		}
-		if agg, err = st.Aggregate(ctx); err != nil {
-			return nil, err
 		}
 	}
 	e.doneStart = agg.Succeeded + agg.Errored
@@ -764,7 +762,7 @@ func (e *Engine) start1(w *work, l *laneRef, p Permit, workers *sync.WaitGroup) 
 	e.inflightPub.Store(int64(e.inflight))
 	w.attempts++
 	e.c.attempts.Add(1)
-	a := &attempt{w: w, n: w.attempts, lane: l, permit: p}
+	a := &attempt{w: w, lane: l, permit: p}
 	if e.cfg.MaxCost > 0 {
 		a.worst = e.worstCase(w)
 		e.inflightW += a.worst
@@ -785,13 +783,11 @@ func (e *Engine) send(a *attempt) {
 	}
 	ctx, cancel := context.WithTimeout(e.abortCtx, e.cfg.Timeout)
 	defer cancel()
-	if e.jr != nil {
-		ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{WroteRequest: func(i httptrace.WroteRequestInfo) {
-			if i.Err == nil && !a.wrote.Swap(true) {
-				e.jr.sent(a.w.it.Seq, a.n)
-			}
-		}})
-	}
+	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{WroteRequest: func(i httptrace.WroteRequestInfo) {
+		if i.Err == nil && !a.wrote.Swap(true) {
+			e.jr.sent(a.w.it.Seq, a.w.attempts)
+		}
+	}})
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, e.base.JoinPath("v1", "messages").String(), bytes.NewReader(body))
 	if err != nil {
 		a.readErr = err
@@ -801,7 +797,7 @@ func (e *Engine) send(a *attempt) {
 	req.Header.Set(anthropic.HeaderAPIKey, a.lane.org.Key.Reveal())
 	req.Header.Set(anthropic.HeaderVersion, anthropic.APIVersion)
 	req.Header.Set("content-type", "application/json")
-	req.Header.Set("x-stainless-retry-count", strconv.FormatInt(a.n-1, 10))
+	req.Header.Set("x-stainless-retry-count", strconv.FormatInt(a.w.attempts-1, 10))
 	t0 := time.Now()
 	resp, err := e.client.Do(req)
 	var status int
@@ -826,22 +822,17 @@ func (e *Engine) send(a *attempt) {
 	case anthropic.ErrTypeTruncated, anthropic.ErrTypeNotMessage:
 		a.maybeBilled = true
 	case anthropic.ErrTypeConnection:
-		// Only a connection lost after the request went out can have
-		// been billed; a refused dial cannot.
-		if e.jr != nil {
-			a.maybeBilled = a.wrote.Load()
-		} else {
-			var op *net.OpError
-			a.maybeBilled = !(errors.As(err, &op) && op.Op == "dial")
-		}
+		// Only a connection lost after the whole request went out can
+		// have been billed; a refused dial or a broken write cannot.
+		a.maybeBilled = a.wrote.Load()
 	}
 	if a.outcome.Kind == anthropic.Success {
-		e.jr.succeeded(a.w.it.Seq, a.n)
+		e.jr.succeeded(a.w.it.Seq, a.w.attempts)
 	} else {
 		mb := a.maybeBilled && a.outcome.Kind == anthropic.Retryable
 		// Journal first, count second: the committer never flushes a
 		// count the journal does not hold.
-		e.jr.ended(a.w.it.Seq, a.n, mb)
+		e.jr.ended(a.w.it.Seq, a.w.attempts, mb)
 		if mb {
 			e.c.maybeBilled.Add(1)
 		}

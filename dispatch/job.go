@@ -26,6 +26,9 @@ const (
 	SummaryFile = "summary.json"
 )
 
+// ErrRunDirBusy: another process is running in the same run directory.
+var ErrRunDirBusy = errors.New("dispatch: run directory in use by another process")
+
 // JobConfig names a run: its input and its directory.
 type JobConfig struct {
 	InputPath string

@@ -9,7 +9,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
-	"sync/atomic"
 	"time"
 
 	"github.com/apidispatch/apidispatch/store"
@@ -45,9 +44,6 @@ type journal struct {
 	// key is the store counter holding how many of this journal's C…1
 	// records the committer has flushed into CounterMaybeBilled.
 	key string
-	// maybeBilled counts C…1 records written (the journal's own view).
-	maybeBilled atomic.Int64
-	failed      atomic.Bool
 }
 
 // journalKey is the store counter for the journal file at path.
@@ -77,11 +73,9 @@ func (j *journal) write(kind byte, seq, att int64, flag int) {
 		b = append(b, ' ', byte('0'+flag))
 	}
 	b = append(b, '\n')
-	if _, err := j.f.Write(b); err != nil {
-		// Losing the journal loses only the crash-time estimate, never an
-		// item: the run goes on, and a replay counts what was written.
-		j.failed.Store(true)
-	}
+	// A failed write loses only part of the crash-time count, never an
+	// item: the run goes on, and a replay counts what was written.
+	j.f.Write(b)
 }
 
 // sent records that attempt att of item seq was written to the connection.
@@ -94,13 +88,9 @@ func (j *journal) succeeded(seq, att int64) { j.write('R', seq, att, 0) }
 // have billed it. Call it before counting the attempt in memory, so that the
 // committer never flushes a count the journal does not hold.
 func (j *journal) ended(seq, att int64, maybeBilled bool) {
-	if j == nil {
-		return
-	}
 	flag := 0
 	if maybeBilled {
 		flag = 1
-		j.maybeBilled.Add(1)
 	}
 	j.write('C', seq, att, flag)
 }
@@ -187,30 +177,27 @@ func readJournal(path string) (journalTally, error) {
 
 // replayJournals counts what the journals left in dir by processes that
 // died say may have been billed without the store knowing, adds it to the
-// store's possible_duplicate_billing in one commit, and deletes them. It
-// returns the number added. A crash during the replay is harmless: the
-// commit marks each journal replayed, so a second replay skips it.
-func replayJournals(ctx context.Context, dir string, st store.Store) (int64, error) {
+// store's possible_duplicate_billing in one commit, and deletes them.
+// counters are the store's counters before the replay. It returns the
+// number added. A crash during the replay is harmless: the commit marks
+// each journal replayed, so a second replay skips it.
+func replayJournals(ctx context.Context, dir string, st store.Store, counters map[string]int64) (int64, error) {
 	paths, err := filepath.Glob(filepath.Join(dir, journalGlob))
 	if err != nil || len(paths) == 0 {
-		return 0, err
-	}
-	agg, err := st.Aggregate(ctx)
-	if err != nil {
 		return 0, err
 	}
 	var add int64
 	ctr := map[string]int64{}
 	for _, p := range paths {
 		done := "journal:" + filepath.Base(p) + ":replayed"
-		if agg.Counters[done] != 0 {
+		if counters[done] != 0 {
 			continue
 		}
 		t, err := readJournal(p)
 		if err != nil {
 			return 0, fmt.Errorf("%w; it is only used to count possible duplicate billing, so delete it to go on (that count will then miss what it held)", err)
 		}
-		n := t.inFlight + max(0, t.maybeBilled-agg.Counters[journalKey(p)])
+		n := t.inFlight + max(0, t.maybeBilled-counters[journalKey(p)])
 		slices.Sort(t.successes)
 		for _, seq := range slices.Compact(t.successes) {
 			// Still pending: the success never reached the store, and the

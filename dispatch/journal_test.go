@@ -70,7 +70,8 @@ func TestReplayJournal(t *testing.T) {
 	f.WriteString("C 6 1")
 	f.Close()
 
-	n, err := replayJournals(ctx, dir, st)
+	before, _ := st.Aggregate(ctx)
+	n, err := replayJournals(ctx, dir, st, before.Counters)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -88,7 +89,7 @@ func TestReplayJournal(t *testing.T) {
 	// A crash after the commit but before the removal: the journal is back,
 	// and the replay must not count it twice.
 	os.WriteFile(j.path, []byte("S 1 3\n"), 0o600)
-	if n, err := replayJournals(ctx, dir, st); err != nil || n != 0 {
+	if n, err := replayJournals(ctx, dir, st, agg.Counters); err != nil || n != 0 {
 		t.Fatalf("second replay of the same journal counted %d (%v), want 0", n, err)
 	}
 }

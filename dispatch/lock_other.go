@@ -3,13 +3,9 @@
 package dispatch
 
 import (
-	"errors"
 	"os"
 	"path/filepath"
 )
-
-// ErrRunDirBusy: another process is running in the same run directory.
-var ErrRunDirBusy = errors.New("dispatch: run directory in use by another process")
 
 // lockRunDir only creates dir/lock where advisory locks are not available:
 // nothing stops two processes sharing a run directory there.

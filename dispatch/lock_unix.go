@@ -10,9 +10,6 @@ import (
 	"syscall"
 )
 
-// ErrRunDirBusy: another process is running in the same run directory.
-var ErrRunDirBusy = errors.New("dispatch: run directory in use by another process")
-
 // lockRunDir takes an exclusive advisory lock on dir/lock, held until the
 // returned file is closed (or the process dies: the kernel drops it, so a
 // kill -9 never leaves a stale lock).

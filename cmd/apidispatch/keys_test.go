@@ -446,21 +446,10 @@ func TestMalformedKeyRefused(t *testing.T) {
 		t.Skip("spawns processes")
 	}
 	t.Parallel()
-	cfg, err := sim.Preset(sim.PresetOrigin3Org)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.Speed = 50
-	keys := canaryKeys(t, &cfg)
+	var keys map[string]string
+	r, input, _ := simWith(t, 50, 10, func(c *sim.Config) { keys = canaryKeys(t, c) })
 	scan := newLeakScanner(keys)
-	r, err := sim.Start(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { r.Close() })
-	dir := t.TempDir()
-	input := filepath.Join(dir, "req.jsonl")
-	writeJudge(t, input, 10)
+	dir := filepath.Dir(input)
 	kf := filepath.Join(dir, "two-lines.key")
 	os.WriteFile(kf, []byte(keys["high_prio"]+"\nsecond line\n"), 0o600)
 	orgs := filepath.Join(dir, "orgs.toml")
