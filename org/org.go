@@ -71,6 +71,20 @@ func Fingerprint(secret string) string {
 	return hex.EncodeToString(sum[:4])
 }
 
+// keyLike matches text that looks like an Anthropic API key.
+var keyLike = regexp.MustCompile(`sk-ant-[A-Za-z0-9_\-]{4,}`)
+
+// Scrub returns s with any text that looks like an Anthropic API key
+// replaced by "[redacted]". It is a second line of defence for text that
+// comes from outside (inputs, headers, error texts); keys held in a Key
+// never need it.
+func Scrub(s string) string {
+	if !strings.Contains(s, "sk-ant-") {
+		return s
+	}
+	return keyLike.ReplaceAllString(s, "[redacted]")
+}
+
 // Org is one organisation: a name and the key that reaches it.
 type Org struct {
 	Name string `json:"name"`

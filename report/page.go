@@ -13,6 +13,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/apidispatch/apidispatch/org"
 )
 
 // arm is one side of an A/B, or the single run of a run directory.
@@ -261,14 +263,11 @@ type eventItem struct {
 	Class          string
 }
 
-// keyLike matches text that looks like an Anthropic API key. Inputs hold
-// fingerprints only; this is a second line of defence, not the first.
-var keyLike = regexp.MustCompile(`sk-ant-[A-Za-z0-9_\-]{4,}`)
-
 // clean makes text from the inputs safe to show: API-key-like text is
-// redacted and very long text is cut. (HTML escaping is the template's.)
+// redacted (inputs hold fingerprints only; this is a second line of
+// defence) and very long text is cut. (HTML escaping is the template's.)
 func clean(s string) string {
-	s = keyLike.ReplaceAllString(s, "[redacted]")
+	s = org.Scrub(s)
 	if r := []rune(s); len(r) > 300 {
 		s = string(r[:300]) + "…"
 	}
