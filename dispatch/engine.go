@@ -85,6 +85,10 @@ type Config struct {
 	Grace time.Duration
 	// Client overrides the HTTP client (default: a tuned transport).
 	Client *http.Client
+	// WrapTransport, when set, wraps the client's transport (the default
+	// one or Client's); 'run --debug-http' uses it to write the headers of
+	// every exchange.
+	WrapTransport func(http.RoundTripper) http.RoundTripper
 	// Lane tunes every lane's controller (Org, Pool, Cap and Speed are set
 	// per lane).
 	Lane LaneConfig
@@ -282,6 +286,11 @@ func New(cfg Config) (*Engine, error) {
 			conns += c
 		}
 		e.client = &http.Client{Transport: NewTransport(max(256, conns*len(cfg.Orgs)))}
+	}
+	if cfg.WrapTransport != nil {
+		c := *e.client
+		c.Transport = cfg.WrapTransport(c.Transport)
+		e.client = &c
 	}
 	for _, o := range cfg.Orgs {
 		e.orgs = append(e.orgs, &orgState{Org: o})

@@ -151,7 +151,7 @@ func runChild(t *testing.T, extra []string, args ...string) childResult {
 // Every byte of stdout and stderr and of every file written under the run
 // and output directories (results.jsonl, events.jsonl, summary.json,
 // report.html, the limits file, ab.json, the status file, state.db and its
-// journal files) is searched for the keys, their middle and last 12
+// journal files, the --debug-http wire logs) is searched for the keys, their middle and last 12
 // characters, and the canary marker. Where a command names a key it must
 // be by fingerprint. The simulator's own output is not part of this: it
 // prints its keys by design.
@@ -282,9 +282,18 @@ func TestKeysNeverLeak(t *testing.T) {
 		r := start(t, faults...)
 		dir := filepath.Join(out, "run-faults")
 		runDirs = append(runDirs, dir)
-		res := runChild(t, keyEnv, "run", poisoned, "--orgs", orgsTOML, "--run-dir", dir, "--base-url", r.URL, "--speed", "50", "--confirm")
+		wire := filepath.Join(out, "wire-faults.log")
+		res := runChild(t, keyEnv, "run", poisoned, "--orgs", orgsTOML, "--run-dir", dir, "--base-url", r.URL, "--speed", "50", "--confirm",
+			"--debug-http", wire)
 		check(t, "run with faults", res, exitOK)
 		sent(t, r)
+		// The wire log names every key by fingerprint and holds what the
+		// API said; checkTree scans it with the rest of out.
+		wl := readFile(t, wire)
+		for _, fp := range fps {
+			has(t, "the --debug-http log", wl, "> X-Api-Key: [key "+fp+"]")
+		}
+		has(t, "the --debug-http log", wl, "< 429 Too Many Requests", "< Retry-After: ", "< Anthropic-Ratelimit-Requests-Remaining: ", "\n! ")
 		// The reminder names batch's key by fingerprint.
 		has(t, "stderr", res.stderr, "reminder: the key of org batch ("+fps["batch"]+")")
 		ev := readFile(t, filepath.Join(dir, dispatch.EventsFile))
@@ -301,9 +310,11 @@ func TestKeysNeverLeak(t *testing.T) {
 			sim.Fault{Kind: sim.FaultSpendCap, Org: "batch"})
 		dir := filepath.Join(out, "run-revoked")
 		runDirs = append(runDirs, dir)
-		res := runChild(t, env(r), "run", input, "--run-dir", dir, "--base-url", r.URL, "--speed", "50")
+		wire := filepath.Join(out, "wire-revoked.log")
+		res := runChild(t, env(r), "run", input, "--run-dir", dir, "--base-url", r.URL, "--speed", "50", "--debug-http", wire)
 		check(t, "run with a revoked key", res, exitOK)
 		sent(t, r)
+		has(t, "the --debug-http log", readFile(t, wire), "< 401 Unauthorized", "> X-Api-Key: [key "+fps["high_prio"]+"]")
 		// The lane-fatal reasons are printed, naming the keys by fingerprint.
 		has(t, "stderr", res.stderr, "org stopped", fps["high_prio"], fps["batch"])
 		has(t, "events.jsonl", readFile(t, filepath.Join(dir, dispatch.EventsFile)), "high_prio")

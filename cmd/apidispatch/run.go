@@ -1,12 +1,14 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"os/signal"
 	"syscall"
@@ -16,6 +18,7 @@ import (
 
 	"github.com/apidispatch/apidispatch/cost"
 	"github.com/apidispatch/apidispatch/dispatch"
+	"github.com/apidispatch/apidispatch/internal/wirelog"
 	"github.com/apidispatch/apidispatch/plan"
 	"github.com/apidispatch/apidispatch/report"
 )
@@ -33,6 +36,7 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 	expectOut := fs.Int64("expect-output", 0, "expected output tokens per request for the projection (`N`)")
 	grace := fs.Duration("grace", 30*time.Second, "after a stop signal, how long in-flight requests may finish")
 	deadline := fs.Duration("deadline", 0, "stop admitting after this long (`DURATION`); the run ends incomplete and resumable")
+	debugHTTP := fs.String("debug-http", "", "append the request line and headers and the response status and headers of every exchange to `FILE` (keys as fingerprints, no bodies)")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, `usage: apidispatch run REQUESTS.jsonl [flags]
 
@@ -136,6 +140,28 @@ flags:`)
 	}
 	if *deadline > 0 {
 		cfg.Deadline = time.Now().Add(*deadline)
+	}
+	if *debugHTTP != "" {
+		f, err := os.OpenFile(*debugHTTP, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+		if err != nil {
+			errf(stderr, "--debug-http: %v", err)
+			return exitUsage
+		}
+		var wires []*wirelog.Transport // one per engine (a pilot has its own)
+		cfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper {
+			w := wirelog.New(rt, f)
+			wires = append(wires, w)
+			return w
+		}
+		defer func() {
+			err := f.Close()
+			for _, w := range wires {
+				err = cmp.Or(w.Err(), err)
+			}
+			if err != nil {
+				errf(stderr, "--debug-http: %v; the wire log is incomplete", err)
+			}
+		}()
 	}
 
 	// Signals: the first stops admission, the second abandons in-flight work.
