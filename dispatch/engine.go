@@ -83,6 +83,12 @@ type Config struct {
 	Timeout time.Duration
 	// Grace is how long in-flight requests may finish after a stop (default 30 s).
 	Grace time.Duration
+	// GiveUpAfter stops admission when requests have kept failing to
+	// connect and none has reached the API for this long (a wrong base
+	// URL, the network down): the run ends incomplete and resumable, with
+	// nothing lost. Zero means DefaultGiveUpAfter; negative never gives
+	// up. It is wall time, not divided by Speed.
+	GiveUpAfter time.Duration
 	// Client overrides the HTTP client (default: a tuned transport).
 	Client *http.Client
 	// WrapTransport, when set, wraps the client's transport (the default
@@ -99,6 +105,9 @@ type Config struct {
 	// SampleEvery is the period of "sample" events for the report (default 1 s; <0 disables).
 	SampleEvery time.Duration
 }
+
+// DefaultGiveUpAfter is Config.GiveUpAfter's default.
+const DefaultGiveUpAfter = 10 * time.Minute
 
 // DefaultCaps are the polite per-key concurrency caps (origin.md §1.2).
 var DefaultCaps = map[string]int{"sonnet": 100, "haiku": 120, "opus": 40, "other": 40}
@@ -189,6 +198,9 @@ type attempt struct {
 	maybeBilled bool
 	// wrote: the whole request was written to the connection.
 	wrote atomic.Bool
+	// reached: the request reached the API (it was written whole, or an
+	// answer came back).
+	reached bool
 }
 
 // Engine runs one dispatch. Use New, then Run once.
@@ -218,6 +230,12 @@ type Engine struct {
 	wake        chan struct{}
 	stopReason  string
 	costStop    bool
+	// lastReached is when an attempt last reached the API (or Run
+	// started); unreachable is set once GiveUpAfter has passed since then
+	// with attempts failing to connect.
+	lastReached time.Time
+	unreachable string
+	warnedDown  bool // the "cannot reach the API" warning is out
 	abortCtx    context.Context
 	abortCancel context.CancelFunc
 
@@ -265,6 +283,9 @@ func New(cfg Config) (*Engine, error) {
 	}
 	if cfg.Grace == 0 {
 		cfg.Grace = 30 * time.Second
+	}
+	if cfg.GiveUpAfter == 0 {
+		cfg.GiveUpAfter = DefaultGiveUpAfter
 	}
 	if cfg.SampleEvery == 0 {
 		cfg.SampleEvery = time.Second
@@ -379,6 +400,7 @@ type Result struct {
 // either way.
 func (e *Engine) Run(ctx context.Context) (*Result, error) {
 	e.start = time.Now()
+	e.lastReached = e.start
 	e.abortCtx, e.abortCancel = context.WithCancel(context.Background())
 	defer e.abortCancel()
 	st := e.cfg.Store
@@ -656,8 +678,32 @@ func (e *Engine) stopCondition(ctx context.Context, now time.Time, com *committe
 		return "the run's state could not be written"
 	case e.costStop:
 		return e.stopReason
+	case e.unreachable != "":
+		return e.unreachable
 	}
 	return ""
+}
+
+// noteReach keeps track of whether attempts reach the API: a warning on
+// the first failure to connect after one that reached it, and a stop once
+// GiveUpAfter has passed without any attempt reaching it.
+func (e *Engine) noteReach(now time.Time, a *attempt) {
+	if a.reached {
+		e.lastReached = now
+		e.warnedDown = false
+		return
+	}
+	if a.outcome.ErrorType != anthropic.ErrTypeConnection {
+		return
+	}
+	if !e.warnedDown {
+		e.warnedDown = true
+		e.log.Warn("cannot reach the API; retrying", "base_url", e.base.Redacted(), "error", a.outcome.Reason)
+		e.cfg.Events.Emit(EventWarning, "cannot reach the API: "+a.outcome.Reason, map[string]any{"base_url": e.base.Redacted()})
+	}
+	if d := e.cfg.GiveUpAfter; d > 0 && e.unreachable == "" && now.Sub(e.lastReached) >= d {
+		e.unreachable = fmt.Sprintf("no request reached %s for %s (last error: %s)", e.base.Redacted(), d, a.outcome.Reason)
+	}
 }
 
 // dropQueued forgets queued items (they stay pending in the store).
@@ -825,6 +871,7 @@ func (e *Engine) send(a *attempt) {
 	}
 	now := time.Now()
 	a.latency = now.Sub(t0)
+	a.reached = status != 0 || a.wrote.Load()
 	a.outcome = anthropic.Classify(status, hdr, rb, err, now)
 	a.body = rb
 	switch a.outcome.ErrorType {
@@ -870,6 +917,7 @@ func (e *Engine) handle(a *attempt, com *committer, stopping bool) {
 	now := time.Now()
 	defer e.signal()
 	w, l, o := a.w, a.lane, a.outcome
+	e.noteReach(now, a)
 	if a.orgIDHdr != "" {
 		e.noteOrgID(l.org, a.orgIDHdr)
 	}

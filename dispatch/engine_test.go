@@ -5,6 +5,9 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
+	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -235,5 +238,67 @@ func TestTwoKeysOneOrg(t *testing.T) {
 	ev, _ := os.ReadFile(filepath.Join(h.dir, dispatch.EventsFile))
 	if !bytes.Contains(ev, []byte(`"kind":"warning"`)) || !bytes.Contains(ev, []byte("same organisation")) {
 		t.Fatal("no warning event about the shared organisation")
+	}
+}
+
+// closedURL returns the URL of a loopback port nothing listens on.
+func closedURL(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := "http://" + ln.Addr().String()
+	ln.Close()
+	return u
+}
+
+// TestUnreachableGivesUp: when no request can reach the API (nothing
+// listens at the base URL), the run retries, warns, and after GiveUpAfter
+// stops incomplete with every item still pending; the same run pointed at
+// the API then completes every item exactly once.
+func TestUnreachableGivesUp(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, sim.PresetOrigin3Org, 50, 200, nil)
+	down := closedURL(t)
+	var logBuf bytes.Buffer
+	start := time.Now()
+	// Bounded, so that a run that never gives up fails here instead of
+	// hanging until the test binary's timeout.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	res, err := h.run(ctx, func(c *dispatch.Config) {
+		c.BaseURL = down
+		c.GiveUpAfter = 500 * time.Millisecond
+		c.Log = slog.New(slog.NewTextHandler(&logBuf, nil))
+	})
+	if !errors.Is(err, dispatch.ErrIncomplete) {
+		t.Fatalf("run against a closed port: err %v, want ErrIncomplete", err)
+	}
+	s := res.Summary
+	if !strings.Contains(res.StopReason, "no request reached "+down+" for 500ms") || !strings.Contains(res.StopReason, "connect") {
+		t.Fatalf("stop reason %q", res.StopReason)
+	}
+	if s.Succeeded != 0 || s.Errored != 0 || s.Unfinished != 200 || s.Attempts < 200 || s.PossibleDuplicateBilling != 0 {
+		t.Fatalf("after giving up: succeeded %d errored %d unfinished %d attempts %d possible duplicates %d",
+			s.Succeeded, s.Errored, s.Unfinished, s.Attempts, s.PossibleDuplicateBilling)
+	}
+	t.Logf("gave up after %s and %d attempts: %s", time.Since(start).Round(time.Millisecond), s.Attempts, res.StopReason)
+	if n := strings.Count(logBuf.String(), "cannot reach the API"); n != 1 {
+		t.Fatalf("%d \"cannot reach the API\" warnings, want 1:\n%s", n, logBuf.String())
+	}
+
+	res, err = h.run(context.Background(), func(c *dispatch.Config) { c.GiveUpAfter = 500 * time.Millisecond })
+	if err != nil || !res.Complete || res.Summary.Succeeded != 200 {
+		t.Fatalf("resume against the API: %v %+v", err, res.Summary)
+	}
+	ids := h.resultIDs()
+	for id, n := range ids {
+		if n != 1 {
+			t.Fatalf("%s appears %d times", id, n)
+		}
+	}
+	if len(ids) != 200 {
+		t.Fatalf("%d ids in results, want 200", len(ids))
 	}
 }

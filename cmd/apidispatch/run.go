@@ -36,6 +36,7 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 	expectOut := fs.Int64("expect-output", 0, "expected output tokens per request for the projection (`N`)")
 	grace := fs.Duration("grace", 30*time.Second, "after a stop signal, how long in-flight requests may finish")
 	deadline := fs.Duration("deadline", 0, "stop admitting after this long (`DURATION`); the run ends incomplete and resumable")
+	giveUp := fs.Duration("give-up-after", dispatch.DefaultGiveUpAfter, "stop, incomplete and resumable, when no request has reached the API for this long while requests fail to connect (`DURATION`; 0 waits for ever)")
 	debugHTTP := fs.String("debug-http", "", "append the request line and headers and the response status and headers of every exchange to `FILE` (keys as fingerprints, no bodies)")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, `usage: apidispatch run REQUESTS.jsonl [flags]
@@ -136,7 +137,10 @@ flags:`)
 
 	cfg := dispatch.Config{
 		Orgs: orgs, BaseURL: sf.baseURL, Caps: sf.caps, Speed: sf.speed, Prices: prices,
-		MaxCost: maxCost, Grace: *grace, Log: log,
+		MaxCost: maxCost, Grace: *grace, GiveUpAfter: *giveUp, Log: log,
+	}
+	if *giveUp == 0 {
+		cfg.GiveUpAfter = -1 // the flag's 0 is "never"; the Config's is the default
 	}
 	if *deadline > 0 {
 		cfg.Deadline = time.Now().Add(*deadline)

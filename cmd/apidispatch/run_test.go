@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -380,5 +381,69 @@ func TestRunDirInUse(t *testing.T) {
 	third := cliCmd(r, append(args, "--deadline", "1ms")...)
 	if out, err := third.CombinedOutput(); strings.Contains(string(out), "in use") {
 		t.Fatalf("run dir still locked after the first process died: %v\n%s", err, out)
+	}
+}
+
+// TestRunGivesUpWhenUnreachable: 'run' pointed at a port nothing listens on
+// warns, stops after --give-up-after with exit 4 and every item unfinished,
+// and the same command pointed at the API then completes it. --debug-http
+// records the failed exchanges.
+func TestRunGivesUpWhenUnreachable(t *testing.T) {
+	if testing.Short() {
+		t.Skip("spawns processes")
+	}
+	t.Parallel()
+	r, input, runDir := simAndInput(t, 50, 300)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	down := "http://" + ln.Addr().String()
+	ln.Close()
+	wire := filepath.Join(t.TempDir(), "wire.log")
+	args := []string{"run", input, "--run-dir", runDir, "--speed", "50", "--quiet"}
+	c := cliCmd(r, append(args, "--base-url", down, "--give-up-after", "300ms", "--debug-http", wire)...)
+	var stderr bytes.Buffer
+	c.Stderr = &stderr
+	err = c.Run()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != exitIncomplete {
+		t.Fatalf("run against a closed port: %v, want exit %d\n%s", err, exitIncomplete, stderr.String())
+	}
+	for _, want := range []string{"cannot reach the API", "no request reached " + down + " for 300ms", "connection refused"} {
+		if !strings.Contains(stderr.String(), want) {
+			t.Fatalf("stderr lacks %q:\n%s", want, stderr.String())
+		}
+	}
+	var sum dispatch.Summary
+	b, err := os.ReadFile(filepath.Join(runDir, dispatch.SummaryFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, &sum); err != nil {
+		t.Fatal(err)
+	}
+	if sum.Unfinished != 300 || sum.Succeeded+sum.Errored != 0 {
+		t.Fatalf("after giving up: unfinished %d succeeded %d errored %d", sum.Unfinished, sum.Succeeded, sum.Errored)
+	}
+	wl, err := os.ReadFile(wire)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Contains(wl, []byte("> POST "+down+"/v1/messages\n")) || !bytes.Contains(wl, []byte("connection refused")) {
+		t.Fatalf("wire log of the failed run:\n%.2000s", wl)
+	}
+
+	if out, err := cliCmd(r, append(args, "--base-url", r.URL)...).CombinedOutput(); err != nil {
+		t.Fatalf("resume against the API: %v\n%s", err, out)
+	}
+	ids := readIDs(t, filepath.Join(runDir, dispatch.ResultsFile))
+	if len(ids) != 300 {
+		t.Fatalf("%d ids in results, want 300", len(ids))
+	}
+	for id, n := range ids {
+		if n != 1 {
+			t.Fatalf("%s appears %d times", id, n)
+		}
 	}
 }
