@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/apidispatch/apidispatch/store"
@@ -37,10 +38,16 @@ import (
 const journalGlob = "attempts-*.journal"
 
 // journal is the writer of one process's journal. Its methods are safe for
-// concurrent use (os.File serialises writes) and do nothing on a nil journal.
+// concurrent use and do nothing on a nil journal.
 type journal struct {
-	f    *os.File
-	path string
+	mu sync.Mutex
+	f  *os.File
+	// broken is set by the first failed or short write (a full disk):
+	// nothing is written after it, so that a record cut short can only be
+	// the last line, which the replay ignores, and never garbage in the
+	// middle that would make the journal unreadable.
+	broken bool
+	path   string
 	// key is the store counter holding how many of this journal's C…1
 	// records the committer has flushed into CounterMaybeBilled.
 	key string
@@ -75,7 +82,13 @@ func (j *journal) write(kind byte, seq, att int64, flag int) {
 	b = append(b, '\n')
 	// A failed write loses only part of the crash-time count, never an
 	// item: the run goes on, and a replay counts what was written.
-	j.f.Write(b)
+	j.mu.Lock()
+	if !j.broken {
+		if n, err := j.f.Write(b); err != nil || n != len(b) {
+			j.broken = true
+		}
+	}
+	j.mu.Unlock()
 }
 
 // sent records that attempt att of item seq was written to the connection.

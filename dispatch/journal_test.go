@@ -122,3 +122,34 @@ func TestRunDirLock(t *testing.T) {
 	}
 	l2.Close()
 }
+
+// A write that fails (a full disk) breaks the journal: nothing is written
+// after it, so the journal stays readable and the replay counts what came
+// before.
+func TestJournalStopsAfterFailedWrite(t *testing.T) {
+	dir := t.TempDir()
+	j, err := openJournal(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	j.sent(1, 1)
+	good := j.f
+	ro, err := os.Open(j.path) // read-only: every write fails
+	if err != nil {
+		t.Fatal(err)
+	}
+	j.f = ro
+	j.sent(2, 1)
+	j.f = good
+	j.sent(3, 1) // the disk has room again, but the journal stays broken
+	j.close(false)
+	ro.Close()
+	b, _ := os.ReadFile(j.path)
+	if string(b) != "S 1 1\n" {
+		t.Fatalf("journal after a failed write holds %q, want only the record before it", b)
+	}
+	tally, err := readJournal(j.path)
+	if err != nil || tally.inFlight != 1 {
+		t.Fatalf("replay of a broken journal: %+v %v", tally, err)
+	}
+}
