@@ -515,7 +515,7 @@ func (e *Engine) Run(ctx context.Context) (*Result, error) {
 		runErr = fmt.Errorf("reading pending items: %w", feedErr)
 	}
 	if com.err != nil && runErr == nil {
-		runErr = com.err
+		runErr = fmt.Errorf("the run's state could not be written, so the run stopped; nothing unwritten is marked done, and the same command resumes once there is room: %w", com.err)
 	}
 	closeErr := rf.close()
 	// Every attempt has ended; once every outcome and counter is durable

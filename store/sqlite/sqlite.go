@@ -684,7 +684,7 @@ func (s *Store) Commit(ctx context.Context, b store.Batch) (store.Committed, err
 		}
 	}
 	if err := tx.Commit(); err != nil {
-		return store.Committed{}, fmt.Errorf("sqlite: commit %d outcomes: %w", len(b.Outcomes), err)
+		return store.Committed{}, fmt.Errorf("sqlite: commit %d outcomes to %s: %w", len(b.Outcomes), s.path, err)
 	}
 	return got, nil
 }
