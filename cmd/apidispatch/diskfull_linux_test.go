@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"encoding/json"
 	"errors"
 	"os"
 	"os/exec"
@@ -14,7 +13,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/apidispatch/apidispatch/dispatch"
-	"github.com/apidispatch/apidispatch/sim"
 )
 
 // TestFullDiskThenResume fills the disk under a running 'apidispatch run':
@@ -77,44 +75,7 @@ func TestFullDiskThenResume(t *testing.T) {
 	}
 	linesAtStop := len(readIDs(t, filepath.Join(runDir, dispatch.ResultsFile)))
 
-	c = cliCmd(r, append(args, "--json")...)
-	var out, errb bytes.Buffer
-	c.Stdout, c.Stderr = &out, &errb
-	if err := c.Run(); err != nil {
-		t.Fatalf("resume with room again: %v\n%s", err, errb.String())
-	}
-	ids := readIDs(t, filepath.Join(runDir, dispatch.ResultsFile))
-	if len(ids) != n {
-		t.Fatalf("%d distinct custom_ids in results, want %d", len(ids), n)
-	}
-	for id, k := range ids {
-		if k != 1 {
-			t.Fatalf("%s appears %d times", id, k)
-		}
-	}
-	var s dispatch.Summary
-	if err := json.Unmarshal(bytes.TrimSpace(out.Bytes()), &s); err != nil {
-		t.Fatalf("summary: %v\n%s", err, out.String())
-	}
-	if !s.DataLoss.Passed || s.Succeeded != n {
-		t.Fatalf("summary after the resume: succeeded %d, %+v", s.Succeeded, s.DataLoss)
-	}
-	seen := map[sim.BodyHash]bool{}
-	var distinct, dups int64
-	for _, e := range r.Server.Ledger() {
-		if seen[e.BodySHA256] {
-			dups++
-			continue
-		}
-		seen[e.BodySHA256] = true
-		distinct += e.CostNanos
-	}
-	if distinct != s.Cost.TotalNanos {
-		t.Fatalf("summary cost %d nanos, ledger (distinct requests) %d", s.Cost.TotalNanos, distinct)
-	}
-	if dups > s.PossibleDuplicateBilling {
-		t.Errorf("the simulator billed %d requests twice; the summary counts only %d that may have been", dups, s.PossibleDuplicateBilling)
-	}
+	s, dups := resumeAndAudit(t, r, args, runDir, n)
 	_, why, _ := strings.Cut(stderr.String(), "apidispatch: ")
 	t.Logf("disk full at %d of %d billed (%d result lines): %s; after the resume: %d billed twice, %d counted",
 		billed, n, linesAtStop, strings.TrimSpace(why), dups, s.PossibleDuplicateBilling)
