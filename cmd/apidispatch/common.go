@@ -1,17 +1,21 @@
 package main
 
 import (
+	"cmp"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"log/slog"
+	"net/http"
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/apidispatch/apidispatch/cost"
+	"github.com/apidispatch/apidispatch/internal/wirelog"
 	"github.com/apidispatch/apidispatch/org"
 )
 
@@ -145,6 +149,41 @@ func parseFlags(fs *flag.FlagSet, args []string, stderr io.Writer) (code int, ok
 	// Leave the positional arguments where fs.Args() finds them.
 	fs.Parse(append([]string{"--"}, pos...))
 	return 0, true
+}
+
+// openWireLog opens the --debug-http file at path for appending and returns
+// the transport wrapper that writes every exchange to it, and a function to
+// call when the command is done, which closes the file and says on stderr
+// if any write failed. With an empty path wrap is nil and done does nothing.
+func openWireLog(path string, stderr io.Writer) (wrap func(http.RoundTripper) http.RoundTripper, done func(), err error) {
+	if path == "" {
+		return nil, func() {}, nil
+	}
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, nil, fmt.Errorf("--debug-http: %w", err)
+	}
+	var mu sync.Mutex
+	var wires []*wirelog.Transport // one per client (a pilot's engine has its own)
+	wrap = func(rt http.RoundTripper) http.RoundTripper {
+		w := wirelog.New(rt, f)
+		mu.Lock()
+		wires = append(wires, w)
+		mu.Unlock()
+		return w
+	}
+	done = func() {
+		err := f.Close()
+		mu.Lock()
+		for _, w := range wires {
+			err = cmp.Or(w.Err(), err)
+		}
+		mu.Unlock()
+		if err != nil {
+			errf(stderr, "--debug-http: %v; the wire log is incomplete", err)
+		}
+	}
+	return wrap, done, nil
 }
 
 func newLogger(w io.Writer, quiet bool) *slog.Logger {

@@ -151,8 +151,9 @@ func runChild(t *testing.T, extra []string, args ...string) childResult {
 // Every byte of stdout and stderr and of every file written under the run
 // and output directories (results.jsonl, events.jsonl, summary.json,
 // report.html, the limits file, ab.json, the status file, state.db and its
-// journal files, the --debug-http wire logs) is searched for the keys, their middle and last 12
-// characters, and the canary marker. Where a command names a key it must
+// journal files, the --debug-http wire logs of 'run' and 'probe') is
+// searched for the keys, their middle and last 12 characters, and the
+// canary marker. Where a command names a key it must
 // be by fingerprint. The simulator's own output is not part of this: it
 // prints its keys by design.
 func TestKeysNeverLeak(t *testing.T) {
@@ -331,13 +332,17 @@ func TestKeysNeverLeak(t *testing.T) {
 
 	t.Run("probe", func(t *testing.T) {
 		r := start(t)
-		res := runChild(t, env(r), "probe", "--base-url", r.URL, "--out", filepath.Join(out, "limits.json"))
+		wire := filepath.Join(out, "wire-probe.log")
+		res := runChild(t, env(r), "probe", "--base-url", r.URL, "--out", filepath.Join(out, "limits.json"), "--debug-http", wire)
 		check(t, "probe", res, exitOK)
 		sent(t, r)
+		wl := readFile(t, wire)
 		for _, fp := range fps {
 			has(t, "probe's table", res.stdout, fp)
 			has(t, "limits.json", readFile(t, filepath.Join(out, "limits.json")), fp)
+			has(t, "probe's --debug-http log", wl, "> X-Api-Key: [key "+fp+"]")
 		}
+		has(t, "probe's --debug-http log", wl, "< Anthropic-Ratelimit-Output-Tokens-Limit: ")
 	})
 
 	t.Run("ab", func(t *testing.T) {

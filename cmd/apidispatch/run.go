@@ -1,14 +1,12 @@
 package main
 
 import (
-	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
-	"net/http"
 	"os"
 	"os/signal"
 	"syscall"
@@ -18,7 +16,6 @@ import (
 
 	"github.com/apidispatch/apidispatch/cost"
 	"github.com/apidispatch/apidispatch/dispatch"
-	"github.com/apidispatch/apidispatch/internal/wirelog"
 	"github.com/apidispatch/apidispatch/plan"
 	"github.com/apidispatch/apidispatch/report"
 )
@@ -145,28 +142,13 @@ flags:`)
 	if *deadline > 0 {
 		cfg.Deadline = time.Now().Add(*deadline)
 	}
-	if *debugHTTP != "" {
-		f, err := os.OpenFile(*debugHTTP, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
-		if err != nil {
-			errf(stderr, "--debug-http: %v", err)
-			return exitUsage
-		}
-		var wires []*wirelog.Transport // one per engine (a pilot has its own)
-		cfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper {
-			w := wirelog.New(rt, f)
-			wires = append(wires, w)
-			return w
-		}
-		defer func() {
-			err := f.Close()
-			for _, w := range wires {
-				err = cmp.Or(w.Err(), err)
-			}
-			if err != nil {
-				errf(stderr, "--debug-http: %v; the wire log is incomplete", err)
-			}
-		}()
+	wrap, closeWire, err := openWireLog(*debugHTTP, stderr)
+	if err != nil {
+		errf(stderr, "%v", err)
+		return exitUsage
 	}
+	defer closeWire()
+	cfg.WrapTransport = wrap
 
 	// Signals: the first stops admission, the second abandons in-flight work.
 	sigs := make(chan os.Signal, 2)
