@@ -234,6 +234,7 @@ type Engine struct {
 	// started); unreachable is set once GiveUpAfter has passed since then
 	// with attempts failing to connect.
 	lastReached time.Time
+	everReached bool // an attempt of this run reached the API
 	unreachable string
 	warnedDown  bool // the "cannot reach the API" warning is out
 	abortCtx    context.Context
@@ -684,19 +685,27 @@ func (e *Engine) stopCondition(ctx context.Context, now time.Time, com *committe
 	return ""
 }
 
-// noteReach keeps track of whether attempts reach the API: a warning on
-// the first failure to connect after one that reached it, and a stop once
+// downWarnAfter is how long attempts must have failed to connect, once
+// one has reached the API, before noteReach warns: a lone failure (a stale
+// keep-alive connection) is not news.
+const downWarnAfter = 10 * time.Second
+
+// noteReach keeps track of whether attempts reach the API: a warning when
+// the first attempts of a run fail to connect, or when none has reached it
+// for downWarnAfter, a note when it answers again, and a stop once
 // GiveUpAfter has passed without any attempt reaching it.
 func (e *Engine) noteReach(now time.Time, a *attempt) {
 	if a.reached {
-		e.lastReached = now
-		e.warnedDown = false
+		if e.warnedDown {
+			e.log.Info("the API answers again", "after", now.Sub(e.lastReached).Round(time.Second))
+		}
+		e.lastReached, e.everReached, e.warnedDown = now, true, false
 		return
 	}
 	if a.outcome.ErrorType != anthropic.ErrTypeConnection {
 		return
 	}
-	if !e.warnedDown {
+	if !e.warnedDown && (!e.everReached || now.Sub(e.lastReached) >= downWarnAfter) {
 		e.warnedDown = true
 		e.log.Warn("cannot reach the API; retrying", "base_url", e.base.Redacted(), "error", a.outcome.Reason)
 		e.cfg.Events.Emit(EventWarning, "cannot reach the API: "+a.outcome.Reason, map[string]any{"base_url": e.base.Redacted()})

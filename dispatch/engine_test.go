@@ -302,3 +302,44 @@ func TestUnreachableGivesUp(t *testing.T) {
 		t.Fatalf("%d ids in results, want 200", len(ids))
 	}
 }
+
+// TestWaitsForAPIThatComesBack: with GiveUpAfter negative a run waits out
+// an API that is not there yet, and once it answers completes every item
+// exactly once, the same as a run that never saw the outage.
+func TestWaitsForAPIThatComesBack(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, sim.PresetOrigin3Org, 50, 200, nil)
+	down := closedURL(t)
+	var logBuf bytes.Buffer
+	go func() {
+		time.Sleep(700 * time.Millisecond)
+		r, err := sim.StartOn(strings.TrimPrefix(down, "http://"), h.sim.Server.Config())
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		t.Cleanup(func() { r.Close() })
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	res, err := h.run(ctx, func(c *dispatch.Config) {
+		c.BaseURL = down
+		c.GiveUpAfter = -1
+		c.Log = slog.New(slog.NewTextHandler(&logBuf, nil))
+	})
+	if err != nil || !res.Complete || res.Summary.Succeeded != 200 {
+		t.Fatalf("run through an outage: %v %+v", err, res.Summary)
+	}
+	if !strings.Contains(logBuf.String(), "cannot reach the API") || !strings.Contains(logBuf.String(), "the API answers again") {
+		t.Fatalf("log of a run through an outage:\n%s", logBuf.String())
+	}
+	ids := h.resultIDs()
+	if len(ids) != 200 {
+		t.Fatalf("%d ids in results, want 200", len(ids))
+	}
+	for id, n := range ids {
+		if n != 1 {
+			t.Fatalf("%s appears %d times", id, n)
+		}
+	}
+}
