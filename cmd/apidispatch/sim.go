@@ -85,7 +85,7 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	speed := fs.Float64("speed", 0, "speed factor `K` (default: the config's, else 1)")
 	seed := fs.Int64("seed", 0, "`SEED` of latency jitter, fault draws, ids and generated keys (default: the config's)")
 	ledger := fs.String("ledger", "", "append every billed request to `FILE` as JSON lines")
-	keysEnv := fs.String("keys-env", "", "also write the ANTHROPIC_API_KEY_<ORG>= lines to `FILE` (mode 0600)")
+	keysEnv := fs.String("keys-env", "", "also write the ANTHROPIC_BASE_URL= and ANTHROPIC_API_KEY_<ORG>= lines to `FILE` (mode 0600), ready to source")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), simHelp)
 		fs.PrintDefaults()
@@ -152,7 +152,8 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	lines := run.Server.EnvLines()
 	if *keysEnv != "" {
-		if err := writeKeysEnv(*keysEnv, lines); err != nil {
+		// The base URL too: sourcing the file is all 'run' needs.
+		if err := writeKeysEnv(*keysEnv, append([]string{"ANTHROPIC_BASE_URL=" + run.URL}, lines...)); err != nil {
 			run.Close()
 			return fail("%v", err)
 		}

@@ -71,8 +71,8 @@ func TestSimCommandServesAndFlushesLedger(t *testing.T) {
 		t.Fatalf("keys env file: %v, mode %v; want 0600", err, st.Mode())
 	}
 	b, _ := os.ReadFile(keys)
-	if !strings.Contains(string(b), "ANTHROPIC_API_KEY_HIGH_PRIO="+key) {
-		t.Errorf("keys file %q lacks the printed key", b)
+	if !strings.Contains(string(b), "ANTHROPIC_API_KEY_HIGH_PRIO="+key) || !strings.Contains(string(b), "ANTHROPIC_BASE_URL="+base+"\n") {
+		t.Errorf("keys file %q lacks the printed key or base URL", b)
 	}
 
 	req, _ := http.NewRequest("POST", base+"/v1/messages", strings.NewReader(
