@@ -126,6 +126,21 @@ func (h *harness) resultIDs() map[string]int {
 	return ids
 }
 
+// requireEachOnce fails the test unless results.jsonl holds n distinct
+// custom_ids, each on one line.
+func (h *harness) requireEachOnce(n int) {
+	h.t.Helper()
+	ids := h.resultIDs()
+	for id, k := range ids {
+		if k != 1 {
+			h.t.Fatalf("%s appears %d times", id, k)
+		}
+	}
+	if len(ids) != n {
+		h.t.Fatalf("%d distinct ids in results, want %d", len(ids), n)
+	}
+}
+
 func TestRunCompletesAndMatchesLedger(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, sim.PresetOrigin3Org, 50, 1500, nil)
@@ -137,15 +152,7 @@ func TestRunCompletesAndMatchesLedger(t *testing.T) {
 	if !res.Complete || s.Succeeded != 1500 || s.Errored != 0 || !s.DataLoss.Passed {
 		t.Fatalf("summary: %+v", s)
 	}
-	ids := h.resultIDs()
-	if len(ids) != 1500 {
-		t.Fatalf("%d distinct ids in results", len(ids))
-	}
-	for id, n := range ids {
-		if n != 1 {
-			t.Fatalf("%s appears %d times", id, n)
-		}
-	}
+	h.requireEachOnce(1500)
 	led := h.sim.Server.LedgerTotals()
 	if led.CostNanos != s.Cost.TotalNanos {
 		t.Fatalf("ledger cost %d nanos, summary %d", led.CostNanos, s.Cost.TotalNanos)
@@ -185,10 +192,7 @@ func TestStormLosesNothing(t *testing.T) {
 			if s.RateLimited429 == 0 || s.APIEquivalentWallS < 300 {
 				t.Fatalf("the storm did not hold the run (429s %d, %.0f API-s): the test proves nothing", s.RateLimited429, s.APIEquivalentWallS)
 			}
-			ids := h.resultIDs()
-			if len(ids) != 2000 {
-				t.Fatalf("%d ids in results", len(ids))
-			}
+			h.requireEachOnce(2000)
 			t.Logf("429s %d over %d attempts; %.0f API-seconds", s.RateLimited429, s.Attempts, s.APIEquivalentWallS)
 		})
 	}
@@ -292,15 +296,7 @@ func TestUnreachableGivesUp(t *testing.T) {
 	if err != nil || !res.Complete || res.Summary.Succeeded != 200 {
 		t.Fatalf("resume against the API: %v %+v", err, res.Summary)
 	}
-	ids := h.resultIDs()
-	for id, n := range ids {
-		if n != 1 {
-			t.Fatalf("%s appears %d times", id, n)
-		}
-	}
-	if len(ids) != 200 {
-		t.Fatalf("%d ids in results, want 200", len(ids))
-	}
+	h.requireEachOnce(200)
 }
 
 // TestWaitsForAPIThatComesBack: with GiveUpAfter negative a run waits out
@@ -333,13 +329,5 @@ func TestWaitsForAPIThatComesBack(t *testing.T) {
 	if !strings.Contains(logBuf.String(), "cannot reach the API") || !strings.Contains(logBuf.String(), "the API answers again") {
 		t.Fatalf("log of a run through an outage:\n%s", logBuf.String())
 	}
-	ids := h.resultIDs()
-	if len(ids) != 200 {
-		t.Fatalf("%d ids in results, want 200", len(ids))
-	}
-	for id, n := range ids {
-		if n != 1 {
-			t.Fatalf("%s appears %d times", id, n)
-		}
-	}
+	h.requireEachOnce(200)
 }
