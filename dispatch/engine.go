@@ -230,11 +230,10 @@ type Engine struct {
 	wake        chan struct{}
 	stopReason  string
 	costStop    bool
-	// lastReached is when an attempt last reached the API (or Run
-	// started); unreachable is set once GiveUpAfter has passed since then
-	// with attempts failing to connect.
+	// lastReached is when an attempt last reached the API (zero: none
+	// has yet); unreachable is set once GiveUpAfter has passed since then
+	// (or since Run started) with attempts failing to connect.
 	lastReached time.Time
-	everReached bool // an attempt of this run reached the API
 	unreachable string
 	warnedDown  bool // the "cannot reach the API" warning is out
 	abortCtx    context.Context
@@ -401,7 +400,6 @@ type Result struct {
 // either way.
 func (e *Engine) Run(ctx context.Context) (*Result, error) {
 	e.start = time.Now()
-	e.lastReached = e.start
 	e.abortCtx, e.abortCancel = context.WithCancel(context.Background())
 	defer e.abortCancel()
 	st := e.cfg.Store
@@ -695,22 +693,26 @@ const downWarnAfter = 10 * time.Second
 // for downWarnAfter, a note when it answers again, and a stop once
 // GiveUpAfter has passed without any attempt reaching it.
 func (e *Engine) noteReach(now time.Time, a *attempt) {
+	since := e.lastReached
+	if since.IsZero() {
+		since = e.start
+	}
 	if a.reached {
 		if e.warnedDown {
-			e.log.Info("the API answers again", "after", now.Sub(e.lastReached).Round(time.Second))
+			e.log.Info("the API answers again", "after", now.Sub(since).Round(time.Second))
 		}
-		e.lastReached, e.everReached, e.warnedDown = now, true, false
+		e.lastReached, e.warnedDown = now, false
 		return
 	}
 	if a.outcome.ErrorType != anthropic.ErrTypeConnection {
 		return
 	}
-	if !e.warnedDown && (!e.everReached || now.Sub(e.lastReached) >= downWarnAfter) {
+	if !e.warnedDown && (e.lastReached.IsZero() || now.Sub(since) >= downWarnAfter) {
 		e.warnedDown = true
 		e.log.Warn("cannot reach the API; retrying", "base_url", e.base.Redacted(), "error", a.outcome.Reason)
 		e.cfg.Events.Emit(EventWarning, "cannot reach the API: "+a.outcome.Reason, map[string]any{"base_url": e.base.Redacted()})
 	}
-	if d := e.cfg.GiveUpAfter; d > 0 && e.unreachable == "" && now.Sub(e.lastReached) >= d {
+	if d := e.cfg.GiveUpAfter; d > 0 && e.unreachable == "" && now.Sub(since) >= d {
 		e.unreachable = fmt.Sprintf("no request reached %s for %s (last error: %s)", e.base.Redacted(), d, a.outcome.Reason)
 	}
 }

@@ -45,6 +45,9 @@ type ProbeConfig struct {
 	PricesSource string
 	// Client defaults to a client with a 60 s timeout.
 	Client *http.Client
+	// WrapTransport, when set, wraps the client's transport; 'probe
+	// --debug-http' uses it to write the headers of every exchange.
+	WrapTransport func(http.RoundTripper) http.RoundTripper
 	// Now is when the probe ran (recorded in the file).
 	Now time.Time
 }
@@ -95,6 +98,11 @@ func Probe(ctx context.Context, cfg ProbeConfig) (*Limits, []ProbeCall, error) {
 	if client == nil {
 		client = newClient()
 		defer client.CloseIdleConnections()
+	}
+	if cfg.WrapTransport != nil {
+		c := *client
+		c.Transport = cfg.WrapTransport(c.Transport)
+		client = &c
 	}
 	prices := cfg.Prices
 	if prices == nil {

@@ -11,7 +11,6 @@ import (
 	"os"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/apidispatch/apidispatch/cost"
@@ -151,6 +150,9 @@ func parseFlags(fs *flag.FlagSet, args []string, stderr io.Writer) (code int, ok
 	return 0, true
 }
 
+// debugHTTPUsage is the --debug-http flag's help, for every command that has it.
+const debugHTTPUsage = "append the request line and headers and the response status and headers of every exchange to `FILE` (keys as fingerprints, no bodies)"
+
 // openWireLog opens the --debug-http file at path for appending and returns
 // the transport wrapper that writes every exchange to it, and a function to
 // call when the command is done, which closes the file and says on stderr
@@ -163,27 +165,13 @@ func openWireLog(path string, stderr io.Writer) (wrap func(http.RoundTripper) ht
 	if err != nil {
 		return nil, nil, fmt.Errorf("--debug-http: %w", err)
 	}
-	var mu sync.Mutex
-	var wires []*wirelog.Transport // one per client (a pilot's engine has its own)
-	wrap = func(rt http.RoundTripper) http.RoundTripper {
-		w := wirelog.New(rt, f)
-		mu.Lock()
-		wires = append(wires, w)
-		mu.Unlock()
-		return w
-	}
+	wl := wirelog.New(f)
 	done = func() {
-		err := f.Close()
-		mu.Lock()
-		for _, w := range wires {
-			err = cmp.Or(w.Err(), err)
-		}
-		mu.Unlock()
-		if err != nil {
+		if err := cmp.Or(wl.Err(), f.Close()); err != nil {
 			errf(stderr, "--debug-http: %v; the wire log is incomplete", err)
 		}
 	}
-	return wrap, done, nil
+	return wl.Wrap, done, nil
 }
 
 func newLogger(w io.Writer, quiet bool) *slog.Logger {

@@ -5,7 +5,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net/http"
 	"os"
 	"strings"
 	"text/tabwriter"
@@ -29,7 +28,7 @@ func probeCmd(args []string, stdout, stderr io.Writer) int {
 	fs.BoolVar(&sf.json, "json", false, "print the limits file on stdout instead of the table")
 	models := fs.String("models", strings.Join(plan.DefaultProbeModels, ","), "models to probe, `m1,m2,...` (one per rate-limit pool is enough)")
 	out := fs.String("out", "limits.json", "limits `FILE` to write")
-	debugHTTP := fs.String("debug-http", "", "append the request line and headers and the response status and headers of every exchange to `FILE` (keys as fingerprints, no bodies)")
+	debugHTTP := fs.String("debug-http", "", debugHTTPUsage)
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, `usage: apidispatch probe [flags]
 
@@ -87,19 +86,16 @@ flags:`)
 	for _, r := range rotationReminders(orgs, now) {
 		fmt.Fprintln(stderr, r)
 	}
-	pc := plan.ProbeConfig{Orgs: orgs, BaseURL: sf.baseURL, Models: ms, Prices: prices, PricesSource: pricesSource, Now: now}
 	wrap, closeWire, err := openWireLog(*debugHTTP, stderr)
 	if err != nil {
 		errf(stderr, "%v", err)
 		return exitUsage
 	}
 	defer closeWire()
-	if wrap != nil {
-		tr := http.DefaultTransport.(*http.Transport).Clone()
-		defer tr.CloseIdleConnections()
-		pc.Client = &http.Client{Transport: wrap(tr), Timeout: 60 * time.Second}
-	}
-	l, calls, err := plan.Probe(context.Background(), pc)
+	l, calls, err := plan.Probe(context.Background(), plan.ProbeConfig{
+		Orgs: orgs, BaseURL: sf.baseURL, Models: ms, Prices: prices, PricesSource: pricesSource, Now: now,
+		WrapTransport: wrap,
+	})
 	if err != nil {
 		errf(stderr, "%v", err)
 		return exitUsage

@@ -34,7 +34,7 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 	grace := fs.Duration("grace", 30*time.Second, "after a stop signal, how long in-flight requests may finish")
 	deadline := fs.Duration("deadline", 0, "stop admitting after this long (`DURATION`); the run ends incomplete and resumable")
 	giveUp := fs.Duration("give-up-after", dispatch.DefaultGiveUpAfter, "stop, incomplete and resumable, when no request has reached the API for this long while requests fail to connect (`DURATION`; 0 waits for ever)")
-	debugHTTP := fs.String("debug-http", "", "append the request line and headers and the response status and headers of every exchange to `FILE` (keys as fingerprints, no bodies)")
+	debugHTTP := fs.String("debug-http", "", debugHTTPUsage)
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, `usage: apidispatch run REQUESTS.jsonl [flags]
 

@@ -177,6 +177,21 @@ func TestKillNineThenResume(t *testing.T) {
 		n, killed, dups, s.PossibleDuplicateBilling, s.PossibleDuplicateBilling-dups)
 }
 
+// requireEachOnce fails t unless runDir's results.jsonl holds n distinct
+// custom_ids, each on one line.
+func requireEachOnce(t *testing.T, runDir string, n int) {
+	t.Helper()
+	ids := readIDs(t, filepath.Join(runDir, dispatch.ResultsFile))
+	if len(ids) != n {
+		t.Fatalf("%d distinct custom_ids in results, want %d", len(ids), n)
+	}
+	for id, k := range ids {
+		if k != 1 {
+			t.Fatalf("%s appears %d times", id, k)
+		}
+	}
+}
+
 // resumeAndAudit runs the command args (a 'run' of n items in runDir) to
 // completion with --json and audits the end: every custom_id in
 // results.jsonl exactly once, the data-loss check passed, no attempt
@@ -192,15 +207,7 @@ func resumeAndAudit(t *testing.T, r *sim.Running, args []string, runDir string, 
 	if err := c.Run(); err != nil {
 		t.Fatalf("final run: %v\n%s", err, errb.String())
 	}
-	ids := readIDs(t, filepath.Join(runDir, dispatch.ResultsFile))
-	if len(ids) != n {
-		t.Fatalf("%d distinct custom_ids in results, want %d", len(ids), n)
-	}
-	for id, k := range ids {
-		if k != 1 {
-			t.Fatalf("%s appears %d times", id, k)
-		}
-	}
+	requireEachOnce(t, runDir, n)
 	var s dispatch.Summary
 	if err := json.Unmarshal(bytes.TrimSpace(out.Bytes()), &s); err != nil {
 		t.Fatalf("summary: %v\n%s", err, out.String())
@@ -336,15 +343,7 @@ func TestSignals(t *testing.T) {
 			if b, err := c.CombinedOutput(); err != nil {
 				t.Fatalf("resume: %v\n%s", err, b)
 			}
-			ids := readIDs(t, filepath.Join(runDir, dispatch.ResultsFile))
-			if len(ids) != n {
-				t.Fatalf("%d ids after resume", len(ids))
-			}
-			for id, k := range ids {
-				if k != 1 {
-					t.Fatalf("%s appears %d times", id, k)
-				}
-			}
+			requireEachOnce(t, runDir, n)
 		})
 	}
 }
@@ -434,13 +433,5 @@ func TestRunGivesUpWhenUnreachable(t *testing.T) {
 	if out, err := cliCmd(r, append(args, "--base-url", r.URL)...).CombinedOutput(); err != nil {
 		t.Fatalf("resume against the API: %v\n%s", err, out)
 	}
-	ids := readIDs(t, filepath.Join(runDir, dispatch.ResultsFile))
-	if len(ids) != 300 {
-		t.Fatalf("%d ids in results, want 300", len(ids))
-	}
-	for id, n := range ids {
-		if n != 1 {
-			t.Fatalf("%s appears %d times", id, n)
-		}
-	}
+	requireEachOnce(t, runDir, 300)
 }

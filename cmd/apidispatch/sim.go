@@ -150,18 +150,18 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		return fail("%v", err)
 	}
-	lines := run.Server.EnvLines()
+	// What 'run' needs in its environment: printed, and in --keys-env.
+	keyLines := run.Server.EnvLines()
+	env := append([]string{"ANTHROPIC_BASE_URL=" + run.URL}, keyLines...)
 	if *keysEnv != "" {
-		// The base URL too: sourcing the file is all 'run' needs.
-		if err := writeKeysEnv(*keysEnv, append([]string{"ANTHROPIC_BASE_URL=" + run.URL}, lines...)); err != nil {
+		if err := writeKeysEnv(*keysEnv, env); err != nil {
 			run.Close()
 			return fail("%v", err)
 		}
 	}
 	k := run.Server.Speed()
-	fmt.Fprintf(stdout, "apidispatch sim: serving on %s (speed %g, %d orgs); Ctrl-C stops\n", run.URL, k, len(lines))
-	fmt.Fprintf(stdout, "ANTHROPIC_BASE_URL=%s\n", run.URL)
-	for _, l := range lines {
+	fmt.Fprintf(stdout, "apidispatch sim: serving on %s (speed %g, %d orgs); Ctrl-C stops\n", run.URL, k, len(keyLines))
+	for _, l := range env {
 		fmt.Fprintln(stdout, l)
 	}
 

@@ -21,9 +21,9 @@ import (
 	"github.com/apidispatch/apidispatch/org"
 )
 
-// Transport is an http.RoundTripper that passes every request to Base and
-// writes the exchange's request line and headers and the response's status
-// and headers (or the transport error) to W as one block:
+// Log writes HTTP exchanges to one writer. Wrap puts it around a
+// transport: each exchange through any wrapped transport becomes one
+// block, numbered in the order the exchanges started:
 //
 //	# 17 2026-12-02T18:40:01.123Z 812ms
 //	> POST http://127.0.0.1:8080/v1/messages
@@ -32,28 +32,54 @@ import (
 //	< Request-Id: req_011C…
 //
 // Blocks from concurrent exchanges never interleave. After the first failed
-// write Transport stops writing (Err returns it) and goes on passing
-// requests. It is safe for concurrent use; use New to make one.
-type Transport struct {
-	base http.RoundTripper
-	seq  atomic.Uint64
+// write the Log stops writing (Err returns it) and the wrapped transports
+// go on passing requests. It is safe for concurrent use; use New to make
+// one.
+type Log struct {
+	seq atomic.Uint64
 
 	mu  sync.Mutex
 	w   io.Writer
 	err error
 }
 
-// New wraps base (http.DefaultTransport when nil), writing to w.
-func New(base http.RoundTripper, w io.Writer) *Transport {
+// New returns a Log writing to w.
+func New(w io.Writer) *Log { return &Log{w: w} }
+
+// Wrap returns a transport that passes every request to base
+// (http.DefaultTransport when nil) and writes the exchange's request line
+// and headers and the response's status and headers (or the transport
+// error) to the Log.
+func (l *Log) Wrap(base http.RoundTripper) http.RoundTripper {
 	if base == nil {
 		base = http.DefaultTransport
 	}
-	return &Transport{base: base, w: w}
+	return &transport{base: base, log: l}
+}
+
+// Err returns the first write error, or nil.
+func (l *Log) Err() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.err
+}
+
+func (l *Log) write(b []byte) {
+	l.mu.Lock()
+	if l.err == nil {
+		_, l.err = l.w.Write(b)
+	}
+	l.mu.Unlock()
+}
+
+type transport struct {
+	base http.RoundTripper
+	log  *Log
 }
 
 // RoundTrip implements http.RoundTripper.
-func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
-	n := t.seq.Add(1)
+func (t *transport) RoundTrip(req *http.Request) (*http.Response, error) {
+	n := t.log.seq.Add(1)
 	start := time.Now()
 	resp, err := t.base.RoundTrip(req)
 	var b bytes.Buffer
@@ -70,24 +96,13 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		writeHeader(&b, "< ", resp.Header)
 	}
 	b.WriteByte('\n')
-	t.mu.Lock()
-	if t.err == nil {
-		_, t.err = t.w.Write(b.Bytes())
-	}
-	t.mu.Unlock()
+	t.log.write(b.Bytes())
 	return resp, err
-}
-
-// Err returns the first write error, or nil.
-func (t *Transport) Err() error {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return t.err
 }
 
 // CloseIdleConnections closes the base transport's idle connections, so
 // that http.Client.CloseIdleConnections reaches them through the wrapper.
-func (t *Transport) CloseIdleConnections() {
+func (t *transport) CloseIdleConnections() {
 	if c, ok := t.base.(interface{ CloseIdleConnections() }); ok {
 		c.CloseIdleConnections()
 	}

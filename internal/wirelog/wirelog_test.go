@@ -52,8 +52,8 @@ func TestWireLogRedactsAndKeepsBlocksWhole(t *testing.T) {
 	defer srv.Close()
 
 	var buf lockedBuffer
-	tr := New(srv.Client().Transport, &buf)
-	c := &http.Client{Transport: tr}
+	wl := New(&buf)
+	c := &http.Client{Transport: wl.Wrap(srv.Client().Transport)}
 	const n = 64
 	var wg sync.WaitGroup
 	for i := range n {
@@ -72,7 +72,7 @@ func TestWireLogRedactsAndKeepsBlocksWhole(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	if err := tr.Err(); err != nil {
+	if err := wl.Err(); err != nil {
 		t.Fatal(err)
 	}
 	out := buf.String()
@@ -122,7 +122,7 @@ func TestWireLogTransportError(t *testing.T) {
 	url := srv.URL
 	srv.Close()
 	var buf lockedBuffer
-	c := &http.Client{Transport: New(nil, &buf)}
+	c := &http.Client{Transport: New(&buf).Wrap(nil)}
 	req, _ := http.NewRequest("GET", url+"/v1/models", nil)
 	req.Header.Set("X-Api-Key", testKey)
 	_, err := c.Do(req)
@@ -148,8 +148,8 @@ func TestWireLogWriteErrorStopsLogging(t *testing.T) {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
 	defer srv.Close()
 	fw := &failingWriter{}
-	tr := New(srv.Client().Transport, fw)
-	c := &http.Client{Transport: tr}
+	wl := New(fw)
+	c := &http.Client{Transport: wl.Wrap(srv.Client().Transport)}
 	for range 3 {
 		resp, err := c.Get(srv.URL)
 		if err != nil {
@@ -157,8 +157,8 @@ func TestWireLogWriteErrorStopsLogging(t *testing.T) {
 		}
 		resp.Body.Close()
 	}
-	if tr.Err() == nil || fw.calls != 1 {
-		t.Fatalf("Err() = %v after %d writes; want the first error and one write", tr.Err(), fw.calls)
+	if wl.Err() == nil || fw.calls != 1 {
+		t.Fatalf("Err() = %v after %d writes; want the first error and one write", wl.Err(), fw.calls)
 	}
 }
 
