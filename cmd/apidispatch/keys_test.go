@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
@@ -17,6 +18,7 @@ import (
 	"github.com/apidispatch/apidispatch/dispatch"
 	"github.com/apidispatch/apidispatch/org"
 	"github.com/apidispatch/apidispatch/sim"
+	"github.com/apidispatch/apidispatch/soak"
 )
 
 // leakMarker is in every canary key and nowhere else.
@@ -273,7 +275,6 @@ func TestKeysNeverLeak(t *testing.T) {
 
 	t.Run("run with faults", func(t *testing.T) {
 		faults := []sim.Fault{
-			{Kind: sim.FaultRateLimitStorm, Start: 2 * time.Second, Duration: 20 * time.Second, RetryAfter: 2 * time.Second},
 			{Kind: sim.FaultOverloaded, Probability: 0.05},
 			{Kind: sim.FaultServerError, Probability: 0.03},
 			{Kind: sim.FaultServerErrorHTML, Probability: 0.03},
@@ -283,6 +284,13 @@ func TestKeysNeverLeak(t *testing.T) {
 		r := start(t, faults...)
 		dir := filepath.Join(out, "run-faults")
 		runDirs = append(runDirs, dir)
+		// The storm starts with the run's first billed request, however
+		// long the child takes to start (under -race, longer than a storm
+		// timed from the simulator's start would last).
+		storm := sim.Fault{Kind: sim.FaultRateLimitStorm, Duration: 20 * time.Second, RetryAfter: 2 * time.Second, FromNow: true}
+		stormCtx, stopStorm := context.WithCancel(context.Background())
+		defer stopStorm()
+		go soak.AddWhenBilled(stormCtx, r.Server, 1, time.Millisecond, storm)
 		wire := filepath.Join(out, "wire-faults.log")
 		res := runChild(t, keyEnv, "run", poisoned, "--orgs", orgsTOML, "--run-dir", dir, "--base-url", r.URL, "--speed", "50", "--confirm",
 			"--debug-http", wire)
