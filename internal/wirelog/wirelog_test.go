@@ -17,25 +17,6 @@ import (
 
 const testKey = "sk-ant-api03-WIRELOGTEST-0123456789abcdef"
 
-// lockedBuffer is a bytes.Buffer safe for the concurrent writes a
-// Transport serialises anyway; the lock makes -race agree.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // TestWireLogRedactsAndKeepsBlocksWhole sends 64 concurrent requests
 // carrying a key in x-api-key and in Authorization, to a server whose
 // response echoes the key in a header, and checks that the log holds one
@@ -51,7 +32,7 @@ func TestWireLogRedactsAndKeepsBlocksWhole(t *testing.T) {
 	}))
 	defer srv.Close()
 
-	var buf lockedBuffer
+	var buf bytes.Buffer
 	wl := New(&buf)
 	c := &http.Client{Transport: wl.Wrap(srv.Client().Transport)}
 	const n = 64
@@ -121,7 +102,7 @@ func TestWireLogTransportError(t *testing.T) {
 	srv := httptest.NewServer(http.NotFoundHandler())
 	url := srv.URL
 	srv.Close()
-	var buf lockedBuffer
+	var buf bytes.Buffer
 	c := &http.Client{Transport: New(&buf).Wrap(nil)}
 	req, _ := http.NewRequest("GET", url+"/v1/models", nil)
 	req.Header.Set("X-Api-Key", testKey)
