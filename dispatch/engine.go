@@ -329,6 +329,9 @@ func (e *Engine) lanesFor(pool anthropic.Pool, model string) []*laneRef {
 		lc := e.cfg.Lane
 		lc.Org, lc.Pool, lc.Cap, lc.Speed = o.Name, pool, e.cfg.CapFor(model), e.cfg.Speed
 		l := &laneRef{Gate: e.cfg.NewGate(lc), cap: lc.Cap, org: o, pool: pool, key: o.Name + "/" + string(pool)}
+		if w, ok := l.Gate.(Waker); ok {
+			w.SetWake(e.signal)
+		}
 		if o.disabled != "" {
 			l.Disable(o.disabled)
 		}
@@ -916,6 +919,7 @@ func (e *Engine) send(a *attempt) {
 		fb.Actual = ratelimit.Need{Requests: 1, Input: float64(m.Usage.InputTokens + m.Usage.CacheCreationInputTokens), Output: float64(m.Usage.OutputTokens)}
 		// Priced as the requested model, which validation checked has a price.
 		a.costN, _ = e.cfg.Prices.Cost(a.w.it.Model, m.Usage, false)
+		fb.Cost = a.costN
 	}
 	a.lane.Done(now, a.permit, fb)
 }

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/apidispatch/apidispatch/anthropic"
+	"github.com/apidispatch/apidispatch/cost"
 	"github.com/apidispatch/apidispatch/ratelimit"
 )
 
@@ -31,6 +32,13 @@ type Gate interface {
 
 var _ Gate = (*Lane)(nil)
 
+// Waker is implemented by a gate whose admissions can open up without a
+// Done (a shared gate granted more slots by another process's release): the
+// engine gives it a function to call then, which never blocks.
+type Waker interface {
+	SetWake(wake func())
+}
+
 // Demand describes one request to a gate before it is sent.
 type Demand struct {
 	EstInput  int64 // local estimate of input tokens
@@ -42,7 +50,9 @@ type Demand struct {
 type Permit struct {
 	Need   ratelimit.Need // what was reserved
 	Demand Demand         // what it was reserved for
-	gen    uint64         // congestion epoch at admission
+	// Epoch is the congestion epoch at admission: a 429 for a request
+	// admitted before the latest cut does not cut again.
+	Epoch uint64
 }
 
 // Feedback is what one attempt taught the lane.
@@ -54,6 +64,8 @@ type Feedback struct {
 	Actual ratelimit.Need
 	// Billed reports that Actual is known.
 	Billed bool
+	// Cost is what the attempt cost (zero unless Billed).
+	Cost cost.Nanos
 }
 
 // LaneSnapshot is a lane's state at one moment.
@@ -98,6 +110,13 @@ type LaneConfig struct {
 	Mirror ratelimit.MirrorConfig
 	// DefaultOutput is the output-token estimate before any usage is seen.
 	DefaultOutput float64
+}
+
+// WithDefaults returns c with its zero fields set to the defaults and its
+// time constants divided by Speed, as a lane uses it.
+func (c LaneConfig) WithDefaults() LaneConfig {
+	c.defaults()
+	return c
 }
 
 func (c *LaneConfig) defaults() {
@@ -152,11 +171,7 @@ type Lane struct {
 	heldTotal   time.Duration
 	holdFrom    time.Time
 	noRAStreak  int // consecutive congestion epochs of 429s without retry-after
-	mirror      *ratelimit.Mirror
-	outEst      float64 // EWMA of output tokens per request
-	outSeen     bool
-	inRatio     float64 // EWMA of actual ÷ estimated input tokens
-	outstanding float64 // expected output of requests in flight
+	buckets     *Buckets
 	disabled    string
 }
 
@@ -168,10 +183,95 @@ func NewLane(cfg LaneConfig) *Lane {
 		cfg:       cfg,
 		limit:     math.Min(start, float64(cfg.Cap)),
 		slowStart: true,
-		mirror:    ratelimit.NewMirror(cfg.Mirror),
-		outEst:    cfg.DefaultOutput,
-		inRatio:   1,
+		buckets:   NewBuckets(cfg),
 	}
+}
+
+// Buckets is a lane's view of its org's three buckets: the mirrors, the
+// reservations of the requests in flight, and how far estimates have been
+// off. Lane and the shared gate both keep one. It is not safe for
+// concurrent use: its owner's lock guards it.
+type Buckets struct {
+	mirror      *ratelimit.Mirror
+	outEst      float64 // EWMA of output tokens per request
+	outSeen     bool
+	inRatio     float64 // EWMA of actual ÷ estimated input tokens
+	outstanding float64 // expected output of requests in flight
+}
+
+// NewBuckets returns empty mirrors for a lane configured by cfg (taken
+// with its defaults).
+func NewBuckets(cfg LaneConfig) *Buckets {
+	cfg.defaults()
+	return &Buckets{mirror: ratelimit.NewMirror(cfg.Mirror), outEst: cfg.DefaultOutput, inRatio: 1}
+}
+
+// Mirror returns the bucket mirrors.
+func (b *Buckets) Mirror() *ratelimit.Mirror { return b.mirror }
+
+// Need is what a request of demand d is expected to draw: the input
+// estimate corrected by how far such estimates have been off on this lane
+// (a systematic error would otherwise look like someone else drawing on
+// the bucket), and the output seen so far.
+func (b *Buckets) Need(d Demand) ratelimit.Need {
+	return ratelimit.Need{Requests: 1, Input: float64(d.EstInput) * b.inRatio, Output: math.Min(float64(d.MaxTokens), b.outEst)}
+}
+
+// Wait is how long until n fits the mirrors (0: now).
+func (b *Buckets) Wait(now time.Time, n ratelimit.Need) time.Duration { return b.mirror.Wait(now, n) }
+
+// Take reserves n for an admitted request.
+func (b *Buckets) Take(now time.Time, n ratelimit.Need) {
+	b.mirror.Take(now, n)
+	b.outstanding += n.Output
+}
+
+// Done corrects p's reservation by what fb observed and refreshes the
+// mirrors from fb's headers. scale (1 for a lane alone, 1/n for one of n
+// processes sharing the key) is the share of the org's buckets this
+// lane's mirrors stand for.
+func (b *Buckets) Done(now time.Time, p Permit, fb Feedback, scale float64) {
+	b.outstanding -= p.Need.Output
+	if b.outstanding < 0 {
+		b.outstanding = 0
+	}
+	switch {
+	case fb.Billed:
+		b.mirror.Correct(now, p.Need, fb.Actual)
+		const alpha = 0.05
+		ratio := 1.0
+		if p.Demand.EstInput > 0 {
+			ratio = fb.Actual.Input / float64(p.Demand.EstInput)
+		}
+		if !b.outSeen {
+			b.outEst, b.inRatio, b.outSeen = fb.Actual.Output, ratio, true
+		} else {
+			b.outEst = (1-alpha)*b.outEst + alpha*fb.Actual.Output
+			b.inRatio = (1-alpha)*b.inRatio + alpha*ratio
+		}
+	case fb.Outcome.RateLimited:
+		// Refused by a limit: nothing was charged.
+		b.mirror.Correct(now, p.Need, ratelimit.Need{})
+	default:
+		// Not processed (or unknown): give the token reservation back; the
+		// request itself may have counted, so keep that charge.
+		b.mirror.Correct(now, p.Need, ratelimit.Need{Requests: p.Need.Requests})
+	}
+	if fb.Limits.Requests.Present || fb.Limits.Input.Present || fb.Limits.Output.Present {
+		b.Sync(now, fb.Limits, scale)
+	}
+}
+
+// Sync refreshes the mirrors from rate-limit headers, of which this lane
+// stands for the share scale.
+func (b *Buckets) Sync(now time.Time, rl anthropic.RateLimits, scale float64) {
+	if scale > 0 && scale != 1 {
+		for _, l := range []*anthropic.Limit{&rl.Requests, &rl.Input, &rl.Output} {
+			l.Limit = int64(math.Round(float64(l.Limit) * scale))
+			l.Remaining = int64(math.Round(float64(l.Remaining) * scale))
+		}
+	}
+	b.mirror.Sync(now, rl, b.outstanding)
 }
 
 // apiSeconds converts a wall-clock interval to seconds of server time.
@@ -202,10 +302,7 @@ func (l *Lane) grow(now time.Time) {
 func (l *Lane) TryAdmit(now time.Time, d Demand) (Permit, time.Duration, bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	// Reserve the input estimate corrected by how far such estimates have
-	// been off on this lane (a systematic error would otherwise look like
-	// someone else drawing on the bucket), and the output seen so far.
-	n := ratelimit.Need{Requests: 1, Input: float64(d.EstInput) * l.inRatio, Output: math.Min(float64(d.MaxTokens), l.outEst)}
+	n := l.buckets.Need(d)
 	if l.disabled != "" {
 		return Permit{}, time.Duration(math.MaxInt64), false
 	}
@@ -221,17 +318,16 @@ func (l *Lane) TryAdmit(now time.Time, d Demand) (Permit, time.Duration, bool) {
 		l.boundAt = now
 		return Permit{}, 0, false
 	}
-	if w := l.mirror.Wait(now, n); w > 0 {
+	if w := l.buckets.Wait(now, n); w > 0 {
 		return Permit{}, w, false
 	}
-	l.mirror.Take(now, n)
+	l.buckets.Take(now, n)
 	l.inFlight++
-	l.outstanding += n.Output
 	if l.inFlight >= int(l.limit) {
 		l.boundAt = now
 	}
 	l.maxInFlight = max(l.maxInFlight, l.inFlight)
-	return Permit{Need: n, Demand: d, gen: l.gen}, 0, true
+	return Permit{Need: n, Demand: d, Epoch: l.gen}, 0, true
 }
 
 // Done implements Gate.
@@ -240,36 +336,8 @@ func (l *Lane) Done(now time.Time, p Permit, fb Feedback) {
 	defer l.mu.Unlock()
 	l.grow(now)
 	l.inFlight--
-	l.outstanding -= p.Need.Output
-	if l.outstanding < 0 {
-		l.outstanding = 0
-	}
+	l.buckets.Done(now, p, fb, 1)
 	o := fb.Outcome
-	switch {
-	case fb.Billed:
-		l.mirror.Correct(now, p.Need, fb.Actual)
-		const alpha = 0.05
-		ratio := 1.0
-		if p.Demand.EstInput > 0 {
-			ratio = fb.Actual.Input / float64(p.Demand.EstInput)
-		}
-		if !l.outSeen {
-			l.outEst, l.inRatio, l.outSeen = fb.Actual.Output, ratio, true
-		} else {
-			l.outEst = (1-alpha)*l.outEst + alpha*fb.Actual.Output
-			l.inRatio = (1-alpha)*l.inRatio + alpha*ratio
-		}
-	case o.RateLimited:
-		// Refused by a limit: nothing was charged.
-		l.mirror.Correct(now, p.Need, ratelimit.Need{})
-	default:
-		// Not processed (or unknown): give the token reservation back; the
-		// request itself may have counted, so keep that charge.
-		l.mirror.Correct(now, p.Need, ratelimit.Need{Requests: p.Need.Requests})
-	}
-	if fb.Limits.Requests.Present || fb.Limits.Input.Present || fb.Limits.Output.Present {
-		l.mirror.Sync(now, fb.Limits, l.outstanding)
-	}
 	if o.Kind == anthropic.Success {
 		l.noRAStreak = 0
 	}
@@ -281,7 +349,7 @@ func (l *Lane) Done(now time.Time, p Permit, fb Feedback) {
 // congestion handles a 429 (or 529): one multiplicative cut per congestion
 // epoch, and a hold for retry-after (or, without one, a growing back-off).
 func (l *Lane) congestion(now time.Time, p Permit, o anthropic.Outcome) {
-	newEpoch := p.gen == l.gen
+	newEpoch := p.Epoch == l.gen
 	if newEpoch && o.RateLimited {
 		l.limit = math.Max(l.cfg.MinLimit, math.Floor(l.limit*l.cfg.Decrease))
 		l.gen++
@@ -345,6 +413,6 @@ func (l *Lane) Snapshot(now time.Time) LaneSnapshot {
 		Org: l.cfg.Org, Pool: string(l.cfg.Pool), Cap: l.cfg.Cap,
 		Limit: math.Round(l.limit*100) / 100, InFlight: l.inFlight, MaxInFlight: l.maxInFlight,
 		Cuts: l.cuts, HeldS: held.Seconds(), Held: now.Before(l.holdUntil),
-		Others: l.mirror.Others(now), OthersSeen: l.mirror.OthersSeen(), Disabled: l.disabled,
+		Others: l.buckets.mirror.Others(now), OthersSeen: l.buckets.mirror.OthersSeen(), Disabled: l.disabled,
 	}
 }

@@ -160,6 +160,24 @@ func (m *Mirror) Sync(now time.Time, rl anthropic.RateLimits, outstandingOutput 
 // window before now; while they have, Wait keeps the reserve free.
 func (m *Mirror) Others(now time.Time) bool { return now.Before(m.othersUntil) }
 
+// OthersUntil is when the reserve stops being kept (zero or past: it is not).
+func (m *Mirror) OthersUntil() time.Time { return m.othersUntil }
+
+// NoteOthers keeps the reserve until at least until: others were seen by
+// someone else sharing this mirror's budget (another process on the key).
+func (m *Mirror) NoteOthers(now, until time.Time) {
+	if !until.After(m.othersUntil) {
+		return
+	}
+	if !now.Before(m.othersUntil) {
+		m.othersSeen++
+	}
+	m.othersUntil = until
+}
+
+// Synced reports whether the mirror has learnt any limit from headers.
+func (m *Mirror) Synced() bool { return m.Requests.Limit() > 0 || m.Input.Limit() > 0 || m.Output.Limit() > 0 }
+
 // OthersSeen counts the separate occasions others were detected.
 func (m *Mirror) OthersSeen() int { return m.othersSeen }
 

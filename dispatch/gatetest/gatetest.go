@@ -1,0 +1,184 @@
+// Package gatetest is the conformance suite every dispatch.Gate passes: the
+// in-process Lane and the Redis-shared gate alike. An implementation's test
+// calls Run with a constructor.
+package gatetest
+
+import (
+	"math"
+	"testing"
+	"time"
+
+	"github.com/apidispatch/apidispatch/anthropic"
+	"github.com/apidispatch/apidispatch/dispatch"
+)
+
+// New makes a fresh gate for one test (each call a lane no other test
+// shares) and returns it with settle, which brings the gate up to date
+// with any state it keeps elsewhere (a no-op for an in-process gate; one
+// lease renewal for a shared one).
+type New func(t *testing.T, lc dispatch.LaneConfig) (g dispatch.Gate, settle func())
+
+var one = dispatch.Demand{EstInput: 100, MaxTokens: 50}
+
+// fill admits at now until the gate refuses.
+func fill(g dispatch.Gate, now time.Time) []dispatch.Permit {
+	var ps []dispatch.Permit
+	for range 10000 {
+		p, _, ok := g.TryAdmit(now, one)
+		if !ok {
+			break
+		}
+		ps = append(ps, p)
+	}
+	return ps
+}
+
+func ok200() dispatch.Feedback {
+	return dispatch.Feedback{Outcome: anthropic.Outcome{Kind: anthropic.Success, Status: 200}}
+}
+
+func rl429(ra time.Duration) dispatch.Feedback {
+	return dispatch.Feedback{Outcome: anthropic.Outcome{Kind: anthropic.Retryable, Status: 429, RateLimited: true, RetryAfter: ra, HasRetryAfter: ra > 0}}
+}
+
+// Run runs the suite. Tests use the wall clock, since a shared gate's
+// state lives on a server with its own; the lanes run at speed 100, so
+// back-off holds are short.
+func Run(t *testing.T, newGate New) {
+	cfg := func(capacity int, start float64) dispatch.LaneConfig {
+		return dispatch.LaneConfig{Org: "conf", Pool: anthropic.PoolSonnet4, Cap: capacity, StartFraction: start, Speed: 100}
+	}
+
+	t.Run("StartsAtQuarterCap", func(t *testing.T) {
+		g, settle := newGate(t, cfg(100, 0))
+		settle()
+		if n := len(fill(g, time.Now())); n != 25 {
+			t.Fatalf("admitted %d at start, want 25 (a quarter of the cap)", n)
+		}
+	})
+
+	t.Run("NeverAboveCap", func(t *testing.T) {
+		g, settle := newGate(t, cfg(40, 1))
+		settle()
+		ps := fill(g, time.Now())
+		settle()
+		ps = append(ps, fill(g, time.Now())...)
+		if len(ps) != 40 {
+			t.Fatalf("admitted %d with a cap of 40", len(ps))
+		}
+		s := g.Snapshot(time.Now())
+		if s.InFlight != 40 || s.MaxInFlight != 40 || s.Limit > 40 || s.Cap != 40 {
+			t.Fatalf("snapshot %+v", s)
+		}
+	})
+
+	t.Run("DoneFreesASlot", func(t *testing.T) {
+		g, settle := newGate(t, cfg(10, 1))
+		settle()
+		ps := fill(g, time.Now())
+		if len(ps) != 10 {
+			t.Fatalf("admitted %d, want 10", len(ps))
+		}
+		g.Done(time.Now(), ps[0], ok200())
+		settle()
+		if _, _, ok := g.TryAdmit(time.Now(), one); !ok {
+			t.Fatal("no slot after a request finished")
+		}
+		if s := g.Snapshot(time.Now()); s.InFlight != 10 {
+			t.Fatalf("in flight %d, want 10", s.InFlight)
+		}
+	})
+
+	t.Run("OneCutPerEpoch", func(t *testing.T) {
+		c := cfg(100, 1)
+		c.Speed = 1 // the increase after a cut stays small
+		g, settle := newGate(t, c)
+		settle()
+		ps := fill(g, time.Now())
+		if len(ps) != 100 {
+			t.Fatalf("admitted %d, want 100", len(ps))
+		}
+		// Twenty 429s of requests admitted in one epoch: one cut.
+		for _, p := range ps[:20] {
+			g.Done(time.Now(), p, rl429(0))
+		}
+		settle()
+		// (The limit may have grown a little since the cut: the increase
+		// goes on in wall time.)
+		s := g.Snapshot(time.Now())
+		if s.Cuts != 1 || s.Limit < 50 || s.Limit >= 51 {
+			t.Fatalf("cuts %d limit %v, want 1 cut to 50", s.Cuts, s.Limit)
+		}
+		// A 429 for a request admitted after the cut is a new epoch.
+		for _, p := range ps[20:] {
+			g.Done(time.Now(), p, ok200())
+		}
+		var p dispatch.Permit
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			settle()
+			var ok bool
+			if p, _, ok = g.TryAdmit(time.Now(), one); ok {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("nothing admitted after the back-off")
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		g.Done(time.Now(), p, rl429(0))
+		settle()
+		if s := g.Snapshot(time.Now()); s.Cuts != 2 || s.Limit < 25 || s.Limit >= 27 {
+			t.Fatalf("after a new epoch: cuts %d limit %v, want 2 and 25", s.Cuts, s.Limit)
+		}
+	})
+
+	t.Run("RetryAfterHolds", func(t *testing.T) {
+		g, settle := newGate(t, cfg(10, 1))
+		settle()
+		ps := fill(g, time.Now())
+		g.Done(time.Now(), ps[0], rl429(3*time.Second))
+		settle()
+		_, wait, ok := g.TryAdmit(time.Now(), one)
+		if ok || wait < 2*time.Second || wait > 3*time.Second {
+			t.Fatalf("after a 3 s retry-after: ok %v wait %v", ok, wait)
+		}
+		if s := g.Snapshot(time.Now()); !s.Held {
+			t.Fatalf("snapshot not held: %+v", s)
+		}
+	})
+
+	t.Run("Disable", func(t *testing.T) {
+		g, settle := newGate(t, cfg(10, 1))
+		settle()
+		g.Disable("key revoked")
+		g.Disable("second reason")
+		_, wait, ok := g.TryAdmit(time.Now(), one)
+		if ok || wait != time.Duration(math.MaxInt64) {
+			t.Fatalf("disabled gate: ok %v wait %v", ok, wait)
+		}
+		if g.Disabled() != "key revoked" || g.Snapshot(time.Now()).Disabled != "key revoked" {
+			t.Fatalf("reason %q", g.Disabled())
+		}
+	})
+
+	t.Run("RampsWhenUsed", func(t *testing.T) {
+		g, settle := newGate(t, cfg(100, 0))
+		settle()
+		fill(g, time.Now())
+		// At speed 100 the ramp (cap/8 per server second) reaches the cap
+		// in 60 ms of wall time while the gate stays full.
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			time.Sleep(20 * time.Millisecond)
+			settle()
+			fill(g, time.Now())
+			if s := g.Snapshot(time.Now()); s.InFlight == 100 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("never ramped to the cap: %+v", g.Snapshot(time.Now()))
+			}
+		}
+	})
+}

@@ -1,0 +1,451 @@
+package shared
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/apidispatch/apidispatch/anthropic"
+	"github.com/apidispatch/apidispatch/dispatch"
+)
+
+// Gate is one (key, model pool) lane whose budget is shared through Redis
+// with every other process on the same key. It implements dispatch.Gate and
+// dispatch.Waker. It is safe for concurrent use.
+//
+// Admission is local and costs no round trip: the process holds a lease of
+// several slots (its grant) and admits while its requests in flight are
+// fewer. The Budget's loop renews the lease a few times a second, and at
+// once when the process has used its grant; a 429 or 529 costs one round
+// trip (the cut and the hold are decided in Redis, once per epoch for all).
+type Gate struct {
+	b    *Budget
+	cfg  dispatch.LaneConfig
+	keys []string
+	fp   string
+
+	renewMu sync.Mutex // one renewal at a time
+
+	mu          sync.Mutex
+	grant       int     // slots this process may fill
+	fair        int     // its fair share of the shared limit
+	limit       float64 // the shared AIMD limit
+	epoch       uint64  // the shared congestion epoch
+	cuts        int     // cuts of the shared limit, by every process
+	myCuts      int     // cuts this process made
+	holdUntil   time.Time
+	heldTotal   time.Duration
+	holdFrom    time.Time
+	inFlight    int
+	maxInFlight int
+	starved     bool // refused for want of a slot since the last renewal
+	starvedAt   time.Time
+	success     bool // a success since the last renewal
+	buckets     *dispatch.Buckets
+	share       float64 // of the org's buckets this process stands for (1/active)
+	procs       int
+	active      int
+	n429recent  int
+	hdr         anthropic.RateLimits
+	hdrAt       time.Time
+	hdrNew      bool
+	disabled    string
+	wake        func()
+
+	// Local fallback, while Redis cannot be reached.
+	local       bool
+	localLimit  float64
+	localMaxInF int // most in flight while local
+}
+
+var (
+	_ dispatch.Gate  = (*Gate)(nil)
+	_ dispatch.Waker = (*Gate)(nil)
+)
+
+func newGate(b *Budget, lc dispatch.LaneConfig, fp string) *Gate {
+	lc = lc.WithDefaults()
+	tag := "{" + fp + ":" + string(lc.Pool) + "}"
+	base := keyPrefix + tag
+	g := &Gate{
+		b: b, cfg: lc, fp: fp,
+		keys:    []string{base + ":state", base + ":held", base + ":want", base + ":infl", base + ":exp", base + ":r429"},
+		buckets: dispatch.NewBuckets(lc),
+		share:   1,
+		procs:   1,
+		limit:   math.Min(float64(lc.Cap), math.Max(lc.MinLimit, math.Floor(float64(lc.Cap)*lc.StartFraction))),
+	}
+	// Until the first renewal answers, the process has nothing of the shared
+	// budget: it starts on the local share (the whole start limit when it
+	// has seen no other process).
+	g.local = true
+	g.localLimit = g.limit
+	g.starved = true // a new lane has work: ask for slots at once
+	return g
+}
+
+// SetWake implements dispatch.Waker.
+func (g *Gate) SetWake(wake func()) {
+	g.mu.Lock()
+	g.wake = wake
+	g.mu.Unlock()
+}
+
+func (g *Gate) available() int {
+	if g.local {
+		return int(g.localLimit)
+	}
+	return g.grant
+}
+
+// TryAdmit implements dispatch.Gate.
+func (g *Gate) TryAdmit(now time.Time, d dispatch.Demand) (dispatch.Permit, time.Duration, bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.disabled != "" {
+		return dispatch.Permit{}, time.Duration(math.MaxInt64), false
+	}
+	if now.Before(g.holdUntil) {
+		return dispatch.Permit{}, g.holdUntil.Sub(now), false
+	}
+	if !g.holdFrom.IsZero() {
+		g.heldTotal += g.holdUntil.Sub(g.holdFrom)
+		g.holdFrom = time.Time{}
+	}
+	if g.inFlight >= g.available() {
+		if !g.starved {
+			g.starved = true
+			if !g.local && (g.grant < g.fair || g.grant == 0) {
+				// Short of a fair share: ask now rather than at the next tick.
+				g.b.kick()
+			}
+		}
+		return dispatch.Permit{}, 0, false
+	}
+	n := g.buckets.Need(d)
+	if w := g.buckets.Wait(now, n); w > 0 {
+		return dispatch.Permit{}, w, false
+	}
+	g.buckets.Take(now, n)
+	g.inFlight++
+	g.maxInFlight = max(g.maxInFlight, g.inFlight)
+	if g.local {
+		g.localMaxInF = max(g.localMaxInF, g.inFlight)
+	}
+	if g.inFlight >= g.available() {
+		g.starved = true
+	}
+	return dispatch.Permit{Need: n, Demand: d, Epoch: g.epoch}, 0, true
+}
+
+// Done implements dispatch.Gate.
+func (g *Gate) Done(now time.Time, p dispatch.Permit, fb dispatch.Feedback) {
+	g.mu.Lock()
+	g.inFlight--
+	g.buckets.Done(now, p, fb, g.share)
+	if fb.Limits.Requests.Present || fb.Limits.Input.Present || fb.Limits.Output.Present {
+		g.hdr, g.hdrAt, g.hdrNew = fb.Limits, now, true
+	}
+	o := fb.Outcome
+	if o.Kind == anthropic.Success {
+		g.success = true
+	}
+	congested := o.RateLimited || o.Overloaded
+	if congested && o.HasRetryAfter {
+		// Hold at once; Redis will make it everyone's.
+		g.holdLocked(now, o.RetryAfter)
+	}
+	local := g.local
+	if congested && local {
+		g.localCongestion(now, p, o)
+	}
+	wake := g.wake
+	g.mu.Unlock()
+	if congested && !local {
+		g.congestion(now, p, o)
+	}
+	if wake != nil {
+		wake()
+	}
+}
+
+// holdLocked holds admission for d from now; g.mu is held.
+func (g *Gate) holdLocked(now time.Time, d time.Duration) {
+	until := now.Add(d)
+	if !until.After(g.holdUntil) {
+		return
+	}
+	if g.holdFrom.IsZero() || !now.Before(g.holdUntil) {
+		if !g.holdFrom.IsZero() {
+			g.heldTotal += g.holdUntil.Sub(g.holdFrom)
+		}
+		g.holdFrom = now
+	}
+	g.holdUntil = until
+}
+
+// localCongestion is the lane controller's own rule, on the local share,
+// while Redis is out of reach; g.mu is held.
+func (g *Gate) localCongestion(now time.Time, p dispatch.Permit, o anthropic.Outcome) {
+	if p.Epoch == g.epoch && o.RateLimited {
+		g.localLimit = math.Max(g.cfg.MinLimit, math.Floor(g.localLimit*g.cfg.Decrease))
+		g.epoch++
+		g.myCuts++
+	}
+	if !o.HasRetryAfter && p.Epoch+1 == g.epoch {
+		g.holdLocked(now, time.Duration(0.5/g.cfg.Speed*float64(time.Second)))
+	}
+}
+
+// congestion reports a 429 or 529 to Redis, which cuts the shared limit
+// once per epoch and holds every process for the retry-after.
+func (g *Gate) congestion(now time.Time, p dispatch.Permit, o anthropic.Outcome) {
+	ra := int64(-1)
+	if o.HasRetryAfter {
+		ra = o.RetryAfter.Milliseconds()
+	}
+	rl := "0"
+	if o.RateLimited {
+		rl = "1"
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), g.b.opTimeout)
+	defer cancel()
+	args := []any{g.b.proc, g.cfg.Cap, g.cfg.StartFraction, g.cfg.MinLimit, p.Epoch, rl, ra, g.cfg.Decrease, g.cfg.Speed}
+	res, err := congestionScript.Run(ctx, g.b.rdb, g.keys, args...).Slice()
+	if err != nil {
+		g.b.lost(err)
+		g.mu.Lock()
+		g.localCongestion(now, p, o)
+		g.mu.Unlock()
+		return
+	}
+	if len(res) < 5 {
+		g.b.lost(fmt.Errorf("unexpected reply %v", res))
+		return
+	}
+	cut := toInt(res[0]) == 1
+	g.mu.Lock()
+	g.limit = toFloat(res[1])
+	g.epoch = uint64(toInt(res[2]))
+	g.cuts = int(toInt(res[3]))
+	if h := toInt(res[4]); h > 0 {
+		g.holdLocked(time.Now(), time.Duration(h)*time.Millisecond)
+	}
+	if g.grant > int(g.limit) {
+		g.grant = int(g.limit)
+	}
+	if cut {
+		g.myCuts++
+	}
+	limit, epoch := g.limit, g.epoch
+	g.mu.Unlock()
+	if cut {
+		g.b.cfg.Events.Emit(dispatch.EventLane, fmt.Sprintf("%s/%s shared limit cut to %.0f (epoch %d)", g.cfg.Org, g.cfg.Pool, limit, epoch),
+			map[string]any{"org": g.cfg.Org, "pool": string(g.cfg.Pool), "key": g.fp, "cut": true, "epoch": epoch, "limit": limit, "proc": g.b.proc})
+	}
+}
+
+// renew renews the lease and takes the grant Redis computes.
+func (g *Gate) renew(ctx context.Context) error {
+	g.renewMu.Lock()
+	defer g.renewMu.Unlock()
+	now := time.Now()
+	g.mu.Lock()
+	// A process wants the whole cap while it has lately used all it was
+	// granted; otherwise what it has in flight, handing the rest back.
+	if g.starved {
+		g.starvedAt = now
+	}
+	g.starved = false
+	want := g.inFlight
+	if now.Sub(g.starvedAt) < 4*g.b.every {
+		want = g.cfg.Cap
+	}
+	succ := "0"
+	if g.success {
+		succ = "1"
+	}
+	g.success = false
+	oth := int64(0)
+	if u := g.buckets.Mirror().OthersUntil(); u.After(now) {
+		oth = u.Sub(now).Milliseconds()
+	}
+	hdr, age := "", int64(0)
+	if g.hdrNew {
+		h := g.hdr
+		hdr = fmt.Sprintf("%d,%d,%d,%d,%d,%d", h.Requests.Limit, h.Requests.Remaining, h.Input.Limit, h.Input.Remaining, h.Output.Limit, h.Output.Remaining)
+		age = now.Sub(g.hdrAt).Milliseconds()
+		g.hdrNew = false
+	}
+	inFlight := g.inFlight
+	mayHave := max(g.inFlight, g.available())
+	disabled := g.disabled != ""
+	g.mu.Unlock()
+	if disabled {
+		want = 0
+	}
+	ttl := g.b.ttl.Milliseconds()
+	args := []any{g.b.proc, g.cfg.Cap, g.cfg.StartFraction, g.cfg.MinLimit, want, mayHave, ttl,
+		g.cfg.RampPerSecond, g.cfg.IncreasePerSecond, g.cfg.Speed, succ, oth, hdr, age, inFlight}
+	res, err := acquireScript.Run(ctx, g.b.rdb, g.keys, args...).Slice()
+	if err != nil {
+		return err
+	}
+	if len(res) < 12 {
+		return fmt.Errorf("unexpected reply %v", res)
+	}
+	now = time.Now()
+	g.mu.Lock()
+	before := g.available()
+	g.local = false
+	g.grant = int(toInt(res[0]))
+	g.limit = toFloat(res[1])
+	g.epoch = uint64(toInt(res[2]))
+	g.cuts = int(toInt(res[3]))
+	if h := toInt(res[4]); h > 0 {
+		g.holdLocked(now, time.Duration(h)*time.Millisecond)
+	}
+	g.active = int(toInt(res[5]))
+	if g.active > 0 {
+		g.share = 1 / float64(g.active)
+	} else {
+		g.share = 1
+	}
+	L := int(g.limit)
+	if g.active > 0 {
+		g.fair = L / g.active
+	} else {
+		g.fair = L
+	}
+	if o := toInt(res[6]); o > 0 {
+		g.buckets.Mirror().NoteOthers(now, now.Add(time.Duration(o)*time.Millisecond))
+	}
+	g.procs = max(1, int(toInt(res[7])))
+	if s, _ := res[9].(string); s != "" && !g.buckets.Mirror().Synced() {
+		// Limits another process learnt serve this one from its start.
+		if a := toInt(res[10]); a >= 0 && time.Duration(a)*time.Millisecond < time.Duration(float64(2*time.Second)/g.cfg.Speed) {
+			if rl, ok := parseHdr(s); ok {
+				g.buckets.Sync(now, rl, g.share)
+			}
+		}
+	}
+	wake := g.wake
+	grew := g.available() > before
+	g.mu.Unlock()
+	if r := toInt(res[8]); r > 0 {
+		g.b.cfg.Events.Emit(dispatch.EventLane, fmt.Sprintf("%s/%s: %d slots of a process whose lease expired are back", g.cfg.Org, g.cfg.Pool, r),
+			map[string]any{"org": g.cfg.Org, "pool": string(g.cfg.Pool), "key": g.fp, "reclaimed": r})
+	}
+	if grew && wake != nil {
+		wake()
+	}
+	return nil
+}
+
+// goLocal switches the gate to a local share of procs processes.
+func (g *Gate) goLocal(procs int) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.local {
+		return
+	}
+	g.local = true
+	g.localMaxInF = g.inFlight
+	g.localLimit = math.Max(g.cfg.MinLimit, math.Floor(math.Min(g.limit, float64(g.cfg.Cap))/float64(max(1, procs))))
+}
+
+// release hands the slots back (the run is over).
+func (g *Gate) release(ctx context.Context) error {
+	return releaseScript.Run(ctx, g.b.rdb, g.keys, g.b.proc).Err()
+}
+
+// Disable implements dispatch.Gate.
+func (g *Gate) Disable(reason string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.disabled == "" {
+		g.disabled = reason
+	}
+}
+
+// Disabled implements dispatch.Gate.
+func (g *Gate) Disabled() string {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.disabled
+}
+
+// Snapshot implements dispatch.Gate. Limit is the shared limit and Cuts the
+// cuts this process made (the shared count is in Redis, for status).
+func (g *Gate) Snapshot(now time.Time) dispatch.LaneSnapshot {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	held := g.heldTotal
+	if !g.holdFrom.IsZero() {
+		end := g.holdUntil
+		if now.Before(end) {
+			end = now
+		}
+		held += end.Sub(g.holdFrom)
+	}
+	limit := g.limit
+	if g.local {
+		limit = g.localLimit
+	}
+	m := g.buckets.Mirror()
+	return dispatch.LaneSnapshot{
+		Org: g.cfg.Org, Pool: string(g.cfg.Pool), Cap: g.cfg.Cap,
+		Limit: math.Round(limit*100) / 100, InFlight: g.inFlight, MaxInFlight: g.maxInFlight,
+		Cuts: g.myCuts, HeldS: held.Seconds(), Held: now.Before(g.holdUntil),
+		Others: m.Others(now), OthersSeen: m.OthersSeen(), Disabled: g.disabled,
+	}
+}
+
+func parseHdr(s string) (anthropic.RateLimits, bool) {
+	f := strings.Split(s, ",")
+	if len(f) != 6 {
+		return anthropic.RateLimits{}, false
+	}
+	var v [6]int64
+	for i, x := range f {
+		n, err := strconv.ParseInt(x, 10, 64)
+		if err != nil {
+			return anthropic.RateLimits{}, false
+		}
+		v[i] = n
+	}
+	lim := func(l, r int64) anthropic.Limit { return anthropic.Limit{Present: l > 0, Limit: l, Remaining: r} }
+	return anthropic.RateLimits{Requests: lim(v[0], v[1]), Input: lim(v[2], v[3]), Output: lim(v[4], v[5])}, true
+}
+
+func toInt(v any) int64 {
+	switch x := v.(type) {
+	case int64:
+		return x
+	case string:
+		n, _ := strconv.ParseFloat(x, 64)
+		return int64(n)
+	}
+	return 0
+}
+
+func toFloat(v any) float64 {
+	switch x := v.(type) {
+	case int64:
+		return float64(x)
+	case string:
+		f, _ := strconv.ParseFloat(x, 64)
+		return f
+	}
+	return 0
+}
+
+func (g *Gate) isLocal() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.local
+}

@@ -1,0 +1,209 @@
+package shared
+
+import "github.com/redis/go-redis/v9"
+
+// The lane state of one (key fingerprint, model pool) lives in six Redis
+// keys with one hash tag, so a cluster keeps them on one shard:
+//
+//	KEYS[1] state  hash: limit, gen, cuts, slow, last_grow, bound_at,
+//	               hold_until, nora, others_until, cap, n429, hdr, hdr_at
+//	KEYS[2] held   hash proc → slots the process holds (its grant, or its
+//	               in-flight count when that is larger)
+//	KEYS[3] want   hash proc → slots it wants
+//	KEYS[4] infl   hash proc → requests it has in flight
+//	KEYS[5] exp    zset proc → lease expiry (ms of Redis time)
+//	KEYS[6] r429   list of recent 429 times (ms), newest first
+//
+// Every step is one script run on Redis' own clock (TIME): no process's
+// clock is trusted, and no two steps interleave.
+
+// luaPrelude loads the lane state (initialising it on first use) and
+// returns dead leases to the pool. It defines now, limit, gen, cuts, slow,
+// lastGrow, boundAt, holdUntil, nora, othersUntil and reclaimed.
+const luaPrelude = `
+local st, held, want, infl, exp, r429 = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local proc = ARGV[1]
+local cap = tonumber(ARGV[2])
+local startf = tonumber(ARGV[3])
+local minl = tonumber(ARGV[4])
+local s = redis.call('HMGET', st, 'limit', 'gen', 'cuts', 'slow', 'last_grow', 'bound_at', 'hold_until', 'nora', 'others_until')
+local limit = tonumber(s[1])
+local gen, cuts, slow, lastGrow, boundAt, holdUntil, nora, othersUntil
+if not limit then
+  limit = math.min(cap, math.max(minl, math.floor(cap * startf)))
+  gen, cuts, slow, lastGrow, boundAt, holdUntil, nora, othersUntil = 0, 0, 1, now, 0, 0, 0, 0
+else
+  gen = tonumber(s[2]) or 0
+  cuts = tonumber(s[3]) or 0
+  slow = tonumber(s[4]) or 1
+  lastGrow = tonumber(s[5]) or now
+  boundAt = tonumber(s[6]) or 0
+  holdUntil = tonumber(s[7]) or 0
+  nora = tonumber(s[8]) or 0
+  othersUntil = tonumber(s[9]) or 0
+end
+if limit > cap then limit = cap end
+local reclaimed = 0
+local dead = redis.call('ZRANGEBYSCORE', exp, '-inf', '(' .. now)
+for _, p in ipairs(dead) do
+  if p ~= proc then
+    reclaimed = reclaimed + (tonumber(redis.call('HGET', held, p)) or 0)
+    redis.call('HDEL', held, p)
+    redis.call('HDEL', want, p)
+    redis.call('HDEL', infl, p)
+    redis.call('ZREM', exp, p)
+  end
+end
+local function save()
+  redis.call('HSET', st, 'limit', tostring(limit), 'gen', gen, 'cuts', cuts, 'slow', slow,
+    'last_grow', lastGrow, 'bound_at', boundAt, 'hold_until', holdUntil, 'nora', nora,
+    'others_until', othersUntil, 'cap', cap)
+end
+`
+
+// acquireScript renews this process's lease and sets its grant.
+//
+// ARGV: proc, cap, start fraction, min limit, want, in flight, ttl ms,
+// ramp per s, increase per s, speed, success seen (0/1), others for ms
+// (this process's reserve; 0: none), header snapshot ("" or
+// "reqLim,reqRem,inLim,inRem,outLim,outRem"), header age ms, requests in
+// flight now. The sixth, "in flight", is what the process may have in
+// flight while this call is under way: the larger of its requests in
+// flight and its current grant, so a grant that shrinks is recorded only
+// once the process knows of it.
+//
+// Returns {grant, limit, gen, cuts, hold ms, active, others ms, procs,
+// reclaimed, header snapshot, header age ms, in flight of all}.
+var acquireScript = redis.NewScript(luaPrelude + `
+local wantMe = tonumber(ARGV[5])
+local inflMe = tonumber(ARGV[6])
+local ttl = tonumber(ARGV[7])
+local ramp = tonumber(ARGV[8])
+local inc = tonumber(ARGV[9])
+local speed = tonumber(ARGV[10])
+if ARGV[11] == '1' then nora = 0 end
+local oth = tonumber(ARGV[12])
+if oth > 0 and now + oth > othersUntil then othersUntil = now + oth end
+if ARGV[13] ~= '' then
+  redis.call('HSET', st, 'hdr', ARGV[13], 'hdr_at', now - tonumber(ARGV[14]))
+end
+redis.call('ZADD', exp, now + ttl, proc)
+redis.call('HSET', want, proc, wantMe)
+redis.call('HSET', infl, proc, tonumber(ARGV[15]))
+if redis.call('HEXISTS', held, proc) == 0 then redis.call('HSET', held, proc, inflMe) end
+
+local procs = redis.call('ZRANGE', exp, 0, -1)
+local H, W = {}, {}
+local sumWant, sumInfl = 0, 0
+for _, p in ipairs(procs) do
+  H[p] = tonumber(redis.call('HGET', held, p)) or 0
+  W[p] = tonumber(redis.call('HGET', want, p)) or 0
+  sumWant = sumWant + W[p]
+  sumInfl = sumInfl + (tonumber(redis.call('HGET', infl, p)) or 0)
+end
+
+-- Additive growth for the time since the last step, if the lane was
+-- limit-bound in that time (someone wanted more than the limit gave).
+local dt = now - lastGrow
+if dt > 0 then
+  if boundAt >= lastGrow and sumInfl > 0 then
+    local rate = inc
+    if slow == 1 then rate = ramp end
+    limit = math.min(cap, limit + rate * dt / 1000 * speed)
+  end
+  lastGrow = now
+end
+local L = math.floor(limit)
+if sumWant >= L then boundAt = now end
+
+-- Fair shares: the limit split evenly over the processes that want
+-- slots (procs is sorted by name, so every process computes the same
+-- split); a share nobody claims is free for whoever wants it.
+local active = {}
+for _, p in ipairs(procs) do
+  if W[p] > 0 then table.insert(active, p) end
+end
+table.sort(active)
+local n = #active
+local function fair(rank)
+  if n == 0 then return 0 end
+  local f = math.floor(L / n)
+  if rank <= L % n then f = f + 1 end
+  return f
+end
+local claims = 0
+for rank, p in ipairs(active) do
+  if p ~= proc then
+    claims = claims + math.max(H[p], math.min(W[p], fair(rank)))
+  end
+end
+for _, p in ipairs(procs) do
+  if p ~= proc and W[p] == 0 then claims = claims + H[p] end
+end
+local grant = math.min(wantMe, L - claims)
+if grant < 0 then grant = 0 end
+redis.call('HSET', held, proc, math.max(grant, inflMe))
+save()
+local holdMs = 0
+if holdUntil > now then holdMs = holdUntil - now end
+local othMs = 0
+if othersUntil > now then othMs = othersUntil - now end
+local h = redis.call('HMGET', st, 'hdr', 'hdr_at')
+local hdrAge = -1
+if h[2] then hdrAge = now - tonumber(h[2]) end
+return {grant, tostring(limit), gen, cuts, holdMs, n, othMs, #procs, reclaimed, h[1] or '', hdrAge, sumInfl}
+`)
+
+// congestionScript applies a 429 (or 529): one multiplicative cut per
+// congestion epoch for all processes, and a hold for retry-after (or,
+// without one, a back-off growing per epoch).
+//
+// ARGV: proc, cap, start fraction, min limit, epoch at admission, rate
+// limited (0/1), retry-after ms (-1: none), decrease, speed.
+//
+// Returns {cut (0/1), limit, gen, cuts, hold ms}.
+var congestionScript = redis.NewScript(luaPrelude + `
+local epoch = tonumber(ARGV[5])
+local rateLimited = ARGV[6] == '1'
+local ra = tonumber(ARGV[7])
+local decrease = tonumber(ARGV[8])
+local speed = tonumber(ARGV[9])
+local newEpoch = epoch == gen
+local cut = 0
+if rateLimited then
+  redis.call('HINCRBY', st, 'n429', 1)
+  redis.call('LPUSH', r429, now)
+  redis.call('LTRIM', r429, 0, 999)
+end
+if newEpoch and rateLimited then
+  limit = math.max(minl, math.floor(limit * decrease))
+  gen = gen + 1
+  cuts = cuts + 1
+  slow = 0
+  cut = 1
+end
+local hold = 0
+if ra >= 0 then
+  hold = ra
+elseif newEpoch then
+  nora = nora + 1
+  hold = math.floor(math.min(8, 0.5 * 2 ^ (nora - 1)) / speed * 1000)
+end
+if hold > 0 and now + hold > holdUntil then holdUntil = now + hold end
+save()
+local holdMs = 0
+if holdUntil > now then holdMs = holdUntil - now end
+return {cut, tostring(limit), gen, cuts, holdMs}
+`)
+
+// releaseScript hands this process's slots back at once (it has finished).
+// KEYS as above; ARGV: proc.
+var releaseScript = redis.NewScript(`
+redis.call('HDEL', KEYS[2], ARGV[1])
+redis.call('HDEL', KEYS[3], ARGV[1])
+redis.call('HDEL', KEYS[4], ARGV[1])
+redis.call('ZREM', KEYS[5], ARGV[1])
+return 1
+`)

@@ -1,0 +1,264 @@
+package shared
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/apidispatch/apidispatch/anthropic"
+	"github.com/apidispatch/apidispatch/dispatch"
+	"github.com/apidispatch/apidispatch/dispatch/gatetest"
+	"github.com/apidispatch/apidispatch/internal/testredis"
+	"github.com/apidispatch/apidispatch/org"
+)
+
+// freshOrg is an org whose key no other test uses, so its lanes in Redis
+// are its own.
+func freshOrg(name string) org.Org {
+	var b [16]byte
+	rand.Read(b[:])
+	return org.Org{Name: name, Key: org.NewKey("sk-ant-test-" + hex.EncodeToString(b[:]))}
+}
+
+// process opens one process's budget on url for orgs.
+func process(t *testing.T, url string, orgs []org.Org) *Budget {
+	t.Helper()
+	b, err := Open(context.Background(), Config{URL: url, Orgs: orgs, TTL: 500 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.Start()
+	t.Cleanup(func() { b.Close() })
+	return b
+}
+
+func settleFor(b *Budget) func() {
+	return func() { b.renewAll(context.Background()) }
+}
+
+// The shared gate passes the suite every gate passes.
+func TestSharedGateConformance(t *testing.T) {
+	url := testredis.URL(t)
+	gatetest.Run(t, func(t *testing.T, lc dispatch.LaneConfig) (dispatch.Gate, func()) {
+		o := freshOrg(lc.Org)
+		b := process(t, url, []org.Org{o})
+		return b.NewGate(lc), settleFor(b)
+	})
+}
+
+var one = dispatch.Demand{EstInput: 100, MaxTokens: 50}
+
+func fill(g dispatch.Gate) []dispatch.Permit {
+	var ps []dispatch.Permit
+	for {
+		p, _, ok := g.TryAdmit(time.Now(), one)
+		if !ok {
+			return ps
+		}
+		ps = append(ps, p)
+	}
+}
+
+func lane(capacity int) dispatch.LaneConfig {
+	return dispatch.LaneConfig{Org: "a", Pool: anthropic.PoolSonnet4, Cap: capacity, StartFraction: 1, Speed: 100}
+}
+
+// eventually renews every budget until cond holds (or fails after 5 s).
+func eventually(t *testing.T, what string, cond func() bool, bs ...*Budget) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting: %s", what)
+		}
+		for _, b := range bs {
+			b.renewAll(context.Background())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// Two processes on one key: alone, one takes the whole cap; together they
+// split it and never hold more than the cap between them; the one that
+// finishes hands its share back at once.
+func TestSharedSplitsTheCapAndHandsItBack(t *testing.T) {
+	url := testredis.URL(t)
+	o := freshOrg("a")
+	a := process(t, url, []org.Org{o})
+	ga := a.NewGate(lane(100))
+	a.renewAll(context.Background())
+	pa := fill(ga)
+	if len(pa) != 100 {
+		t.Fatalf("alone: admitted %d, want the whole cap of 100", len(pa))
+	}
+	b := process(t, url, []org.Org{o})
+	gb := b.NewGate(lane(100))
+	b.renewAll(context.Background())
+	if pb := fill(gb); len(pb) != 0 {
+		t.Fatalf("the second process got %d slots while the first held all 100", len(pb))
+	}
+	// Both keep finishing requests and asking for more: they converge on
+	// about half each, and never hold more than the cap between them.
+	var pb []dispatch.Permit
+	finish := func(g dispatch.Gate, ps []dispatch.Permit) []dispatch.Permit {
+		for _, p := range ps[:len(ps)/2] {
+			g.Done(time.Now(), p, dispatch.Feedback{Outcome: anthropic.Outcome{Kind: anthropic.Success, Status: 200}})
+		}
+		return ps[len(ps)/2:]
+	}
+	eventually(t, "an even split", func() bool {
+		pa, pb = finish(ga, pa), finish(gb, pb)
+		pa = append(pa, fill(ga)...)
+		pb = append(pb, fill(gb)...)
+		if n := len(pa) + len(pb); n > 100 {
+			t.Fatalf("%d in flight between them, cap 100", n)
+		}
+		return len(pa)+len(pb) == 100 && len(pa) >= 45 && len(pb) >= 45
+	}, a, b)
+	t.Logf("split %d / %d", len(pa), len(pb))
+	// A is done: it closes, its slots are B's at once.
+	for _, p := range pa {
+		ga.Done(time.Now(), p, dispatch.Feedback{Outcome: anthropic.Outcome{Kind: anthropic.Success, Status: 200}})
+	}
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	b.renewAll(context.Background())
+	pb = append(pb, fill(gb)...)
+	if len(pb) != 100 {
+		t.Fatalf("after the other process finished: %d in flight, want 100", len(pb))
+	}
+}
+
+// A process that dies (no release) has its slots back within the TTL.
+func TestSharedDeadProcessSlotsComeBack(t *testing.T) {
+	url := testredis.URL(t)
+	o := freshOrg("a")
+	a := process(t, url, []org.Org{o})
+	ga := a.NewGate(lane(60))
+	a.renewAll(context.Background())
+	if n := len(fill(ga)); n != 60 {
+		t.Fatalf("admitted %d, want 60", n)
+	}
+	// Die: the loop stops, nothing is released.
+	a.cancel()
+	<-a.done
+	died := time.Now()
+	b := process(t, url, []org.Org{o})
+	gb := b.NewGate(lane(60))
+	var pb []dispatch.Permit
+	eventually(t, "the dead process's slots", func() bool {
+		pb = append(pb, fill(gb)...)
+		return len(pb) == 60
+	}, b)
+	if back := time.Since(died); back > a.ttl+300*time.Millisecond || back < a.ttl-a.every {
+		t.Fatalf("slots came back after %v, TTL %v", back, a.ttl)
+	} else {
+		t.Logf("slots back %v after the death (TTL %v)", back, a.ttl)
+	}
+}
+
+// 429s of one epoch from several processes cut the shared limit once.
+func TestSharedOneCutPerEpochAcrossProcesses(t *testing.T) {
+	url := testredis.URL(t)
+	o := freshOrg("a")
+	var gs []dispatch.Gate
+	var bs []*Budget
+	for range 3 {
+		b := process(t, url, []org.Org{o})
+		bs = append(bs, b)
+		gs = append(gs, b.NewGate(lane(90)))
+	}
+	var ps [][]dispatch.Permit
+	eventually(t, "every process admitted", func() bool {
+		ps = ps[:0]
+		total := 0
+		for _, g := range gs {
+			p := fill(g)
+			total += len(p)
+			ps = append(ps, p)
+		}
+		return total > 0
+	}, bs...)
+	// Re-fill until the 90 slots are shared out.
+	for i, g := range gs {
+		ps[i] = append(ps[i], fill(g)...)
+	}
+	n429 := 0
+	for i, g := range gs {
+		for _, p := range ps[i][:min(5, len(ps[i]))] {
+			g.Done(time.Now(), p, dispatch.Feedback{Outcome: anthropic.Outcome{Kind: anthropic.Retryable, Status: 429, RateLimited: true}})
+			n429++
+		}
+	}
+	cuts := 0
+	for _, g := range gs {
+		cuts += g.Snapshot(time.Now()).Cuts
+	}
+	if cuts != 1 {
+		t.Fatalf("%d 429s of one epoch from 3 processes made %d cuts, want 1", n429, cuts)
+	}
+	for _, b := range bs {
+		b.renewAll(context.Background())
+	}
+	for _, g := range gs {
+		if l := g.Snapshot(time.Now()).Limit; l < 45 || l >= 47 {
+			t.Fatalf("a process sees the limit at %v, want 45", l)
+		}
+	}
+}
+
+// Redis unreachable at start: a clear error naming the host, never the
+// password; with fallback, a local share.
+func TestSharedUnreachableAtStart(t *testing.T) {
+	_, err := Open(context.Background(), Config{URL: "redis://:s3cret-pw@127.0.0.1:1/0"})
+	if err == nil || !strings.Contains(err.Error(), "127.0.0.1:1") || strings.Contains(err.Error(), "s3cret-pw") {
+		t.Fatalf("error %v", err)
+	}
+	b, err := Open(context.Background(), Config{URL: "redis://127.0.0.1:1/0", Fallback: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	g := b.NewGate(lane(40))
+	if n := len(fill(g)); n != 40 {
+		t.Fatalf("fallback alone admitted %d, want 40", n)
+	}
+	if _, err := Open(context.Background(), Config{URL: "http://127.0.0.1:6379"}); err == nil {
+		t.Fatal("an http:// URL was accepted")
+	}
+}
+
+// Redis killed and restarted mid-run: the gates go local on a share of
+// the limit (the cap ÷ processes last seen), then rejoin.
+func TestSharedRedisLostAndBack(t *testing.T) {
+	srv := testredis.Start(t)
+	o := freshOrg("a")
+	a := process(t, srv.URL(), []org.Org{o})
+	b := process(t, srv.URL(), []org.Org{o})
+	ga, gb := a.NewGate(lane(100)), b.NewGate(lane(100))
+	eventually(t, "both see two processes", func() bool {
+		fill(ga)
+		fill(gb)
+		return ga.(*Gate).procs == 2 && gb.(*Gate).procs == 2
+	}, a, b)
+	srv.Stop()
+	eventually(t, "both go local", func() bool {
+		return ga.(*Gate).isLocal() && gb.(*Gate).isLocal()
+	})
+	for _, g := range []dispatch.Gate{ga, gb} {
+		if s := g.Snapshot(time.Now()); s.Limit > 50 {
+			t.Fatalf("local share %v, want at most 100/2", s.Limit)
+		}
+	}
+	srv.Restart()
+	eventually(t, "both rejoin", func() bool {
+		return !ga.(*Gate).isLocal() && !gb.(*Gate).isLocal()
+	})
+	if s := a.Stats(); s.FallbackPeriods != 1 || !s.Connected || s.ProcessesSeen != 2 {
+		t.Fatalf("stats %+v", s)
+	}
+}
