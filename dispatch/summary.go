@@ -96,7 +96,10 @@ type Summary struct {
 	StopReason               string              `json:"stop_reason,omitempty"`
 	Projection               json.RawMessage     `json:"projection,omitempty"`
 	Extra                    map[string]any      `json:"extra,omitempty"`
-	Orgs                     []map[string]string `json:"orgs"`
+	// Shared describes the shared budget (--shared): Redis' host, the
+	// processes seen on the same keys, the periods run on a local share.
+	Shared any                 `json:"shared,omitempty"`
+	Orgs   []map[string]string `json:"orgs"`
 }
 
 func (e *Engine) summarize(ctx context.Context) (*Summary, error) {

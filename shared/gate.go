@@ -124,6 +124,11 @@ func (g *Gate) TryAdmit(now time.Time, d dispatch.Demand) (dispatch.Permit, time
 				g.b.kick()
 			}
 		}
+		if g.inFlight == 0 {
+			// No release will wake the engine: the next renewal will
+			// (through the Waker), at the latest after this.
+			return dispatch.Permit{}, g.b.every, false
+		}
 		return dispatch.Permit{}, 0, false
 	}
 	n := g.buckets.Need(d)

@@ -60,6 +60,8 @@ local function save()
   redis.call('HSET', st, 'limit', tostring(limit), 'gen', gen, 'cuts', cuts, 'slow', slow,
     'last_grow', lastGrow, 'bound_at', boundAt, 'hold_until', holdUntil, 'nora', nora,
     'others_until', othersUntil, 'cap', cap)
+  -- A key nobody has used for a day leaves nothing behind.
+  for i = 1, 6 do redis.call('PEXPIRE', KEYS[i], 86400000) end
 end
 `
 

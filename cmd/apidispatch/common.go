@@ -20,20 +20,22 @@ import (
 
 // sendFlags are the flags every sending command understands (design.md §2).
 type sendFlags struct {
-	orgsFile  string
-	baseURL   string
-	runDir    string
-	out       string
-	caps      capsFlag
-	maxCost   string
-	budget    string
-	tolerance float64
-	confirm   bool
-	summary   string
-	quiet     bool
-	json      bool
-	prices    string
-	speed     float64
+	// sharedStats, with --shared, reports the shared budget for the summary.
+	sharedStats func() any
+	orgsFile    string
+	baseURL     string
+	runDir      string
+	out         string
+	caps        capsFlag
+	maxCost     string
+	budget      string
+	tolerance   float64
+	confirm     bool
+	summary     string
+	quiet       bool
+	json        bool
+	prices      string
+	speed       float64
 }
 
 func (s *sendFlags) register(fs *flag.FlagSet) {

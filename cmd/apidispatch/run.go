@@ -35,6 +35,9 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 	deadline := fs.Duration("deadline", 0, "stop admitting after this long (`DURATION`); the run ends incomplete and resumable")
 	giveUp := fs.Duration("give-up-after", dispatch.DefaultGiveUpAfter, "stop, incomplete and resumable, when no request has reached the API for this long while requests fail to connect (`DURATION`; 0 waits for ever)")
 	debugHTTP := fs.String("debug-http", "", debugHTTPUsage)
+	var shf sharedFlags
+	shf.register(fs)
+	metricsAddr := fs.String("metrics", "", "serve Prometheus metrics on `ADDR` (a loopback address such as 127.0.0.1:9464) at /metrics")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, `usage: apidispatch run REQUESTS.jsonl [flags]
 
@@ -150,6 +153,27 @@ flags:`)
 	defer closeWire()
 	cfg.WrapTransport = wrap
 
+	sb, err := shf.open(ctx, orgs, job.Events)
+	if err != nil {
+		errf(stderr, "%v", err)
+		return exitUsage
+	}
+	if sb != nil {
+		cfg.NewGate = sb.NewGate
+		sb.Start()
+		defer sb.Close()
+		sf.sharedStats = func() any { return sb.Stats() }
+	}
+	if *metricsAddr != "" {
+		m, err := startMetrics(*metricsAddr, stderr)
+		if err != nil {
+			errf(stderr, "%v", err)
+			return exitUsage
+		}
+		defer m.Close()
+		cfg.NewGate = m.Wrap(cfg.NewGate)
+	}
+
 	// Signals: the first stops admission, the second abandons in-flight work.
 	sigs := make(chan os.Signal, 2)
 	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
@@ -257,6 +281,9 @@ func finishRun(job *dispatch.Job, res *dispatch.Result, runErr error, sf sendFla
 	}
 	s := res.Summary
 	s.Projection = projJSON
+	if sf.sharedStats != nil {
+		s.Shared = sf.sharedStats()
+	}
 	if err := job.WriteSummary(s, sf.summary); err != nil {
 		errf(stderr, "writing the summary: %v", err)
 	}

@@ -1,0 +1,291 @@
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/apidispatch/apidispatch/dispatch"
+	"github.com/apidispatch/apidispatch/internal/testredis"
+	"github.com/apidispatch/apidispatch/sim"
+)
+
+func envInt(name string, def int) int {
+	if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v > 0 {
+		return v
+	}
+	return def
+}
+
+// sharedFleet is P 'apidispatch run' processes started together on the
+// same simulator keys, each with its own input and run directory.
+type sharedFleet struct {
+	r     *sim.Running
+	cmds  []*exec.Cmd
+	dirs  []string
+	ins   []string
+	n     int
+	redis string
+}
+
+func startFleet(t *testing.T, r *sim.Running, procs, n int, redisURL string, extra ...string) *sharedFleet {
+	t.Helper()
+	f := &sharedFleet{r: r, n: n, redis: redisURL}
+	base := t.TempDir()
+	for i := range procs {
+		in := filepath.Join(base, fmt.Sprintf("req%d.jsonl", i))
+		writeJudge(t, in, n)
+		f.ins = append(f.ins, in)
+		f.dirs = append(f.dirs, filepath.Join(base, fmt.Sprintf("run%d", i)))
+	}
+	for i := range procs {
+		f.cmds = append(f.cmds, f.start(t, i, extra...))
+	}
+	return f
+}
+
+func (f *sharedFleet) start(t *testing.T, i int, extra ...string) *exec.Cmd {
+	t.Helper()
+	args := []string{"run", f.ins[i], "--run-dir", f.dirs[i], "--base-url", f.r.URL, "--speed", strconv.FormatFloat(f.r.Server.Speed(), 'f', -1, 64), "--quiet", "--grace", "2s"}
+	if f.redis != "" {
+		args = append(args, "--shared", f.redis)
+	}
+	c := cliCmd(f.r, append(args, extra...)...)
+	c.Stderr = &strings.Builder{}
+	if err := c.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Process.Kill() })
+	return c
+}
+
+// cmdRedis is the test Redis for this package's tests: database 1 of the
+// shared test server, emptied first. The simulator's keys are the same in
+// every test, so a lane state left by an earlier test must not linger.
+func cmdRedis(t *testing.T) string {
+	t.Helper()
+	pu, err := url.Parse(testredis.URL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pu.Path = "/1"
+	u := pu.String()
+	o, err := redis.ParseURL(u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := redis.NewClient(o)
+	defer c.Close()
+	if err := c.FlushDB(t.Context()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	return u
+}
+
+func (f *sharedFleet) wait(t *testing.T) {
+	t.Helper()
+	for i, c := range f.cmds {
+		if c == nil {
+			continue
+		}
+		if err := c.Wait(); err != nil {
+			t.Fatalf("process %d: %v\n%s", i, err, c.Stderr)
+		}
+	}
+}
+
+// steadyRate is the simulator's combined completions per real second
+// between 20 % and 80 % of its total, from its per-second series.
+func steadyRate(st sim.Stats) float64 {
+	per := map[int64]int64{}
+	var last int64
+	var total int64
+	for _, o := range st.Orgs {
+		for _, p := range o.Series {
+			per[p.T] += p.Completions
+			total += p.Completions
+			last = max(last, p.T)
+		}
+	}
+	var cum int64
+	var t20, t80 int64 = -1, -1
+	var c20, c80 int64
+	for s := int64(0); s <= last; s++ {
+		cum += per[s]
+		if t20 < 0 && cum >= total/5 {
+			t20, c20 = s, cum
+		}
+		if t80 < 0 && cum >= total*4/5 {
+			t80, c80 = s, cum
+		}
+	}
+	if t80 <= t20 {
+		return 0
+	}
+	return float64(c80-c20) / float64(t80-t20)
+}
+
+func fleetMeanLatency(t *testing.T, f *sharedFleet) float64 {
+	var sum float64
+	var n int
+	for _, d := range f.dirs {
+		fh, err := os.Open(filepath.Join(d, dispatch.ResultsFile))
+		if err != nil {
+			t.Fatal(err)
+		}
+		sc := bufio.NewScanner(fh)
+		sc.Buffer(make([]byte, 1<<20), 1<<24)
+		for sc.Scan() {
+			var v struct {
+				Dispatch struct {
+					LatencyMs float64 `json:"latency_ms"`
+				} `json:"dispatch"`
+			}
+			if json.Unmarshal(sc.Bytes(), &v) == nil {
+				sum += v.Dispatch.LatencyMs
+				n++
+			}
+		}
+		fh.Close()
+	}
+	return sum / float64(max(n, 1)) / 1000
+}
+
+// TestSharedBudgetAcrossProcesses is issue 12's bug and its fix, measured
+// from outside: APIDISPATCH_SHARED_PROCS (default 3) 'apidispatch run'
+// processes at once on the same three keys with --shared. The simulator's
+// own count of requests in flight per key never passes the polite cap of
+// 100, no 429 is caused (origin-3org is cap-bound), and every custom_id of
+// every run is written once. The combined steady throughput against the
+// cap-bound ceiling (3 keys × 100 ÷ mean latency) is logged for the
+// README. APIDISPATCH_SHARED_N sets the items per process and
+// APIDISPATCH_SHARED_BASELINE=1 also runs the processes without --shared,
+// which shows the bug (each holds the whole cap).
+func TestSharedBudgetAcrossProcesses(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes")
+	}
+	redisURL := cmdRedis(t)
+	procs := envInt("APIDISPATCH_SHARED_PROCS", 3)
+	n := envInt("APIDISPATCH_SHARED_N", 1500)
+	k := float64(envInt("APIDISPATCH_SHARED_K", 4))
+	arms := []string{redisURL}
+	if os.Getenv("APIDISPATCH_SHARED_BASELINE") != "" {
+		arms = append(arms, "")
+	}
+	for _, redisURL := range arms {
+		name := "shared"
+		if redisURL == "" {
+			name = "local"
+		}
+		t.Run(name, func(t *testing.T) {
+			r, _, _ := simWith(t, k, 1, func(*sim.Config) {})
+			f := startFleet(t, r, procs, n, redisURL)
+			f.wait(t)
+			st := r.Server.Stats()
+			lat := fleetMeanLatency(t, f)
+			ceiling := 300 / lat
+			rate := steadyRate(st)
+			var maxIn []int64
+			var r429 int64
+			for _, o := range st.Orgs {
+				maxIn = append(maxIn, o.MaxInFlight)
+				r429 += o.RateLimited429
+			}
+			t.Logf("%s: %d processes × %d items, K=%v: max in flight per key %v (cap 100), 429s %d, steady %.0f req/s against a ceiling of %.0f (3 × 100 ÷ %.3f s) = %.1f %%",
+				name, procs, n, k, maxIn, r429, rate, ceiling, lat, rate/ceiling*100)
+			for i, d := range f.dirs {
+				if ids := readIDs(t, filepath.Join(d, dispatch.ResultsFile)); len(ids) != n {
+					t.Fatalf("process %d wrote %d custom_ids, want %d", i, len(ids), n)
+				} else {
+					for id, c := range ids {
+						if c != 1 {
+							t.Fatalf("process %d: %s written %d times", i, id, c)
+						}
+					}
+				}
+			}
+			if redisURL == "" {
+				return
+			}
+			for i, m := range maxIn {
+				if m > 100 {
+					t.Errorf("key %d: %d in flight at once across %d processes, cap 100", i, m, procs)
+				}
+			}
+			if r429 != 0 {
+				t.Errorf("%d 429s on the cap-bound preset", r429)
+			}
+		})
+	}
+}
+
+// TestSharedBudgetKillNine kills one of three processes with SIGKILL in
+// the middle of its run: its slots come back to the other two within the
+// lease TTL (they finish at the full cap), and the same command resumes
+// the killed run, every custom_id once.
+func TestSharedBudgetKillNine(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes")
+	}
+	redisURL := cmdRedis(t)
+	n := envInt("APIDISPATCH_SHARED_N", 1500)
+	r, _, _ := simWith(t, 4, 1, func(*sim.Config) {})
+	f := startFleet(t, r, 3, n, redisURL)
+	// Kill process 0 once the simulator has billed a third of all items.
+	deadline := time.Now().Add(2 * time.Minute)
+	for r.Server.LedgerTotals().Requests < int64(n) {
+		if time.Now().After(deadline) {
+			t.Fatal("the run never got a third of the way")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	f.cmds[0].Process.Signal(syscall.SIGKILL)
+	f.cmds[0].Wait()
+	killed := time.Now()
+	f.cmds[0] = nil
+	f.wait(t)
+	t.Logf("the other two finished %.1f s after the kill", time.Since(killed).Seconds())
+	for _, o := range r.Server.Stats().Orgs {
+		if o.MaxInFlight > 100 {
+			t.Errorf("%s: %d in flight at once, cap 100", o.Name, o.MaxInFlight)
+		}
+	}
+	// The killed run resumes alone, on the whole cap.
+	c := f.start(t, 0)
+	if err := c.Wait(); err != nil {
+		t.Fatalf("resume: %v\n%s", err, c.Stderr)
+	}
+	for i, d := range f.dirs {
+		ids := readIDs(t, filepath.Join(d, dispatch.ResultsFile))
+		if len(ids) != n {
+			t.Fatalf("run %d: %d custom_ids, want %d", i, len(ids), n)
+		}
+		for id, c := range ids {
+			if c != 1 {
+				t.Fatalf("run %d: %s written %d times", i, id, c)
+			}
+		}
+	}
+	// The lease of the dead process expired: a "slots … are back" event
+	// in a survivor's events.
+	var back bool
+	for _, d := range f.dirs[1:] {
+		b, _ := os.ReadFile(filepath.Join(d, dispatch.EventsFile))
+		back = back || strings.Contains(string(b), "whose lease expired are back")
+	}
+	if !back {
+		t.Error("no survivor reported the dead process's slots back")
+	}
+}

@@ -1,0 +1,176 @@
+// Package metrics exposes a run's lanes as Prometheus metrics: per lane,
+// the requests in flight, the limit and the cap (read from the gate at
+// scrape time), and counters of admissions, outcomes by class, 429s and
+// cost. It wraps each lane's dispatch.Gate, so it works the same over the
+// in-process lane and the shared one.
+package metrics
+
+import (
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/apidispatch/apidispatch/anthropic"
+	"github.com/apidispatch/apidispatch/dispatch"
+)
+
+// Metrics is one run's registry. It is safe for concurrent use.
+type Metrics struct {
+	reg      *prometheus.Registry
+	admitted *prometheus.CounterVec
+	outcomes *prometheus.CounterVec
+	r429     *prometheus.CounterVec
+	costUSD  *prometheus.CounterVec
+
+	mu    sync.Mutex
+	gates []*gate
+}
+
+var laneLabels = []string{"org", "pool"}
+
+// New returns an empty registry with the process and Go collectors.
+func New() *Metrics {
+	m := &Metrics{
+		reg: prometheus.NewRegistry(),
+		admitted: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "apidispatch_admitted_total", Help: "Requests admitted by the lane.",
+		}, laneLabels),
+		outcomes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "apidispatch_outcomes_total", Help: "Attempts ended, by class (success, retryable, terminal, lane_fatal).",
+		}, append(laneLabels, "class")),
+		r429: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "apidispatch_rate_limited_total", Help: "429 rate-limit answers.",
+		}, laneLabels),
+		costUSD: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "apidispatch_cost_usd_total", Help: "Cost of the lane's billed attempts, in US dollars.",
+		}, laneLabels),
+	}
+	m.reg.MustRegister(m.admitted, m.outcomes, m.r429, m.costUSD, (*lanes)(m),
+		prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
+	return m
+}
+
+// Handler serves the registry.
+func (m *Metrics) Handler() http.Handler {
+	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{})
+}
+
+// Wrap returns a gate constructor whose gates m counts (newGate nil: the
+// in-process lane).
+func (m *Metrics) Wrap(newGate func(dispatch.LaneConfig) dispatch.Gate) func(dispatch.LaneConfig) dispatch.Gate {
+	if newGate == nil {
+		newGate = func(c dispatch.LaneConfig) dispatch.Gate { return dispatch.NewLane(c) }
+	}
+	return func(c dispatch.LaneConfig) dispatch.Gate {
+		g := &gate{Gate: newGate(c), m: m, org: c.Org, pool: string(c.Pool)}
+		m.mu.Lock()
+		m.gates = append(m.gates, g)
+		m.mu.Unlock()
+		return g
+	}
+}
+
+// gate counts what passes through a lane's gate.
+type gate struct {
+	dispatch.Gate
+	m         *Metrics
+	org, pool string
+}
+
+func (g *gate) TryAdmit(now time.Time, d dispatch.Demand) (dispatch.Permit, time.Duration, bool) {
+	p, w, ok := g.Gate.TryAdmit(now, d)
+	if ok {
+		g.m.admitted.WithLabelValues(g.org, g.pool).Inc()
+	}
+	return p, w, ok
+}
+
+func (g *gate) Done(now time.Time, p dispatch.Permit, fb dispatch.Feedback) {
+	g.Gate.Done(now, p, fb)
+	g.m.outcomes.WithLabelValues(g.org, g.pool, class(fb.Outcome.Kind)).Inc()
+	if fb.Outcome.RateLimited {
+		g.m.r429.WithLabelValues(g.org, g.pool).Inc()
+	}
+	if fb.Cost > 0 {
+		g.m.costUSD.WithLabelValues(g.org, g.pool).Add(fb.Cost.USD())
+	}
+}
+
+// SetWake forwards to a gate that wakes the engine itself.
+func (g *gate) SetWake(wake func()) {
+	if w, ok := g.Gate.(dispatch.Waker); ok {
+		w.SetWake(wake)
+	}
+}
+
+func class(k anthropic.Kind) string {
+	switch k {
+	case anthropic.Success:
+		return "success"
+	case anthropic.Terminal:
+		return "terminal"
+	case anthropic.LaneFatal:
+		return "lane_fatal"
+	}
+	return "retryable"
+}
+
+// lanes collects the gauges from the gates' snapshots at scrape time.
+type lanes Metrics
+
+var (
+	descInFlight = prometheus.NewDesc("apidispatch_in_flight", "Requests in flight on the lane.", laneLabels, nil)
+	descLimit    = prometheus.NewDesc("apidispatch_limit", "The lane's AIMD concurrency limit.", laneLabels, nil)
+	descCap      = prometheus.NewDesc("apidispatch_cap", "The lane's polite per-key concurrency cap.", laneLabels, nil)
+	descHeld     = prometheus.NewDesc("apidispatch_held", "1 while the lane holds for a retry-after.", laneLabels, nil)
+)
+
+func (l *lanes) Describe(ch chan<- *prometheus.Desc) {
+	ch <- descInFlight
+	ch <- descLimit
+	ch <- descCap
+	ch <- descHeld
+}
+
+func (l *lanes) Collect(ch chan<- prometheus.Metric) {
+	l.mu.Lock()
+	gates := l.gates
+	l.mu.Unlock()
+	now := time.Now()
+	for _, g := range gates {
+		s := g.Snapshot(now)
+		held := 0.0
+		if s.Held {
+			held = 1
+		}
+		ch <- prometheus.MustNewConstMetric(descInFlight, prometheus.GaugeValue, float64(s.InFlight), g.org, g.pool)
+		ch <- prometheus.MustNewConstMetric(descLimit, prometheus.GaugeValue, s.Limit, g.org, g.pool)
+		ch <- prometheus.MustNewConstMetric(descCap, prometheus.GaugeValue, float64(s.Cap), g.org, g.pool)
+		ch <- prometheus.MustNewConstMetric(descHeld, prometheus.GaugeValue, held, g.org, g.pool)
+	}
+}
+
+// Serve listens on addr, which must be a loopback address, and serves
+// /metrics until Close.
+func (m *Metrics) Serve(addr string) (*http.Server, net.Addr, error) {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil, nil, err
+	}
+	if ip := net.ParseIP(host); host != "localhost" && (ip == nil || !ip.IsLoopback()) {
+		return nil, nil, &net.AddrError{Err: "metrics are served on a loopback address only", Addr: addr}
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, nil, err
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", m.Handler())
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go srv.Serve(ln)
+	return srv, ln.Addr(), nil
+}
