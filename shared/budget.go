@@ -27,6 +27,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -91,6 +92,7 @@ type Budget struct {
 	periods  int
 	seen     int
 
+	trips     atomic.Int64 // script runs, for the benchmark
 	kickC     chan struct{}
 	cancel    context.CancelFunc
 	done      chan struct{}

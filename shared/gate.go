@@ -220,6 +220,7 @@ func (g *Gate) congestion(now time.Time, p dispatch.Permit, o anthropic.Outcome)
 	ctx, cancel := context.WithTimeout(context.Background(), g.b.opTimeout)
 	defer cancel()
 	args := []any{g.b.proc, g.cfg.Cap, g.cfg.StartFraction, g.cfg.MinLimit, p.Epoch, rl, ra, g.cfg.Decrease, g.cfg.Speed}
+	g.b.trips.Add(1)
 	res, err := congestionScript.Run(ctx, g.b.rdb, g.keys, args...).Slice()
 	if err != nil {
 		g.b.lost(err)
@@ -296,6 +297,7 @@ func (g *Gate) renew(ctx context.Context) error {
 	ttl := g.b.ttl.Milliseconds()
 	args := []any{g.b.proc, g.cfg.Cap, g.cfg.StartFraction, g.cfg.MinLimit, want, mayHave, ttl,
 		g.cfg.RampPerSecond, g.cfg.IncreasePerSecond, g.cfg.Speed, succ, oth, hdr, age, inFlight}
+	g.b.trips.Add(1)
 	res, err := acquireScript.Run(ctx, g.b.rdb, g.keys, args...).Slice()
 	if err != nil {
 		return err
