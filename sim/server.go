@@ -450,7 +450,7 @@ func (s *Server) messages(c *call) {
 	}
 
 	// Prompt caching decides how the input splits into fresh, written and read.
-	u := usage{input: req.input}
+	u := usage{input: req.input, geoUS: req.x != nil && req.x.geoUS}
 	if s.cfg.PromptCaching && req.cacheTokens > 0 {
 		ttl := 5 * time.Minute
 		if req.cache1h {
@@ -490,6 +490,9 @@ func (s *Server) messages(c *call) {
 
 	// Admitted: the request is processed.
 	out := plan(sum, req)
+	if out.toolInput != nil {
+		out.toolID = s.newID("toolu_", c.n, 0x510e527fade682d1)
+	}
 	o.mu.Lock()
 	o.inFlight++
 	inFlight := o.inFlight
@@ -553,6 +556,7 @@ func (s *Server) messages(c *call) {
 		BodySHA256: sum, InputTokens: u.input, OutputTokens: u.output, CacheWrite5m: u.write5m,
 		CacheWrite1h: u.write1h, CacheRead: u.read, CostNanos: cost, CostUSD: nanosToUSD(cost),
 		Time: wall, APISeconds: float64(api.Microseconds()) / 1e6, Status: http.StatusOK, Delivery: delivery,
+		USGeo: u.geoUS,
 	}, now)
 
 	b := appendMessage((*bp)[:0], msgID, req.model.id, out, u)
