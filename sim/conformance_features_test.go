@@ -401,3 +401,78 @@ func TestSDKInferenceGeoPricing(t *testing.T) {
 	_, err = c.Messages.New(ctx, p)
 	wantAPIError(t, err, http.StatusBadRequest, "inference_geo: not supported for model claude-sonnet-4-5")
 }
+
+func TestSDKModelsListPaginatedAndRetrieve(t *testing.T) {
+	t.Parallel()
+	cfg, _ := Preset(PresetOrigin3Org) // Sonnet 4.x, Haiku 4.5, Opus 4.x: 10 of the models
+	cfg.Latency = LatencyConfig{Zero: true}
+	run := startSim(t, cfg)
+	c := sdkClient(run, run.Server.Keys()["batch"][0])
+	ctx := context.Background()
+	want := []string{}
+	for _, m := range models {
+		switch m.pool {
+		case anthropic.PoolSonnet4, anthropic.PoolHaiku45, anthropic.PoolOpus4:
+			want = append(want, m.id)
+		}
+	}
+
+	// Pages of 3, forwards with after_id.
+	var got []string
+	params := sdk.ModelListParams{Limit: sdk.Int(3)}
+	for pages := 0; ; pages++ {
+		page, err := c.Models.List(ctx, params)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(page.Data) == 0 || page.FirstID != page.Data[0].ID || page.LastID != page.Data[len(page.Data)-1].ID {
+			t.Fatalf("page %+v: first_id/last_id do not match data", page)
+		}
+		for _, m := range page.Data {
+			got = append(got, m.ID)
+			if m.MaxTokens != modelByID[m.ID].maxOutput || m.MaxInputTokens != modelByID[m.ID].context || m.CreatedAt.IsZero() {
+				t.Errorf("%s: max_tokens %d max_input_tokens %d created %v", m.ID, m.MaxTokens, m.MaxInputTokens, m.CreatedAt)
+			}
+			if !m.Capabilities.Batch.Supported || !m.Capabilities.Thinking.Supported || m.Capabilities.JSON.Thinking.Raw() == "" {
+				t.Errorf("%s: capabilities %s", m.ID, m.Capabilities.RawJSON())
+			}
+		}
+		if !page.HasMore {
+			break
+		}
+		if pages > len(want) {
+			t.Fatal("has_more never ends")
+		}
+		params.AfterID = sdk.String(page.LastID)
+	}
+	if strings.Join(got, ",") != strings.Join(want, ",") {
+		t.Errorf("listed %v, want the org's models %v", got, want)
+	}
+
+	// Auto-paging agrees; before_id pages backwards.
+	var auto []string
+	it := c.Models.ListAutoPaging(ctx, sdk.ModelListParams{Limit: sdk.Int(4)})
+	for it.Next() {
+		auto = append(auto, it.Current().ID)
+	}
+	if it.Err() != nil || len(auto) != len(want) {
+		t.Errorf("auto-paging: %v, %v", auto, it.Err())
+	}
+	back, err := c.Models.List(ctx, sdk.ModelListParams{Limit: sdk.Int(2), BeforeID: sdk.String(want[4])})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(back.Data) != 2 || back.Data[0].ID != want[2] || back.Data[1].ID != want[3] || !back.HasMore {
+		t.Errorf("before_id %s: %+v", want[4], back)
+	}
+
+	// Retrieve: a served model, and one of a pool the org does not serve.
+	m, err := c.Models.Get(ctx, "claude-haiku-4-5", sdk.ModelGetParams{})
+	if err != nil || m.ID != "claude-haiku-4-5" || m.DisplayName != "Claude Haiku 4.5" || m.MaxTokens != 64000 {
+		t.Errorf("get claude-haiku-4-5: %+v, %v", m, err)
+	}
+	_, err = c.Models.Get(ctx, "claude-opus-5", sdk.ModelGetParams{})
+	wantAPIError(t, err, 404, "claude-opus-5")
+	_, err = c.Models.List(ctx, sdk.ModelListParams{Limit: sdk.Int(0)}, option.WithQuery("limit", "1001"))
+	wantAPIError(t, err, 400, "limit")
+}

@@ -315,6 +315,10 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case "/sim/stats", "/sim/ledger", "/sim/faults":
 		s.admin(c)
 	default:
+		if strings.HasPrefix(r.URL.Path, "/v1/models/") {
+			s.getModel(c)
+			return
+		}
 		s.writeError(c, nil, &apiError{status: http.StatusNotFound, typ: anthropic.ErrNotFound, msg: "Not Found"})
 	}
 }
@@ -908,36 +912,4 @@ func (s *Server) countTokens(c *call) {
 		return
 	}
 	writeJSON(c, http.StatusOK, []byte(`{"input_tokens":`+strconv.FormatInt(req.input, 10)+`}`))
-}
-
-var modelsJSON = func() []byte {
-	var b []byte
-	b = append(b, `{"data":[`...)
-	for i, m := range models {
-		if i > 0 {
-			b = append(b, ',')
-		}
-		b = append(b, `{"type":"model","id":`...)
-		b = appendJSONString(b, m.id)
-		b = append(b, `,"display_name":`...)
-		b = appendJSONString(b, m.display)
-		b = append(b, `,"created_at":`...)
-		b = appendJSONString(b, m.created)
-		b = append(b, '}')
-	}
-	b = append(b, `],"has_more":false,"first_id":`...)
-	b = appendJSONString(b, models[0].id)
-	b = append(b, `,"last_id":`...)
-	b = appendJSONString(b, models[len(models)-1].id)
-	return append(b, '}')
-}()
-
-func (s *Server) listModels(c *call) {
-	if c.r.Method != http.MethodGet {
-		s.writeError(c, nil, &apiError{status: http.StatusMethodNotAllowed, typ: anthropic.ErrInvalidRequest, msg: "Method Not Allowed: use GET"})
-		return
-	}
-	if ks := s.authenticate(c); ks != nil {
-		writeJSON(c, http.StatusOK, modelsJSON)
-	}
 }
