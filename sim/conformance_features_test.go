@@ -476,3 +476,171 @@ func TestSDKModelsListPaginatedAndRetrieve(t *testing.T) {
 	_, err = c.Models.List(ctx, sdk.ModelListParams{Limit: sdk.Int(0)}, option.WithQuery("limit", "1001"))
 	wantAPIError(t, err, 400, "limit")
 }
+
+// sameMessage reports how a streamed message assembled by the SDK's
+// accumulator differs from the unstreamed one, ids aside.
+func sameMessage(streamed, plain *sdk.Message) string {
+	if streamed.Model != plain.Model || streamed.Role != plain.Role || streamed.StopReason != plain.StopReason ||
+		streamed.StopSequence != plain.StopSequence || !strings.HasPrefix(streamed.ID, "msg_") {
+		return fmt.Sprintf("header: %s %s %q %q vs %s %s %q %q", streamed.Model, streamed.Role, streamed.StopReason, streamed.StopSequence,
+			plain.Model, plain.Role, plain.StopReason, plain.StopSequence)
+	}
+	su, pu := streamed.Usage, plain.Usage
+	if su.InputTokens != pu.InputTokens || su.OutputTokens != pu.OutputTokens || su.CacheCreationInputTokens != pu.CacheCreationInputTokens ||
+		su.CacheReadInputTokens != pu.CacheReadInputTokens || su.ServiceTier != pu.ServiceTier || su.InferenceGeo != pu.InferenceGeo {
+		return fmt.Sprintf("usage %s vs %s", su.RawJSON(), pu.RawJSON())
+	}
+	if len(streamed.Content) != len(plain.Content) {
+		return fmt.Sprintf("%d blocks vs %d", len(streamed.Content), len(plain.Content))
+	}
+	for i := range plain.Content {
+		a, b := streamed.Content[i], plain.Content[i]
+		if a.Type != b.Type || a.Text != b.Text || a.Thinking != b.Thinking || a.Signature != b.Signature || a.Name != b.Name {
+			return fmt.Sprintf("block %d: %s vs %s", i, a.RawJSON(), b.RawJSON())
+		}
+		if a.Type == "tool_use" && (string(a.Input) != string(b.Input) || !strings.HasPrefix(a.ID, "toolu_")) {
+			return fmt.Sprintf("block %d input %s (id %s) vs %s", i, a.Input, a.ID, b.Input)
+		}
+	}
+	return ""
+}
+
+func TestSDKStreamAccumulatesToTheUnstreamedMessage(t *testing.T) {
+	t.Parallel()
+	run := startSim(t, featureConfig())
+	c := sdkClient(run, soloKey)
+	ctx := context.Background()
+	judge := sdkParams("claude-sonnet-4-5", 256, "Rate this. Provide your evaluation as a JSON object.")
+	prose := sdkParams("claude-sonnet-4-6", 1024, "Write a note.")
+	prose.System = nil
+	stop := prose
+	stop.StopSequences = []string{"e"}
+	cut := sdkParams("claude-sonnet-4-5", 20, "Write a long note.")
+	tool := sdkParams("claude-sonnet-4-6", 512, "Weather in Paris?")
+	tool.Tools, tool.ToolChoice = weatherTools(), sdk.ToolChoiceParamOfTool("get_weather")
+	think := sdkParams("claude-sonnet-4-6", 4096, "Think first.")
+	think.Thinking = sdk.ThinkingConfigParamOfEnabled(1024)
+	think.InferenceGeo = sdk.String("us")
+	zero := sdkParams("claude-sonnet-4-5", 0, "warm")
+	for _, tc := range []struct {
+		name string
+		p    sdk.MessageNewParams
+	}{{"judge", judge}, {"prose", prose}, {"stop sequence", stop}, {"max_tokens", cut}, {"tool use", tool}, {"thinking", think}, {"max_tokens 0", zero}} {
+		t.Run(tc.name, func(t *testing.T) {
+			plain, err := c.Messages.New(ctx, tc.p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var raw *http.Response
+			stream := c.Messages.NewStreaming(ctx, tc.p, option.WithResponseInto(&raw))
+			var acc sdk.Message
+			var kinds []string
+			for stream.Next() {
+				ev := stream.Current()
+				if len(kinds) == 0 || kinds[len(kinds)-1] != ev.Type {
+					kinds = append(kinds, ev.Type)
+				}
+				if err := acc.Accumulate(ev); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := stream.Err(); err != nil {
+				t.Fatal(err)
+			}
+			if why := sameMessage(&acc, plain); why != "" {
+				t.Errorf("streamed message differs: %s\nevents %v", why, kinds)
+			}
+			seq := strings.Join(kinds, " ")
+			// (The SDK drops ping events; TestStreamEventOrder sees them.)
+			if !strings.HasPrefix(seq, "message_start ") || !strings.HasSuffix(seq, " message_delta message_stop") {
+				t.Errorf("events %s", seq)
+			}
+			if len(plain.Content) > 0 && !strings.HasPrefix(seq, "message_start content_block_start content_block_delta") {
+				t.Errorf("events %s", seq)
+			}
+			if ct := raw.Header.Get("content-type"); !strings.HasPrefix(ct, "text/event-stream") || raw.Header.Get("anthropic-ratelimit-requests-remaining") == "" || raw.Header.Get("request-id") == "" {
+				t.Errorf("stream headers %v", raw.Header)
+			}
+		})
+	}
+	// Both forms are billed alike: same body hash, same cost.
+	led := run.Server.Ledger()
+	for i := 0; i+1 < len(led); i += 2 {
+		if led[i].BodySHA256 != led[i+1].BodySHA256 || led[i].CostNanos != led[i+1].CostNanos || !led[i+1].Duplicate {
+			t.Errorf("ledger %d and %d: %+v vs %+v", i, i+1, led[i], led[i+1])
+		}
+	}
+	if st := run.Server.Stats().Org("solo"); st.ByStatus["200"] != int64(len(led)) {
+		t.Errorf("stats %v for %d billed", st.ByStatus, len(led))
+	}
+}
+
+func TestSDKStreamMidStreamOverload(t *testing.T) {
+	t.Parallel()
+	cfg := featureConfig()
+	cfg.Faults = []Fault{{Kind: FaultStreamOverloaded, Org: "solo"}}
+	run := startSim(t, cfg)
+	c := sdkClient(run, soloKey)
+	stream := c.Messages.NewStreaming(context.Background(), sdkParams("claude-sonnet-4-5", 256, "hi"))
+	var kinds []string
+	for stream.Next() {
+		kinds = append(kinds, stream.Current().Type)
+	}
+	err := stream.Err()
+	if err == nil || !strings.Contains(err.Error(), "overloaded_error") {
+		t.Fatalf("err %v after %v: want the overloaded_error event", err, kinds)
+	}
+	if len(kinds) == 0 || kinds[0] != "message_start" {
+		t.Errorf("events before the error: %v", kinds)
+	}
+	if len(run.Server.Ledger()) != 0 {
+		t.Error("an interrupted stream was billed")
+	}
+	// Unstreamed requests do not meet it.
+	if _, err := c.Messages.New(context.Background(), sdkParams("claude-sonnet-4-5", 256, "hi")); err != nil {
+		t.Errorf("unstreamed: %v", err)
+	}
+}
+
+// The wire order of a stream, ping included, as the API sends it.
+func TestStreamEventOrder(t *testing.T) {
+	t.Parallel()
+	run := startSim(t, featureConfig())
+	r := post(t, run, soloKey, []byte(`{"model":"claude-sonnet-4-5","max_tokens":64,"messages":[{"role":"user","content":"hi"}],"stream":true}`))
+	if r.status != 200 || !strings.HasPrefix(r.header.Get("content-type"), "text/event-stream") {
+		t.Fatalf("status %d %v", r.status, r.header)
+	}
+	var names []string
+	for _, ev := range strings.Split(strings.TrimSpace(string(r.body)), "\n\n") {
+		lines := strings.SplitN(ev, "\n", 2)
+		name := strings.TrimPrefix(lines[0], "event: ")
+		data := strings.TrimPrefix(lines[1], "data: ")
+		var typed struct{ Type string }
+		if err := json.Unmarshal([]byte(data), &typed); err != nil || typed.Type != name {
+			t.Errorf("event %q data %s", name, data)
+		}
+		if len(names) == 0 || names[len(names)-1] != name {
+			names = append(names, name)
+		}
+	}
+	want := "message_start content_block_start ping content_block_delta content_block_stop message_delta message_stop"
+	if got := strings.Join(names, " "); got != want {
+		t.Errorf("events %s, want %s", got, want)
+	}
+}
+
+func TestWithoutStreamKey(t *testing.T) {
+	t.Parallel()
+	for in, want := range map[string]string{
+		`{"a":1,"stream":true}`:            `{"a":1}`,
+		`{"stream":true,"a":1}`:            `{"a":1}`,
+		`{"a":1, "stream" : true , "b":2}`: `{"a":1 , "b":2}`,
+		`{"stream":true}`:                  `{}`,
+		`{"a":1}`:                          `{"a":1}`,
+		`not json`:                         `not json`,
+	} {
+		if got := string(withoutStreamKey([]byte(in))); got != want {
+			t.Errorf("withoutStreamKey(%s) = %s, want %s", in, got, want)
+		}
+	}
+}

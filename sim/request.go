@@ -84,6 +84,7 @@ type request struct {
 	input     int64   // total input tokens (cached prefix included)
 	judge     bool    // looks like a judge call: answer with a JSON verdict
 	x         *extras // tools, stop sequences, thinking, geo; nil for a plain request
+	stream    bool    // stream: true (server-sent events)
 
 	// Prompt caching: the prefix up to the last block marked cache_control.
 	cacheTokens int64
@@ -128,9 +129,6 @@ func parseRequest(body []byte, countOnly, longContextBeta bool) (request, *apiEr
 	if w.Messages == nil {
 		return request{}, invalid("messages: Field required")
 	}
-	if w.Stream != nil && *w.Stream && !countOnly {
-		return request{}, invalid("stream: streaming not supported by the simulator; send stream:false")
-	}
 	if w.Temperature != nil && (*w.Temperature < 0 || *w.Temperature > 1) {
 		return request{}, invalid("temperature: Input should be between 0 and 1")
 	}
@@ -147,7 +145,7 @@ func parseRequest(body []byte, countOnly, longContextBeta bool) (request, *apiEr
 	if m == nil {
 		return request{}, &apiError{status: http.StatusNotFound, typ: anthropic.ErrNotFound, msg: "model: " + *w.Model}
 	}
-	r := request{model: m}
+	r := request{model: m, stream: w.Stream != nil && *w.Stream && !countOnly}
 	if !countOnly {
 		r.maxTokens = *w.MaxTokens
 		if r.maxTokens < 0 {

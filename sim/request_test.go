@@ -37,7 +37,7 @@ func TestValidateRequest(t *testing.T) {
 		{"unknown block", `{"model":"claude-sonnet-4-5","max_tokens":10,"messages":[{"role":"user","content":[{"type":"video"}]}]}`, 400, "'video'"},
 		{"extra field", `{"model":"claude-sonnet-4-5","max_tokens":10,"messages":[{"role":"user","content":"hi"}],"custom_id":"x"}`, 400, "custom_id: Extra inputs are not permitted"},
 		{"temperature", `{"model":"claude-sonnet-4-5","max_tokens":10,"temperature":1.5,"messages":[{"role":"user","content":"hi"}]}`, 400, "temperature"},
-		{"stream", `{"model":"claude-sonnet-4-5","max_tokens":10,"stream":true,"messages":[{"role":"user","content":"hi"}]}`, 400, "streaming not supported by the simulator"},
+		{"stream", `{"model":"claude-sonnet-4-5","max_tokens":10,"stream":true,"messages":[{"role":"user","content":"hi"}]}`, 0, ""},
 		{"max_tokens 0", `{"model":"claude-sonnet-4-5","max_tokens":0,"messages":[{"role":"user","content":"hi"}]}`, 0, ""},
 		{"metadata user_id", `{"model":"claude-sonnet-4-6","max_tokens":2000,"messages":[{"role":"user","content":"hi"}],"metadata":{"user_id":"u-1"}}`, 0, ""},
 		{"metadata unknown key", `{"model":"claude-sonnet-4-6","max_tokens":2000,"messages":[{"role":"user","content":"hi"}],"metadata":{"user_id":"u-1","team":"x"}}`, 400, "metadata.team: Extra inputs are not permitted"},

@@ -438,6 +438,10 @@ func (s *Server) messages(c *call) {
 		s.writeError(c, o, aerr)
 		return
 	}
+	if req.stream {
+		// The same request unstreamed gets the same answer and bill.
+		sum = sha256.Sum256(withoutStreamKey(body))
+	}
 	pool := req.model.pool
 	lim, served := o.pools[pool]
 	if !served {
@@ -483,8 +487,10 @@ func (s *Server) messages(c *call) {
 	if s.reserve {
 		reserved = req.maxTokens
 	}
+	var admitted limitView
 	if lim != nil {
 		refused, wait, view := lim.admit(now, colleague, itpm, reserved)
+		admitted = view
 		if refused != dimNone {
 			s.rateHeaders(c.h, view)
 			s.rateLimited(c, o, true, wait, limitMessage(refused, view, o.id, req.model.id))
@@ -518,6 +524,10 @@ func (s *Server) messages(c *call) {
 	}
 	if f := fs.match(FaultSlow, o.idx, pool, ks.fp, api, &c.rng); f != nil {
 		lat += f.ExtraLatency
+	}
+	if req.stream {
+		s.streamMessage(c, ks, req, lim, reserved, sum, u, out, lat, admitted)
+		return
 	}
 	sctx := c.r.Context()
 	if s.cfg.BillAbandoned {
