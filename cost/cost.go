@@ -8,7 +8,8 @@
 //
 // Most callers want Default().Cost(model, usage, batch): the one function
 // that turns a Usage into money, applying the cache-write split, cache reads,
-// the Sonnet 4/4.5 long-context rule and the Message Batches discount.
+// the Sonnet 4/4.5 long-context rule, the Message Batches discount and the
+// ×1.1 of inference_geo "us" (Usage.InferenceGeo).
 // A --prices FILE is read with Load, which extends or overrides the embedded
 // table (prices.toml in this package documents the format).
 package cost
@@ -108,7 +109,17 @@ func (p *Price) Cost(u anthropic.Usage, batch bool) (Nanos, error) {
 		Nanos(w1)*r.CacheWrite1h +
 		Nanos(u.CacheReadInputTokens)*r.CacheRead +
 		Nanos(u.OutputTokens)*r.Output
+	if u.InferenceGeo == "us" {
+		c = usGeo(c)
+	}
 	return c, nil
+}
+
+// usGeo is c × 1.1, the price of inference_geo "us" (anthropic-api.md §7),
+// rounded half up to a nano-dollar; exact for the embedded prices, which are
+// all multiples of 10 n$. It cannot overflow where c does not.
+func usGeo(c Nanos) Nanos {
+	return c/10*11 + (c%10*11+5)/10
 }
 
 // Table is a set of prices by model id and alias. A Table is immutable after

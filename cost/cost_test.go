@@ -345,3 +345,23 @@ func ExampleTable_Cost() {
 	fmt.Println(c, c.USD())
 	// Output: $0.002013 0.002013
 }
+
+// inference_geo "us" is ×1.1 on every category (anthropic-api.md §7).
+func TestCostUSGeo(t *testing.T) {
+	u := anthropic.Usage{InputTokens: 1000, OutputTokens: 200, CacheReadInputTokens: 3000, CacheCreationInputTokens: 500}
+	base, err := Default().Cost("claude-opus-4-6", u, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.InferenceGeo = "us"
+	us, err := Default().Cost("claude-opus-4-6", u, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if us*10 != base*11 {
+		t.Errorf("us %d, global %d: want exactly ×1.1", us, base)
+	}
+	if got := usGeo(7); got != 8 {
+		t.Errorf("usGeo(7) = %d, want 8 (7.7 rounded)", got)
+	}
+}

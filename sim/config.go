@@ -154,7 +154,10 @@ type Config struct {
 	// PromptCaching simulates prompt caching: a prefix ending in a block with
 	// cache_control and at least 1,024 tokens (2,048 for Haiku) is written on
 	// first use and read for 5 API-minutes after (1 h with "ttl":"1h").
-	// Off by default so that the same request costs the same in every arm.
+	// Every preset turns it on, as the API always caches; a Config built
+	// by hand has it off unless set. A cached prefix bills differently on
+	// its second use, so the arms of an A/B cost the same only when their
+	// prompts are below the minimum (the judge workload's are).
 	PromptCaching bool `json:"prompt_caching,omitempty"`
 	// LedgerPath, when set, receives every ledger entry as a JSON line,
 	// appended while the server runs and flushed by Close.

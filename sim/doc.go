@@ -4,9 +4,10 @@
 //
 // A Server is an http.Handler serving
 //
-//	POST /v1/messages               the Messages API (non-streaming)
+//	POST /v1/messages               the Messages API
 //	POST /v1/messages/count_tokens  free token count
-//	GET  /v1/models                 the model list
+//	GET  /v1/models                 the models the key's org can call (paginated)
+//	GET  /v1/models/{id}            one of them
 //	GET  /sim/stats                 per-org statistics and time series (JSON)
 //	GET  /sim/ledger                every billed request (JSONL)
 //	GET|POST|PUT|DELETE /sim/faults list, add, replace or clear faults (JSON)

@@ -56,12 +56,18 @@ const (
 	// throughput loses it, and colleague demand our use starves is counted
 	// in PoolStats.ColleagueRefused.
 	FaultColleague FaultKind = "colleague"
+	// FaultStreamOverloaded strikes streaming requests only: after
+	// message_start and the first content_block_start it sends an error
+	// event (overloaded_error "Overloaded") and ends the stream, as the API
+	// can after a 200. The request is not billed and its output is not
+	// charged; stats count it as a 529.
+	FaultStreamOverloaded FaultKind = "stream_overloaded"
 )
 
 var faultKinds = []FaultKind{
 	FaultRateLimitStorm, FaultOverloaded, FaultServerError, FaultServerErrorHTML,
 	FaultConnectionReset, FaultTruncatedBody, FaultSlow, FaultKeyRevoked,
-	FaultSpendCap, FaultAcceleration, FaultColleague,
+	FaultSpendCap, FaultAcceleration, FaultColleague, FaultStreamOverloaded,
 }
 
 // Fault is one injected fault: a kind, whom it hits (an org, a pool, a key),

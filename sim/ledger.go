@@ -59,8 +59,10 @@ type LedgerEntry struct {
 	CostUSD        float64   `json:"cost_usd"`
 	Time           time.Time `json:"time"`  // wall clock at billing
 	APISeconds     float64   `json:"api_s"` // API-equivalent seconds since server start (µs precision)
-	Status         int       `json:"status"`
-	Delivery       string    `json:"delivery"`
+	// USGeo: inference_geo "us", billed ×1.1 (CostNanos includes it).
+	USGeo    bool   `json:"us_geo,omitempty"`
+	Status   int    `json:"status"`
+	Delivery string `json:"delivery"`
 	// Duplicate: the same body had been billed before (by any org or key).
 	Duplicate bool `json:"duplicate"`
 }
@@ -100,6 +102,9 @@ func (e *LedgerEntry) appendJSON(b []byte) []byte {
 	b = e.Time.UTC().AppendFormat(b, time.RFC3339Nano)
 	b = append(b, `","api_s":`...)
 	b = strconv.AppendFloat(b, e.APISeconds, 'f', -1, 64)
+	if e.USGeo {
+		b = append(b, `,"us_geo":true`...)
+	}
 	b = append(b, `,"status":`...)
 	b = strconv.AppendInt(b, int64(e.Status), 10)
 	b = append(b, `,"delivery":`...)

@@ -14,6 +14,7 @@ type modelInfo struct {
 	context     int64 // context window in tokens without beta headers
 	longContext bool  // context-1m beta available (1M window, long-context prices)
 	cacheMin    int64 // minimum cacheable prefix
+	geo         bool  // accepts inference_geo (Claude 4.6 and later)
 	price       price
 	longPrice   price
 }
@@ -40,13 +41,13 @@ var (
 // models is the simulator's model list (anthropic-api.md §5), newest first.
 // Any other model id is a 404 not_found_error.
 var models = []modelInfo{
-	{id: "claude-opus-5", display: "Claude Opus 5", created: "2026-11-01T00:00:00Z", pool: anthropic.PoolOpus5, maxOutput: 128000, context: 1000000, cacheMin: 1024, price: priceOpus45},
-	{id: "claude-sonnet-5", display: "Claude Sonnet 5", created: "2026-10-01T00:00:00Z", pool: anthropic.PoolSonnet5, maxOutput: 128000, context: 1000000, cacheMin: 1024, price: priceSonnet5},
-	{id: "claude-fable-5", display: "Claude Fable 5", created: "2026-09-15T00:00:00Z", pool: anthropic.PoolFable5, maxOutput: 128000, context: 1000000, cacheMin: 1024, price: priceFable5},
-	{id: "claude-opus-4-8", display: "Claude Opus 4.8", created: "2026-08-01T00:00:00Z", pool: anthropic.PoolOpus4, maxOutput: 128000, context: 1000000, cacheMin: 1024, price: priceOpus45},
-	{id: "claude-opus-4-7", display: "Claude Opus 4.7", created: "2026-05-01T00:00:00Z", pool: anthropic.PoolOpus4, maxOutput: 128000, context: 1000000, cacheMin: 1024, price: priceOpus45},
-	{id: "claude-opus-4-6", display: "Claude Opus 4.6", created: "2026-02-05T00:00:00Z", pool: anthropic.PoolOpus4, maxOutput: 128000, context: 1000000, cacheMin: 1024, price: priceOpus45},
-	{id: "claude-sonnet-4-6", display: "Claude Sonnet 4.6", created: "2026-02-17T00:00:00Z", pool: anthropic.PoolSonnet4, maxOutput: 64000, context: 1000000, cacheMin: 1024, price: priceSonnet4},
+	{id: "claude-opus-5", geo: true, display: "Claude Opus 5", created: "2026-11-01T00:00:00Z", pool: anthropic.PoolOpus5, maxOutput: 128000, context: 1000000, cacheMin: 1024, price: priceOpus45},
+	{id: "claude-sonnet-5", geo: true, display: "Claude Sonnet 5", created: "2026-10-01T00:00:00Z", pool: anthropic.PoolSonnet5, maxOutput: 128000, context: 1000000, cacheMin: 1024, price: priceSonnet5},
+	{id: "claude-fable-5", geo: true, display: "Claude Fable 5", created: "2026-09-15T00:00:00Z", pool: anthropic.PoolFable5, maxOutput: 128000, context: 1000000, cacheMin: 1024, price: priceFable5},
+	{id: "claude-opus-4-8", geo: true, display: "Claude Opus 4.8", created: "2026-08-01T00:00:00Z", pool: anthropic.PoolOpus4, maxOutput: 128000, context: 1000000, cacheMin: 1024, price: priceOpus45},
+	{id: "claude-opus-4-7", geo: true, display: "Claude Opus 4.7", created: "2026-05-01T00:00:00Z", pool: anthropic.PoolOpus4, maxOutput: 128000, context: 1000000, cacheMin: 1024, price: priceOpus45},
+	{id: "claude-opus-4-6", geo: true, display: "Claude Opus 4.6", created: "2026-02-05T00:00:00Z", pool: anthropic.PoolOpus4, maxOutput: 128000, context: 1000000, cacheMin: 1024, price: priceOpus45},
+	{id: "claude-sonnet-4-6", geo: true, display: "Claude Sonnet 4.6", created: "2026-02-17T00:00:00Z", pool: anthropic.PoolSonnet4, maxOutput: 64000, context: 1000000, cacheMin: 1024, price: priceSonnet4},
 	{id: "claude-opus-4-5-20251101", display: "Claude Opus 4.5", created: "2025-11-24T00:00:00Z", pool: anthropic.PoolOpus4, maxOutput: 64000, context: 200000, cacheMin: 1024, price: priceOpus45},
 	{id: "claude-opus-4-5", display: "Claude Opus 4.5", created: "2025-11-24T00:00:00Z", pool: anthropic.PoolOpus4, maxOutput: 64000, context: 200000, cacheMin: 1024, price: priceOpus45},
 	{id: "claude-haiku-4-5-20251001", display: "Claude Haiku 4.5", created: "2025-10-15T00:00:00Z", pool: anthropic.PoolHaiku45, maxOutput: 64000, context: 200000, cacheMin: 2048, price: priceHaiku45},
@@ -95,7 +96,7 @@ func (p price) cost(in, out, write5m, write1h, read int64) int64 {
 // CostNanos returns the cost in nano-dollars (1e-9 USD) of a usage on model
 // by the simulator's own price table, and false for an unknown model. Cache
 // creation tokens are priced as 5-minute writes unless given as 1-hour
-// writes in Usage.CacheCreation. A Sonnet 4.5 request whose total input
+// writes in Usage.CacheCreation; Usage.InferenceGeo "us" costs ×1.1. A Sonnet 4.5 request whose total input
 // exceeds 200k tokens (possible only with the 1M-context beta) is priced at
 // the long-context rates.
 func CostNanos(model string, u anthropic.Usage) (int64, bool) {
@@ -103,7 +104,7 @@ func CostNanos(model string, u anthropic.Usage) (int64, bool) {
 	if m == nil {
 		return 0, false
 	}
-	su := usage{input: u.InputTokens, output: u.OutputTokens, write5m: u.CacheCreationInputTokens, read: u.CacheReadInputTokens}
+	su := usage{input: u.InputTokens, output: u.OutputTokens, write5m: u.CacheCreationInputTokens, read: u.CacheReadInputTokens, geoUS: u.InferenceGeo == "us"}
 	if u.CacheCreation != nil {
 		su.write5m, su.write1h = u.CacheCreation.Ephemeral5mInputTokens, u.CacheCreation.Ephemeral1hInputTokens
 	}
@@ -111,11 +112,16 @@ func CostNanos(model string, u anthropic.Usage) (int64, bool) {
 }
 
 // cost prices a usage on m: long-context rates for the whole request when
-// the model has them and the total input exceeds 200k tokens.
+// the model has them and the total input exceeds 200k tokens; ×1.1 on
+// everything for inference_geo "us" (exact: every price is a multiple of 10).
 func (m *modelInfo) cost(u usage) int64 {
 	p := m.price
 	if m.longContext && u.input+u.write5m+u.write1h+u.read > 200000 {
 		p = m.longPrice
 	}
-	return p.cost(u.input, u.output, u.write5m, u.write1h, u.read)
+	c := p.cost(u.input, u.output, u.write5m, u.write1h, u.read)
+	if u.geoUS {
+		c = c / 10 * 11
+	}
+	return c
 }

@@ -38,7 +38,7 @@ func PresetNames() []string {
 }
 
 // Preset returns a named configuration (see the Preset* constants) with
-// Speed 1 and Seed 0, and orgs with deterministic ids and one generated key
+// Speed 1, Seed 0, prompt caching on (as on the API), and orgs with deterministic ids and one generated key
 // each (see WithSeed for others).
 func Preset(name string) (Config, error) {
 	switch name {
@@ -48,7 +48,7 @@ func Preset(name string) (Config, error) {
 		limits := func(rpm, itpm, otpm int64) map[anthropic.Pool]Limits {
 			return map[anthropic.Pool]Limits{AnyPool: {RPM: rpm, ITPM: itpm, OTPM: otpm}}
 		}
-		cfg := Config{Latency: DefaultLatency(), Orgs: []OrgConfig{
+		cfg := Config{Latency: DefaultLatency(), PromptCaching: true, Orgs: []OrgConfig{
 			{Name: "rpm_bound", Limits: limits(1000, 2000000, 400000), ServiceCapacity: 120},
 			{Name: "otpm_bound", Limits: limits(5000, 5000000, 90000), ServiceCapacity: 120},
 			{Name: "itpm_bound", Limits: limits(5000, 450000, 1000000), ServiceCapacity: 120},
@@ -76,7 +76,7 @@ func origin3Org() Config {
 			anthropic.PoolOpus4:   {opus.rpm, opus.itpm, opus.otpm},
 		}
 	}
-	cfg := Config{Latency: DefaultLatency(), Orgs: []OrgConfig{
+	cfg := Config{Latency: DefaultLatency(), PromptCaching: true, Orgs: []OrgConfig{
 		{Name: "high_prio", ID: orgUUID("b94495b5", "high_prio", 0), ServiceCapacity: 120, Limits: mk(
 			row{30000, 10000000, 1000000}, row{30000, 8000000, 1200000}, row{150000, 60000000, 10000000})},
 		{Name: "batch", ID: orgUUID("b4bbba0c", "batch", 0), ServiceCapacity: 120, Limits: mk(

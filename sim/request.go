@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strconv"
 
 	"github.com/apidispatch/apidispatch/anthropic"
@@ -68,6 +69,8 @@ type wireBlock struct {
 	Input        json.RawMessage `json:"input"`
 	Content      json.RawMessage `json:"content"`
 	Data         json.RawMessage `json:"data"`
+	ID           string          `json:"id"`
+	ToolUseID    string          `json:"tool_use_id"`
 	CacheControl *struct {
 		Type string `json:"type"`
 		TTL  string `json:"ttl"`
@@ -78,8 +81,10 @@ type wireBlock struct {
 type request struct {
 	model     *modelInfo
 	maxTokens int64
-	input     int64 // total input tokens (cached prefix included)
-	judge     bool  // looks like a judge call: answer with a JSON verdict
+	input     int64   // total input tokens (cached prefix included)
+	judge     bool    // looks like a judge call: answer with a JSON verdict
+	x         *extras // tools, stop sequences, thinking, geo; nil for a plain request
+	stream    bool    // stream: true (server-sent events)
 
 	// Prompt caching: the prefix up to the last block marked cache_control.
 	cacheTokens int64
@@ -124,9 +129,6 @@ func parseRequest(body []byte, countOnly, longContextBeta bool) (request, *apiEr
 	if w.Messages == nil {
 		return request{}, invalid("messages: Field required")
 	}
-	if w.Stream != nil && *w.Stream && !countOnly {
-		return request{}, invalid("stream: streaming not supported by the simulator; send stream:false")
-	}
 	if w.Temperature != nil && (*w.Temperature < 0 || *w.Temperature > 1) {
 		return request{}, invalid("temperature: Input should be between 0 and 1")
 	}
@@ -143,11 +145,12 @@ func parseRequest(body []byte, countOnly, longContextBeta bool) (request, *apiEr
 	if m == nil {
 		return request{}, &apiError{status: http.StatusNotFound, typ: anthropic.ErrNotFound, msg: "model: " + *w.Model}
 	}
-	r := request{model: m}
+	r := request{model: m, stream: w.Stream != nil && *w.Stream && !countOnly}
 	if !countOnly {
 		r.maxTokens = *w.MaxTokens
-		if r.maxTokens < 1 {
-			return request{}, invalid("max_tokens: Input should be greater than or equal to 1")
+		if r.maxTokens < 0 {
+			// 0 is allowed: it pre-warms the cache and returns no content.
+			return request{}, invalid("max_tokens: Input should be greater than or equal to 0")
 		}
 		if r.maxTokens > m.maxOutput {
 			return request{}, invalid("max_tokens: %d > %d, which is the maximum allowed number of output tokens for %s", r.maxTokens, m.maxOutput, m.id)
@@ -156,11 +159,17 @@ func parseRequest(body []byte, countOnly, longContextBeta bool) (request, *apiEr
 	if len(w.Messages) == 0 {
 		return request{}, invalid("messages: at least one message is required")
 	}
+	x, toolTokens, aerr := parseExtras(&w, m, r.maxTokens, countOnly)
+	if aerr != nil {
+		return request{}, aerr
+	}
+	r.x = x
 
 	var segs [][]byte // raw prompt pieces, in order, for the cache key
-	r.input = tokensPerRequest
+	r.input = tokensPerRequest + toolTokens
+	var uses toolUses
 	if len(w.System) > 0 && !bytes.Equal(w.System, []byte("null")) {
-		n, judge, err := scanContent(w.System, "system", true, &r, &segs)
+		n, judge, err := scanContent(w.System, "system", true, &r, &segs, nil)
 		if err != nil {
 			return request{}, err
 		}
@@ -182,7 +191,8 @@ func parseRequest(body []byte, countOnly, longContextBeta bool) (request, *apiEr
 		if len(msg.Content) == 0 {
 			return request{}, invalid("%s.content: Field required", where)
 		}
-		n, judge, err := scanContent(msg.Content, where+".content", false, &r, &segs)
+		uses.prev, uses.cur = uses.cur, uses.prev[:0]
+		n, judge, err := scanContent(msg.Content, where+".content", false, &r, &segs, &uses)
 		if err != nil {
 			return request{}, err
 		}
@@ -275,7 +285,8 @@ var knownTopLevel = func() map[string]bool {
 // object"), and records the cached prefix. The value is valid JSON already
 // (the request decoded); strings are measured raw, escapes and all, which is
 // as good a tokenizer stand-in as the decoded length and costs no copy.
-func scanContent(raw json.RawMessage, where string, system bool, r *request, segs *[][]byte) (int64, bool, *apiError) {
+// A tool_result must answer a tool_use of the message before it (uses).
+func scanContent(raw json.RawMessage, where string, system bool, r *request, segs *[][]byte, uses *toolUses) (int64, bool, *apiError) {
 	raw = bytes.TrimSpace(raw)
 	if len(raw) == 0 {
 		return 0, false, invalid("%s: Field required", where)
@@ -323,6 +334,14 @@ func scanContent(raw json.RawMessage, where string, system bool, r *request, seg
 		case "image":
 			*segs = append(*segs, b.Source)
 			n += tokensPerImage
+		case "tool_use", "tool_result":
+			if uses != nil && b.Type == "tool_use" {
+				uses.cur = append(uses.cur, b.ID)
+			}
+			if uses != nil && b.Type == "tool_result" && !slices.Contains(uses.prev, b.ToolUseID) {
+				return 0, false, invalid("%s.%d: unexpected `tool_use_id` found in `tool_result` blocks: %s. Each `tool_result` block must have a corresponding `tool_use` block in the previous message.", where, j, b.ToolUseID)
+			}
+			fallthrough
 		default:
 			size := len(b.Text) + len(b.Source) + len(b.Input) + len(b.Content) + len(b.Data)
 			*segs = append(*segs, []byte(b.Type), b.Text, b.Source, b.Input, b.Content, b.Data)
@@ -347,6 +366,9 @@ func scanContent(raw json.RawMessage, where string, system bool, r *request, seg
 	}
 	return n, judge, nil
 }
+
+// toolUses are the tool_use ids of the previous and the current message.
+type toolUses struct{ prev, cur []string }
 
 var (
 	userJudgeWords   = [][]byte{[]byte("json object")}

@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"bytes"
 	"encoding/binary"
 	"strconv"
 	"unicode/utf8"
@@ -25,6 +26,16 @@ type output struct {
 	cut     bool  // stopped by max_tokens
 	seed    uint64
 	judge   bool
+	textTok int64 // tokens of the text block (tokens less thinking)
+
+	// Only for requests with extras (x not nil) or max_tokens 0.
+	x         *extras
+	empty     bool   // max_tokens 0: no content at all
+	think     int64  // thinking tokens
+	toolInput []byte // the forced tool_use's input
+	toolID    string
+	stopAt    int    // text cut at this many (escaped) bytes by stopSeq
+	stopSeq   string // the stop sequence met; "" none
 }
 
 func plan(sum [32]byte, r request) output {
@@ -36,10 +47,63 @@ func plan(sum [32]byte, r request) output {
 		o.natural = proseMinTokens + int64(seed%(proseMaxTokens-proseMinTokens+1))
 	}
 	o.tokens = o.natural
-	if r.maxTokens > 0 && o.tokens > r.maxTokens {
+	if r.maxTokens == 0 {
+		o.tokens, o.cut, o.empty = 0, true, true
+	} else if o.tokens > r.maxTokens {
 		o.tokens, o.cut = r.maxTokens, true
 	}
+	o.textTok = o.tokens
+	if r.x != nil && !o.empty {
+		o.planExtras(r)
+	}
 	return o
+}
+
+// Thinking: 50–250 tokens, never more than the budget.
+const (
+	thinkMinTokens = 50
+	thinkMaxTokens = 250
+)
+
+// planExtras plans thinking, a forced tool_use and stop sequences.
+func (o *output) planExtras(r request) {
+	x := r.x
+	o.x = x
+	limit := r.maxTokens
+	if x.thinking > 0 {
+		o.think = min(x.thinking, thinkMinTokens+int64(mix64(o.seed)%(thinkMaxTokens-thinkMinTokens+1)))
+		limit -= o.think
+	}
+	if x.tool != nil {
+		rr := rng{s: o.seed ^ 0x7f4a7c159e3779b9}
+		o.toolInput = appendToolInput(nil, x.tool.schema, &rr, 0)
+		o.textTok, o.cut = 0, false
+		o.tokens = o.think + textTokens(len(o.toolInput)) + 12
+		if o.tokens > r.maxTokens {
+			o.tokens, o.cut = r.maxTokens, true
+		}
+		return
+	}
+	o.textTok, o.cut = min(o.natural, limit), o.natural > limit
+	if len(x.stops) > 0 {
+		text := o.appendText(nil)
+		o.stopAt = -1
+		for _, s := range x.stops {
+			esc := appendJSONString(nil, s)
+			if i := bytes.Index(text, esc[1:len(esc)-1]); i >= 0 && (o.stopAt < 0 || i < o.stopAt) {
+				o.stopAt, o.stopSeq = i, s
+			}
+		}
+		if o.stopSeq != "" {
+			o.textTok, o.cut = max(1, int64((o.stopAt+bytesPerToken-1)/bytesPerToken)), false
+		}
+	}
+	o.tokens = o.think + o.textTok
+}
+
+// thinkingText is the output whose text is the thinking block's.
+func (o output) thinkingText() output {
+	return output{natural: o.think, tokens: o.think, textTok: o.think, seed: o.seed ^ 0x2545f4914f6cdd1d}
 }
 
 var words = []string{
@@ -85,8 +149,10 @@ func (o output) appendText(b []byte) []byte {
 		}
 		b = append(b[:len(b)-1], '.')
 	}
-	if o.cut {
-		keep := int(o.tokens) * bytesPerToken
+	if o.stopSeq != "" {
+		b = b[:start+o.stopAt]
+	} else if o.cut {
+		keep := int(o.textTok) * bytesPerToken
 		if keep < len(b)-start {
 			b = b[:start+keep]
 			// Do not end inside an escape sequence.
@@ -130,6 +196,7 @@ func appendJSONString(b []byte, s string) []byte {
 // usage is the token accounting of one response.
 type usage struct {
 	input, output, write5m, write1h, read int64
+	geoUS                                 bool // inference_geo "us": ×1.1
 }
 
 // appendMessage appends the Messages response body.
@@ -138,15 +205,20 @@ func appendMessage(b []byte, msgID, model string, o output, u usage) []byte {
 	b = appendJSONString(b, msgID)
 	b = append(b, `,"type":"message","role":"assistant","model":`...)
 	b = appendJSONString(b, model)
-	b = append(b, `,"content":[{"type":"text","text":"`...)
-	b = o.appendText(b)
-	b = append(b, `"}],"stop_reason":`...)
-	if o.cut {
-		b = append(b, `"max_tokens"`...)
+	if o.x == nil && !o.empty {
+		b = append(b, `,"content":[{"type":"text","text":"`...)
+		b = o.appendText(b)
+		b = append(b, `"}],"stop_reason":`...)
+		if o.cut {
+			b = append(b, `"max_tokens"`...)
+		} else {
+			b = append(b, `"end_turn"`...)
+		}
+		b = append(b, `,"stop_sequence":null`...)
 	} else {
-		b = append(b, `"end_turn"`...)
+		b = o.appendContent(b)
 	}
-	b = append(b, `,"stop_sequence":null,"usage":{"input_tokens":`...)
+	b = append(b, `,"usage":{"input_tokens":`...)
 	b = strconv.AppendInt(b, u.input, 10)
 	b = append(b, `,"cache_creation_input_tokens":`...)
 	b = strconv.AppendInt(b, u.write5m+u.write1h, 10)
@@ -158,8 +230,58 @@ func appendMessage(b []byte, msgID, model string, o output, u usage) []byte {
 	b = strconv.AppendInt(b, u.write1h, 10)
 	b = append(b, `},"output_tokens":`...)
 	b = strconv.AppendInt(b, u.output, 10)
+	if u.geoUS {
+		return append(b, `,"service_tier":"standard","inference_geo":"us","server_tool_use":null}}`...)
+	}
 	b = append(b, `,"service_tier":"standard","inference_geo":"global","server_tool_use":null}}`...)
 	return b
+}
+
+// appendContent appends content, stop_reason and stop_sequence of a
+// response with extras or to max_tokens 0.
+func (o output) appendContent(b []byte) []byte {
+	b = append(b, `,"content":[`...)
+	if o.think > 0 {
+		b = append(b, `{"type":"thinking","thinking":"`...)
+		b = o.thinkingText().appendText(b)
+		b = append(b, `","signature":`...)
+		b = appendSignature(b, o.seed)
+		b = append(b, '}')
+		if !o.empty {
+			b = append(b, ',')
+		}
+	}
+	switch {
+	case o.empty:
+	case o.toolInput != nil:
+		b = append(b, `{"type":"tool_use","id":`...)
+		b = appendJSONString(b, o.toolID)
+		b = append(b, `,"name":`...)
+		b = appendJSONString(b, o.x.tool.name)
+		b = append(b, `,"input":`...)
+		b = append(b, o.toolInput...)
+		b = append(b, '}')
+	default:
+		b = append(b, `{"type":"text","text":"`...)
+		b = o.appendText(b)
+		b = append(b, `"}`...)
+	}
+	b = append(b, `],"stop_reason":`...)
+	switch {
+	case o.cut:
+		b = append(b, `"max_tokens"`...)
+	case o.toolInput != nil:
+		b = append(b, `"tool_use"`...)
+	case o.stopSeq != "":
+		b = append(b, `"stop_sequence"`...)
+	default:
+		b = append(b, `"end_turn"`...)
+	}
+	b = append(b, `,"stop_sequence":`...)
+	if o.stopSeq != "" {
+		return appendJSONString(b, o.stopSeq)
+	}
+	return append(b, "null"...)
 }
 
 // appendError appends the error envelope.

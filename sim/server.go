@@ -315,6 +315,10 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case "/sim/stats", "/sim/ledger", "/sim/faults":
 		s.admin(c)
 	default:
+		if strings.HasPrefix(r.URL.Path, "/v1/models/") {
+			s.getModel(c)
+			return
+		}
 		s.writeError(c, nil, &apiError{status: http.StatusNotFound, typ: anthropic.ErrNotFound, msg: "Not Found"})
 	}
 }
@@ -434,6 +438,10 @@ func (s *Server) messages(c *call) {
 		s.writeError(c, o, aerr)
 		return
 	}
+	if req.stream {
+		// The same request unstreamed gets the same answer and bill.
+		sum = sha256.Sum256(withoutStreamKey(body))
+	}
 	pool := req.model.pool
 	lim, served := o.pools[pool]
 	if !served {
@@ -450,7 +458,7 @@ func (s *Server) messages(c *call) {
 	}
 
 	// Prompt caching decides how the input splits into fresh, written and read.
-	u := usage{input: req.input}
+	u := usage{input: req.input, geoUS: req.x != nil && req.x.geoUS}
 	if s.cfg.PromptCaching && req.cacheTokens > 0 {
 		ttl := 5 * time.Minute
 		if req.cache1h {
@@ -479,8 +487,10 @@ func (s *Server) messages(c *call) {
 	if s.reserve {
 		reserved = req.maxTokens
 	}
+	var admitted limitView
 	if lim != nil {
 		refused, wait, view := lim.admit(now, colleague, itpm, reserved)
+		admitted = view
 		if refused != dimNone {
 			s.rateHeaders(c.h, view)
 			s.rateLimited(c, o, true, wait, limitMessage(refused, view, o.id, req.model.id))
@@ -490,6 +500,9 @@ func (s *Server) messages(c *call) {
 
 	// Admitted: the request is processed.
 	out := plan(sum, req)
+	if out.toolInput != nil {
+		out.toolID = s.newID("toolu_", c.n, 0x510e527fade682d1)
+	}
 	o.mu.Lock()
 	o.inFlight++
 	inFlight := o.inFlight
@@ -511,6 +524,10 @@ func (s *Server) messages(c *call) {
 	}
 	if f := fs.match(FaultSlow, o.idx, pool, ks.fp, api, &c.rng); f != nil {
 		lat += f.ExtraLatency
+	}
+	if req.stream {
+		s.streamMessage(c, ks, req, lim, reserved, sum, u, out, lat, admitted)
+		return
 	}
 	sctx := c.r.Context()
 	if s.cfg.BillAbandoned {
@@ -553,6 +570,7 @@ func (s *Server) messages(c *call) {
 		BodySHA256: sum, InputTokens: u.input, OutputTokens: u.output, CacheWrite5m: u.write5m,
 		CacheWrite1h: u.write1h, CacheRead: u.read, CostNanos: cost, CostUSD: nanosToUSD(cost),
 		Time: wall, APISeconds: float64(api.Microseconds()) / 1e6, Status: http.StatusOK, Delivery: delivery,
+		USGeo: u.geoUS,
 	}, now)
 
 	b := appendMessage((*bp)[:0], msgID, req.model.id, out, u)
@@ -904,36 +922,4 @@ func (s *Server) countTokens(c *call) {
 		return
 	}
 	writeJSON(c, http.StatusOK, []byte(`{"input_tokens":`+strconv.FormatInt(req.input, 10)+`}`))
-}
-
-var modelsJSON = func() []byte {
-	var b []byte
-	b = append(b, `{"data":[`...)
-	for i, m := range models {
-		if i > 0 {
-			b = append(b, ',')
-		}
-		b = append(b, `{"type":"model","id":`...)
-		b = appendJSONString(b, m.id)
-		b = append(b, `,"display_name":`...)
-		b = appendJSONString(b, m.display)
-		b = append(b, `,"created_at":`...)
-		b = appendJSONString(b, m.created)
-		b = append(b, '}')
-	}
-	b = append(b, `],"has_more":false,"first_id":`...)
-	b = appendJSONString(b, models[0].id)
-	b = append(b, `,"last_id":`...)
-	b = appendJSONString(b, models[len(models)-1].id)
-	return append(b, '}')
-}()
-
-func (s *Server) listModels(c *call) {
-	if c.r.Method != http.MethodGet {
-		s.writeError(c, nil, &apiError{status: http.StatusMethodNotAllowed, typ: anthropic.ErrInvalidRequest, msg: "Method Not Allowed: use GET"})
-		return
-	}
-	if ks := s.authenticate(c); ks != nil {
-		writeJSON(c, http.StatusOK, modelsJSON)
-	}
 }

@@ -29,16 +29,34 @@ func init() {
 func abCmd(args []string, stdout, stderr io.Writer) int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	go func() {
-		// After the first signal the arms wind down (the dispatcher lets
-		// requests in flight finish); a second one ends the process at
-		// once, which loses nothing: the dispatcher's state is durable and
-		// the legacy arm is rerun from the start.
-		<-ctx.Done()
-		fmt.Fprintln(stderr, "stopping: the arm in progress winds down (signal again to quit at once); rerun the same command to resume")
-		stop()
-	}()
+	done := watchStop(ctx, stop, stderr)
+	defer done()
 	return runAB(ctx, args, stdout, stderr, nil)
+}
+
+// watchStop announces the wind-down when ctx ends before done is called:
+// after the first signal the arms wind down (the dispatcher lets requests in
+// flight finish); stop then restores the default handling, so a second
+// signal ends the process at once, which loses nothing: the dispatcher's
+// state is durable and the legacy arm is rerun from the start. done ends the
+// watcher and waits for it; a run that ends without a signal prints nothing
+// more, so its output ends on its result (issue 15).
+func watchStop(ctx context.Context, stop context.CancelFunc, stderr io.Writer) (done func()) {
+	finished := make(chan struct{})
+	exited := make(chan struct{})
+	go func() {
+		defer close(exited)
+		select {
+		case <-ctx.Done():
+			fmt.Fprintln(stderr, "stopping: the arm in progress winds down (signal again to quit at once); rerun the same command to resume")
+			stop()
+		case <-finished:
+		}
+	}()
+	return func() {
+		close(finished)
+		<-exited
+	}
 }
 
 // runAB is the ab command; tune, when not nil, adjusts the harness's

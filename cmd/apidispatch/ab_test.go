@@ -221,3 +221,29 @@ func TestABLiveReminder(t *testing.T) {
 		t.Errorf("stdout:\n%s", out.String())
 	}
 }
+
+// A clean ab run ended on "stopping: the arm in progress winds down": the
+// watcher took the deferred stop() at return for a signal. It must speak
+// only when the context ends before the run does.
+func TestABCleanRunDoesNotEndOnStopping(t *testing.T) {
+	t.Parallel()
+	var clean bytes.Buffer
+	ctx, stop := context.WithCancel(context.Background())
+	done := watchStop(ctx, stop, &clean)
+	done() // the run returned
+	stop() // then the deferred stop of abCmd
+	if clean.Len() != 0 {
+		t.Errorf("clean run printed %q", clean.String())
+	}
+
+	var signalled bytes.Buffer
+	ctx, stop = context.WithCancel(context.Background())
+	stopped := make(chan struct{})
+	done = watchStop(ctx, func() { close(stopped); stop() }, &signalled)
+	stop() // the signal
+	<-stopped
+	done()
+	if !strings.HasPrefix(signalled.String(), "stopping: the arm in progress winds down") {
+		t.Errorf("signalled run printed %q", signalled.String())
+	}
+}
