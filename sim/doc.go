@@ -7,6 +7,8 @@
 //	POST /v1/messages               the Messages API (non-streaming)
 //	POST /v1/messages/count_tokens  free token count
 //	GET  /v1/models                 the model list
+//	POST|GET /v1/messages/batches   create or list Message Batches (batch.go)
+//	GET|DELETE /v1/messages/batches/{id}, POST …/{id}/cancel, GET …/{id}/results
 //	GET  /sim/stats                 per-org statistics and time series (JSON)
 //	GET  /sim/ledger                every billed request (JSONL)
 //	GET|POST|PUT|DELETE /sim/faults list, add, replace or clear faults (JSON)
