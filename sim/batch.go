@@ -118,6 +118,7 @@ type simBatch struct {
 	arena   []byte
 	items   []batchItem
 	created time.Duration // API time
+	wall0   time.Time     // wall time of created; other times are offsets from it
 	start   time.Duration // API time processing starts
 	rate    float64       // requests per API second
 	stallAt int           // requests processed before a stall; len(items) without one
@@ -222,9 +223,6 @@ func (s *Server) orgBatches(o *orgState) *orgBatches {
 	return s.batches.orgs[o.idx]
 }
 
-// wall is the wall-clock time of API time t.
-func (s *Server) wall(t time.Duration) time.Time { return s.start.Add(s.real(t)) }
-
 const batchTimeLayout = "2006-01-02T15:04:05.000000Z07:00"
 
 // appendBatch appends the message_batch object of b at API time now. b.mu
@@ -240,7 +238,9 @@ func (s *Server) appendBatch(buf []byte, b *simBatch, now time.Duration, host st
 	}
 	ts := func(buf []byte, t time.Duration) []byte {
 		buf = append(buf, '"')
-		buf = s.wall(t).UTC().AppendFormat(buf, batchTimeLayout)
+		// Offsets from the creation's wall time, so that expires_at is
+		// exactly created_at + 24 h/K.
+		buf = b.wall0.Add(s.real(t-b.created)).UTC().AppendFormat(buf, batchTimeLayout)
 		return append(buf, '"')
 	}
 	buf = append(buf, `{"id":`...)

@@ -283,6 +283,7 @@ func (s *Server) createBatch(c *call, ks *keyState, ob *orgBatches) {
 		arena:    arena,
 		items:    items,
 		created:  now,
+		wall0:    s.start.Add(s.real(now)),
 		rate:     float64(ob.lim.PerMinute) / 60,
 		stallAt:  n,
 		expires:  now + batchExpiry,

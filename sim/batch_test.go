@@ -519,23 +519,25 @@ func TestBatchQueueCapAndRPM(t *testing.T) {
 }
 
 // A batch takes queue wait + n / throughput; a later one waits for the
-// earlier (FIFO per org).
+// earlier (FIFO per org). The times are the schedule's, exact to rounding.
 func TestBatchProcessingTime(t *testing.T) {
 	t.Parallel()
 	cfg := batchConfig()
-	cfg.Orgs[0].Batch = BatchLimits{PerMinute: 6000, QueueWaitS: 60}
+	cfg.Speed = 100
+	cfg.Orgs[0].Batch = BatchLimits{PerMinute: 600, QueueWaitS: 1}
 	run := startSim(t, cfg)
 	a := createBatchT(t, run, soloKey, judgeBatch("a", 1000)...)
-	b := createBatchT(t, run, soloKey, judgeBatch("b", 100)...)
+	b := createBatchT(t, run, soloKey, judgeBatch("b", 100)...) // created well within a's 101 API s
 	ea := waitEnded(t, run, soloKey, a.ID)
 	eb := waitEnded(t, run, soloKey, b.ID)
-	// a: 60 s wait + 1000 at 100/s = 70 API s (70 ms real at K=1000).
-	if d := ea.EndedAt.Sub(*ea.CreatedAt); d < 69*time.Millisecond || d > 71*time.Millisecond {
-		t.Errorf("a took %v real, want 70 ms", d)
+	near := func(d, want time.Duration) bool { return d > want-time.Millisecond && d < want+time.Millisecond }
+	// a: 1 s wait + 1000 at 10/s = 101 API s = 1.01 s real at K=100.
+	if d := ea.EndedAt.Sub(*ea.CreatedAt); !near(d, 1010*time.Millisecond) {
+		t.Errorf("a took %v real, want 1.01 s", d)
 	}
-	// b starts when a ends: +1 API s.
-	if d := eb.EndedAt.Sub(*ea.EndedAt); d < 999*time.Microsecond || d > 1001*time.Microsecond {
-		t.Errorf("b ended %v after a, want 1 ms", d)
+	// b starts when a ends: +10 API s.
+	if d := eb.EndedAt.Sub(*ea.EndedAt); !near(d, 100*time.Millisecond) {
+		t.Errorf("b ended %v after a, want 100 ms", d)
 	}
 }
 
@@ -571,7 +573,7 @@ func TestBatchFaults(t *testing.T) {
 	t.Run("404 just after create", func(t *testing.T) {
 		t.Parallel()
 		cfg := batchConfig()
-		cfg.Faults = []Fault{{Kind: FaultBatchNotFound, Window: 200 * time.Second}} // 200 ms real
+		cfg.Faults = []Fault{{Kind: FaultBatchNotFound, Window: 1000 * time.Second}} // 1 s real
 		run := startSim(t, cfg)
 		b := createBatchT(t, run, soloKey, judgeBatch("x", 1)...)
 		if r := do(t, http.MethodGet, run.URL+batchesPath+"/"+b.ID, soloKey, nil); r.status != 404 || r.envelope(t).Error.Type != anthropic.ErrNotFound {
@@ -582,7 +584,7 @@ func TestBatchFaults(t *testing.T) {
 		if len(p.Data) != 0 {
 			t.Error("listed while invisible")
 		}
-		time.Sleep(250 * time.Millisecond)
+		time.Sleep(1050 * time.Millisecond)
 		waitEnded(t, run, soloKey, b.ID)
 	})
 	t.Run("not finished within 24 h: the rest expire", func(t *testing.T) {
@@ -760,5 +762,47 @@ func TestBatchConfigLimits(t *testing.T) {
 	}
 	if err := (&Fault{Kind: FaultBatchStall, Fraction: 1}).check(); err == nil {
 		t.Error("batch_stall fraction 1 accepted")
+	}
+}
+
+// A cancel in the middle: what was processed by then keeps its result, the
+// rest is canceled, and the org's next batch no longer waits for it.
+func TestBatchCancelMidway(t *testing.T) {
+	t.Parallel()
+	cfg := batchConfig()
+	cfg.Orgs[0].Batch = BatchLimits{PerMinute: 600, QueueWaitS: 1e-6, CancelS: 1e-6} // 10,000 requests: 1 s real
+	run := startSim(t, cfg)
+	b := createBatchT(t, run, soloKey, judgeBatch("m", 10000)...)
+	time.Sleep(100 * time.Millisecond)
+	do(t, http.MethodPost, run.URL+batchesPath+"/"+b.ID+"/cancel", soloKey, nil).batch(t)
+	next := createBatchT(t, run, soloKey, judgeBatch("n", 10)...)
+	e := waitEnded(t, run, soloKey, b.ID)
+	rc := e.RequestCounts
+	if rc.Succeeded == 0 || rc.Canceled == 0 || rc.Succeeded+rc.Canceled != 10000 || e.CancelInitiatedAt == nil {
+		t.Errorf("counts %+v", rc)
+	}
+	if int64(len(run.Server.Ledger())) != rc.Succeeded {
+		t.Errorf("%d billed, %d succeeded", len(run.Server.Ledger()), rc.Succeeded)
+	}
+	if en := waitEnded(t, run, soloKey, next.ID); en.EndedAt.Sub(*e.EndedAt) > 10*time.Millisecond {
+		t.Errorf("the next batch ended %v after the canceled one, want 1 ms", en.EndedAt.Sub(*e.EndedAt))
+	}
+}
+
+// After 29 days a batch is archived: archived_at is set and its results
+// are gone, but it can still be retrieved.
+func TestBatchArchived(t *testing.T) {
+	t.Parallel()
+	cfg := batchConfig()
+	cfg.Speed = 1e7 // 29 days in 0.25 s
+	run := startSim(t, cfg)
+	b := createBatchT(t, run, soloKey, judgeBatch("old", 2)...)
+	time.Sleep(300 * time.Millisecond)
+	e := do(t, http.MethodGet, run.URL+batchesPath+"/"+b.ID, soloKey, nil).batch(t)
+	if e.ArchivedAt == nil || e.ArchivedAt.Sub(*e.CreatedAt) != 29*24*time.Hour/1e7 || e.ProcessingStatus != "ended" {
+		t.Errorf("archived batch %+v", e)
+	}
+	if r := do(t, http.MethodGet, run.URL+batchesPath+"/"+b.ID+"/results", soloKey, nil); r.status != 404 {
+		t.Errorf("results of an archived batch: %d", r.status)
 	}
 }
