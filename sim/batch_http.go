@@ -443,11 +443,14 @@ func (s *Server) listBatches(c *call, o *orgState, ob *orgBatches) {
 	now := s.apiNow()
 	ob.mu.Lock()
 	var cursor uint64
-	if id := after + before; id != "" {
+	for _, p := range [...][2]string{{"after_id", after}, {"before_id", before}} {
+		if p[1] == "" {
+			continue
+		}
 		var known bool
-		if cursor, known = ob.seqOf[id]; !known {
+		if cursor, known = ob.seqOf[p[1]]; !known {
 			ob.mu.Unlock()
-			s.writeError(c, o, invalid("%s: no message_batch %q", map[bool]string{true: "after_id", false: "before_id"}[after != ""], id))
+			s.writeError(c, o, invalid("%s: no message_batch %q", p[0], p[1]))
 			return
 		}
 	}

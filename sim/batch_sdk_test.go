@@ -165,3 +165,33 @@ func TestSDKBatchLifecycle(t *testing.T) {
 		t.Errorf("Get of another org's batch: %v", err)
 	}
 }
+
+// A results stream cut short is an error the SDK reports, not a short
+// success.
+func TestSDKBatchResultsCut(t *testing.T) {
+	t.Parallel()
+	run := startSim(t, batchConfig())
+	c := sdkClient(run, soloKey)
+	ctx := context.Background()
+	var reqs []sdk.MessageBatchNewParamsRequest
+	for i := range 300 {
+		reqs = append(reqs, sdkBatchRequest(fmt.Sprintf("r%d", i), 256, fmt.Sprintf("Item %d. Provide your evaluation as a JSON object.", i)))
+	}
+	b, err := c.Messages.Batches.New(ctx, sdk.MessageBatchNewParams{Requests: reqs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sdkWaitEnded(t, c, b.ID)
+	if _, err := run.Server.AddFault(Fault{Kind: FaultBatchResultsCut}); err != nil {
+		t.Fatal(err)
+	}
+	stream := c.Messages.Batches.ResultsStreaming(ctx, b.ID, sdk.MessageBatchResultsParams{})
+	n := 0
+	for stream.Next() {
+		n++
+	}
+	if stream.Err() == nil || n >= 300 {
+		t.Errorf("%d results and err %v: want fewer than 300 and an error", n, stream.Err())
+	}
+	stream.Close()
+}

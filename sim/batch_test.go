@@ -806,3 +806,35 @@ func TestBatchArchived(t *testing.T) {
 		t.Errorf("results of an archived batch: %d", r.status)
 	}
 }
+
+// parseBatchCreate never panics, and whatever the copy-free fast path
+// accepts the encoding/json path reads the same: same custom_ids, same
+// params bytes.
+func FuzzParseBatchCreate(f *testing.F) {
+	f.Add(createBody(judgeBatch("a", 2)...))
+	f.Add([]byte(`{"requests":[{"custom_id":"x","params":{"model":"m","a":[1,{"b":null}]}}]}`))
+	f.Add([]byte(`{"requests":[{"params":{},"custom_id":"x"},{"custom_id":"x","params":{}}]}`))
+	f.Add([]byte(`{"requests":[{"custom_id":"a\u0062","params":{}}]}`))
+	f.Add([]byte(` { "requests" : [ ] } `))
+	f.Fuzz(func(t *testing.T, body []byte) {
+		parseBatchCreate(body)
+		arena, items, ok := fastParseBatch(body)
+		if !ok {
+			return
+		}
+		sArena, sItems, aerr := slowParseBatch(body)
+		if aerr != nil {
+			t.Fatalf("fast path accepted what the slow path refuses (%s): %s", aerr.msg, body)
+		}
+		if len(items) != len(sItems) {
+			t.Fatalf("%d items fast, %d slow", len(items), len(sItems))
+		}
+		for i := range items {
+			fc, sc := arena[items[i].cid.off:items[i].cid.end], sArena[sItems[i].cid.off:sItems[i].cid.end]
+			fp, sp := arena[items[i].params.off:items[i].params.end], sArena[sItems[i].params.off:sItems[i].params.end]
+			if !bytes.Equal(fc, sc) || !bytes.Equal(fp, sp) {
+				t.Fatalf("item %d: fast %q %q, slow %q %q", i, fc, fp, sc, sp)
+			}
+		}
+	})
+}
