@@ -322,6 +322,12 @@ func TestBatchResultsMatchSyncAndValidateLate(t *testing.T) {
 			t.Errorf("%s: %+v", id, l.Result)
 		}
 	}
+	// Processing and billing the batch drew nothing from the Messages buckets.
+	for _, p := range run.Server.Stats().Org("solo").Pools {
+		if p.MinRemaining != p.Remaining || p.Remaining != [3]int64{600, 60000, 30000} {
+			t.Errorf("pool %s: the batch drew on the Messages buckets: %+v", p.Pool, p)
+		}
+	}
 	for _, rq := range reqs[:5] {
 		l := res[rq.CustomID]
 		if l.Result.Type != "succeeded" || l.Result.Message == nil {
@@ -759,6 +765,10 @@ func TestBatchConfigLimits(t *testing.T) {
 	}
 	if (BatchLimits{}).withDefaults() != (BatchLimits{RPM: 1000, Queue: 200000, PerMinute: 2000, QueueWaitS: 30, CancelS: 5}) {
 		t.Errorf("defaults %+v", BatchLimits{}.withDefaults())
+	}
+	fs, err := readFaults(strings.NewReader(`[{"kind":"batch_stall","org":"solo","fraction":0.5},{"kind":"batch_not_found","window":"3s"},{"kind":"batch_errored_overloaded","probability":0.1}]`))
+	if err != nil || len(fs) != 3 || fs[0].Fraction != 0.5 || fs[1].Window != 3*time.Second || fs[2].Kind != FaultBatchErroredOverloaded {
+		t.Errorf("batch faults from JSON: %+v %v", fs, err)
 	}
 	if err := (&Fault{Kind: FaultBatchStall, Fraction: 1}).check(); err == nil {
 		t.Error("batch_stall fraction 1 accepted")
