@@ -297,7 +297,7 @@ func (s *Server) createBatch(c *call, ks *keyState, ob *orgBatches) {
 	if f := fs.match(FaultBatchNotFound, o.idx, "", ks.fp, now, &c.rng); f != nil {
 		w := f.Window
 		if w <= 0 {
-			w = 10 * time.Second
+			w = 60 * time.Second
 		}
 		b.hidden = now + w
 	}

@@ -16,8 +16,8 @@ import (
 	"github.com/apidispatch/apidispatch/cost"
 )
 
-// batchConfig is testConfig at speed 1000 (the default 30 s queue wait is
-// 30 ms, 2,000 requests per API minute are 33 per real millisecond), plus a
+// batchConfig is testConfig at speed 1000 (the default 4 min queue wait is
+// 240 ms, 2,000 requests per API minute are 33 per real millisecond), plus a
 // second org "other" with its own key.
 func batchConfig() Config {
 	cfg := testConfig()
@@ -218,7 +218,7 @@ func (s *Server) batchesOf(org string) []*simBatch {
 }
 
 // The object, field by field, against anthropic-api.md §6: in progress
-// (at speed 1 a batch waits 30 s in the queue) and ended.
+// (at speed 1 a batch waits 4 min in the queue) and ended.
 func TestBatchObjectShape(t *testing.T) {
 	t.Parallel()
 	cfg := batchConfig()
@@ -264,7 +264,7 @@ func TestBatchObjectShape(t *testing.T) {
 		t.Errorf("delete while in progress: %d %s", r.status, r.body)
 	}
 
-	// Ended: at speed 1000 three requests take 30 ms.
+	// Ended: at speed 1000 three requests take 240 ms.
 	fast := startSim(t, batchConfig())
 	b = createBatchT(t, fast, soloKey, judgeBatch("shape", 3)...)
 	e := waitEnded(t, fast, soloKey, b.ID)
@@ -763,7 +763,7 @@ func TestBatchConfigLimits(t *testing.T) {
 	if p.Orgs[0].Batch.RPM != 1000 || p.Orgs[1].Batch.Queue != 300000 {
 		t.Errorf("build-3org batch limits %+v %+v", p.Orgs[0].Batch, p.Orgs[1].Batch)
 	}
-	if (BatchLimits{}).withDefaults() != (BatchLimits{RPM: 1000, Queue: 200000, PerMinute: 2000, QueueWaitS: 30, CancelS: 5}) {
+	if (BatchLimits{}).withDefaults() != (BatchLimits{RPM: 1000, Queue: 200000, PerMinute: 2000, QueueWaitS: 240, CancelS: 5}) {
 		t.Errorf("defaults %+v", BatchLimits{}.withDefaults())
 	}
 	fs, err := readFaults(strings.NewReader(`[{"kind":"batch_stall","org":"solo","fraction":0.5},{"kind":"batch_not_found","window":"3s"},{"kind":"batch_errored_overloaded","probability":0.1}]`))

@@ -68,7 +68,8 @@ const (
 	// connection instead of answering.
 	FaultBatchCreateLostReset FaultKind = "batch_create_lost_reset"
 	// FaultBatchNotFound makes a batch created while it is active invisible
-	// for Window (API time, default 10 s) after its creation: retrieve,
+	// for Window (API time, default 60 s, the grace the origin needed) after
+	// its creation: retrieve,
 	// cancel, delete and results answer 404 not_found_error and lists omit
 	// it (eventual consistency).
 	FaultBatchNotFound FaultKind = "batch_not_found"

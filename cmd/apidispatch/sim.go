@@ -67,7 +67,7 @@ the other fields replace the preset's ("orgs" and "faults" as whole lists):
                         "*": {"rpm": 1000, "itpm": 2000000, "otpm": 400000}},
              "service_capacity": 120,
              "batch": {"rpm": 1000, "queue": 200000, "per_minute": 2000,
-                       "queue_wait_s": 30, "cancel_s": 5}}],
+                       "queue_wait_s": 240, "cancel_s": 5}}],
    "faults": [{"kind": "storm_429", "org": "solo", "start": "30s",
                "duration": "10s", "probability": 0.5, "retry_after": "2s"}],
    "prompt_caching": false, "unlimited": false, "ledger_retain": 0}
