@@ -186,6 +186,41 @@ type orgBatches struct {
 	byID      map[string]*simBatch
 	seqOf     map[string]uint64 // every id ever created, for list cursors
 	busyUntil time.Duration     // API time the org's last batch ends
+	created   int64             // batches created
+	refused   int64             // creates refused by the queue cap
+	maxQueued int64             // most requests queued, just after a create
+}
+
+// BatchStats is one org's Message Batches activity.
+type BatchStats struct {
+	Created      int64 `json:"created"`       // batches created (lost answers included)
+	QueueRefused int64 `json:"queue_refused"` // creates refused (429) by the queue cap
+	InProgress   int   `json:"in_progress"`   // batches not ended now
+	Queued       int64 `json:"queued"`        // requests in the processing queue now
+	MaxQueued    int64 `json:"max_queued"`    // most requests ever queued (checked at each create)
+	QueueCap     int64 `json:"queue_cap"`
+}
+
+// BatchStats returns every org's batch activity by org name, for tests of
+// a dispatcher's in-flight window (MaxQueued against QueueCap).
+func (s *Server) BatchStats() map[string]BatchStats {
+	now := s.apiNow()
+	out := make(map[string]BatchStats, len(s.orgs))
+	for _, o := range s.orgs {
+		ob := s.orgBatches(o)
+		ob.mu.Lock()
+		st := BatchStats{Created: ob.created, QueueRefused: ob.refused, Queued: ob.queuedLocked(now), MaxQueued: ob.maxQueued, QueueCap: ob.lim.Queue}
+		for _, b := range ob.list {
+			b.mu.Lock()
+			if now < b.end {
+				st.InProgress++
+			}
+			b.mu.Unlock()
+		}
+		ob.mu.Unlock()
+		out[o.name] = st
+	}
+	return out
 }
 
 // queuedLocked is how many of the org's requests are in the processing

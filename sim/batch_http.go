@@ -305,6 +305,7 @@ func (s *Server) createBatch(c *call, ks *keyState, ob *orgBatches) {
 	ob.mu.Lock()
 	queued := ob.queuedLocked(now)
 	if queued+int64(n) > ob.lim.Queue {
+		ob.refused++
 		ob.mu.Unlock()
 		// The queue drains at the org's throughput: wait for the excess.
 		excess := queued + int64(n) - ob.lim.Queue
@@ -317,6 +318,8 @@ func (s *Server) createBatch(c *call, ks *keyState, ob *orgBatches) {
 	b.end = b.naturalEnd()
 	ob.busyUntil = b.end
 	ob.list = append(ob.list, b)
+	ob.created++
+	ob.maxQueued = max(ob.maxQueued, queued+int64(n))
 	ob.byID[b.id] = b
 	ob.seqOf[b.id] = b.seq
 	ob.mu.Unlock()
@@ -360,9 +363,15 @@ func (s *Server) findBatch(c *call, o *orgState, ob *orgBatches, id string, now 
 
 func (s *Server) retrieveBatch(c *call, o *orgState, ob *orgBatches, id string) {
 	now := s.apiNow()
-	if b := s.findBatch(c, o, ob, id, now); b != nil {
-		s.writeBatch(c, b, now)
+	b := s.findBatch(c, o, ob, id, now)
+	if b == nil {
+		return
 	}
+	if s.faults.Load().match(FaultBatchPoll404, o.idx, "", b.ks.fp, now, &c.rng) != nil {
+		s.writeError(c, o, &apiError{status: http.StatusNotFound, typ: anthropic.ErrNotFound, msg: "message_batch " + strconv.Quote(id) + " not found"})
+		return
+	}
+	s.writeBatch(c, b, now)
 }
 
 func (s *Server) cancelBatch(c *call, o *orgState, ob *orgBatches, id string) {

@@ -505,7 +505,10 @@ func TestBatchQueueCapAndRPM(t *testing.T) {
 		!strings.Contains(r.envelope(t).Error.Message, "processing queue") {
 		t.Errorf("over the queue cap: %d %v %s", r.status, r.header, r.body)
 	}
-	createBatchT(t, run, soloKey, judgeBatch("c", 2)...)   // exactly at the cap
+	createBatchT(t, run, soloKey, judgeBatch("c", 2)...) // exactly at the cap
+	if st := run.Server.BatchStats()["solo"]; st != (BatchStats{Created: 2, QueueRefused: 1, InProgress: 2, Queued: 10, MaxQueued: 10, QueueCap: 10}) {
+		t.Errorf("batch stats %+v", st)
+	}
 	createBatchT(t, run, otherKey, judgeBatch("d", 50)...) // another org's queue
 	// Three calls so far on solo's batch RPM of 5: two more, then a 429.
 	for i := 4; i <= 5; i++ {
@@ -591,6 +594,22 @@ func TestBatchFaults(t *testing.T) {
 			t.Error("listed while invisible")
 		}
 		time.Sleep(1050 * time.Millisecond)
+		waitEnded(t, run, soloKey, b.ID)
+	})
+	t.Run("404 in the middle of polling", func(t *testing.T) {
+		t.Parallel()
+		run := startSim(t, batchConfig())
+		b := createBatchT(t, run, soloKey, judgeBatch("x", 1)...)
+		fs, _ := run.Server.AddFault(Fault{Kind: FaultBatchPoll404, Org: "solo"})
+		if r := do(t, http.MethodGet, run.URL+batchesPath+"/"+b.ID, soloKey, nil); r.status != 404 || r.envelope(t).Error.Type != anthropic.ErrNotFound {
+			t.Errorf("retrieve during the fault: %d %s", r.status, r.body)
+		}
+		var p wirePage
+		json.Unmarshal(do(t, http.MethodGet, run.URL+batchesPath, soloKey, nil).body, &p)
+		if len(p.Data) != 1 {
+			t.Errorf("the list lost the batch during a poll 404")
+		}
+		run.Server.ClearFaults(fs[0].ID)
 		waitEnded(t, run, soloKey, b.ID)
 	})
 	t.Run("not finished within 24 h: the rest expire", func(t *testing.T) {

@@ -73,6 +73,10 @@ const (
 	// cancel, delete and results answer 404 not_found_error and lists omit
 	// it (eventual consistency).
 	FaultBatchNotFound FaultKind = "batch_not_found"
+	// FaultBatchPoll404 answers 404 not_found_error to a retrieve of an
+	// existing batch while it is active (the origin saw such 404s for up to
+	// ~3 min in the middle of polling).
+	FaultBatchPoll404 FaultKind = "batch_poll_404"
 	// FaultBatchStall makes a batch created while it is active stop after
 	// Fraction (in [0, 1), default 0) of its requests, so that it does not
 	// finish within 24 h: it ends at expires_at with the rest expired.
@@ -93,7 +97,7 @@ var faultKinds = []FaultKind{
 	FaultRateLimitStorm, FaultOverloaded, FaultServerError, FaultServerErrorHTML,
 	FaultConnectionReset, FaultTruncatedBody, FaultSlow, FaultKeyRevoked,
 	FaultSpendCap, FaultAcceleration, FaultColleague,
-	FaultBatchCreateLost500, FaultBatchCreateLostReset, FaultBatchNotFound, FaultBatchStall,
+	FaultBatchCreateLost500, FaultBatchCreateLostReset, FaultBatchNotFound, FaultBatchPoll404, FaultBatchStall,
 	FaultBatchErroredAPI, FaultBatchErroredOverloaded, FaultBatchErroredInvalid, FaultBatchResultsCut,
 }
 

@@ -76,7 +76,7 @@ server_error_500_html, connection_reset, truncated_body, slow
 (extra_latency), key_revoked (key_fingerprint), spend_cap (spend_cap_usd),
 acceleration (factor, floor_rpm, window, baseline), colleague (fraction);
 batches: batch_create_lost_500, batch_create_lost_reset, batch_not_found
-(window), batch_stall (fraction), batch_errored_api,
+(window), batch_poll_404, batch_stall (fraction), batch_errored_api,
 batch_errored_overloaded, batch_errored_invalid, batch_results_cut.
 Times are API-equivalent; "from_now": true counts start from when a fault is
 added. Flags given on the command line override the file.
