@@ -521,6 +521,19 @@ func (s *Server) listBatches(c *call, o *orgState, ob *orgBatches) {
 	writeJSON(c, http.StatusOK, append(out, '}'))
 }
 
+// batchAdmin serves GET /sim/batches: BatchStats by org name (JSON). Like
+// the other /sim routes it needs no key.
+func (s *Server) batchAdmin(c *call) {
+	if c.r.Method != http.MethodGet {
+		s.writeError(c, nil, &apiError{status: http.StatusMethodNotAllowed, typ: anthropic.ErrInvalidRequest, msg: "use GET"})
+		return
+	}
+	b, _ := json.Marshal(struct {
+		Orgs map[string]BatchStats `json:"orgs"`
+	}{s.BatchStats()})
+	writeJSON(c, http.StatusOK, b)
+}
+
 // resultStride orders results: request (j·stride) mod n comes j-th, a
 // permutation because the stride is a prime above MaxBatchRequests.
 const resultStride = 100_003

@@ -131,6 +131,29 @@ func (s *Server) finalizeBatch(b *simBatch) {
 	b.final = true
 }
 
+// settleBatches finalizes (and so bills) every batch that has ended, so
+// that the ledger, its totals and Mark count a batch when it ends, not only
+// when a client first sees it ended.
+func (s *Server) settleBatches() {
+	if s.batches.seq.Load() == 0 {
+		return // no batch was ever created
+	}
+	now := s.apiNow()
+	for _, o := range s.orgs {
+		ob := s.orgBatches(o)
+		ob.mu.Lock()
+		list := append([]*simBatch(nil), ob.list...)
+		ob.mu.Unlock()
+		for _, b := range list {
+			b.mu.Lock()
+			if now >= b.end {
+				s.finalizeBatch(b)
+			}
+			b.mu.Unlock()
+		}
+	}
+}
+
 // recordBatch is bill without the in-flight bookkeeping of a synchronous
 // request: ledger, totals, series, duplicates.
 func (s *Server) recordBatch(o *orgState, ks *keyState, e *LedgerEntry, now time.Duration) {

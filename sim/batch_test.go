@@ -490,6 +490,23 @@ func TestBatchCancelAndDelete(t *testing.T) {
 	}
 }
 
+// A batch is billed when it ends, whether or not anyone looks at it.
+func TestBatchBilledUnpolled(t *testing.T) {
+	t.Parallel()
+	run := startSim(t, batchConfig())
+	createBatchT(t, run, soloKey, judgeBatch("u", 5)...)
+	deadline := time.Now().Add(10 * time.Second)
+	for run.Server.LedgerTotals().Requests != 5 {
+		if time.Now().After(deadline) {
+			t.Fatalf("billed %d of 5 without a poll", run.Server.LedgerTotals().Requests)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := run.Server.Mark(); n != 5 {
+		t.Errorf("mark %d", n)
+	}
+}
+
 // The processing-queue cap is per org: a create that would exceed it is a
 // 429 with retry-after; batch calls have their own RPM and never draw on
 // the Messages buckets.
@@ -508,6 +525,10 @@ func TestBatchQueueCapAndRPM(t *testing.T) {
 	createBatchT(t, run, soloKey, judgeBatch("c", 2)...) // exactly at the cap
 	if st := run.Server.BatchStats()["solo"]; st != (BatchStats{Created: 2, QueueRefused: 1, InProgress: 2, Queued: 10, MaxQueued: 10, QueueCap: 10}) {
 		t.Errorf("batch stats %+v", st)
+	}
+	var admin struct{ Orgs map[string]BatchStats }
+	if r := do(t, http.MethodGet, run.URL+"/sim/batches", "", nil); r.status != 200 || json.Unmarshal(r.body, &admin) != nil || admin.Orgs["solo"].MaxQueued != 10 {
+		t.Errorf("/sim/batches: %d %s", r.status, r.body)
 	}
 	createBatchT(t, run, otherKey, judgeBatch("d", 50)...) // another org's queue
 	// Three calls so far on solo's batch RPM of 5: two more, then a 429.
@@ -810,8 +831,14 @@ func TestBatchCancelMidway(t *testing.T) {
 	if rc.Succeeded == 0 || rc.Canceled == 0 || rc.Succeeded+rc.Canceled != 10000 || e.CancelInitiatedAt == nil {
 		t.Errorf("counts %+v", rc)
 	}
-	if int64(len(run.Server.Ledger())) != rc.Succeeded {
-		t.Errorf("%d billed, %d succeeded", len(run.Server.Ledger()), rc.Succeeded)
+	var billed int64
+	for _, e := range run.Server.Ledger() {
+		if e.BatchID == b.ID {
+			billed++
+		}
+	}
+	if billed != rc.Succeeded {
+		t.Errorf("%d billed, %d succeeded", billed, rc.Succeeded)
 	}
 	if en := waitEnded(t, run, soloKey, next.ID); en.EndedAt.Sub(*e.EndedAt) > 10*time.Millisecond {
 		t.Errorf("the next batch ended %v after the canceled one, want 1 ms", en.EndedAt.Sub(*e.EndedAt))

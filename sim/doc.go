@@ -12,6 +12,7 @@
 //	GET  /sim/stats                 per-org statistics and time series (JSON)
 //	GET  /sim/ledger                every billed request (JSONL)
 //	GET|POST|PUT|DELETE /sim/faults list, add, replace or clear faults (JSON)
+//	GET  /sim/batches               per-org Message Batches stats (JSON)
 //
 // It authenticates x-api-key against its orgs' keys, validates requests like
 // the API does, and admits a request only when the org's three token buckets

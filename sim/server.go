@@ -318,6 +318,8 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		s.admin(c)
 	case "/v1/messages/batches":
 		s.batchRoute(c)
+	case "/sim/batches":
+		s.batchAdmin(c)
 	default:
 		if strings.HasPrefix(r.URL.Path, "/v1/messages/batches/") {
 			s.batchRoute(c)

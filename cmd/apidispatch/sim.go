@@ -34,7 +34,8 @@ the Message Batches API (POST|GET /v1/messages/batches, GET|DELETE
 /v1/messages/batches/ID, POST .../ID/cancel, GET .../ID/results);
 admin (no key needed, loopback only): GET /sim/stats (JSON; ?series=0 leaves
 out the per-second series), GET /sim/ledger (JSONL; ?since=SEQ),
-GET|POST|PUT|DELETE /sim/faults (list, add, replace, clear; ?id=ID clears one).
+GET|POST|PUT|DELETE /sim/faults (list, add, replace, clear; ?id=ID clears one),
+GET /sim/batches (per-org batch stats, JSON).
 
 On start it prints the base URL as ANTHROPIC_BASE_URL=... and, per org, the
 line ANTHROPIC_API_KEY_<ORG>=<key> (org upper-cased) that points apidispatch
