@@ -109,6 +109,7 @@ func (s *Server) Ledger() []LedgerEntry { return s.LedgerSince(0) }
 // LedgerSince returns the billed requests with Seq > seq, in billing order.
 // With Mark it isolates one phase of a run (one arm of an A/B).
 func (s *Server) LedgerSince(seq int64) []LedgerEntry {
+	s.settleBatches()
 	var out []LedgerEntry
 	for _, o := range s.orgs {
 		o.mu.Lock()
@@ -124,12 +125,16 @@ func (s *Server) LedgerSince(seq int64) []LedgerEntry {
 }
 
 // Mark returns the sequence number of the last billed request so far.
-func (s *Server) Mark() int64 { return s.seq.Load() }
+func (s *Server) Mark() int64 {
+	s.settleBatches()
+	return s.seq.Load()
+}
 
 // LedgerTotals returns the totals of every billed request since the start
 // (whatever LedgerRetain keeps), per org and per key fingerprint, with the
 // duplicate billings.
 func (s *Server) LedgerTotals() LedgerTotals {
+	s.settleBatches()
 	t := LedgerTotals{ByOrg: map[string]Totals{}, ByKey: map[string]Totals{}}
 	for _, o := range s.orgs {
 		var ot Totals

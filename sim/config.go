@@ -58,6 +58,9 @@ type OrgConfig struct {
 	// Latency.CongestionExponent, decided when a request is admitted.
 	// Zero means unlimited.
 	ServiceCapacity int `json:"service_capacity,omitempty"`
+	// Batch is the org's Message Batches limits and processing speed; zero
+	// fields take the defaults of BatchLimits.
+	Batch BatchLimits `json:"batch,omitzero"`
 }
 
 // LatencyConfig is the latency model, in API-equivalent time. A request that
@@ -321,6 +324,9 @@ func (c *Config) validate() error {
 		}
 		if o.ServiceCapacity < 0 {
 			return bad("org %q: service_capacity must not be negative", o.Name)
+		}
+		if err := o.Batch.check(); err != nil {
+			return bad("org %q: batch: %v", o.Name, err)
 		}
 	}
 	for i := range c.Faults {

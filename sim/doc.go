@@ -8,9 +8,12 @@
 //	POST /v1/messages/count_tokens  free token count
 //	GET  /v1/models                 the models the key's org can call (paginated)
 //	GET  /v1/models/{id}            one of them
+//	POST|GET /v1/messages/batches   create or list Message Batches (batch.go)
+//	GET|DELETE /v1/messages/batches/{id}, POST …/{id}/cancel, GET …/{id}/results
 //	GET  /sim/stats                 per-org statistics and time series (JSON)
 //	GET  /sim/ledger                every billed request (JSONL)
 //	GET|POST|PUT|DELETE /sim/faults list, add, replace or clear faults (JSON)
+//	GET  /sim/batches               per-org Message Batches stats (JSON)
 //
 // It authenticates x-api-key against its orgs' keys, validates requests like
 // the API does, and admits a request only when the org's three token buckets

@@ -62,12 +62,49 @@ const (
 	// can after a 200. The request is not billed and its output is not
 	// charged; stats count it as a 529.
 	FaultStreamOverloaded FaultKind = "stream_overloaded"
+
+	// Message Batches faults (batch.go). They match on org and key; pool is
+	// ignored except by the batch_errored_* kinds, which match the pool of
+	// each request's model.
+
+	// FaultBatchCreateLost500 creates the batch, then answers the create
+	// with 500 api_error: the batch exists but the client never learns its id.
+	FaultBatchCreateLost500 FaultKind = "batch_create_lost_500"
+	// FaultBatchCreateLostReset creates the batch, then resets the
+	// connection instead of answering.
+	FaultBatchCreateLostReset FaultKind = "batch_create_lost_reset"
+	// FaultBatchNotFound makes a batch created while it is active invisible
+	// for Window (API time, default 60 s, the grace the origin needed) after
+	// its creation: retrieve,
+	// cancel, delete and results answer 404 not_found_error and lists omit
+	// it (eventual consistency).
+	FaultBatchNotFound FaultKind = "batch_not_found"
+	// FaultBatchPoll404 answers 404 not_found_error to a retrieve of an
+	// existing batch while it is active (the origin saw such 404s for up to
+	// ~3 min in the middle of polling).
+	FaultBatchPoll404 FaultKind = "batch_poll_404"
+	// FaultBatchStall makes a batch created while it is active stop after
+	// Fraction (in [0, 1), default 0) of its requests, so that it does not
+	// finish within 24 h: it ends at expires_at with the rest expired.
+	FaultBatchStall FaultKind = "batch_stall"
+	// FaultBatchErroredAPI, FaultBatchErroredOverloaded and
+	// FaultBatchErroredInvalid turn Probability of the valid requests
+	// processed while they are active into errored results of type
+	// api_error, overloaded_error or invalid_request_error (not billed).
+	FaultBatchErroredAPI        FaultKind = "batch_errored_api"
+	FaultBatchErroredOverloaded FaultKind = "batch_errored_overloaded"
+	FaultBatchErroredInvalid    FaultKind = "batch_errored_invalid"
+	// FaultBatchResultsCut sends the first half of a results stream, then
+	// cuts the connection.
+	FaultBatchResultsCut FaultKind = "batch_results_cut"
 )
 
 var faultKinds = []FaultKind{
 	FaultRateLimitStorm, FaultOverloaded, FaultServerError, FaultServerErrorHTML,
 	FaultConnectionReset, FaultTruncatedBody, FaultSlow, FaultKeyRevoked,
 	FaultSpendCap, FaultAcceleration, FaultColleague, FaultStreamOverloaded,
+	FaultBatchCreateLost500, FaultBatchCreateLostReset, FaultBatchNotFound, FaultBatchPoll404, FaultBatchStall,
+	FaultBatchErroredAPI, FaultBatchErroredOverloaded, FaultBatchErroredInvalid, FaultBatchResultsCut,
 }
 
 // Fault is one injected fault: a kind, whom it hits (an org, a pool, a key),
@@ -203,6 +240,9 @@ func (f *Fault) check() error {
 	}
 	if f.Kind == FaultColleague && (f.Fraction <= 0 || f.Fraction >= 1) {
 		return fmt.Errorf("colleague: fraction %v must be in (0, 1)", f.Fraction)
+	}
+	if f.Kind == FaultBatchStall && (f.Fraction < 0 || f.Fraction >= 1) {
+		return fmt.Errorf("batch_stall: fraction %v must be in [0, 1)", f.Fraction)
 	}
 	if f.SpendCapUSD < 0 || f.Factor < 0 || f.FloorRPM < 0 {
 		return fmt.Errorf("%s: spend_cap_usd, factor and floor_rpm must not be negative", f.Kind)

@@ -65,6 +65,13 @@ type LedgerEntry struct {
 	Delivery string `json:"delivery"`
 	// Duplicate: the same body had been billed before (by any org or key).
 	Duplicate bool `json:"duplicate"`
+	// ServiceTier is "batch" for a Message Batches request (billed at the
+	// batch price, BodySHA256 the hash of its params); empty for a
+	// POST /v1/messages request (standard).
+	ServiceTier string `json:"service_tier,omitempty"`
+	// BatchID and CustomID name a Message Batches request.
+	BatchID  string `json:"batch_id,omitempty"`
+	CustomID string `json:"custom_id,omitempty"`
 }
 
 // appendJSON appends the entry as one JSON line (with the newline). It is
@@ -111,6 +118,14 @@ func (e *LedgerEntry) appendJSON(b []byte) []byte {
 	b = appendJSONString(b, e.Delivery)
 	b = append(b, `,"duplicate":`...)
 	b = strconv.AppendBool(b, e.Duplicate)
+	for _, f := range [...][2]string{{"service_tier", e.ServiceTier}, {"batch_id", e.BatchID}, {"custom_id", e.CustomID}} {
+		if f[1] != "" {
+			b = append(b, `,"`...)
+			b = append(b, f[0]...)
+			b = append(b, `":`...)
+			b = appendJSONString(b, f[1])
+		}
+	}
 	return append(b, "}\n"...)
 }
 

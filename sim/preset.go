@@ -14,7 +14,8 @@ import (
 const (
 	// PresetOrigin3Org is the three orgs measured in origin.md §4 (high_prio,
 	// batch, low_prio) with their Sonnet 4.x, Haiku 4.5 and Opus 4.x limits,
-	// the calibrated latency and a service capacity of 120 per org.
+	// the calibrated latency and a service capacity of 120 per org, and
+	// Scale-tier Message Batches limits (4,000 RPM, 500,000 queued).
 	PresetOrigin3Org = "origin-3org"
 	// PresetBuild3Org is limit-bound: three orgs whose limits, for the judge
 	// workload (~300 input and ~90 output tokens a call, caps of 100
@@ -25,6 +26,8 @@ const (
 	//               cap → OTPM binds at ~1,000/min;
 	//   itpm_bound: Build-tier 5,000 RPM / 1M OTPM with a 450k ITPM workspace
 	//               cap → ITPM binds at ~1,500/min.
+	// Message Batches limits: Start tier for rpm_bound (1,000 RPM, 200,000
+	// queued), Build for the others (2,000 RPM, 300,000 queued).
 	// The same limits apply to every pool.
 	PresetBuild3Org = "build-3org"
 	// PresetColleague is origin-3org plus colleagues using 40% of
@@ -49,9 +52,9 @@ func Preset(name string) (Config, error) {
 			return map[anthropic.Pool]Limits{AnyPool: {RPM: rpm, ITPM: itpm, OTPM: otpm}}
 		}
 		cfg := Config{Latency: DefaultLatency(), PromptCaching: true, Orgs: []OrgConfig{
-			{Name: "rpm_bound", Limits: limits(1000, 2000000, 400000), ServiceCapacity: 120},
-			{Name: "otpm_bound", Limits: limits(5000, 5000000, 90000), ServiceCapacity: 120},
-			{Name: "itpm_bound", Limits: limits(5000, 450000, 1000000), ServiceCapacity: 120},
+			{Name: "rpm_bound", Limits: limits(1000, 2000000, 400000), ServiceCapacity: 120, Batch: batchStart},
+			{Name: "otpm_bound", Limits: limits(5000, 5000000, 90000), ServiceCapacity: 120, Batch: batchBuild},
+			{Name: "itpm_bound", Limits: limits(5000, 450000, 1000000), ServiceCapacity: 120, Batch: batchBuild},
 		}}
 		return cfg.withDefaults(), nil
 	case PresetColleague:
@@ -63,6 +66,14 @@ func Preset(name string) (Config, error) {
 	sort.Strings(names)
 	return Config{}, fmt.Errorf("%w: unknown preset %q (known: %v)", ErrConfig, name, names)
 }
+
+// Message Batches limits by tier (anthropic-api.md §1 "Other pools"):
+// batch endpoint RPM and processing-queue cap.
+var (
+	batchStart = BatchLimits{RPM: 1000, Queue: 200_000}
+	batchBuild = BatchLimits{RPM: 2000, Queue: 300_000}
+	batchScale = BatchLimits{RPM: 4000, Queue: 500_000}
+)
 
 // origin3Org: origin.md §4 phase0_limits.json. high_prio's Haiku ITPM had no
 // header at the probe; 8M makes the three orgs sum to the ~40M the
@@ -78,11 +89,11 @@ func origin3Org() Config {
 	}
 	cfg := Config{Latency: DefaultLatency(), PromptCaching: true, Orgs: []OrgConfig{
 		{Name: "high_prio", ID: orgUUID("b94495b5", "high_prio", 0), ServiceCapacity: 120, Limits: mk(
-			row{30000, 10000000, 1000000}, row{30000, 8000000, 1200000}, row{150000, 60000000, 10000000})},
+			row{30000, 10000000, 1000000}, row{30000, 8000000, 1200000}, row{150000, 60000000, 10000000}), Batch: batchScale},
 		{Name: "batch", ID: orgUUID("b4bbba0c", "batch", 0), ServiceCapacity: 120, Limits: mk(
-			row{90000, 8000000, 800000}, row{4000, 8000000, 800000}, row{4000, 10000000, 2000000})},
+			row{90000, 8000000, 800000}, row{4000, 8000000, 800000}, row{4000, 10000000, 2000000}), Batch: batchScale},
 		{Name: "low_prio", ID: orgUUID("af04cd8f", "low_prio", 0), ServiceCapacity: 120, Limits: mk(
-			row{30000, 15000000, 1200000}, row{30000, 24000000, 2400000}, row{150000, 120000000, 12000000})},
+			row{30000, 15000000, 1200000}, row{30000, 24000000, 2400000}, row{150000, 120000000, 12000000}), Batch: batchScale},
 	}}
 	return cfg.withDefaults()
 }

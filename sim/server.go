@@ -51,6 +51,8 @@ type Server struct {
 	faultMu sync.Mutex // serialises fault changes
 	faultN  int
 
+	batches batchStore // Message Batches, per org (batch.go)
+
 	dups      dupIndex
 	dupBodies atomic.Int64
 	file      *ledgerFile
@@ -314,9 +316,17 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		s.listModels(c)
 	case "/sim/stats", "/sim/ledger", "/sim/faults":
 		s.admin(c)
+	case "/v1/messages/batches":
+		s.batchRoute(c)
+	case "/sim/batches":
+		s.batchAdmin(c)
 	default:
 		if strings.HasPrefix(r.URL.Path, "/v1/models/") {
 			s.getModel(c)
+			return
+		}
+		if strings.HasPrefix(r.URL.Path, "/v1/messages/batches/") {
+			s.batchRoute(c)
 			return
 		}
 		s.writeError(c, nil, &apiError{status: http.StatusNotFound, typ: anthropic.ErrNotFound, msg: "Not Found"})

@@ -29,10 +29,13 @@ const simHelp = `usage: apidispatch sim [--preset NAME] [--config FILE] [--liste
 Serves a simulator of the Anthropic Messages API on a loopback address until
 SIGINT or SIGTERM, then flushes the ledger and prints the billed totals.
 
-Routes: POST /v1/messages, POST /v1/messages/count_tokens, GET /v1/models;
+Routes: POST /v1/messages, POST /v1/messages/count_tokens, GET /v1/models,
+the Message Batches API (POST|GET /v1/messages/batches, GET|DELETE
+/v1/messages/batches/ID, POST .../ID/cancel, GET .../ID/results);
 admin (no key needed, loopback only): GET /sim/stats (JSON; ?series=0 leaves
 out the per-second series), GET /sim/ledger (JSONL; ?since=SEQ),
-GET|POST|PUT|DELETE /sim/faults (list, add, replace, clear; ?id=ID clears one).
+GET|POST|PUT|DELETE /sim/faults (list, add, replace, clear; ?id=ID clears one),
+GET /sim/batches (per-org batch stats, JSON).
 
 On start it prints the base URL as ANTHROPIC_BASE_URL=... and, per org, the
 line ANTHROPIC_API_KEY_<ORG>=<key> (org upper-cased) that points apidispatch
@@ -63,14 +66,19 @@ the other fields replace the preset's ("orgs" and "faults" as whole lists):
    "orgs": [{"name": "solo", "id": "<uuid>", "keys": ["sk-..."],
              "limits": {"sonnet-4": {"rpm": 50, "itpm": 30000, "otpm": 8000},
                         "*": {"rpm": 1000, "itpm": 2000000, "otpm": 400000}},
-             "service_capacity": 120}],
+             "service_capacity": 120,
+             "batch": {"rpm": 1000, "queue": 200000, "per_minute": 2000,
+                       "queue_wait_s": 240, "cancel_s": 5}}],
    "faults": [{"kind": "storm_429", "org": "solo", "start": "30s",
                "duration": "10s", "probability": 0.5, "retry_after": "2s"}],
    "prompt_caching": false, "unlimited": false, "ledger_retain": 0}
 Fault kinds: storm_429, overloaded_529, server_error_500,
 server_error_500_html, connection_reset, truncated_body, slow
 (extra_latency), key_revoked (key_fingerprint), spend_cap (spend_cap_usd),
-acceleration (factor, floor_rpm, window, baseline), colleague (fraction).
+acceleration (factor, floor_rpm, window, baseline), colleague (fraction);
+batches: batch_create_lost_500, batch_create_lost_reset, batch_not_found
+(window), batch_poll_404, batch_stall (fraction), batch_errored_api,
+batch_errored_overloaded, batch_errored_invalid, batch_results_cut.
 Times are API-equivalent; "from_now": true counts start from when a fault is
 added. Flags given on the command line override the file.
 
