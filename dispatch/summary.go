@@ -97,6 +97,8 @@ type Summary struct {
 	Projection               json.RawMessage     `json:"projection,omitempty"`
 	Extra                    map[string]any      `json:"extra,omitempty"`
 	Orgs                     []map[string]string `json:"orgs"`
+	// Cache is present when the run had a result cache.
+	Cache *CacheSummary `json:"cache,omitempty"`
 }
 
 func (e *Engine) summarize(ctx context.Context) (*Summary, error) {
@@ -145,6 +147,7 @@ func (e *Engine) summarize(ctx context.Context) (*Summary, error) {
 	for _, l := range e.allLanes() {
 		s.Lanes = append(s.Lanes, l.Snapshot(now))
 	}
+	s.Cache = e.cacheSummary(agg)
 	dl, err := CheckResults(e.cfg.ResultsPath, agg)
 	if err != nil {
 		return nil, err
