@@ -22,16 +22,16 @@ const (
 // batches, and only then appends their result lines, so results.jsonl never
 // holds anything the store does not.
 type committer struct {
-	st  store.Store
-	rf  *resultsFile
-	c   *counters
-	ev  *EventLog
-	in  chan queued
+	st store.Store
+	rf *resultsFile
+	c  *counters
+	ev *EventLog
+	in chan queued
 	// cache, when set, stores the entries of successes (queued.put) in
 	// the same group commit as their results, just before them.
 	cache *cache.Cache
-	mu  sync.Mutex
-	err error
+	mu    sync.Mutex
+	err   error
 	// failed is set when a commit failed: the run must stop; nothing more
 	// is marked done.
 	failed atomic.Bool
