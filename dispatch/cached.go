@@ -5,12 +5,15 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
+	"os"
 	"time"
 
 	"github.com/apidispatch/apidispatch/anthropic"
 	"github.com/apidispatch/apidispatch/cache"
 	"github.com/apidispatch/apidispatch/cost"
 	"github.com/apidispatch/apidispatch/store"
+	"github.com/apidispatch/apidispatch/workload"
 )
 
 // The cache seam. The feeder keys every pending item it streams (when the
@@ -236,4 +239,97 @@ func (e *Engine) cacheSummary(agg store.Aggregate) *CacheSummary {
 		Misses: agg.Succeeded + agg.Errored - hits, SavedUSD: cost.Nanos(agg.Counters[CounterCacheSavedNanos]).USD(),
 		Damaged: e.c.cacheDamaged.Load(),
 	}
+}
+
+// CacheHits is what the cache would answer of an input before it is sent.
+type CacheHits struct {
+	// Misses is the workload still to send: the input less its hits and
+	// less all but one of each set of duplicates.
+	Misses *workload.Summary
+	// Hits are the items answered without a request of their own, and
+	// Saved what the cached ones cost when they were sent (a duplicate
+	// saves about as much again, not counted: its request has no price yet).
+	Hits, InputDuplicates int64
+	Saved                 cost.Nanos
+}
+
+// ProjectCache reads the input and looks every item up in c as a run with
+// the same settings would, for 'plan' and the run's projection: only the
+// misses are projected. It reads the cache, never writes it.
+func ProjectCache(ctx context.Context, path string, ws *workload.Summary, c *cache.Cache, mode cache.Mode, sampled bool) (*CacheHits, error) {
+	out := &CacheHits{Misses: &workload.Summary{N: ws.N, Lines: ws.Lines, Bytes: ws.Bytes, Hash: ws.Hash, LongestLine: ws.LongestLine, Models: maps.Clone(ws.Models)}}
+	if c == nil || mode == cache.ModeOff {
+		return out, nil
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	seen := map[cache.Key]bool{}
+	var batch []store.Item
+	var keys []cache.Key
+	drop := func(it store.Item) {
+		ms := out.Misses.Models[it.Model]
+		ms.N--
+		ms.MaxTokens -= it.MaxTokens
+		ms.EstInput -= it.EstInput
+		out.Misses.Models[it.Model] = ms
+		out.Misses.N--
+	}
+	flush := func() error {
+		if len(keys) == 0 {
+			return nil
+		}
+		var hits map[cache.Key]cache.Entry
+		if mode.Reads() {
+			var err error
+			if hits, _, err = c.Get(ctx, keys); err != nil {
+				return err
+			}
+		}
+		for i, it := range batch {
+			k := keys[i]
+			if h, ok := hits[k]; ok {
+				out.Hits++
+				out.Saved += cost.Nanos(h.CostNanos)
+				drop(it)
+				continue
+			}
+			if seen[k] {
+				out.Hits++
+				out.InputDuplicates++
+				drop(it)
+				continue
+			}
+			seen[k] = true
+		}
+		batch, keys = batch[:0], keys[:0]
+		return nil
+	}
+	err = workload.Scan(path, func(it store.Item) error {
+		body, err := workload.ReadAt(f, it)
+		if err != nil {
+			return err
+		}
+		if !sampled && cache.Sampled(body) {
+			return nil
+		}
+		k, err := cache.KeyOf(body)
+		if err != nil {
+			return nil
+		}
+		batch, keys = append(batch, it), append(keys, k)
+		if len(keys) == 1024 {
+			return flush()
+		}
+		return nil
+	})
+	if err == nil {
+		err = flush()
+	}
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
 }

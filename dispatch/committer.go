@@ -169,10 +169,14 @@ func (m *committer) commit(qs []queued) {
 		m.fail(err)
 		return
 	}
-	var succ, errd, costN int64
+	var succ, errd, costN, hits, saved int64
 	for i, o := range batch {
 		if res.RSeq[i] == 0 {
 			continue // already terminal: never a second line
+		}
+		if qs[i].hit {
+			hits++
+			saved += int64(qs[i].saved)
 		}
 		if err := m.rf.append(o.Line); err != nil {
 			m.fail(err)
@@ -192,6 +196,8 @@ func (m *committer) commit(qs []queued) {
 	m.c.succeeded.Add(succ)
 	m.c.errored.Add(errd)
 	m.c.costN.Add(costN)
+	m.c.cacheHits.Add(hits)
+	m.c.cacheSaved.Add(saved)
 }
 
 // Counter names kept in the store.

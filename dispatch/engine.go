@@ -275,6 +275,7 @@ type counters struct {
 	succeeded, errored                              atomic.Int64 // this run, committed
 	costN                                           atomic.Int64 // this run, committed
 	cacheDamaged, cachePutFailed                    atomic.Int64 // damaged cache entries seen; entries not written
+	cacheHits, cacheSaved                           atomic.Int64 // this run, committed
 	lastAttempts, lastRL, lastOL, lastOther, lastMB int64        // flushed to the store
 }
 
