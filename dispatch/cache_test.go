@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/apidispatch/apidispatch/cache"
+	"github.com/apidispatch/apidispatch/cost"
 	"github.com/apidispatch/apidispatch/dispatch"
 	"github.com/apidispatch/apidispatch/sim"
 	"github.com/apidispatch/apidispatch/workload"
@@ -153,6 +154,15 @@ func TestCacheHalfOverlapSendsTheOtherHalf(t *testing.T) {
 	writeLines(t, b, lines[200:600]) // 200 of A's, 200 new
 	h.runInto(a, "a", c, nil)
 	sent := h.sim.Server.LedgerTotals().Requests
+	// plan projects only the misses.
+	ws, err := dispatch.Validate(b, cost.Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ph, err := dispatch.ProjectCache(context.Background(), b, ws, c, cache.ModeReadWrite, false)
+	if err != nil || ph.Hits != 200 || ph.Misses.N != 200 || ph.Misses.Models[workload.DefaultModel].N != 200 || ph.Saved <= 0 {
+		t.Fatalf("ProjectCache: %+v, %v", ph, err)
+	}
 	s := h.runInto(b, "b", c, nil)
 	if d := h.sim.Server.LedgerTotals().Requests - sent; d != 200 {
 		t.Fatalf("the overlapping input sent %d requests, want exactly 200", d)
@@ -205,6 +215,13 @@ func TestCacheDuplicatesInOneInputAreSentOnce(t *testing.T) {
 	}
 	in := filepath.Join(filepath.Dir(h.dir), "dups.jsonl")
 	writeLines(t, in, lines)
+	ws, err := dispatch.Validate(in, cost.Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ph, err := dispatch.ProjectCache(context.Background(), in, ws, c, cache.ModeReadWrite, false); err != nil || ph.Misses.N != n || ph.InputDuplicates != n {
+		t.Fatalf("ProjectCache of the duplicates: %+v, %v", ph, err)
+	}
 	s := h.runInto(in, "dups", c, nil)
 	if got := h.sim.Server.LedgerTotals().Requests; got != n {
 		t.Fatalf("%d requests for %d distinct requests", got, n)

@@ -80,12 +80,9 @@ func (e *Engine) keyItems(ctx context.Context, items []store.Item, com *committe
 		if err != nil {
 			return nil, fmt.Errorf("reading item %s: %w", it.CustomID, err)
 		}
-		if !e.cfg.CacheSampled && cache.Sampled(body) {
-			continue
-		}
-		k, err := cache.KeyOf(body)
-		if err != nil {
-			continue // validation passed it; an unkeyable item is simply sent
+		k, sampled, err := cache.Inspect(body)
+		if err != nil || sampled && !e.cfg.CacheSampled {
+			continue // not shared; an unkeyable item (validation passed it) is simply sent
 		}
 		out[i].key, out[i].keyed = k, true
 		keys = append(keys, k)
@@ -312,11 +309,8 @@ func ProjectCache(ctx context.Context, path string, ws *workload.Summary, c *cac
 		if err != nil {
 			return err
 		}
-		if !sampled && cache.Sampled(body) {
-			return nil
-		}
-		k, err := cache.KeyOf(body)
-		if err != nil {
+		k, isSampled, err := cache.Inspect(body)
+		if err != nil || isSampled && !sampled {
 			return nil
 		}
 		batch, keys = append(batch, it), append(keys, k)
