@@ -329,3 +329,41 @@ func (c *Cache) Put(ctx context.Context, entries []Entry) (added int64, err erro
 	}
 	return added, nil
 }
+
+// Costs returns, for the keys present, what each stored request cost,
+// without reading the bodies (for projections; a damaged entry counts as
+// present here and is a miss when a run reads it with Get).
+func (c *Cache) Costs(ctx context.Context, keys []Key) (map[Key]int64, error) {
+	out := make(map[Key]int64, len(keys))
+	for len(keys) > 0 {
+		n := min(len(keys), lookupChunk)
+		chunk := keys[:n]
+		keys = keys[n:]
+		args := make([]any, n)
+		for i := range chunk {
+			args[i] = chunk[i][:]
+		}
+		rows, err := c.db.QueryContext(ctx, `SELECT key, cost_nanos FROM entries WHERE key IN (?`+strings.Repeat(",?", n-1)+`)`, args...)
+		if err != nil {
+			return nil, c.errorf(err, "lookup")
+		}
+		for rows.Next() {
+			var k []byte
+			var cn int64
+			if err := rows.Scan(&k, &cn); err != nil {
+				rows.Close()
+				return nil, c.errorf(err, "lookup")
+			}
+			var key Key
+			if copy(key[:], k) == len(key) {
+				out[key] = cn
+			}
+		}
+		err = rows.Err()
+		rows.Close()
+		if err != nil {
+			return nil, c.errorf(err, "lookup")
+		}
+	}
+	return out, nil
+}

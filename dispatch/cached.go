@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"maps"
 	"os"
+	"runtime"
+	"sync"
 	"time"
 
 	"github.com/apidispatch/apidispatch/anthropic"
@@ -252,7 +254,9 @@ type CacheHits struct {
 
 // ProjectCache reads the input and looks every item up in c as a run with
 // the same settings would, for 'plan' and the run's projection: only the
-// misses are projected. It reads the cache, never writes it.
+// misses are projected. It reads the cache, never writes it. Batches of
+// items are keyed and looked up on every core (it runs before anything is
+// sent); the counts do not depend on the order they finish in.
 func ProjectCache(ctx context.Context, path string, ws *workload.Summary, c *cache.Cache, mode cache.Mode, sampled bool) (*CacheHits, error) {
 	out := &CacheHits{Misses: &workload.Summary{N: ws.N, Lines: ws.Lines, Bytes: ws.Bytes, Hash: ws.Hash, LongestLine: ws.LongestLine, Models: maps.Clone(ws.Models)}}
 	if c == nil || mode == cache.ModeOff {
@@ -263,9 +267,93 @@ func ProjectCache(ctx context.Context, path string, ws *workload.Summary, c *cac
 		return nil, err
 	}
 	defer f.Close()
-	seen := map[cache.Key]bool{}
-	var batch []store.Item
-	var keys []cache.Key
+	type keyed struct {
+		it    store.Item
+		key   cache.Key
+		hit   bool
+		costN int64
+	}
+	parent := ctx
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	batches := make(chan []store.Item, runtime.GOMAXPROCS(0))
+	done := make(chan []keyed, runtime.GOMAXPROCS(0))
+	var errMu sync.Mutex
+	var firstErr error
+	setErr := func(err error) {
+		errMu.Lock()
+		if firstErr == nil {
+			firstErr = err
+		}
+		errMu.Unlock()
+		cancel()
+	}
+	var workers sync.WaitGroup
+	for range runtime.GOMAXPROCS(0) {
+		workers.Go(func() {
+			for b := range batches {
+				var ks []keyed
+				var keys []cache.Key
+				for _, it := range b {
+					body, err := workload.ReadAt(f, it)
+					if err != nil {
+						setErr(err)
+						return
+					}
+					k, isSampled, err := cache.Inspect(body)
+					if err != nil || isSampled && !sampled {
+						continue
+					}
+					ks, keys = append(ks, keyed{it: it, key: k}), append(keys, k)
+				}
+				if mode.Reads() && len(keys) > 0 {
+					costs, err := c.Costs(ctx, keys)
+					if err != nil {
+						setErr(err)
+						return
+					}
+					for i := range ks {
+						ks[i].costN, ks[i].hit = costs[ks[i].key]
+					}
+				}
+				select {
+				case done <- ks:
+				case <-ctx.Done():
+					return
+				}
+			}
+		})
+	}
+	go func() {
+		workers.Wait()
+		close(done)
+	}()
+	var scanErr error
+	scanDone := make(chan struct{})
+	go func() {
+		defer close(scanDone)
+		defer close(batches)
+		batch := make([]store.Item, 0, 1024)
+		scanErr = workload.Scan(path, func(it store.Item) error {
+			batch = append(batch, it)
+			if len(batch) < cap(batch) {
+				return nil
+			}
+			select {
+			case batches <- batch:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+			batch = make([]store.Item, 0, 1024)
+			return nil
+		})
+		if scanErr == nil && len(batch) > 0 {
+			select {
+			case batches <- batch:
+			case <-ctx.Done():
+			}
+		}
+	}()
 	drop := func(it store.Item) {
 		ms := out.Misses.Models[it.Model]
 		ms.N--
@@ -274,56 +362,34 @@ func ProjectCache(ctx context.Context, path string, ws *workload.Summary, c *cac
 		out.Misses.Models[it.Model] = ms
 		out.Misses.N--
 	}
-	flush := func() error {
-		if len(keys) == 0 {
-			return nil
-		}
-		var hits map[cache.Key]cache.Entry
-		if mode.Reads() {
-			var err error
-			if hits, _, err = c.Get(ctx, keys); err != nil {
-				return err
-			}
-		}
-		for i, it := range batch {
-			k := keys[i]
-			if h, ok := hits[k]; ok {
+	seen := map[cache.Key]bool{}
+	for ks := range done {
+		for _, k := range ks {
+			switch {
+			case k.hit:
 				out.Hits++
-				out.Saved += cost.Nanos(h.CostNanos)
-				drop(it)
-				continue
-			}
-			if seen[k] {
+				out.Saved += cost.Nanos(k.costN)
+				drop(k.it)
+			case seen[k.key]:
 				out.Hits++
 				out.InputDuplicates++
-				drop(it)
-				continue
+				drop(k.it)
+			default:
+				seen[k.key] = true
 			}
-			seen[k] = true
 		}
-		batch, keys = batch[:0], keys[:0]
-		return nil
 	}
-	err = workload.Scan(path, func(it store.Item) error {
-		body, err := workload.ReadAt(f, it)
-		if err != nil {
-			return err
-		}
-		k, isSampled, err := cache.Inspect(body)
-		if err != nil || isSampled && !sampled {
-			return nil
-		}
-		batch, keys = append(batch, it), append(keys, k)
-		if len(keys) == 1024 {
-			return flush()
-		}
-		return nil
-	})
-	if err == nil {
-		err = flush()
-	}
-	if err != nil {
-		return nil, err
+	// done is closed once every worker returned; the scanner returns
+	// once batches are drained or ctx ends (an error cancels it).
+	cancel()
+	<-scanDone
+	switch {
+	case firstErr != nil:
+		return nil, firstErr
+	case parent.Err() != nil:
+		return nil, parent.Err()
+	case scanErr != nil:
+		return nil, scanErr
 	}
 	return out, nil
 }
