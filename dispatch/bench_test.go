@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/apidispatch/apidispatch/cache"
 	"github.com/apidispatch/apidispatch/dispatch"
 	"github.com/apidispatch/apidispatch/internal/host"
 	"github.com/apidispatch/apidispatch/sim"
@@ -312,4 +313,48 @@ func bareLoop(b *testing.B, h *harness, conc int) (float64, time.Duration) {
 		b.Fatalf("bare loop: %d of %d requests failed", failed.Load(), len(bodies))
 	}
 	return float64(len(bodies)) / el.Seconds(), cpu
+}
+
+// BenchmarkCacheOverhead is BenchmarkOverhead's run (a zero-latency,
+// unlimited simulator, 30,000 items) without a cache, with a cold cache
+// (every item keyed, looked up, missed and stored) and with a warm one
+// (every item answered from it): the CPU the cache adds per item.
+func BenchmarkCacheOverhead(b *testing.B) {
+	const n = 30000
+	for range b.N {
+		h := newHarness(b, sim.PresetOrigin3Org, 1, n, func(c *sim.Config) {
+			c.Unlimited = true
+			c.Latency = sim.LatencyConfig{Zero: true}
+			c.LedgerRetain = -1
+		})
+		c, err := cache.Open(filepath.Join(b.TempDir(), "cache.db"))
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer c.Close()
+		for _, arm := range []string{"none", "cold", "warm"} {
+			ctx := context.Background()
+			job, err := dispatch.OpenJob(ctx, dispatch.JobConfig{InputPath: h.input, RunDir: h.dir + arm, Prices: costDefault()}, nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			cfg := dispatch.Config{Orgs: h.orgs, BaseURL: h.sim.URL, Prices: costDefault(), SampleEvery: -1}
+			if arm != "none" {
+				cfg.Cache = c
+			}
+			eng, err := job.Engine(cfg)
+			if err != nil {
+				b.Fatal(err)
+			}
+			t0, c0 := time.Now(), host.ProcessCPU()
+			res, err := eng.Run(ctx)
+			el, cpu := time.Since(t0), host.ProcessCPU()-c0
+			job.Close()
+			if err != nil || res.Summary.Succeeded != n {
+				b.Fatalf("%s: %v, %d succeeded", arm, err, res.Summary.Succeeded)
+			}
+			b.ReportMetric(float64(n)/el.Seconds(), arm+"-items/s")
+			b.ReportMetric(float64(cpu.Microseconds())/n, arm+"-cpu-µs/item")
+		}
+	}
 }

@@ -6,6 +6,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/apidispatch/apidispatch/cache"
+	"github.com/apidispatch/apidispatch/cost"
 	"github.com/apidispatch/apidispatch/store"
 )
 
@@ -20,33 +22,60 @@ const (
 // batches, and only then appends their result lines, so results.jsonl never
 // holds anything the store does not.
 type committer struct {
-	st  store.Store
-	rf  *resultsFile
-	c   *counters
-	ev  *EventLog
-	in  chan store.Outcome
-	mu  sync.Mutex
-	err error
+	st store.Store
+	rf *resultsFile
+	c  *counters
+	ev *EventLog
+	in chan queued
+	// cache, when set, stores the entries of successes (queued.put) in
+	// the same group commit as their results, just before them.
+	cache *cache.Cache
+	mu    sync.Mutex
+	err   error
 	// failed is set when a commit failed: the run must stop; nothing more
 	// is marked done.
 	failed atomic.Bool
 	closed bool
+	// warnedPut: a failed cache write has been reported.
+	warnedPut bool
 	// journalKey, when set, is the store counter that records how many of
 	// the attempt journal's maybe-billed records have been flushed.
 	journalKey string
 }
 
 func newCommitter(st store.Store, rf *resultsFile, c *counters, ev *EventLog) *committer {
-	return &committer{st: st, rf: rf, c: c, ev: ev, in: make(chan store.Outcome, 4096)}
+	return &committer{st: st, rf: rf, c: c, ev: ev, in: make(chan queued, 4096)}
+}
+
+// queued is an outcome waiting for the committer, with what it means for
+// the cache.
+type queued struct {
+	store.Outcome
+	// hit: the item was answered without a request; saved is what that
+	// request cost when it was sent, dup whether the answer came from a
+	// duplicate inside the input rather than the cache file.
+	hit   bool
+	dup   bool
+	saved cost.Nanos
+	// put is the cache entry of a success, when the run writes the cache.
+	put *cache.Entry
 }
 
 // submit queues an outcome; after a failure it is dropped (the item stays
 // pending in the store and is sent again on resume).
-func (m *committer) submit(o store.Outcome) {
+func (m *committer) submit(o store.Outcome) { m.submitQ(queued{Outcome: o}) }
+
+// submitHit queues the outcome of an item answered without a request.
+// It is safe to call from any goroutine.
+func (m *committer) submitHit(o store.Outcome, saved cost.Nanos, dup bool) {
+	m.submitQ(queued{Outcome: o, hit: true, dup: dup, saved: saved})
+}
+
+func (m *committer) submitQ(q queued) {
 	if m.failed.Load() {
 		return
 	}
-	m.in <- o
+	m.in <- q
 }
 
 func (m *committer) fail(err error) {
@@ -67,7 +96,7 @@ func (m *committer) close() {
 }
 
 func (m *committer) run() {
-	batch := make([]store.Outcome, 0, commitMax)
+	batch := make([]queued, 0, commitMax)
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	for {
@@ -101,23 +130,53 @@ func (m *committer) run() {
 	}
 }
 
-func (m *committer) commit(batch []store.Outcome) {
+func (m *committer) commit(qs []queued) {
 	if m.failed.Load() {
 		return
 	}
 	ctr := m.takeCounters()
-	if len(batch) == 0 && len(ctr) == 0 {
+	if len(qs) == 0 && len(ctr) == 0 {
 		return
+	}
+	batch := make([]store.Outcome, len(qs))
+	var puts []cache.Entry
+	for i, q := range qs {
+		batch[i] = q.Outcome
+		if q.hit {
+			ctr[CounterCacheHits]++
+			ctr[CounterCacheSavedNanos] += int64(q.saved)
+			if q.dup {
+				ctr[CounterCacheDuplicates]++
+			}
+		}
+		if q.put != nil && m.cache != nil {
+			puts = append(puts, *q.put)
+		}
+	}
+	if len(puts) > 0 {
+		// The cache only saves money: a write that fails is a warning,
+		// never a reason to hold back a result that is paid for.
+		if _, err := m.cache.Put(context.Background(), puts); err != nil {
+			m.c.cachePutFailed.Add(int64(len(puts)))
+			if !m.warnedPut {
+				m.warnedPut = true
+				m.ev.Emit(EventWarning, "writing the cache failed; results are kept, the cache misses them: "+err.Error(), nil)
+			}
+		}
 	}
 	res, err := m.st.Commit(context.Background(), store.Batch{Outcomes: batch, Counters: ctr})
 	if err != nil {
 		m.fail(err)
 		return
 	}
-	var succ, errd, costN int64
+	var succ, errd, costN, hits, saved int64
 	for i, o := range batch {
 		if res.RSeq[i] == 0 {
 			continue // already terminal: never a second line
+		}
+		if qs[i].hit {
+			hits++
+			saved += int64(qs[i].saved)
 		}
 		if err := m.rf.append(o.Line); err != nil {
 			m.fail(err)
@@ -137,6 +196,8 @@ func (m *committer) commit(batch []store.Outcome) {
 	m.c.succeeded.Add(succ)
 	m.c.errored.Add(errd)
 	m.c.costN.Add(costN)
+	m.c.cacheHits.Add(hits)
+	m.c.cacheSaved.Add(saved)
 }
 
 // Counter names kept in the store.

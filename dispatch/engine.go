@@ -31,6 +31,7 @@ import (
 	"time"
 
 	"github.com/apidispatch/apidispatch/anthropic"
+	"github.com/apidispatch/apidispatch/cache"
 	"github.com/apidispatch/apidispatch/cost"
 	"github.com/apidispatch/apidispatch/org"
 	"github.com/apidispatch/apidispatch/ratelimit"
@@ -104,6 +105,14 @@ type Config struct {
 	Log     *slog.Logger
 	// SampleEvery is the period of "sample" events for the report (default 1 s; <0 disables).
 	SampleEvery time.Duration
+	// Cache, when set, answers requests it holds without sending them and
+	// stores every success (as CacheMode says; "" is readwrite); items with
+	// the same canonical request inside the input are sent once. A sampled
+	// request (temperature above 0 or absent: the API's default is 1.0)
+	// is neither looked up, stored nor shared unless CacheSampled.
+	Cache        *cache.Cache
+	CacheMode    cache.Mode
+	CacheSampled bool
 }
 
 // DefaultGiveUpAfter is Config.GiveUpAfter's default.
@@ -178,6 +187,9 @@ type work struct {
 	transient int // consecutive transient failures (for back-off)
 	notBefore time.Time
 	heapIdx   int
+	key       cache.Key // the canonical request's key, when keyed
+	keyed     bool
+	sending   bool // an attempt is in flight
 }
 
 type attempt struct {
@@ -220,7 +232,12 @@ type Engine struct {
 	ready   map[anthropic.Pool][]*work
 	nready  int
 	delayed delayHeap
-	held    int // items in memory (ready+delayed+in flight)
+	held    int // items in memory (ready+delayed+in flight+followers)
+	// leaders are the keyed items being sent (queued, delayed or in
+	// flight), one per key; followers the items of the same key waiting
+	// for its answer.
+	leaders   map[cache.Key]*work
+	followers map[cache.Key][]*work
 
 	inflight    int
 	inflightPub atomic.Int64
@@ -257,6 +274,8 @@ type counters struct {
 	maybeBilled                                     atomic.Int64
 	succeeded, errored                              atomic.Int64 // this run, committed
 	costN                                           atomic.Int64 // this run, committed
+	cacheDamaged, cachePutFailed                    atomic.Int64 // damaged cache entries seen; entries not written
+	cacheHits, cacheSaved                           atomic.Int64 // this run, committed
 	lastAttempts, lastRL, lastOL, lastOther, lastMB int64        // flushed to the store
 }
 
@@ -293,10 +312,14 @@ func New(cfg Config) (*Engine, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
+	if cfg.CacheMode == "" {
+		cfg.CacheMode = cache.ModeReadWrite
+	}
 	if cfg.NewGate == nil {
 		cfg.NewGate = func(c LaneConfig) Gate { return NewLane(c) }
 	}
-	e := &Engine{cfg: cfg, base: base, log: cfg.Log, lanes: map[anthropic.Pool][]*laneRef{}, ready: map[anthropic.Pool][]*work{}}
+	e := &Engine{cfg: cfg, base: base, log: cfg.Log, lanes: map[anthropic.Pool][]*laneRef{}, ready: map[anthropic.Pool][]*work{},
+		leaders: map[cache.Key]*work{}, followers: map[cache.Key][]*work{}}
 	e.client = cfg.Client
 	if e.client == nil {
 		conns := 0
@@ -454,6 +477,9 @@ func (e *Engine) Run(ctx context.Context) (*Result, error) {
 		}
 	}
 	com := newCommitter(st, rf, &e.c, e.cfg.Events)
+	if e.caching() && e.cfg.CacheMode.Writes() {
+		com.cache = e.cfg.Cache
+	}
 	if e.jr != nil {
 		com.journalKey = e.jr.key
 	}
@@ -462,7 +488,7 @@ func (e *Engine) Run(ctx context.Context) (*Result, error) {
 
 	// The feeder streams pending items in input order.
 	feedCtx, stopFeed := context.WithCancel(ctx)
-	feed := make(chan []store.Item, 2)
+	feed := make(chan []fed, 2)
 	var feedErr error
 	wg.Go(func() {
 		defer close(feed)
@@ -481,13 +507,16 @@ func (e *Engine) Run(ctx context.Context) (*Result, error) {
 					n++
 				}
 				if n < len(items) {
-					items = items[:n]
-					if n == 0 {
+					fs, err := e.keyItems(feedCtx, items[:n], com)
+					if err != nil {
+						feedErr = err
 						return
 					}
-					select {
-					case feed <- items:
-					case <-feedCtx.Done():
+					if len(fs) > 0 {
+						select {
+						case feed <- fs:
+						case <-feedCtx.Done():
+						}
 					}
 					return
 				}
@@ -496,8 +525,18 @@ func (e *Engine) Run(ctx context.Context) (*Result, error) {
 				return
 			}
 			after = items[len(items)-1].Seq
+			fs, err := e.keyItems(feedCtx, items, com)
+			if err != nil {
+				if feedCtx.Err() == nil {
+					feedErr = err
+				}
+				return
+			}
+			if len(fs) == 0 {
+				continue // every one was a hit
+			}
 			select {
-			case feed <- items:
+			case feed <- fs:
 			case <-feedCtx.Done():
 				return
 			}
@@ -567,7 +606,7 @@ func (e *Engine) signal() {
 }
 
 // schedule is the admission loop. It owns the item queues.
-func (e *Engine) schedule(ctx context.Context, feed chan []store.Item, com *committer, workers *sync.WaitGroup) error {
+func (e *Engine) schedule(ctx context.Context, feed chan []fed, com *committer, workers *sync.WaitGroup) error {
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	sample := time.NewTicker(max(e.cfg.SampleEvery, time.Millisecond))
@@ -621,7 +660,7 @@ func (e *Engine) schedule(ctx context.Context, feed chan []store.Item, com *comm
 		if next != time.Duration(math.MaxInt64) {
 			timer.Reset(max(next, 200*time.Microsecond))
 		}
-		var feedC chan []store.Item
+		var feedC chan []fed
 		if wantFeed {
 			feedC = feed
 		}
@@ -636,12 +675,8 @@ func (e *Engine) schedule(ctx context.Context, feed chan []store.Item, com *comm
 				feedDone = true
 				continue
 			}
-			for _, it := range items {
-				w := &work{it: it, pool: anthropic.PoolOf(it.Model)}
-				e.lanesFor(w.pool, it.Model)
-				e.ready[w.pool] = append(e.ready[w.pool], w)
-				e.nready++
-				e.held++
+			for _, f := range items {
+				e.enqueue(f)
 			}
 		case a := <-e.results:
 			e.handle(a, com, stopping)
@@ -729,6 +764,7 @@ func (e *Engine) dropQueued() {
 	e.nready = 0
 	e.held -= len(e.delayed)
 	e.delayed = e.delayed[:0]
+	e.dropFollowers()
 }
 
 func (e *Engine) laneReasons() string {
@@ -829,6 +865,7 @@ func (e *Engine) worstCase(w *work) cost.Nanos {
 func (e *Engine) start1(w *work, l *laneRef, p Permit, workers *sync.WaitGroup) {
 	e.inflight++
 	e.inflightPub.Store(int64(e.inflight))
+	w.sending = true
 	w.attempts++
 	e.c.attempts.Add(1)
 	a := &attempt{w: w, lane: l, permit: p}
@@ -932,6 +969,7 @@ func (e *Engine) handle(a *attempt, com *committer, stopping bool) {
 	now := time.Now()
 	defer e.signal()
 	w, l, o := a.w, a.lane, a.outcome
+	w.sending = false
 	e.noteReach(now, a)
 	if a.orgIDHdr != "" {
 		e.noteOrgID(l.org, a.orgIDHdr)
@@ -950,12 +988,18 @@ func (e *Engine) handle(a *attempt, com *committer, stopping bool) {
 		e.spent += a.costN
 		e.held--
 		l.org.completed.Add(1)
-		com.submit(e.outcome(a, store.Succeeded))
+		q := queued{Outcome: e.outcome(a, store.Succeeded)}
+		if w.keyed {
+			q.put = cacheEntry(a, now)
+		}
+		com.submitQ(q)
+		e.settleKey(a, true, stopping, com)
 		return
 	case anthropic.Terminal:
 		e.held--
 		l.org.completed.Add(1)
 		com.submit(e.outcome(a, store.Errored))
+		e.settleKey(a, false, stopping, com)
 		return
 	case anthropic.LaneFatal:
 		reason := o.Reason
@@ -991,6 +1035,7 @@ func (e *Engine) handle(a *attempt, com *committer, stopping bool) {
 	}
 	if stopping {
 		e.held-- // stays pending in the store
+		e.settleKey(a, false, true, com)
 		return
 	}
 	heap.Push(&e.delayed, w)

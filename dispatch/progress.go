@@ -67,6 +67,10 @@ func ProgressLine(p Progress) string {
 	if p.ETA > 0 {
 		eta = (time.Duration(p.ETA) * time.Second).String()
 	}
-	return fmt.Sprintf("%d/%d (%.1f%%)  %.0f req/min  ETA %s  $%.4f  in flight %d  429s %d  retries %d",
+	line := fmt.Sprintf("%d/%d (%.1f%%)  %.0f req/min  ETA %s  $%.4f  in flight %d  429s %d  retries %d",
 		p.Done, p.Total, pct, p.RequestsPerMin, eta, p.CostUSD, p.InFlight, p.RateLimited, p.Retries)
+	if p.CacheHits > 0 {
+		line += fmt.Sprintf("  cache hits %d ($%.4f saved)", p.CacheHits, p.CacheSavedUSD)
+	}
+	return line
 }

@@ -100,6 +100,8 @@ type Summary struct {
 	// processes seen on the same keys, the periods run on a local share.
 	Shared any                 `json:"shared,omitempty"`
 	Orgs   []map[string]string `json:"orgs"`
+	// Cache is present when the run had a result cache.
+	Cache *CacheSummary `json:"cache,omitempty"`
 }
 
 func (e *Engine) summarize(ctx context.Context) (*Summary, error) {
@@ -148,6 +150,7 @@ func (e *Engine) summarize(ctx context.Context) (*Summary, error) {
 	for _, l := range e.allLanes() {
 		s.Lanes = append(s.Lanes, l.Snapshot(now))
 	}
+	s.Cache = e.cacheSummary(agg)
 	dl, err := CheckResults(e.cfg.ResultsPath, agg)
 	if err != nil {
 		return nil, err
@@ -285,6 +288,10 @@ type Progress struct {
 	Retries        int64          `json:"retries"`
 	ElapsedS       float64        `json:"elapsed_s"`
 	Lanes          []LaneSnapshot `json:"lanes"`
+	// CacheHits are items answered without a request in this run, and
+	// CacheSavedUSD what those requests cost when they were sent.
+	CacheHits     int64   `json:"cache_hits,omitempty"`
+	CacheSavedUSD float64 `json:"cache_saved_usd,omitempty"`
 }
 
 // Progress returns a snapshot of the run. It is safe to call from any goroutine.
@@ -296,6 +303,7 @@ func (e *Engine) Progress() Progress {
 		Done: e.doneStart + succ + errd, Total: e.total, Succeeded: succ, Errored: errd,
 		CostUSD: cost.Nanos(e.c.costN.Load()).USD(), RateLimited: e.c.rateLimited.Load(),
 		Retries: e.c.rateLimited.Load() + e.c.overloaded.Load() + e.c.otherRetries.Load(), ElapsedS: el,
+		CacheHits: e.c.cacheHits.Load(), CacheSavedUSD: cost.Nanos(e.c.cacheSaved.Load()).USD(),
 	}
 	if el > 0 {
 		p.RequestsPerMin = float64(succ+errd) / el * 60

@@ -86,6 +86,15 @@ type ProjectionJSON struct {
 	Pools                 []PoolJSON  `json:"pools"`
 	Models                []ModelJSON `json:"models"`
 	Assumptions           []string    `json:"assumptions"`
+	// Cache is present when a result cache answers part of the input: n
+	// and every projected figure cover only the rest.
+	Cache *CacheJSON `json:"cache,omitempty"`
+}
+
+// CacheJSON is the projection's "cache" object.
+type CacheJSON struct {
+	Hits     int64   `json:"hits"`
+	SavedUSD float64 `json:"saved_usd"`
 }
 
 // Doc returns the projection and its gate decision as the 'plan --json'
@@ -105,6 +114,9 @@ func (p *Projection) Doc(g GateResult) ProjectionJSON {
 		Gate:          g.Decision, GateExplain: g.Explain,
 		Lanes: lanesJSON(p.Lanes), Baseline: lanesJSON(p.Baseline),
 		Pools: []PoolJSON{}, Models: []ModelJSON{}, Assumptions: append([]string{}, p.Assumptions...),
+	}
+	if p.Cached.Hits > 0 {
+		d.Cache = &CacheJSON{Hits: p.Cached.Hits, SavedUSD: usdF(p.Cached.Saved)}
 	}
 	for _, pp := range p.Pools {
 		d.Pools = append(d.Pools, PoolJSON{Pool: pp.Pool, N: pp.N, CeilingRPM: round3(pp.CeilingRPM), WallS: round3(pp.WallS), Arithmetic: pp.Arithmetic})

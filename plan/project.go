@@ -42,8 +42,11 @@ const rampS = 2.25
 // Input is what Project needs. Workload and Prices are required; every
 // other field's zero value means "not known" and is documented with it.
 type Input struct {
-	// Workload is the validated request file (workload.Validate).
+	// Workload is the validated request file (workload.Validate), or,
+	// with a result cache, the part of it the cache does not answer.
 	Workload *workload.Summary
+	// Cached are the items the result cache answers (not in Workload).
+	Cached Cached
 	// Prices is the price table; every model of the workload must be in it.
 	Prices *cost.Table
 	// Orgs are the org names the run will use, in order (the first of orgs
@@ -113,6 +116,15 @@ type Projection struct {
 	// Assumptions says, in words, every figure that was assumed rather than
 	// measured.
 	Assumptions []string
+	// Cached are the items the result cache answers, outside N.
+	Cached Cached
+}
+
+// Cached is what a result cache answers of an input without a request:
+// Hits items, whose requests cost Saved when they were sent.
+type Cached struct {
+	Hits  int64
+	Saved cost.Nanos
 }
 
 // ModelProjection is one model's share of a projection (one arm).
@@ -194,7 +206,7 @@ func Project(in Input) (*Projection, error) {
 	if speed <= 0 {
 		speed = 1
 	}
-	p := &Projection{N: in.Workload.N, Arms: arms, Speed: speed}
+	p := &Projection{N: in.Workload.N, Arms: arms, Speed: speed, Cached: in.Cached}
 	note := func(format string, a ...any) { p.Assumptions = append(p.Assumptions, fmt.Sprintf(format, a...)) }
 
 	pil := newPilotView(in)

@@ -23,6 +23,9 @@ func (p *Projection) WriteText(w io.Writer, g GateResult) error {
 	if p.Done > 0 {
 		fmt.Fprintf(bw, " (%s already done, %s spent)", commas(p.Done), usd(p.Spent))
 	}
+	if p.Cached.Hits > 0 {
+		fmt.Fprintf(bw, " to send; %s more answered by the result cache (%s saved)", commas(p.Cached.Hits), usd(p.Cached.Saved))
+	}
 	fmt.Fprintln(bw)
 	fmt.Fprintln(bw)
 

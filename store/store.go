@@ -158,7 +158,9 @@ type Store interface {
 	// Aggregate sums the run.
 	Aggregate(ctx context.Context) (Aggregate, error)
 	// LatencyPercentiles returns the latency (ms) at each quantile q in [0,1]
-	// over succeeded items (nearest rank); zeros when there are none.
+	// over succeeded items that were sent (Attempts > 0: an item answered
+	// from the result cache has no latency of its own), nearest rank;
+	// zeros when there are none.
 	LatencyPercentiles(ctx context.Context, qs []float64) ([]int64, error)
 	// Close releases the store. It is safe to call more than once.
 	Close() error

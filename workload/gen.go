@@ -57,8 +57,8 @@ func Generate(w io.Writer, shape Shape, n int, seed int64, opts GenOptions) erro
 	return fmt.Errorf("workload: unknown shape %q (want judge or chat)", shape)
 }
 
-// GenerateJudge writes n request lines of the Phase 6 judge shape to w: the
-// judge rubric as a system text block with cache_control ephemeral, and a
+// GenerateJudge writes n request lines of the Phase 6 judge shape to w, at
+// temperature 0: the judge rubric as a system text block with cache_control ephemeral, and a
 // user message of about 364 characters, "Question asked to the AI: … AI's
 // response: … Provide your evaluation as a JSON object.", whose question and
 // response (one of 32 variants) are picked by the seed and the item, and which ends the response with
@@ -79,7 +79,9 @@ func GenerateJudge(w io.Writer, n int, seed int64, opts GenOptions) error {
 		CacheControl cacheControl `json:"cache_control"`
 	}
 	sys, _ := json.Marshal([]textBlock{{Type: "text", Text: JudgeRubric, CacheControl: cacheControl{Type: "ephemeral"}}})
-	head := g.head(`,"system":` + string(sys) + `,"messages":[{"role":"user","content":"`)
+	// Temperature 0: a judge's verdict should not be a sample, and a
+	// request at temperature 0 is what the result cache keeps by default.
+	head := g.head(`,"temperature":0,"system":` + string(sys) + `,"messages":[{"role":"user","content":"`)
 	qs, rs, ops := escapeAll(judgeQuestions), escapeAll(judgeResponses), escapeAll(judgeOpeners)
 	q1 := jsonEscape("Question asked to the AI: ")
 	r1 := jsonEscape("\n\nAI's response: ")

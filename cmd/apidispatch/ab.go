@@ -82,6 +82,8 @@ func runAB(ctx context.Context, args []string, stdout, stderr io.Writer, tune fu
 	prices := fs.String("prices", "", "price table `FILE` overriding the embedded one")
 	quiet := fs.Bool("quiet", false, "no progress lines")
 	jsonOut := fs.Bool("json", false, "print the result JSON as one line on stdout")
+	var cf cacheFlags
+	cf.register(fs) // the dispatcher arm's; the legacy arm has no cache
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, `usage: apidispatch ab --n N [--confirm] [flags]
 
@@ -158,6 +160,16 @@ flags:`)
 			return exitUsage
 		}
 		cfg.Orgs = orgs
+	}
+	rc, cmode, err := cf.open(true)
+	if err != nil {
+		errf(stderr, "%v", err)
+		return exitUsage
+	}
+	if rc != nil {
+		defer rc.Close()
+		fmt.Fprintf(stderr, "the dispatcher arm uses the result cache %s (%s): its hits are not sent, so a warm cache makes the speed-up no like-for-like comparison\n", rc.Path(), cmode)
+		cfg.Dispatch = func(c *dispatch.Config) { cf.wire(c, rc, cmode) }
 	}
 	if tune != nil {
 		tune(&cfg)

@@ -24,6 +24,8 @@ func init() {
 func planCmd(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("plan", flag.ContinueOnError)
 	var sf sendFlags
+	var cf cacheFlags
+	cf.register(fs)
 	fs.StringVar(&sf.orgsFile, "orgs", "", "TOML file of orgs (`FILE`); without it, orgs come from the environment (only their names are used, except by --count-tokens)")
 	fs.StringVar(&sf.baseURL, "base-url", os.Getenv("ANTHROPIC_BASE_URL"), "API root `URL` for --count-tokens (env ANTHROPIC_BASE_URL; default https://api.anthropic.com)")
 	fs.Var(&sf.caps, "cap", "polite per-key concurrency caps `FAMILY=N,...` (default sonnet=100,haiku=120,opus=40,other=40)")
@@ -148,6 +150,18 @@ flags:`)
 				errf(stderr, "%v", err)
 				return exitUsage
 			}
+		}
+		rc, cmode, err := cf.open(false)
+		if err != nil {
+			errf(stderr, "%v", err)
+			return exitUsage
+		}
+		if rc != nil {
+			defer rc.Close()
+		}
+		if err := cf.project(ctx, rc, cmode, input, &in); err != nil {
+			errf(stderr, "%v", err)
+			return exitUsage
 		}
 	}
 

@@ -28,6 +28,8 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("run", flag.ContinueOnError)
 	var sf sendFlags
 	sf.register(fs)
+	var cf cacheFlags
+	cf.register(fs)
 	pilot := fs.Int64("pilot", 0, "send the first `N` items first, re-project cost from them and apply the gates again before the rest")
 	limitsFile := fs.String("limits", "", "limits `FILE` from 'apidispatch probe' for the projection")
 	expectOut := fs.Int64("expect-output", 0, "expected output tokens per request for the projection (`N`)")
@@ -108,14 +110,26 @@ flags:`)
 	for i, o := range orgs {
 		orgNames[i] = o.Name
 	}
+	rc, cmode, err := cf.open(true)
+	if err != nil {
+		errf(stderr, "%v", err)
+		return exitUsage
+	}
+	if rc != nil {
+		defer rc.Close()
+	}
 	pin := plan.Input{Workload: ws, Prices: prices, Orgs: orgNames, Caps: sf.caps, Limits: limits, ExpectOutput: *expectOut, Speed: sf.speed}
+	if err := cf.project(context.Background(), rc, cmode, input, &pin); err != nil {
+		errf(stderr, "%v", err)
+		return exitUsage
+	}
 	proj, err := plan.Project(pin)
 	if err != nil {
 		errf(stderr, "projecting: %v", err)
 		return exitUsage
 	}
 	gcfg := plan.GateConfig{Budget: budget, Tolerance: sf.tolerance, Confirm: sf.confirm}
-	if code := applyGate(proj, ws.N, gcfg, stderr); code != exitOK {
+	if code := applyGate(proj, pin.Workload.N, gcfg, stderr); code != exitOK {
 		return code
 	}
 	for _, r := range rotationReminders(orgs, time.Now()) {
@@ -133,7 +147,7 @@ flags:`)
 		return exitUsage
 	}
 	defer job.Close()
-	projJSON, _ := proj.JSON(plan.Gate(proj, ws.N, gcfg))
+	projJSON, _ := proj.JSON(plan.Gate(proj, pin.Workload.N, gcfg))
 
 	cfg := dispatch.Config{
 		Orgs: orgs, BaseURL: sf.baseURL, Caps: sf.caps, Speed: sf.speed, Prices: prices,
@@ -142,6 +156,7 @@ flags:`)
 	if *giveUp == 0 {
 		cfg.GiveUpAfter = -1 // the flag's 0 is "never"; the Config's is the default
 	}
+	cf.wire(&cfg, rc, cmode)
 	if *deadline > 0 {
 		cfg.Deadline = time.Now().Add(*deadline)
 	}
@@ -246,8 +261,8 @@ flags:`)
 			return exitIncomplete
 		}
 		fmt.Fprintf(stderr, "pilot of %d items done; re-projected expected cost %s (worst case %s)\n", *pilot, proj.ExpectedCost, proj.WorstCase)
-		projJSON, _ = proj.JSON(plan.Gate(proj, ws.N, gcfg))
-		if code := applyGate(proj, ws.N, gcfg, stderr); code != exitOK {
+		projJSON, _ = proj.JSON(plan.Gate(proj, pin.Workload.N, gcfg))
+		if code := applyGate(proj, pin.Workload.N, gcfg, stderr); code != exitOK {
 			return code
 		}
 	}
@@ -299,6 +314,9 @@ func finishRun(job *dispatch.Job, res *dispatch.Result, runErr error, sf sendFla
 	} else {
 		fmt.Fprintf(stdout, "%d succeeded, %d errored, %d unfinished of %d; cost $%.6f; %d attempts, %d 429s; %.0f req/min; data-loss check %s\n",
 			s.Succeeded, s.Errored, s.Unfinished, s.N, s.Cost.Total, s.Attempts, s.RateLimited429, s.RequestsPerMin, passFail(s.DataLoss.Passed))
+		if c := s.Cache; c != nil {
+			fmt.Fprintf(stdout, "cache: %d hits (%d duplicates inside the input), %d misses; $%.6f saved\n", c.Hits, c.InputDuplicates, c.Misses, c.SavedUSD)
+		}
 		fmt.Fprintf(stdout, "results: %s\nsummary: %s\n", job.ResultsPath, job.Dir+"/"+dispatch.SummaryFile)
 	}
 	switch {

@@ -242,7 +242,7 @@ const (
 	// resultsQuery streams result lines by rowid.
 	resultsQuery = `SELECT rseq, line FROM lines WHERE rseq > ? ORDER BY rseq`
 	// latenciesQuery reads the succeeded latencies in table order: no sort.
-	latenciesQuery = `SELECT latency_ms FROM results WHERE state = 'succeeded'`
+	latenciesQuery = `SELECT latency_ms FROM results WHERE state = 'succeeded' AND attempts > 0`
 )
 
 func (s *Store) prepare(ctx context.Context) error {

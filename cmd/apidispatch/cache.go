@@ -1,0 +1,186 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/apidispatch/apidispatch/cache"
+	"github.com/apidispatch/apidispatch/dispatch"
+	"github.com/apidispatch/apidispatch/plan"
+)
+
+func init() {
+	register("cache", "inspect a result cache file: stats, export, prune --older-than D", cacheCmd)
+}
+
+// cacheFlags are the result cache's flags of run, ab and plan.
+type cacheFlags struct {
+	path    string
+	mode    string
+	sampled bool
+}
+
+func (c *cacheFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&c.path, "cache", os.Getenv("APIDISPATCH_CACHE"), "result cache `FILE` (SQLite) shared across runs and processes: a request answered before is not sent again (env APIDISPATCH_CACHE)")
+	fs.StringVar(&c.mode, "cache-mode", "readwrite", "`MODE` of --cache: readwrite, read (answer hits, store nothing), write (store successes, answer nothing) or off")
+	fs.BoolVar(&c.sampled, "cache-sampled", false, "also cache requests with temperature above 0 or unset (the API's default is 1.0): their answer is one sample of many")
+}
+
+// open opens the cache the flags name; nil when there is none or it is
+// off, or (unless create) when the file does not exist yet.
+func (c *cacheFlags) open(create bool) (*cache.Cache, cache.Mode, error) {
+	mode, err := cache.ParseMode(c.mode)
+	if err != nil {
+		return nil, "", fmt.Errorf("--cache-mode: %w", err)
+	}
+	if c.path == "" || mode == cache.ModeOff {
+		return nil, cache.ModeOff, nil
+	}
+	if _, err := os.Stat(c.path); err != nil && !create {
+		return nil, cache.ModeOff, nil
+	}
+	cc, err := cache.Open(c.path)
+	return cc, mode, err
+}
+
+// project narrows a projection's input to what the cache does not answer.
+func (c *cacheFlags) project(ctx context.Context, cc *cache.Cache, mode cache.Mode, input string, in *plan.Input) error {
+	if cc == nil {
+		return nil
+	}
+	ch, err := dispatch.ProjectCache(ctx, input, in.Workload, cc, mode, c.sampled)
+	if err != nil {
+		return fmt.Errorf("looking the input up in the cache: %w", err)
+	}
+	in.Workload, in.Cached = ch.Misses, plan.Cached{Hits: ch.Hits, Saved: ch.Saved}
+	return nil
+}
+
+// wire sets a dispatcher's cache.
+func (c *cacheFlags) wire(cfg *dispatch.Config, cc *cache.Cache, mode cache.Mode) {
+	if cc != nil {
+		cfg.Cache, cfg.CacheMode, cfg.CacheSampled = cc, mode, c.sampled
+	}
+}
+
+func cacheCmd(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("cache", flag.ContinueOnError)
+	path := fs.String("cache", os.Getenv("APIDISPATCH_CACHE"), "the cache `FILE` (env APIDISPATCH_CACHE)")
+	olderThan := fs.String("older-than", "", "prune: delete entries stored more than `D` ago (Go duration, or days as 30d)")
+	jsonOut := fs.Bool("json", false, "stats: print one JSON object")
+	out := fs.String("out", "", "export: write to `FILE` instead of stdout")
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, `usage: apidispatch cache stats  [--cache FILE] [--json]
+       apidispatch cache export [--cache FILE] [--out FILE]
+       apidispatch cache prune  [--cache FILE] --older-than D
+
+stats prints the file's entries (by model), sizes, what the stored requests
+cost and the oldest and newest entry. export writes every entry as one JSON
+line (key, model, org, request_id, cost_usd, tokens, created_at, response).
+prune deletes entries older than D (e.g. 720h or 30d).
+
+flags:`)
+		fs.PrintDefaults()
+	}
+	if code, ok := parseFlags(fs, args, stderr); !ok {
+		return code
+	}
+	if fs.NArg() != 1 || *path == "" {
+		fs.Usage()
+		return exitUsage
+	}
+	sub := fs.Arg(0)
+	if sub != "stats" && sub != "export" && sub != "prune" {
+		fs.Usage()
+		return exitUsage
+	}
+	var cutoff time.Time
+	if sub == "prune" {
+		d, err := parseAge(*olderThan)
+		if err != nil {
+			errf(stderr, "--older-than: %v", err)
+			return exitUsage
+		}
+		cutoff = time.Now().Add(-d)
+	}
+	if _, err := os.Stat(*path); err != nil {
+		errf(stderr, "cache %s: %v", *path, err)
+		return exitUsage
+	}
+	c, err := cache.Open(*path)
+	if err != nil {
+		errf(stderr, "%v", err)
+		return exitUsage
+	}
+	defer c.Close()
+	ctx := context.Background()
+	switch sub {
+	case "stats":
+		s, err := c.Stats(ctx)
+		if err != nil {
+			errf(stderr, "%v", err)
+			return exitUsage
+		}
+		if *jsonOut {
+			b, _ := json.Marshal(s)
+			fmt.Fprintln(stdout, string(b))
+			return exitOK
+		}
+		fmt.Fprintf(stdout, "%s: format %d, %d entries, %d bytes of responses, %d bytes on disk, stored requests cost $%.6f\n", s.Path, s.Format, s.Entries, s.BodyBytes, s.FileBytes, s.CostUSD)
+		for m, n := range s.ByModel {
+			fmt.Fprintf(stdout, "  %-36s %d\n", m, n)
+		}
+		if s.Oldest != nil {
+			fmt.Fprintf(stdout, "oldest %s, newest %s\n", s.Oldest.Format(time.RFC3339), s.Newest.Format(time.RFC3339))
+		}
+	case "export":
+		w := stdout
+		if *out != "" {
+			f, err := os.Create(*out)
+			if err != nil {
+				errf(stderr, "%v", err)
+				return exitUsage
+			}
+			defer f.Close()
+			w = f
+		}
+		n, err := c.Export(ctx, w)
+		if err != nil {
+			errf(stderr, "%v", err)
+			return exitUsage
+		}
+		fmt.Fprintf(stderr, "exported %d entries\n", n)
+	case "prune":
+		n, err := c.Prune(ctx, cutoff)
+		if err != nil {
+			errf(stderr, "%v", err)
+			return exitUsage
+		}
+		fmt.Fprintf(stdout, "pruned %d entries stored before %s\n", n, cutoff.UTC().Format(time.RFC3339))
+	}
+	return exitOK
+}
+
+// parseAge reads a Go duration or a whole number of days ("30d").
+func parseAge(s string) (time.Duration, error) {
+	if s == "" {
+		return 0, fmt.Errorf("required, e.g. 720h or 30d")
+	}
+	if days, ok := strings.CutSuffix(s, "d"); ok {
+		var n int
+		if _, err := fmt.Sscanf(days, "%d", &n); err == nil && n >= 0 && fmt.Sprint(n) == days {
+			return time.Duration(n) * 24 * time.Hour, nil
+		}
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil || d < 0 {
+		return 0, fmt.Errorf("%q is not a duration like 720h or 30d", s)
+	}
+	return d, nil
+}

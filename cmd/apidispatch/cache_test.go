@@ -1,0 +1,153 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/apidispatch/apidispatch/dispatch"
+)
+
+func readSummary(t *testing.T, dir string) dispatch.Summary {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(dir, dispatch.SummaryFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var s dispatch.Summary
+	if err := json.Unmarshal(b, &s); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// The same input run twice into two run directories with one cache: the
+// second run sends nothing and costs nothing; plan, run's summary and
+// 'cache stats' agree on the figures.
+func TestRunTwiceWithOneCache(t *testing.T) {
+	t.Parallel()
+	const n = 400
+	r, input, runDir := simAndInput(t, 50, n)
+	cachePath := filepath.Join(t.TempDir(), "cache.db")
+	run := func(dir string) {
+		t.Helper()
+		c := cliCmd(r, "run", input, "--run-dir", dir, "--base-url", r.URL, "--speed", "50", "--quiet", "--cache", cachePath)
+		if out, err := c.CombinedOutput(); err != nil {
+			t.Fatalf("run %s: %v\n%s", dir, err, out)
+		}
+	}
+	run(runDir + "1")
+	sent := r.Server.LedgerTotals().Requests
+	first := readSummary(t, runDir+"1")
+
+	code, out, errOut := runCLI("plan", input, "--json", "--cache", cachePath)
+	if code != exitOK {
+		t.Fatalf("plan: exit %d: %s", code, errOut)
+	}
+	var p struct {
+		N     int64 `json:"n"`
+		Cache struct {
+			Hits     int64   `json:"hits"`
+			SavedUSD float64 `json:"saved_usd"`
+		} `json:"cache"`
+		Cost struct {
+			Expected float64 `json:"expected"`
+		} `json:"projected_cost_usd"`
+	}
+	if err := json.Unmarshal([]byte(out), &p); err != nil {
+		t.Fatalf("plan --json: %v\n%s", err, out)
+	}
+	if p.N != 0 || p.Cache.Hits != n || p.Cost.Expected != 0 {
+		t.Fatalf("plan of a cached input: %s", out)
+	}
+
+	run(runDir + "2")
+	if d := r.Server.LedgerTotals().Requests - sent; d != 0 {
+		t.Fatalf("second run sent %d requests", d)
+	}
+	s := readSummary(t, runDir+"2")
+	if s.Cost.TotalNanos != 0 || s.Cache == nil || s.Cache.Hits != n || s.Cache.SavedUSD != first.Cost.Total || !s.DataLoss.Passed {
+		t.Fatalf("second run's summary: cost %v, cache %+v, first cost %v", s.Cost, s.Cache, first.Cost.Total)
+	}
+
+	code, out, errOut = runCLI("cache", "stats", "--json", "--cache", cachePath)
+	var st struct {
+		Entries int64   `json:"entries"`
+		CostUSD float64 `json:"cost_usd"`
+	}
+	if code != exitOK || json.Unmarshal([]byte(out), &st) != nil || st.Entries != n {
+		t.Fatalf("cache stats: exit %d %s %s", code, out, errOut)
+	}
+	exp := filepath.Join(t.TempDir(), "export.jsonl")
+	if code, _, errOut := runCLI("cache", "export", "--cache", cachePath, "--out", exp); code != exitOK {
+		t.Fatalf("cache export: %s", errOut)
+	}
+	if b, _ := os.ReadFile(exp); bytes.Count(b, []byte("\n")) != n {
+		t.Fatalf("export has %d lines, want %d", bytes.Count(b, []byte("\n")), n)
+	}
+	if code, out, _ := runCLI("cache", "prune", "--cache", cachePath, "--older-than", "1h"); code != exitOK || !strings.Contains(out, "pruned 0 entries") {
+		t.Fatalf("prune --older-than 1h: exit %d, %s", code, out)
+	}
+	if code, out, _ := runCLI("cache", "prune", "--cache", cachePath, "--older-than", "0s"); code != exitOK || !strings.Contains(out, "pruned 400 entries") {
+		t.Fatalf("prune --older-than 0s: exit %d, %s", code, out)
+	}
+}
+
+// Two processes filling one cache at once: no error, no lost or duplicated
+// entry.
+func TestTwoProcessesFillOneCache(t *testing.T) {
+	if testing.Short() {
+		t.Skip("spawns processes")
+	}
+	t.Parallel()
+	const n = 1500
+	r, input, runDir := simAndInput(t, 50, n)
+	cachePath := filepath.Join(t.TempDir(), "cache.db")
+	var wg sync.WaitGroup
+	outs := make([][]byte, 2)
+	errs := make([]error, 2)
+	for i := range 2 {
+		wg.Go(func() {
+			// The write mode: both send every item and store every success.
+			c := cliCmd(r, "run", input, "--run-dir", runDir+string(rune('a'+i)), "--base-url", r.URL, "--speed", "50", "--quiet", "--cache", cachePath, "--cache-mode", "write")
+			outs[i], errs[i] = c.CombinedOutput()
+		})
+	}
+	wg.Wait()
+	for i := range 2 {
+		if errs[i] != nil {
+			t.Fatalf("process %d: %v\n%s", i, errs[i], outs[i])
+		}
+	}
+	if got := r.Server.LedgerTotals().Requests; got != 2*n {
+		t.Fatalf("%d requests, want %d", got, 2*n)
+	}
+	code, out, errOut := runCLI("cache", "stats", "--json", "--cache", cachePath)
+	var st struct {
+		Entries int64 `json:"entries"`
+	}
+	if code != exitOK || json.Unmarshal([]byte(out), &st) != nil || st.Entries != n {
+		t.Fatalf("cache stats after two writers: exit %d, %s %s; want %d entries", code, out, errOut, n)
+	}
+}
+
+func TestRunRefusesABadCacheFile(t *testing.T) {
+	t.Parallel()
+	r, input, runDir := simAndInput(t, 50, 10)
+	bad := filepath.Join(t.TempDir(), "cache.db")
+	if err := os.WriteFile(bad, bytes.Repeat([]byte("not a database\n"), 20), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c := cliCmd(r, "run", input, "--run-dir", runDir, "--base-url", r.URL, "--speed", "50", "--quiet", "--cache", bad)
+	out, err := c.CombinedOutput()
+	if c.ProcessState.ExitCode() != exitUsage || !strings.Contains(string(out), bad) {
+		t.Fatalf("run with a bad cache: %v\n%s", err, out)
+	}
+	if got := r.Server.LedgerTotals().Requests; got != 0 {
+		t.Fatalf("%d requests sent", got)
+	}
+}

@@ -1,0 +1,395 @@
+package dispatch
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"maps"
+	"os"
+	"runtime"
+	"sync"
+	"time"
+
+	"github.com/apidispatch/apidispatch/anthropic"
+	"github.com/apidispatch/apidispatch/cache"
+	"github.com/apidispatch/apidispatch/cost"
+	"github.com/apidispatch/apidispatch/store"
+	"github.com/apidispatch/apidispatch/workload"
+)
+
+// The cache seam. The feeder keys every pending item it streams (when the
+// run has a cache) and answers the hits itself: their result lines go
+// straight to the committer, and only the misses reach the scheduler. The
+// scheduler sends one item per key at a time (the leader); the items of the
+// same key behind it (duplicates inside the input) wait and are answered by
+// its success. A success is stored in the cache in the same group commit as
+// its result, just before it: a crash in between leaves an entry whose
+// result the resume answers from the cache, never a result without its
+// entry being attempted, and never a wrong one.
+
+// Store counters of the cache, so a resumed run counts its earlier hits.
+const (
+	CounterCacheHits       = "cache_hits"        // items answered without a request of their own
+	CounterCacheSavedNanos = "cache_saved_nanos" // what those requests cost when they were sent
+	CounterCacheDuplicates = "cache_duplicates"  // hits that were duplicates inside this input
+)
+
+// CacheSummary is the summary's "cache" object.
+type CacheSummary struct {
+	Mode string `json:"mode"`
+	// Hits are items answered without being sent: from the cache file, or
+	// by a duplicate of theirs inside the input (InputDuplicates of them).
+	Hits            int64 `json:"hits"`
+	InputDuplicates int64 `json:"input_duplicates"`
+	// Misses are items that ended by being sent (succeeded or errored).
+	Misses   int64   `json:"misses"`
+	SavedUSD float64 `json:"saved_usd"`
+	// Damaged counts entries found but refused (checksum), each a miss.
+	Damaged int64 `json:"damaged,omitempty"`
+}
+
+// fed is one pending item as the feeder hands it to the scheduler.
+type fed struct {
+	it    store.Item
+	key   cache.Key
+	keyed bool // key is set: the item may be answered by or for its duplicates
+}
+
+// answer is a success that answers items without a request of their own.
+type answer struct {
+	body      []byte
+	org       string
+	requestID string
+	costN     cost.Nanos
+}
+
+// caching reports whether the run keys its items at all.
+func (e *Engine) caching() bool { return e.cfg.Cache != nil && e.cfg.CacheMode != cache.ModeOff }
+
+// keyItems keys items and, when the mode reads, answers the cache's hits
+// through the committer. It returns the rest for the scheduler. It runs on
+// the feeder goroutine.
+func (e *Engine) keyItems(ctx context.Context, items []store.Item, com *committer) ([]fed, error) {
+	out := make([]fed, len(items))
+	var keys []cache.Key
+	for i, it := range items {
+		out[i].it = it
+		if !e.caching() {
+			continue
+		}
+		body, err := e.cfg.Body(it)
+		if err != nil {
+			return nil, fmt.Errorf("reading item %s: %w", it.CustomID, err)
+		}
+		k, sampled, err := cache.Inspect(body)
+		if err != nil || sampled && !e.cfg.CacheSampled {
+			continue // not shared; an unkeyable item (validation passed it) is simply sent
+		}
+		out[i].key, out[i].keyed = k, true
+		keys = append(keys, k)
+	}
+	if len(keys) == 0 || !e.cfg.CacheMode.Reads() {
+		return out, nil
+	}
+	hits, bad, err := e.cfg.Cache.Get(ctx, keys)
+	if err != nil {
+		return nil, err
+	}
+	for _, b := range bad {
+		e.c.cacheDamaged.Add(1)
+		e.log.Warn("a damaged cache entry is treated as a miss", "cache", e.cfg.Cache.Path(), "key", b.Key.String(), "reason", b.Reason)
+		e.cfg.Events.Emit(EventWarning, "cache "+e.cfg.Cache.Path()+": entry "+b.Key.String()+" is damaged ("+b.Reason+"); treated as a miss", nil)
+	}
+	rest := out[:0]
+	for _, f := range out {
+		h, ok := hits[f.key]
+		if !f.keyed || !ok {
+			rest = append(rest, f)
+			continue
+		}
+		com.submitHit(hitOutcome(f.it, answer{body: h.Body, org: h.Org, requestID: h.RequestID, costN: cost.Nanos(h.CostNanos)}), cost.Nanos(h.CostNanos), false)
+	}
+	return rest, nil
+}
+
+// cacheEntry is what a success stores in the cache.
+func cacheEntry(a *attempt, now time.Time) *cache.Entry {
+	return &cache.Entry{
+		Key: a.w.key, Model: a.w.it.Model, Body: a.body, CostNanos: int64(a.costN),
+		InputTok: a.usage.InputTokens, OutputTok: a.usage.OutputTokens,
+		CacheRead: a.usage.CacheReadInputTokens, CacheWrite: a.usage.CacheCreationInputTokens,
+		Org: a.lane.org.Name, RequestID: a.reqID, CreatedAt: now,
+	}
+}
+
+// hitOutcome is the result of an item answered without a request: the
+// original response, request id and cost, and nothing charged to this run
+// (no org served it, no tokens, no attempts, so it is left out of the
+// latency percentiles and of every org's figures).
+func hitOutcome(it store.Item, a answer) store.Outcome {
+	out := store.Outcome{Seq: it.Seq, State: store.Succeeded}
+	var buf bytes.Buffer
+	if bytes.IndexByte(a.body, '\n') < 0 && bytes.IndexByte(a.body, '\r') < 0 {
+		buf.Write(a.body)
+	} else if json.Compact(&buf, a.body) != nil {
+		buf.Reset()
+		buf.Write(a.body)
+	}
+	d, _ := json.Marshal(struct {
+		Org        string  `json:"org"`
+		Attempts   int64   `json:"attempts"`
+		LatencyMs  int64   `json:"latency_ms"`
+		CostUSD    float64 `json:"cost_usd"`
+		RequestID  string  `json:"request_id,omitempty"`
+		Cached     bool    `json:"cached"`
+		ChargedUSD float64 `json:"charged_usd"`
+	}{a.org, 0, 0, a.costN.USD(), a.requestID, true, 0})
+	id, _ := json.Marshal(it.CustomID)
+	line := make([]byte, 0, buf.Len()+len(d)+len(id)+80)
+	line = append(line, `{"custom_id":`...)
+	line = append(line, id...)
+	line = append(line, `,"result":{"type":"succeeded","message":`...)
+	line = append(line, buf.Bytes()...)
+	line = append(line, `},"dispatch":`...)
+	line = append(line, d...)
+	line = append(line, '}')
+	out.Line = line
+	return out
+}
+
+// enqueue puts a fed item in its pool's queue, or behind the leader of its
+// key. It runs on the scheduler goroutine.
+func (e *Engine) enqueue(f fed) {
+	w := &work{it: f.it, pool: anthropic.PoolOf(f.it.Model), key: f.key, keyed: f.keyed}
+	e.lanesFor(w.pool, f.it.Model)
+	e.held++
+	if w.keyed {
+		if _, ok := e.leaders[w.key]; ok {
+			e.followers[w.key] = append(e.followers[w.key], w)
+			return
+		}
+		e.leaders[w.key] = w
+	}
+	e.ready[w.pool] = append(e.ready[w.pool], w)
+	e.nready++
+}
+
+// settleKey runs when a leader ends (success, terminal error, or dropped
+// at a stop). A success answers its followers; otherwise the first
+// follower becomes the leader and is sent (only successes are shared), or,
+// when the run is stopping, they are all dropped (they stay pending).
+func (e *Engine) settleKey(a *attempt, success, stopping bool, com *committer) {
+	w := a.w
+	if !w.keyed {
+		return
+	}
+	delete(e.leaders, w.key)
+	fs := e.followers[w.key]
+	delete(e.followers, w.key)
+	if len(fs) == 0 {
+		return
+	}
+	switch {
+	case success:
+		ans := answer{body: a.body, org: a.lane.org.Name, requestID: a.reqID, costN: a.costN}
+		for _, f := range fs {
+			e.held--
+			com.submitHit(hitOutcome(f.it, ans), a.costN, true)
+		}
+	case stopping:
+		e.held -= len(fs)
+	default:
+		next := fs[0]
+		e.leaders[w.key] = next
+		if len(fs) > 1 {
+			e.followers[w.key] = fs[1:]
+		}
+		e.ready[next.pool] = append(e.ready[next.pool], next)
+		e.nready++
+	}
+}
+
+// dropFollowers forgets the followers of leaders that are not in flight
+// (at a stop, with the queues dropped); they stay pending in the store.
+func (e *Engine) dropFollowers() {
+	for k, fs := range e.followers {
+		if l := e.leaders[k]; l != nil && l.sending {
+			continue
+		}
+		e.held -= len(fs)
+		delete(e.followers, k)
+		delete(e.leaders, k)
+	}
+	for k, l := range e.leaders {
+		if !l.sending {
+			delete(e.leaders, k)
+		}
+	}
+}
+
+func (e *Engine) cacheSummary(agg store.Aggregate) *CacheSummary {
+	if !e.caching() {
+		return nil
+	}
+	hits := agg.Counters[CounterCacheHits]
+	return &CacheSummary{
+		Mode: string(e.cfg.CacheMode), Hits: hits, InputDuplicates: agg.Counters[CounterCacheDuplicates],
+		Misses: agg.Succeeded + agg.Errored - hits, SavedUSD: cost.Nanos(agg.Counters[CounterCacheSavedNanos]).USD(),
+		Damaged: e.c.cacheDamaged.Load(),
+	}
+}
+
+// CacheHits is what the cache would answer of an input before it is sent.
+type CacheHits struct {
+	// Misses is the workload still to send: the input less its hits and
+	// less all but one of each set of duplicates.
+	Misses *workload.Summary
+	// Hits are the items answered without a request of their own, and
+	// Saved what the cached ones cost when they were sent (a duplicate
+	// saves about as much again, not counted: its request has no price yet).
+	Hits, InputDuplicates int64
+	Saved                 cost.Nanos
+}
+
+// ProjectCache reads the input and looks every item up in c as a run with
+// the same settings would, for 'plan' and the run's projection: only the
+// misses are projected. It reads the cache, never writes it. Batches of
+// items are keyed and looked up on every core (it runs before anything is
+// sent); the counts do not depend on the order they finish in.
+func ProjectCache(ctx context.Context, path string, ws *workload.Summary, c *cache.Cache, mode cache.Mode, sampled bool) (*CacheHits, error) {
+	out := &CacheHits{Misses: &workload.Summary{N: ws.N, Lines: ws.Lines, Bytes: ws.Bytes, Hash: ws.Hash, LongestLine: ws.LongestLine, Models: maps.Clone(ws.Models)}}
+	if c == nil || mode == cache.ModeOff {
+		return out, nil
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	type keyed struct {
+		it    store.Item
+		key   cache.Key
+		hit   bool
+		costN int64
+	}
+	parent := ctx
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	batches := make(chan []store.Item, runtime.GOMAXPROCS(0))
+	done := make(chan []keyed, runtime.GOMAXPROCS(0))
+	var errMu sync.Mutex
+	var firstErr error
+	setErr := func(err error) {
+		errMu.Lock()
+		if firstErr == nil {
+			firstErr = err
+		}
+		errMu.Unlock()
+		cancel()
+	}
+	var workers sync.WaitGroup
+	for range runtime.GOMAXPROCS(0) {
+		workers.Go(func() {
+			for b := range batches {
+				var ks []keyed
+				var keys []cache.Key
+				for _, it := range b {
+					body, err := workload.ReadAt(f, it)
+					if err != nil {
+						setErr(err)
+						return
+					}
+					k, isSampled, err := cache.Inspect(body)
+					if err != nil || isSampled && !sampled {
+						continue
+					}
+					ks, keys = append(ks, keyed{it: it, key: k}), append(keys, k)
+				}
+				if mode.Reads() && len(keys) > 0 {
+					costs, err := c.Costs(ctx, keys)
+					if err != nil {
+						setErr(err)
+						return
+					}
+					for i := range ks {
+						ks[i].costN, ks[i].hit = costs[ks[i].key]
+					}
+				}
+				select {
+				case done <- ks:
+				case <-ctx.Done():
+					return
+				}
+			}
+		})
+	}
+	go func() {
+		workers.Wait()
+		close(done)
+	}()
+	var scanErr error
+	scanDone := make(chan struct{})
+	go func() {
+		defer close(scanDone)
+		defer close(batches)
+		batch := make([]store.Item, 0, 1024)
+		scanErr = workload.Scan(path, func(it store.Item) error {
+			batch = append(batch, it)
+			if len(batch) < cap(batch) {
+				return nil
+			}
+			select {
+			case batches <- batch:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+			batch = make([]store.Item, 0, 1024)
+			return nil
+		})
+		if scanErr == nil && len(batch) > 0 {
+			select {
+			case batches <- batch:
+			case <-ctx.Done():
+			}
+		}
+	}()
+	drop := func(it store.Item) {
+		ms := out.Misses.Models[it.Model]
+		ms.N--
+		ms.MaxTokens -= it.MaxTokens
+		ms.EstInput -= it.EstInput
+		out.Misses.Models[it.Model] = ms
+		out.Misses.N--
+	}
+	seen := map[cache.Key]bool{}
+	for ks := range done {
+		for _, k := range ks {
+			switch {
+			case k.hit:
+				out.Hits++
+				out.Saved += cost.Nanos(k.costN)
+				drop(k.it)
+			case seen[k.key]:
+				out.Hits++
+				out.InputDuplicates++
+				drop(k.it)
+			default:
+				seen[k.key] = true
+			}
+		}
+	}
+	// done is closed once every worker returned; the scanner returns
+	// once batches are drained or ctx ends (an error cancels it).
+	cancel()
+	<-scanDone
+	switch {
+	case firstErr != nil:
+		return nil, firstErr
+	case parent.Err() != nil:
+		return nil, parent.Err()
+	case scanErr != nil:
+		return nil, scanErr
+	}
+	return out, nil
+}
