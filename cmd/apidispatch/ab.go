@@ -18,6 +18,7 @@ import (
 	"github.com/apidispatch/apidispatch/ab"
 	"github.com/apidispatch/apidispatch/cost"
 	"github.com/apidispatch/apidispatch/dispatch"
+	"github.com/apidispatch/apidispatch/shared"
 	"github.com/apidispatch/apidispatch/org"
 	"github.com/apidispatch/apidispatch/report"
 )
@@ -84,6 +85,8 @@ func runAB(ctx context.Context, args []string, stdout, stderr io.Writer, tune fu
 	jsonOut := fs.Bool("json", false, "print the result JSON as one line on stdout")
 	var cf cacheFlags
 	cf.register(fs) // the dispatcher arm's; the legacy arm has no cache
+	var shf sharedFlags
+	shf.register(fs) // the dispatcher arm's; the legacy arm is one process's SDK client
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, `usage: apidispatch ab --n N [--confirm] [flags]
 
@@ -170,6 +173,39 @@ flags:`)
 		defer rc.Close()
 		fmt.Fprintf(stderr, "the dispatcher arm uses the result cache %s (%s): its hits are not sent, so a warm cache makes the speed-up no like-for-like comparison\n", rc.Path(), cmode)
 		cfg.Dispatch = func(c *dispatch.Config) { cf.wire(c, rc, cmode) }
+	}
+	if shf.url != "" {
+		// Refuse at once when Redis cannot be reached (unless the fallback
+		// is asked for); the arm's own budget is opened with its orgs.
+		probe, err := shf.open(ctx, nil, nil)
+		if err != nil {
+			errf(stderr, "%v", err)
+			return exitUsage
+		}
+		probe.Close()
+		var budgets []*shared.Budget
+		defer func() {
+			for _, b := range budgets {
+				b.Close()
+			}
+		}()
+		prev := cfg.Dispatch
+		fb := shf.fallback
+		cfg.Dispatch = func(c *dispatch.Config) {
+			if prev != nil {
+				prev(c)
+			}
+			shf.fallback = "local" // reachable a moment ago; an outage now is mid-run
+			b, err := shf.open(context.Background(), c.Orgs, c.Events)
+			shf.fallback = fb
+			if err != nil {
+				errf(stderr, "shared budget: %v", err)
+				return
+			}
+			b.Start()
+			budgets = append(budgets, b)
+			c.NewGate = b.NewGate
+		}
 	}
 	if tune != nil {
 		tune(&cfg)
