@@ -18,9 +18,9 @@ import (
 	"github.com/apidispatch/apidispatch/ab"
 	"github.com/apidispatch/apidispatch/cost"
 	"github.com/apidispatch/apidispatch/dispatch"
-	"github.com/apidispatch/apidispatch/shared"
 	"github.com/apidispatch/apidispatch/org"
 	"github.com/apidispatch/apidispatch/report"
+	"github.com/apidispatch/apidispatch/shared"
 )
 
 func init() {
