@@ -233,7 +233,18 @@ func checkMetadata(raw json.RawMessage) *apiError {
 // only: for an object every property (required or not), for a string a word
 // padded to minLength, a number within its bounds, the first of an enum, one
 // item of an array (or minItems), the first branch of anyOf/oneOf/allOf.
+// A schema that asks for more than maxToolInput bytes (huge minItems or
+// minLength, deep nesting) gets a shorter value, still valid JSON but no
+// longer valid against it: the output stays bounded whatever the request.
 func appendToolInput(b []byte, schema any, r *rng, depth int) []byte {
+	start := len(b)
+	return appendToolValue(b, schema, r, depth, start)
+}
+
+const maxToolInput = 16 << 10
+
+func appendToolValue(b []byte, schema any, r *rng, depth, start int) []byte {
+	full := func() bool { return len(b)-start > maxToolInput }
 	sc, _ := schema.(map[string]any)
 	if sc == nil || depth > 8 {
 		return append(b, "null"...)
@@ -248,7 +259,7 @@ func appendToolInput(b []byte, schema any, r *rng, depth int) []byte {
 	}
 	for _, k := range []string{"anyOf", "oneOf", "allOf"} {
 		if br, ok := sc[k].([]any); ok && len(br) > 0 {
-			return appendToolInput(b, br[0], r, depth+1)
+			return appendToolValue(b, br[0], r, depth+1, start)
 		}
 	}
 	typ, _ := sc["type"].(string)
@@ -279,12 +290,15 @@ func appendToolInput(b []byte, schema any, r *rng, depth int) []byte {
 		sort.Strings(names)
 		b = append(b, '{')
 		for i, k := range names {
+			if full() {
+				break
+			}
 			if i > 0 {
 				b = append(b, ',')
 			}
 			b = appendJSONString(b, k)
 			b = append(b, ':')
-			b = appendToolInput(b, props[k], r, depth+1)
+			b = appendToolValue(b, props[k], r, depth+1, start)
 		}
 		return append(b, '}')
 	case "array":
@@ -296,11 +310,11 @@ func appendToolInput(b []byte, schema any, r *rng, depth int) []byte {
 			n = int(ma)
 		}
 		b = append(b, '[')
-		for i := 0; i < n; i++ {
+		for i := 0; i < n && !full(); i++ {
 			if i > 0 {
 				b = append(b, ',')
 			}
-			b = appendToolInput(b, sc["items"], r, depth+1)
+			b = appendToolValue(b, sc["items"], r, depth+1, start)
 		}
 		return append(b, ']')
 	case "integer", "number":
@@ -330,7 +344,7 @@ func appendToolInput(b []byte, schema any, r *rng, depth int) []byte {
 	default: // string, or no type at all
 		w := words[r.next()%uint64(len(words))]
 		if ml, ok := num("minLength"); ok {
-			for len(w) < int(ml) {
+			for len(w) < int(min(ml, maxToolInput)) {
 				w += "-" + words[r.next()%uint64(len(words))]
 			}
 		}

@@ -164,6 +164,10 @@ func FuzzValidateRequest(f *testing.F) {
 	f.Add(`{}`, false)
 	f.Add(`null`, true)
 	f.Add(`{"messages":[null]}`, false)
+	f.Add(`{"model":"claude-sonnet-4-5","max_tokens":0,"messages":[{"role":"user","content":"hi"}]}`, false)
+	f.Add(`{"model":"claude-sonnet-4-6","max_tokens":300,"stream":true,"stop_sequences":["e"],"metadata":{"user_id":"u"},"inference_geo":"us","tools":[{"name":"t","input_schema":{"type":"object","properties":{"a":{"type":"array","items":{"type":"integer","minimum":-5}}}}}],"tool_choice":{"type":"any"},"messages":[{"role":"user","content":"hi"}]}`, false)
+	f.Add(`{"model":"claude-opus-4-6","max_tokens":3000,"thinking":{"type":"enabled","budget_tokens":1024},"messages":[{"role":"user","content":"hi"},{"role":"assistant","content":[{"type":"tool_use","id":"toolu_1","name":"t","input":{}}]},{"role":"user","content":[{"type":"tool_result","tool_use_id":"toolu_1","content":"x"}]}]}`, false)
+	f.Add(`{"model":"claude-sonnet-4-6","max_tokens":300,"tools":[{"name":"t","input_schema":{"type":"object","properties":{"a":{"type":"array","minItems":1000000000,"items":{"type":"array","minItems":1000000000,"items":{"type":"string","minLength":1e12}}}}}}],"tool_choice":{"type":"tool","name":"t"},"messages":[{"role":"user","content":"hi"}]}`, false)
 	f.Fuzz(func(t *testing.T, body string, count bool) {
 		r, e := parseRequest([]byte(body), count, false)
 		if e != nil {
@@ -175,13 +179,16 @@ func FuzzValidateRequest(f *testing.F) {
 			}
 			return
 		}
-		if r.model == nil || r.input < tokensPerRequest || (!count && r.maxTokens < 1) || r.cacheTokens < 0 || r.cacheTokens > r.input {
+		if r.model == nil || r.input < tokensPerRequest || (!count && r.maxTokens < 0) || r.cacheTokens < 0 || r.cacheTokens > r.input {
 			t.Fatalf("accepted with %+v", r)
 		}
 		if !json.Valid([]byte(body)) {
 			t.Fatalf("accepted invalid JSON %q", body)
 		}
 		o := plan(sha256.Sum256([]byte(body)), r)
+		if len(o.toolInput) > 2*maxToolInput || (o.toolInput != nil && !json.Valid(o.toolInput)) {
+			t.Fatalf("tool input of %d bytes: %.200s", len(o.toolInput), o.toolInput)
+		}
 		if msg := appendMessage(nil, "msg_x", r.model.id, o, usage{}); !json.Valid(msg) {
 			t.Fatalf("invalid response %s", msg)
 		}
