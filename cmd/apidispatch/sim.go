@@ -29,8 +29,9 @@ const simHelp = `usage: apidispatch sim [--preset NAME] [--config FILE] [--liste
 Serves a simulator of the Anthropic Messages API on a loopback address until
 SIGINT or SIGTERM, then flushes the ledger and prints the billed totals.
 
-Routes: POST /v1/messages, POST /v1/messages/count_tokens, GET /v1/models,
-the Message Batches API (POST|GET /v1/messages/batches, GET|DELETE
+Routes: POST /v1/messages (also stream: true, as server-sent events),
+POST /v1/messages/count_tokens, GET /v1/models (the org's models, paginated),
+GET /v1/models/ID, the Message Batches API (POST|GET /v1/messages/batches, GET|DELETE
 /v1/messages/batches/ID, POST .../ID/cancel, GET .../ID/results);
 admin (no key needed, loopback only): GET /sim/stats (JSON; ?series=0 leaves
 out the per-second series), GET /sim/ledger (JSONL; ?since=SEQ),
@@ -71,7 +72,7 @@ the other fields replace the preset's ("orgs" and "faults" as whole lists):
                        "queue_wait_s": 240, "cancel_s": 5}}],
    "faults": [{"kind": "storm_429", "org": "solo", "start": "30s",
                "duration": "10s", "probability": 0.5, "retry_after": "2s"}],
-   "prompt_caching": false, "unlimited": false, "ledger_retain": 0}
+   "prompt_caching": true, "unlimited": false, "ledger_retain": 0}
 Fault kinds: storm_429, overloaded_529, server_error_500,
 server_error_500_html, connection_reset, truncated_body, slow
 (extra_latency), key_revoked (key_fingerprint), spend_cap (spend_cap_usd),
