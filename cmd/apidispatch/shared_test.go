@@ -20,6 +20,7 @@ import (
 	"github.com/apidispatch/apidispatch/dispatch"
 	"github.com/apidispatch/apidispatch/internal/testredis"
 	"github.com/apidispatch/apidispatch/sim"
+	"github.com/apidispatch/apidispatch/soak"
 )
 
 func envInt(name string, def int) int {
@@ -355,4 +356,70 @@ func TestSharedBudgetRedisRestart(t *testing.T) {
 		}
 	}
 	t.Logf("max in flight per key over the whole run (simulator): %v (cap 100)", maxIn)
+}
+
+// TestSharedBudgetStormOneCutPerEpoch puts three processes on the same keys
+// through 429 storms (rate-limit 429s with retry-after on every org, three
+// times) and counts the cuts from their events: every cut names its key and
+// congestion epoch, and no (key, epoch) is cut by two processes. Without
+// sharing, each process would cut on its own: three cuts per storm per key.
+func TestSharedBudgetStormOneCutPerEpoch(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes")
+	}
+	redisURL := cmdRedis(t)
+	n := envInt("APIDISPATCH_SHARED_N", 1500)
+	r, _, _ := simWith(t, 4, 1, func(*sim.Config) {})
+	f := startFleet(t, r, 3, n, redisURL)
+	for i := range 3 {
+		at := int64(n) * int64(i+1) / 2
+		if _, err := soak.AddWhenBilled(t.Context(), r.Server, at, 5*time.Millisecond, sim.Fault{
+			Kind: sim.FaultRateLimitStorm, FromNow: true, Duration: 3 * time.Second,
+			Probability: 0.5, RetryAfter: time.Second,
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f.wait(t)
+	type cut struct {
+		key   string
+		epoch int
+	}
+	by := map[cut][]int{}
+	var r429 int64
+	for i, d := range f.dirs {
+		ev, _ := os.ReadFile(filepath.Join(d, dispatch.EventsFile))
+		for _, line := range strings.Split(string(ev), "\n") {
+			if !strings.Contains(line, `"cut":true`) {
+				continue
+			}
+			var e struct {
+				Data struct {
+					Key   string `json:"key"`
+					Epoch int    `json:"epoch"`
+				} `json:"data"`
+			}
+			if err := json.Unmarshal([]byte(line), &e); err != nil {
+				t.Fatal(err)
+			}
+			c := cut{e.Data.Key, e.Data.Epoch}
+			by[c] = append(by[c], i)
+		}
+		ids := readIDs(t, filepath.Join(d, dispatch.ResultsFile))
+		if len(ids) != n {
+			t.Fatalf("run %d: %d custom_ids, want %d", i, len(ids), n)
+		}
+	}
+	for _, o := range r.Server.Stats().Orgs {
+		r429 += o.RateLimited429
+	}
+	if r429 == 0 || len(by) == 0 {
+		t.Fatalf("the storms caused %d 429s and %d cuts: nothing was tested", r429, len(by))
+	}
+	for c, ps := range by {
+		if len(ps) != 1 {
+			t.Errorf("key %s epoch %d was cut by processes %v", c.key, c.epoch, ps)
+		}
+	}
+	t.Logf("%d 429s from 3 storms on 3 keys under 3 processes: %d cuts in all, each (key, epoch) once", r429, len(by))
 }
