@@ -176,7 +176,9 @@ func (m *Mirror) NoteOthers(now, until time.Time) {
 }
 
 // Synced reports whether the mirror has learnt any limit from headers.
-func (m *Mirror) Synced() bool { return m.Requests.Limit() > 0 || m.Input.Limit() > 0 || m.Output.Limit() > 0 }
+func (m *Mirror) Synced() bool {
+	return m.Requests.Limit() > 0 || m.Input.Limit() > 0 || m.Output.Limit() > 0
+}
 
 // OthersSeen counts the separate occasions others were detected.
 func (m *Mirror) OthersSeen() int { return m.othersSeen }
