@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"database/sql"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -283,5 +284,38 @@ func TestCacheModes(t *testing.T) {
 	}
 	if got := h.sim.Server.LedgerTotals().Requests; got != 3*n {
 		t.Fatalf("%d sent in all, want %d", got, 3*n)
+	}
+}
+
+// One damaged entry is a miss with a warning: that item is sent again, the
+// rest are answered, and no result comes from the damaged body.
+func TestCacheDamagedEntryIsSentAgain(t *testing.T) {
+	t.Parallel()
+	const n = 50
+	h := newHarness(t, sim.PresetOrigin3Org, 50, n, nil)
+	path := filepath.Join(t.TempDir(), "cache.db")
+	c := openCache(t, path)
+	h.runInto(h.input, "one", c, nil)
+	sent := h.sim.Server.LedgerTotals().Requests
+	db, err := sql.Open("sqlite", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(`UPDATE entries SET body = CAST('{"id":"msg_forged","type":"message"}' AS BLOB) WHERE id = 7`); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+	s := h.runInto(h.input, "two", c, nil)
+	if d := h.sim.Server.LedgerTotals().Requests - sent; d != 1 || s.Cache.Hits != n-1 || s.Cache.Damaged != 1 {
+		t.Fatalf("after damaging one entry: %d sent, cache %+v; want 1 sent, %d hits, 1 damaged", d, s.Cache, n-1)
+	}
+	for id, r := range readResults(t, h.dir) {
+		if bytes.Contains(r.Result.Message, []byte("msg_forged")) {
+			t.Fatalf("%s was answered from the damaged entry", id)
+		}
+	}
+	ev, err := os.ReadFile(filepath.Join(h.dir, dispatch.EventsFile))
+	if err != nil || !bytes.Contains(ev, []byte("is damaged")) {
+		t.Fatalf("no warning in the events: %v", err)
 	}
 }
