@@ -255,8 +255,11 @@ func (b *Budget) renewAll(ctx context.Context) {
 			}
 			return
 		}
+		g.mu.Lock()
+		procs := g.procs
+		g.mu.Unlock()
 		b.mu.Lock()
-		b.seen = max(b.seen, g.procs)
+		b.seen = max(b.seen, procs)
 		b.mu.Unlock()
 	}
 	b.rejoined(gates)

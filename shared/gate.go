@@ -456,3 +456,9 @@ func (g *Gate) isLocal() bool {
 	defer g.mu.Unlock()
 	return g.local
 }
+
+func (g *Gate) procsSeen() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.procs
+}

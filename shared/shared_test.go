@@ -243,7 +243,7 @@ func TestSharedRedisLostAndBack(t *testing.T) {
 	eventually(t, "both see two processes", func() bool {
 		fill(ga)
 		fill(gb)
-		return ga.(*Gate).procs == 2 && gb.(*Gate).procs == 2
+		return ga.(*Gate).procsSeen() == 2 && gb.(*Gate).procsSeen() == 2
 	}, a, b)
 	srv.Stop()
 	eventually(t, "both go local", func() bool {
