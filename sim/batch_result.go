@@ -157,27 +157,7 @@ func (s *Server) settleBatches() {
 // recordBatch is bill without the in-flight bookkeeping of a synchronous
 // request: ledger, totals, series, duplicates.
 func (s *Server) recordBatch(o *orgState, ks *keyState, e *LedgerEntry, now time.Duration) {
-	dup, second := s.dups.add(e.BodySHA256)
-	e.Duplicate = dup
-	if second {
-		s.dupBodies.Add(1)
-	}
-	e.Seq = s.seq.Add(1)
-	o.costNanos.Add(e.CostNanos)
-	o.mu.Lock()
-	o.completions++
-	o.pointLocked(now, s.speed).Completions++
-	ks.totals.add(e)
-	if r := s.cfg.LedgerRetain; r >= 0 {
-		if r > 0 && len(o.ledger) >= 2*r {
-			o.ledger = append(o.ledger[:0], o.ledger[len(o.ledger)-r:]...)
-		}
-		o.ledger = append(o.ledger, *e)
-	}
-	o.mu.Unlock()
-	if f := s.file; f != nil {
-		f.write(e)
-	}
+	s.record(o, ks, e, now, false)
 }
 
 var (

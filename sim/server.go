@@ -649,6 +649,13 @@ func (s *Server) injectBeforeAdmission(c *call, ks *keyState, req request, lim *
 
 // bill records a processed request: ledger, totals, series, duplicates.
 func (s *Server) bill(o *orgState, ks *keyState, e *LedgerEntry, now time.Duration) {
+	s.record(o, ks, e, now, true)
+}
+
+// record puts a billed request in the ledger, the totals, the series and
+// the duplicate count; sync requests also leave the in-flight count and
+// count as a 200.
+func (s *Server) record(o *orgState, ks *keyState, e *LedgerEntry, now time.Duration, sync bool) {
 	dup, second := s.dups.add(e.BodySHA256)
 	e.Duplicate = dup
 	if second {
@@ -656,13 +663,17 @@ func (s *Server) bill(o *orgState, ks *keyState, e *LedgerEntry, now time.Durati
 	}
 	e.Seq = s.seq.Add(1)
 	o.costNanos.Add(e.CostNanos)
-	o.status[statusIndex(http.StatusOK)].Add(1)
+	if sync {
+		o.status[statusIndex(http.StatusOK)].Add(1)
+	}
 	o.mu.Lock()
-	o.inFlight--
 	o.completions++
 	p := o.pointLocked(now, s.speed)
 	p.Completions++
-	p.InFlight = o.inFlight
+	if sync {
+		o.inFlight--
+		p.InFlight = o.inFlight
+	}
 	ks.totals.add(e)
 	if r := s.cfg.LedgerRetain; r >= 0 {
 		if r > 0 && len(o.ledger) >= 2*r {

@@ -212,16 +212,8 @@ func TestSharedBudgetAcrossProcesses(t *testing.T) {
 			}
 			t.Logf("%s, %s: %d processes × %d items, K=%v: max in flight per key %v (cap 100), 429s %d of %d requests (%.2f %%), steady %.0f req/s; cap-bound ceiling %.0f (3 × 100 ÷ %.3f s): %.1f %%",
 				name, preset, procs, n, k, maxIn, r429, reqs, float64(r429)/float64(max(reqs, 1))*100, rate, ceiling, lat, rate/ceiling*100)
-			for i, d := range f.dirs {
-				if ids := readIDs(t, filepath.Join(d, dispatch.ResultsFile)); len(ids) != n {
-					t.Fatalf("process %d wrote %d custom_ids, want %d", i, len(ids), n)
-				} else {
-					for id, c := range ids {
-						if c != 1 {
-							t.Fatalf("process %d: %s written %d times", i, id, c)
-						}
-					}
-				}
+			for _, d := range f.dirs {
+				requireEachOnce(t, d, n)
 			}
 			if redisURL == "" {
 				return
@@ -241,6 +233,27 @@ func TestSharedBudgetAcrossProcesses(t *testing.T) {
 	}
 }
 
+// threeOnShared starts three runs of APIDISPATCH_SHARED_N (default 1,500)
+// items each on an origin-3org simulator at K=4, sharing Redis at redisURL.
+func threeOnShared(t *testing.T, redisURL string) (*sim.Running, *sharedFleet, int) {
+	t.Helper()
+	n := envInt("APIDISPATCH_SHARED_N", 1500)
+	r, _, _ := simWith(t, 4, 1, func(*sim.Config) {})
+	return r, startFleet(t, r, 3, n, redisURL), n
+}
+
+// waitBilled waits until the simulator has billed n requests.
+func waitBilled(t *testing.T, r *sim.Running, n int) {
+	t.Helper()
+	deadline := time.Now().Add(2 * time.Minute)
+	for r.Server.LedgerTotals().Requests < int64(n) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the simulator never billed %d requests", n)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 // TestSharedBudgetKillNine kills one of three processes with SIGKILL in
 // the middle of its run: its slots come back to the other two within the
 // lease TTL (they finish at the full cap), and the same command resumes
@@ -249,18 +262,9 @@ func TestSharedBudgetKillNine(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts processes")
 	}
-	redisURL := cmdRedis(t)
-	n := envInt("APIDISPATCH_SHARED_N", 1500)
-	r, _, _ := simWith(t, 4, 1, func(*sim.Config) {})
-	f := startFleet(t, r, 3, n, redisURL)
+	r, f, n := threeOnShared(t, cmdRedis(t))
 	// Kill process 0 once the simulator has billed a third of all items.
-	deadline := time.Now().Add(2 * time.Minute)
-	for r.Server.LedgerTotals().Requests < int64(n) {
-		if time.Now().After(deadline) {
-			t.Fatal("the run never got a third of the way")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	waitBilled(t, r, n)
 	f.cmds[0].Process.Signal(syscall.SIGKILL)
 	f.cmds[0].Wait()
 	killed := time.Now()
@@ -277,16 +281,8 @@ func TestSharedBudgetKillNine(t *testing.T) {
 	if err := c.Wait(); err != nil {
 		t.Fatalf("resume: %v\n%s", err, c.Stderr)
 	}
-	for i, d := range f.dirs {
-		ids := readIDs(t, filepath.Join(d, dispatch.ResultsFile))
-		if len(ids) != n {
-			t.Fatalf("run %d: %d custom_ids, want %d", i, len(ids), n)
-		}
-		for id, c := range ids {
-			if c != 1 {
-				t.Fatalf("run %d: %s written %d times", i, id, c)
-			}
-		}
+	for _, d := range f.dirs {
+		requireEachOnce(t, d, n)
 	}
 	// The lease of the dead process expired: a "slots … are back" event
 	// in a survivor's events.
@@ -310,16 +306,8 @@ func TestSharedBudgetRedisRestart(t *testing.T) {
 		t.Skip("starts processes")
 	}
 	srv := testredis.Start(t)
-	n := envInt("APIDISPATCH_SHARED_N", 1500)
-	r, _, _ := simWith(t, 4, 1, func(*sim.Config) {})
-	f := startFleet(t, r, 3, n, srv.URL())
-	deadline := time.Now().Add(2 * time.Minute)
-	for r.Server.LedgerTotals().Requests < int64(n) {
-		if time.Now().After(deadline) {
-			t.Fatal("the run never got a third of the way")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	r, f, n := threeOnShared(t, srv.URL())
+	waitBilled(t, r, n)
 	srv.Stop()
 	time.Sleep(time.Second)
 	srv.Restart()
@@ -329,15 +317,7 @@ func TestSharedBudgetRedisRestart(t *testing.T) {
 		maxIn = append(maxIn, o.MaxInFlight)
 	}
 	for i, d := range f.dirs {
-		ids := readIDs(t, filepath.Join(d, dispatch.ResultsFile))
-		if len(ids) != n {
-			t.Fatalf("run %d: %d custom_ids, want %d", i, len(ids), n)
-		}
-		for id, c := range ids {
-			if c != 1 {
-				t.Fatalf("run %d: %s written %d times", i, id, c)
-			}
-		}
+		requireEachOnce(t, d, n)
 		ev, _ := os.ReadFile(filepath.Join(d, dispatch.EventsFile))
 		if !strings.Contains(string(ev), "stopped answering") || !strings.Contains(string(ev), "shared budget: rejoined") {
 			t.Fatalf("run %d: no outage warning and rejoin in its events", i)
@@ -367,10 +347,7 @@ func TestSharedBudgetStormOneCutPerEpoch(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts processes")
 	}
-	redisURL := cmdRedis(t)
-	n := envInt("APIDISPATCH_SHARED_N", 1500)
-	r, _, _ := simWith(t, 4, 1, func(*sim.Config) {})
-	f := startFleet(t, r, 3, n, redisURL)
+	r, f, n := threeOnShared(t, cmdRedis(t))
 	for i := range 3 {
 		at := int64(n) * int64(i+1) / 2
 		if _, err := soak.AddWhenBilled(t.Context(), r.Server, at, 5*time.Millisecond, sim.Fault{
@@ -405,10 +382,7 @@ func TestSharedBudgetStormOneCutPerEpoch(t *testing.T) {
 			c := cut{e.Data.Key, e.Data.Epoch}
 			by[c] = append(by[c], i)
 		}
-		ids := readIDs(t, filepath.Join(d, dispatch.ResultsFile))
-		if len(ids) != n {
-			t.Fatalf("run %d: %d custom_ids, want %d", i, len(ids), n)
-		}
+		requireEachOnce(t, d, n)
 	}
 	for _, o := range r.Server.Stats().Orgs {
 		r429 += o.RateLimited429
