@@ -1,10 +1,8 @@
 package dispatch_test
 
 import (
-	"bufio"
 	"bytes"
 	"context"
-	"encoding/json"
 	"io"
 	"net/http"
 	"os"
@@ -18,6 +16,7 @@ import (
 	"github.com/apidispatch/apidispatch/dispatch"
 	"github.com/apidispatch/apidispatch/internal/host"
 	"github.com/apidispatch/apidispatch/sim"
+	"github.com/apidispatch/apidispatch/soak"
 	"github.com/apidispatch/apidispatch/store"
 	"github.com/apidispatch/apidispatch/workload"
 )
@@ -88,30 +87,11 @@ func measureWindow(b testing.TB, h *harness, mod func(*dispatch.Config), from, t
 }
 
 func meanLatency(b testing.TB, path string) float64 {
-	f, err := os.Open(path)
+	m, err := soak.MeanLatency(path)
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 1<<20), 1<<24)
-	var sum float64
-	var n int
-	for sc.Scan() {
-		var v struct {
-			Dispatch struct {
-				LatencyMs float64 `json:"latency_ms"`
-			} `json:"dispatch"`
-		}
-		if json.Unmarshal(sc.Bytes(), &v) == nil {
-			sum += v.Dispatch.LatencyMs
-			n++
-		}
-	}
-	if n == 0 {
-		return 0
-	}
-	return sum / float64(n) / 1000
+	return m
 }
 
 // BenchmarkCapBound is issue 3's first target: on origin-3org with Sonnet
@@ -217,14 +197,20 @@ func BenchmarkColleague(b *testing.B) {
 // process's CPU time per request in each phase tells the dispatcher's own
 // CPU per request: 20,000 requests/s on a 2-core machine leaves 100 µs of
 // CPU per request for everything, simulator included.
+// zeroLatencyHarness is n items on an unlimited, zero-latency origin-3org
+// simulator at K=1 that keeps no ledger: the overhead benchmarks' set-up.
+func zeroLatencyHarness(b *testing.B, n int) *harness {
+	return newHarness(b, sim.PresetOrigin3Org, 1, n, func(c *sim.Config) {
+		c.Unlimited = true
+		c.Latency = sim.LatencyConfig{Zero: true}
+		c.LedgerRetain = -1
+	})
+}
+
 func BenchmarkOverhead(b *testing.B) {
 	const n = 60000
 	for range b.N {
-		h := newHarness(b, sim.PresetOrigin3Org, 1, n, func(c *sim.Config) {
-			c.Unlimited = true
-			c.Latency = sim.LatencyConfig{Zero: true}
-			c.LedgerRetain = -1
-		})
+		h := zeroLatencyHarness(b, n)
 		ctx := context.Background()
 		job, err := dispatch.OpenJob(ctx, dispatch.JobConfig{InputPath: h.input, RunDir: h.dir, Prices: costDefault()}, nil)
 		if err != nil {
@@ -322,11 +308,7 @@ func bareLoop(b *testing.B, h *harness, conc int) (float64, time.Duration) {
 func BenchmarkCacheOverhead(b *testing.B) {
 	const n = 30000
 	for range b.N {
-		h := newHarness(b, sim.PresetOrigin3Org, 1, n, func(c *sim.Config) {
-			c.Unlimited = true
-			c.Latency = sim.LatencyConfig{Zero: true}
-			c.LedgerRetain = -1
-		})
+		h := zeroLatencyHarness(b, n)
 		c, err := cache.Open(filepath.Join(b.TempDir(), "cache.db"))
 		if err != nil {
 			b.Fatal(err)

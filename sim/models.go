@@ -99,12 +99,18 @@ func (o *orgState) models() []*modelInfo {
 	return out
 }
 
-func (s *Server) listModels(c *call) {
+// authenticatedGET refuses a method other than GET and an unknown key,
+// answering the error itself (nil then), or returns the key.
+func (s *Server) authenticatedGET(c *call) *keyState {
 	if c.r.Method != http.MethodGet {
 		s.writeError(c, nil, &apiError{status: http.StatusMethodNotAllowed, typ: anthropic.ErrInvalidRequest, msg: "Method Not Allowed: use GET"})
-		return
+		return nil
 	}
-	ks := s.authenticate(c)
+	return s.authenticate(c)
+}
+
+func (s *Server) listModels(c *call) {
+	ks := s.authenticatedGET(c)
 	if ks == nil {
 		return
 	}
@@ -188,11 +194,7 @@ func paginate(all []*modelInfo, q url.Values) (modelPage, *apiError) {
 }
 
 func (s *Server) getModel(c *call) {
-	if c.r.Method != http.MethodGet {
-		s.writeError(c, nil, &apiError{status: http.StatusMethodNotAllowed, typ: anthropic.ErrInvalidRequest, msg: "Method Not Allowed: use GET"})
-		return
-	}
-	ks := s.authenticate(c)
+	ks := s.authenticatedGET(c)
 	if ks == nil {
 		return
 	}

@@ -301,3 +301,38 @@ func eachLine(path string, fn func([]byte) error) error {
 	}
 	return nil
 }
+
+// MeanLatency is the mean of dispatch.latency_ms over the result lines of
+// the files at paths, in seconds (0 with no lines).
+func MeanLatency(paths ...string) (float64, error) {
+	var sum float64
+	var n int
+	for _, path := range paths {
+		f, err := os.Open(path)
+		if err != nil {
+			return 0, err
+		}
+		sc := bufio.NewScanner(f)
+		sc.Buffer(make([]byte, 1<<20), 1<<24)
+		for sc.Scan() {
+			var v struct {
+				Dispatch struct {
+					LatencyMs float64 `json:"latency_ms"`
+				} `json:"dispatch"`
+			}
+			if json.Unmarshal(sc.Bytes(), &v) == nil {
+				sum += v.Dispatch.LatencyMs
+				n++
+			}
+		}
+		err = sc.Err()
+		f.Close()
+		if err != nil {
+			return 0, err
+		}
+	}
+	if n == 0 {
+		return 0, nil
+	}
+	return sum / float64(n) / 1000, nil
+}

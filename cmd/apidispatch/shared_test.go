@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"cmp"
 	"encoding/json"
 	"fmt"
@@ -139,29 +138,15 @@ func steadyRate(st sim.Stats) float64 {
 }
 
 func fleetMeanLatency(t *testing.T, f *sharedFleet) float64 {
-	var sum float64
-	var n int
+	var paths []string
 	for _, d := range f.dirs {
-		fh, err := os.Open(filepath.Join(d, dispatch.ResultsFile))
-		if err != nil {
-			t.Fatal(err)
-		}
-		sc := bufio.NewScanner(fh)
-		sc.Buffer(make([]byte, 1<<20), 1<<24)
-		for sc.Scan() {
-			var v struct {
-				Dispatch struct {
-					LatencyMs float64 `json:"latency_ms"`
-				} `json:"dispatch"`
-			}
-			if json.Unmarshal(sc.Bytes(), &v) == nil {
-				sum += v.Dispatch.LatencyMs
-				n++
-			}
-		}
-		fh.Close()
+		paths = append(paths, filepath.Join(d, dispatch.ResultsFile))
 	}
-	return sum / float64(max(n, 1)) / 1000
+	m, err := soak.MeanLatency(paths...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
 }
 
 // TestSharedBudgetAcrossProcesses is issue 12's bug and its fix, measured
