@@ -77,9 +77,18 @@ type Outcome struct {
 	OutputTok  int64
 	CacheRead  int64
 	CacheWrite int64
+	// Route is the API that carried it: RouteSync ("" means sync too) or
+	// RouteBatch.
+	Route string
 	// Line is the complete results.jsonl line for this item, without newline.
 	Line []byte
 }
+
+// Routes an outcome can come by.
+const (
+	RouteSync  = "sync"
+	RouteBatch = "batch"
+)
 
 // Batch is what one Commit makes durable in one transaction.
 type Batch struct {
@@ -121,7 +130,67 @@ type Aggregate struct {
 	CacheWrite    int64
 	Results       int64 // highest result number given
 	Counters      map[string]int64
+	// ByRoute are the terminal items by the route that carried them
+	// (RouteSync, RouteBatch).
+	ByRoute map[string]OrgTotals
 }
+
+// BatchStatus is where a Message Batches batch of a run stands.
+type BatchStatus string
+
+// Batch statuses. A batch is recorded as submitting before its create call
+// is made, so that a crash or a lost answer leaves a record to reconcile
+// with the org's list of batches instead of a batch nobody knows about.
+const (
+	// BatchSubmitting: the create call may or may not have reached the
+	// API; the batch has no id yet.
+	BatchSubmitting BatchStatus = "submitting"
+	// BatchSubmitted: the API has the batch under ID.
+	BatchSubmitted BatchStatus = "submitted"
+	// BatchHarvested: its results are committed; its items that did not
+	// end are pending again.
+	BatchHarvested BatchStatus = "harvested"
+	// BatchAbandoned: the create never made a batch (refused, or no batch
+	// of the org matches it); its items are free again.
+	BatchAbandoned BatchStatus = "abandoned"
+)
+
+// Open reports whether a batch in this status still holds its items.
+func (s BatchStatus) Open() bool { return s == BatchSubmitting || s == BatchSubmitted }
+
+// BatchRecord is one batch of a run.
+type BatchRecord struct {
+	Local  int64  // the run's number for it, from 1
+	Org    string //
+	Status BatchStatus
+	ID     string // the API's id (msgbatch_…), once known
+	N      int64  // requests
+	Bytes  int64  // upper bound of the create body's size
+	// WorstNanos is the batch's worst-case cost, reserved against
+	// --max-cost until it is harvested.
+	WorstNanos int64
+	// CreatedAt is when the record was made, just before the create call:
+	// the start of the window in which reconciliation looks for it.
+	CreatedAt   time.Time
+	SubmittedAt time.Time // when the id was learned (zero until then)
+	EndedAt     time.Time // when it was seen ended
+	HarvestedAt time.Time
+	// CancelRequested: a cancel was sent for it.
+	CancelRequested bool
+	// Note says, in words, how it came to its status.
+	Note string
+}
+
+// BatchItem is an item of a batch, with the number of batches (this one
+// included) it has been in.
+type BatchItem struct {
+	Item
+	Batches int64
+}
+
+// ErrItemBusy: AddBatch was given an item that is not pending or is in
+// another open batch. Nothing was recorded.
+var ErrItemBusy = errors.New("store: item is not pending or already in an open batch")
 
 // Store is the durable state of one run. Implementations are safe for
 // concurrent use; the engine calls Commit from a single goroutine.
@@ -162,6 +231,20 @@ type Store interface {
 	// from the result cache has no latency of its own), nearest rank;
 	// zeros when there are none.
 	LatencyPercentiles(ctx context.Context, qs []float64) ([]int64, error)
+	// AddBatch records a new batch in status BatchSubmitting with its
+	// items, in one transaction, and returns its Local number. Every seq
+	// must be pending and in no open batch (else ErrItemBusy, nothing
+	// recorded).
+	AddBatch(ctx context.Context, b BatchRecord, seqs []int64) (local int64, err error)
+	// UpdateBatch stores b (found by b.Local): status, id, times, note.
+	// A batch leaves an open status only forward: an update of a harvested
+	// or abandoned batch to another status is an error. A non-empty ID
+	// already held by another batch of the run is an error.
+	UpdateBatch(ctx context.Context, b BatchRecord) error
+	// Batches returns every batch of the run, by Local.
+	Batches(ctx context.Context) ([]BatchRecord, error)
+	// BatchItems returns the items of batch local, by Seq.
+	BatchItems(ctx context.Context, local int64) ([]BatchItem, error)
 	// Close releases the store. It is safe to call more than once.
 	Close() error
 }

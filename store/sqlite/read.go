@@ -62,6 +62,7 @@ func (s *Store) Aggregate(ctx context.Context) (store.Aggregate, error) {
 		ErroredByType: map[string]int64{},
 		ByOrg:         map[string]store.OrgTotals{},
 		Counters:      map[string]int64{},
+		ByRoute:       map[string]store.OrgTotals{},
 	}
 	err := s.readTx(ctx, func(tx *sql.Tx) error {
 		if err := tx.QueryRowContext(ctx, `SELECT (SELECT count(*) FROM items), (SELECT count(*) FROM pending),
@@ -107,6 +108,22 @@ func (s *Store) Aggregate(ctx context.Context) (store.Aggregate, error) {
 			a.ByOrg[org] = o
 		}
 		if err := rows.Err(); err != nil {
+			return err
+		}
+		rrows, err := tx.QueryContext(ctx, `SELECT route, succeeded, errored, cost_nanos, input_tok, output_tok, cache_read, cache_write FROM route_totals`)
+		if err != nil {
+			return err
+		}
+		defer rrows.Close()
+		for rrows.Next() {
+			var route string
+			var t store.OrgTotals
+			if err := rrows.Scan(&route, &t.Succeeded, &t.Errored, &t.CostNanos, &t.InputTok, &t.OutputTok, &t.CacheRead, &t.CacheWrite); err != nil {
+				return err
+			}
+			a.ByRoute[route] = t
+		}
+		if err := rrows.Err(); err != nil {
 			return err
 		}
 		crows, err := tx.QueryContext(ctx, `SELECT name, value FROM counters`)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"slices"
 	"strconv"
 
 	"github.com/apidispatch/apidispatch/store"
@@ -13,9 +14,9 @@ import (
 // different version is refused with store.ErrUnsupportedSchema: there is no
 // older version to migrate from yet, and a newer one was written by a newer
 // program whose meaning this one cannot know.
-const schemaVersion = 1
+const schemaVersion = 2
 
-// schema creates version 1. Design notes for maintainers:
+// schema creates version 1; with batchSchema it is version 2. Design notes for maintainers:
 //
 //   - items holds the input, one row per request located by byte range in
 //     the input file, and is never updated after the import.
@@ -108,10 +109,58 @@ var schema = []string{
 		FROM items i LEFT JOIN results r ON r.seq = i.seq`,
 }
 
+// batchSchema is what version 2 adds: the batch route's batches and their
+// items, and the totals by route.
+//
+//   - batches holds one row per batch a run recorded, made in status
+//     'submitting' before its create call (design.md §12). batch_id is
+//     unique among those that have one.
+//   - batch_items maps a batch to its items; an item is in at most one
+//     open batch (AddBatch checks it in the same transaction), and its
+//     number of rows is how many batches it has been in.
+//   - route_totals are the sums of results by route, kept by Commit like
+//     totals.
+var batchSchema = []string{
+	`CREATE TABLE batches (
+		local            INTEGER PRIMARY KEY CHECK (local >= 1),
+		org              TEXT    NOT NULL,
+		status           TEXT    NOT NULL CHECK (status IN ('submitting', 'submitted', 'harvested', 'abandoned')),
+		batch_id         TEXT    NOT NULL,
+		n                INTEGER NOT NULL,
+		bytes            INTEGER NOT NULL,
+		worst_nanos      INTEGER NOT NULL,
+		created_at       INTEGER NOT NULL,
+		submitted_at     INTEGER NOT NULL,
+		ended_at         INTEGER NOT NULL,
+		harvested_at     INTEGER NOT NULL,
+		cancel_requested INTEGER NOT NULL,
+		note             TEXT    NOT NULL
+	) STRICT`,
+	`CREATE UNIQUE INDEX batches_id ON batches (batch_id) WHERE batch_id != ''`,
+	`CREATE TABLE batch_items (
+		batch INTEGER NOT NULL,
+		seq   INTEGER NOT NULL,
+		PRIMARY KEY (batch, seq)
+	) STRICT, WITHOUT ROWID`,
+	`CREATE INDEX batch_items_seq ON batch_items (seq, batch)`,
+	`CREATE TABLE route_totals (
+		route       TEXT    NOT NULL,
+		succeeded   INTEGER NOT NULL,
+		errored     INTEGER NOT NULL,
+		cost_nanos  INTEGER NOT NULL,
+		input_tok   INTEGER NOT NULL,
+		output_tok  INTEGER NOT NULL,
+		cache_read  INTEGER NOT NULL,
+		cache_write INTEGER NOT NULL,
+		PRIMARY KEY (route)
+	) STRICT, WITHOUT ROWID`,
+}
+
 // migrate creates the schema in an empty database, or checks the version of
 // an existing one. It runs in one write transaction, so two processes
 // opening the same new file cannot both create it, and it changes nothing in
-// a database it refuses.
+// a database it refuses. A version 1 file (before the batch route) is
+// brought to version 2 by adding batchSchema's tables, which it lacked.
 func migrate(ctx context.Context, db *sql.DB, path string) error {
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
@@ -130,7 +179,7 @@ func migrate(ctx context.Context, db *sql.DB, path string) error {
 			return fmt.Errorf("%w: %s is a SQLite database but not an apidispatch store (no meta table)",
 				store.ErrUnsupportedSchema, path)
 		}
-		for _, stmt := range schema {
+		for _, stmt := range slices.Concat(schema, batchSchema) {
 			if _, err := tx.ExecContext(ctx, stmt); err != nil {
 				return fmt.Errorf("sqlite: open %s: create schema: %w", path, err)
 			}
@@ -152,6 +201,29 @@ func migrate(ctx context.Context, db *sql.DB, path string) error {
 	}
 	if err != nil {
 		return fmt.Errorf("sqlite: open %s: read schema version: %w", path, err)
+	}
+	if v == "1" {
+		// Version 1 lacks the batch route's tables; route_totals starts
+		// from its results, which all came by sync.
+		for _, stmt := range batchSchema {
+			if _, err := tx.ExecContext(ctx, stmt); err != nil {
+				return fmt.Errorf("sqlite: open %s: upgrade schema 1 to 2: %w", path, err)
+			}
+		}
+		if _, err := tx.ExecContext(ctx, `INSERT INTO route_totals
+			SELECT 'sync', count(*) FILTER (WHERE state = 'succeeded'), count(*) FILTER (WHERE state = 'errored'),
+				coalesce(sum(cost_nanos), 0), coalesce(sum(input_tok), 0), coalesce(sum(output_tok), 0),
+				coalesce(sum(cache_read), 0), coalesce(sum(cache_write), 0)
+			FROM results HAVING count(*) > 0`); err != nil {
+			return fmt.Errorf("sqlite: open %s: upgrade schema 1 to 2: %w", path, err)
+		}
+		if _, err := tx.ExecContext(ctx, `UPDATE meta SET value = ? WHERE key = 'schema_version'`, strconv.Itoa(schemaVersion)); err != nil {
+			return fmt.Errorf("sqlite: open %s: upgrade schema 1 to 2: %w", path, err)
+		}
+		if err := tx.Commit(); err != nil {
+			return fmt.Errorf("sqlite: open %s: upgrade schema 1 to 2: %w", path, err)
+		}
+		return nil
 	}
 	if v != strconv.Itoa(schemaVersion) {
 		return fmt.Errorf("%w: %s has schema version %s, this program knows version %d (a newer apidispatch wrote it?)",

@@ -129,6 +129,7 @@ type Store struct {
 	insertLine     *sql.Stmt // one line
 	maxRSeq        *sql.Stmt
 	addTotal       *sql.Stmt
+	addRouteTotal  *sql.Stmt
 	addCounter     *sql.Stmt
 	pending        *sql.Stmt // on r
 
@@ -280,6 +281,12 @@ func (s *Store) prepare(ctx context.Context) error {
 		ON CONFLICT (state, org, error_type) DO UPDATE SET n = n + excluded.n, cost_nanos = cost_nanos + excluded.cost_nanos,
 			input_tok = input_tok + excluded.input_tok, output_tok = output_tok + excluded.output_tok,
 			cache_read = cache_read + excluded.cache_read, cache_write = cache_write + excluded.cache_write`)
+	s.addRouteTotal = prep(s.w, `INSERT INTO route_totals (route, succeeded, errored, cost_nanos, input_tok, output_tok, cache_read, cache_write)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+		ON CONFLICT (route) DO UPDATE SET succeeded = succeeded + excluded.succeeded, errored = errored + excluded.errored,
+			cost_nanos = cost_nanos + excluded.cost_nanos, input_tok = input_tok + excluded.input_tok,
+			output_tok = output_tok + excluded.output_tok, cache_read = cache_read + excluded.cache_read,
+			cache_write = cache_write + excluded.cache_write`)
 	s.addCounter = prep(s.w, `INSERT INTO counters (name, value) VALUES (?, ?)
 		ON CONFLICT (name) DO UPDATE SET value = value + excluded.value`)
 	s.pending = prep(s.r, pendingQuery)
@@ -696,11 +703,31 @@ type totalsKey struct{ state, org, errorType string }
 // table, one upsert per (state, org, error_type) in the batch, in key order.
 func (s *Store) addTotals(ctx context.Context, tx *sql.Tx, outs []store.Outcome, rseq []int64) error {
 	sums := map[totalsKey]*store.OrgTotals{} // Succeeded holds the count
+	routes := map[string]*store.OrgTotals{}
 	for i := range outs {
 		if rseq[i] == 0 {
 			continue
 		}
 		o := &outs[i]
+		route := o.Route
+		if route == "" {
+			route = store.RouteSync
+		}
+		r := routes[route]
+		if r == nil {
+			r = &store.OrgTotals{}
+			routes[route] = r
+		}
+		if o.State == store.Succeeded {
+			r.Succeeded++
+		} else {
+			r.Errored++
+		}
+		r.CostNanos += o.CostNanos
+		r.InputTok += o.InputTok
+		r.OutputTok += o.OutputTok
+		r.CacheRead += o.CacheRead
+		r.CacheWrite += o.CacheWrite
 		k := totalsKey{string(o.State), o.Org, o.ErrorType}
 		t := sums[k]
 		if t == nil {
@@ -720,6 +747,14 @@ func (s *Store) addTotals(ctx context.Context, tx *sql.Tx, outs []store.Outcome,
 	keys := slices.SortedFunc(maps.Keys(sums), func(a, b totalsKey) int {
 		return cmp.Or(cmp.Compare(a.state, b.state), cmp.Compare(a.org, b.org), cmp.Compare(a.errorType, b.errorType))
 	})
+	radd := tx.StmtContext(ctx, s.addRouteTotal)
+	for _, name := range slices.Sorted(maps.Keys(routes)) {
+		r := routes[name]
+		if _, err := radd.ExecContext(ctx, name, r.Succeeded, r.Errored,
+			r.CostNanos, r.InputTok, r.OutputTok, r.CacheRead, r.CacheWrite); err != nil {
+			return err
+		}
+	}
 	add := tx.StmtContext(ctx, s.addTotal)
 	for _, k := range keys {
 		t := sums[k]

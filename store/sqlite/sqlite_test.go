@@ -212,7 +212,7 @@ func TestOpenRefusesNewerSchema(t *testing.T) {
 	if !errors.Is(err, store.ErrUnsupportedSchema) {
 		t.Fatalf("Open of a version 7 store: %v, want ErrUnsupportedSchema", err)
 	}
-	if !strings.Contains(err.Error(), "version 7") || !strings.Contains(err.Error(), "version 1") {
+	if !strings.Contains(err.Error(), "version 7") || !strings.Contains(err.Error(), fmt.Sprintf("version %d", schemaVersion)) {
 		t.Errorf("error %q should name both versions", err)
 	}
 }
@@ -411,5 +411,56 @@ func TestResultsStreamsInBoundedMemory(t *testing.T) {
 	// Other parallel tests allocate too; 2 MB is a quarter of the lines.
 	if peak > before && peak-before > 2<<20 {
 		t.Fatalf("live heap grew by %d bytes while streaming %d bytes of lines", peak-before, n*lineLen)
+	}
+}
+
+// TestOpenUpgradesVersion1 opens a file as the version before the batch
+// route wrote it: it gains the batch tables, and its results count as sync.
+func TestOpenUpgradesVersion1(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	path := filepath.Join(t.TempDir(), "state.db")
+	s, err := Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Init(ctx, store.Meta{InputPath: "/x.jsonl", InputHash: "abc", N: 3}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.AddItems(ctx, []store.Item{{Seq: 1, CustomID: "a", Model: "m"}, {Seq: 2, CustomID: "b", Model: "m"}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Commit(ctx, store.Batch{Outcomes: []store.Outcome{{Seq: 1, State: store.Succeeded, Org: "o", CostNanos: 42, Line: []byte(`{"custom_id":"a"}`)}}}); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	raw, err := sql.Open("sqlite", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range []string{`DROP TABLE batches`, `DROP TABLE batch_items`, `DROP TABLE route_totals`,
+		`UPDATE meta SET value = '1' WHERE key = 'schema_version'`} {
+		if _, err := raw.Exec(q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	raw.Close()
+	s, err = Open(path)
+	if err != nil {
+		t.Fatalf("Open of a version 1 store: %v", err)
+	}
+	defer s.Close()
+	if _, err := s.Init(ctx, store.Meta{InputPath: "/x.jsonl", InputHash: "abc", N: 3}); err != nil {
+		t.Fatal(err)
+	}
+	a, err := s.Aggregate(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := a.ByRoute[store.RouteSync]; r.Succeeded != 1 || r.CostNanos != 42 {
+		t.Fatalf("sync route after the upgrade = %+v; want the one result", r)
+	}
+	if _, err := s.AddBatch(ctx, store.BatchRecord{Org: "o"}, []int64{2}); err != nil {
+		t.Fatalf("AddBatch after the upgrade: %v", err)
 	}
 }

@@ -66,6 +66,8 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 		{"LatencyPercentiles", testLatencyPercentiles},
 		{"Close", testClose},
 		{"PendingDuringCommit", testPendingDuringCommit},
+		{"Batches", testBatches},
+		{"ByRoute", testByRoute},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -708,6 +710,8 @@ func testAggregate(t *testing.T, open func(t *testing.T) store.Store) {
 		InputTok:  aIn + bIn + nIn, OutputTok: aOut + bOut + nOut, CacheRead: aCR + bCR + nCR, CacheWrite: aCW + bCW + nCW,
 		Results:  8,
 		Counters: map[string]int64{"attempts": 14, "rate_limited_429": big},
+		ByRoute: map[string]store.OrgTotals{"sync": {Succeeded: 4, Errored: 4, CostNanos: 3*big + 10,
+			InputTok: aIn + bIn + nIn, OutputTok: aOut + bOut + nOut, CacheRead: aCR + bCR + nCR, CacheWrite: aCW + bCW + nCW}},
 	}
 	if !equalAggregate(got, want) {
 		t.Fatalf("Aggregate:\n got %+v\nwant %+v", got, want)
@@ -720,7 +724,7 @@ func equalAggregate(a, b store.Aggregate) bool {
 		maps.Equal(a.ErroredByType, b.ErroredByType) && maps.Equal(a.ByOrg, b.ByOrg) &&
 		a.CostNanos == b.CostNanos && a.InputTok == b.InputTok && a.OutputTok == b.OutputTok &&
 		a.CacheRead == b.CacheRead && a.CacheWrite == b.CacheWrite && a.Results == b.Results &&
-		maps.Equal(a.Counters, b.Counters)
+		maps.Equal(a.Counters, b.Counters) && maps.Equal(a.ByRoute, b.ByRoute)
 }
 
 func testLatencyPercentiles(t *testing.T, open func(t *testing.T) store.Store) {
