@@ -123,12 +123,16 @@ func cacheEntry(a *attempt, now time.Time) *cache.Entry {
 	}
 }
 
+// RouteCache is the route of items the result cache answered, in the
+// store and the summary's by_route.
+const RouteCache = "cache"
+
 // hitOutcome is the result of an item answered without a request: the
 // original response, request id and cost, and nothing charged to this run
 // (no org served it, no tokens, no attempts, so it is left out of the
 // latency percentiles and of every org's figures).
 func hitOutcome(it store.Item, a answer) store.Outcome {
-	out := store.Outcome{Seq: it.Seq, State: store.Succeeded}
+	out := store.Outcome{Seq: it.Seq, State: store.Succeeded, Route: RouteCache}
 	var buf bytes.Buffer
 	if bytes.IndexByte(a.body, '\n') < 0 && bytes.IndexByte(a.body, '\r') < 0 {
 		buf.Write(a.body)

@@ -22,11 +22,10 @@ const (
 // batches, and only then appends their result lines, so results.jsonl never
 // holds anything the store does not.
 type committer struct {
-	st store.Store
-	rf *resultsFile
-	c  *counters
-	ev *EventLog
-	in chan queued
+	sink *Sink
+	c    *counters
+	ev   *EventLog
+	in   chan queued
 	// cache, when set, stores the entries of successes (queued.put) in
 	// the same group commit as their results, just before them.
 	cache *cache.Cache
@@ -43,8 +42,8 @@ type committer struct {
 	journalKey string
 }
 
-func newCommitter(st store.Store, rf *resultsFile, c *counters, ev *EventLog) *committer {
-	return &committer{st: st, rf: rf, c: c, ev: ev, in: make(chan queued, 4096)}
+func newCommitter(sink *Sink, c *counters, ev *EventLog) *committer {
+	return &committer{sink: sink, c: c, ev: ev, in: make(chan queued, 4096)}
 }
 
 // queued is an outcome waiting for the committer, with what it means for
@@ -164,7 +163,7 @@ func (m *committer) commit(qs []queued) {
 			}
 		}
 	}
-	res, err := m.st.Commit(context.Background(), store.Batch{Outcomes: batch, Counters: ctr})
+	res, err := m.sink.Commit(context.Background(), store.Batch{Outcomes: batch, Counters: ctr})
 	if err != nil {
 		m.fail(err)
 		return
@@ -178,20 +177,12 @@ func (m *committer) commit(qs []queued) {
 			hits++
 			saved += int64(qs[i].saved)
 		}
-		if err := m.rf.append(o.Line); err != nil {
-			m.fail(err)
-			return
-		}
 		if o.State == store.Succeeded {
 			succ++
 		} else {
 			errd++
 		}
 		costN += o.CostNanos
-	}
-	if err := m.rf.flush(); err != nil {
-		m.fail(err)
-		return
 	}
 	m.c.succeeded.Add(succ)
 	m.c.errored.Add(errd)

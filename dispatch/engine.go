@@ -65,6 +65,13 @@ type Config struct {
 	Prices *cost.Table
 	// ResultsPath is results.jsonl; EventsPath events.jsonl (optional).
 	ResultsPath string
+	// Sink, when set, is the run's results writer, shared with the batch
+	// route (the engine then neither opens nor closes it); otherwise the
+	// engine opens ResultsPath itself.
+	Sink *Sink
+	// Skip, when set, leaves out the pending items it returns true for
+	// (those an open batch holds).
+	Skip func(seq int64) bool
 	// JournalDir, when set, holds the attempt journal (the run directory):
 	// a run that starts there after one that died counts the requests the
 	// dead one may have had billed without recording them (in flight, or
@@ -417,6 +424,10 @@ type Result struct {
 	Complete bool
 	// StopReason says why an incomplete run stopped.
 	StopReason string
+	// Stopped: a stop condition ended it (a signal, the deadline,
+	// --max-cost, no usable lane, the API unreachable, a failed write),
+	// not the end of the items it was given (a pilot, Skip).
+	Stopped bool
 }
 
 // Run sends every unfinished item. Cancelling ctx stops admission; requests
@@ -452,12 +463,20 @@ func (e *Engine) Run(ctx context.Context) (*Result, error) {
 	}
 	e.doneStart = agg.Succeeded + agg.Errored
 	e.spent = cost.Nanos(agg.CostNanos)
-	rf, rebuilt, err := openResults(ctx, e.cfg.ResultsPath, st, agg.Results)
-	if err != nil {
-		return nil, err
+	sink := e.cfg.Sink
+	if sink == nil {
+		if sink, err = OpenSink(ctx, e.cfg.ResultsPath, st); err != nil {
+			return nil, err
+		}
+		if sink.Rebuilt > 0 {
+			e.cfg.Events.Emit(EventWarning, fmt.Sprintf("results file was %d lines short of the run's state; rebuilt them", sink.Rebuilt), map[string]any{"rebuilt": sink.Rebuilt})
+		}
 	}
-	if rebuilt > 0 {
-		e.cfg.Events.Emit(EventWarning, fmt.Sprintf("results file was %d lines short of the run's state; rebuilt them", rebuilt), map[string]any{"rebuilt": rebuilt})
+	closeSink := func() error {
+		if e.cfg.Sink == nil {
+			return sink.Close()
+		}
+		return nil
 	}
 	var orgNames []map[string]string
 	for _, o := range e.orgs {
@@ -472,11 +491,11 @@ func (e *Engine) Run(ctx context.Context) (*Result, error) {
 	// The committer makes outcomes durable, then appends their lines.
 	if e.cfg.JournalDir != "" {
 		if e.jr, err = openJournal(e.cfg.JournalDir); err != nil {
-			rf.close()
+			closeSink()
 			return nil, err
 		}
 	}
-	com := newCommitter(st, rf, &e.c, e.cfg.Events)
+	com := newCommitter(sink, &e.c, e.cfg.Events)
 	if e.caching() && e.cfg.CacheMode.Writes() {
 		com.cache = e.cfg.Cache
 	}
@@ -507,7 +526,7 @@ func (e *Engine) Run(ctx context.Context) (*Result, error) {
 					n++
 				}
 				if n < len(items) {
-					fs, err := e.keyItems(feedCtx, items[:n], com)
+					fs, err := e.keyItems(feedCtx, e.skip(items[:n]), com)
 					if err != nil {
 						feedErr = err
 						return
@@ -525,7 +544,7 @@ func (e *Engine) Run(ctx context.Context) (*Result, error) {
 				return
 			}
 			after = items[len(items)-1].Seq
-			fs, err := e.keyItems(feedCtx, items, com)
+			fs, err := e.keyItems(feedCtx, e.skip(items), com)
 			if err != nil {
 				if feedCtx.Err() == nil {
 					feedErr = err
@@ -558,7 +577,7 @@ func (e *Engine) Run(ctx context.Context) (*Result, error) {
 	if com.err != nil && runErr == nil {
 		runErr = fmt.Errorf("the run's state could not be written, so the run stopped; nothing unwritten is marked done, and the same command resumes once there is room: %w", com.err)
 	}
-	closeErr := rf.close()
+	closeErr := closeSink()
 	// Every attempt has ended; once every outcome and counter is durable
 	// the journal has nothing left to say.
 	if err := e.jr.close(com.err == nil); err != nil && closeErr == nil {
@@ -571,7 +590,7 @@ func (e *Engine) Run(ctx context.Context) (*Result, error) {
 	if serr != nil && runErr == nil {
 		runErr = serr
 	}
-	res := &Result{Summary: sum, StopReason: e.stopReason}
+	res := &Result{Summary: sum, StopReason: e.stopReason, Stopped: e.stopReason != ""}
 	if runErr != nil {
 		e.cfg.Events.Emit(EventFailure, runErr.Error(), nil)
 		return res, runErr
@@ -589,6 +608,14 @@ func (e *Engine) Run(ctx context.Context) (*Result, error) {
 	}
 	e.cfg.Events.Emit(EventCompleted, fmt.Sprintf("%d succeeded, %d errored", sum.Succeeded, sum.Errored), sum)
 	return res, nil
+}
+
+// skip drops the items Config.Skip leaves out, in place.
+func (e *Engine) skip(items []store.Item) []store.Item {
+	if e.cfg.Skip == nil {
+		return items
+	}
+	return slices.DeleteFunc(items, func(it store.Item) bool { return e.cfg.Skip(it.Seq) })
 }
 
 // Abort abandons in-flight requests at once (a second signal).
@@ -1084,7 +1111,7 @@ func (e *Engine) noteOrgID(o *orgState, id string) {
 // outcome builds the durable outcome and its results.jsonl line.
 func (e *Engine) outcome(a *attempt, st store.State) store.Outcome {
 	out := store.Outcome{
-		Seq: a.w.it.Seq, State: st, Org: a.lane.org.Name, Attempts: a.w.attempts,
+		Seq: a.w.it.Seq, State: st, Org: a.lane.org.Name, Route: store.RouteSync, Attempts: a.w.attempts,
 		LatencyMs: a.latency.Milliseconds(), CostNanos: int64(a.costN),
 		InputTok: a.usage.InputTokens, OutputTok: a.usage.OutputTokens,
 		CacheRead: a.usage.CacheReadInputTokens, CacheWrite: a.usage.CacheCreationInputTokens,
@@ -1116,11 +1143,12 @@ func (e *Engine) outcome(a *attempt, st store.State) store.Outcome {
 	}
 	d, _ := json.Marshal(struct {
 		Org       string  `json:"org"`
+		Route     string  `json:"route"`
 		Attempts  int64   `json:"attempts"`
 		LatencyMs int64   `json:"latency_ms"`
 		CostUSD   float64 `json:"cost_usd"`
 		RequestID string  `json:"request_id,omitempty"`
-	}{a.lane.org.Name, a.w.attempts, out.LatencyMs, a.costN.USD(), a.reqID})
+	}{a.lane.org.Name, store.RouteSync, a.w.attempts, out.LatencyMs, a.costN.USD(), a.reqID})
 	id, _ := json.Marshal(a.w.it.CustomID)
 	line := make([]byte, 0, len(res)+len(d)+len(id)+40)
 	line = append(line, `{"custom_id":`...)

@@ -19,6 +19,9 @@ const (
 	EventIncomplete = "incomplete"
 	EventBlocked    = "blocked"
 	EventFailure    = "failure"
+	// EventBatch is a step of the batch route: a batch created, adopted,
+	// abandoned, cancelled or harvested, or a decision of the router.
+	EventBatch = "batch"
 )
 
 // Event is one line of events.jsonl.

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"sync"
 
 	"github.com/apidispatch/apidispatch/store"
 )
@@ -65,6 +66,61 @@ func openResults(ctx context.Context, path string, st store.Store, storeResults 
 		}
 	}
 	return rf, rebuilt, nil
+}
+
+// Sink is a run's results.jsonl bound to its store: the one place outcomes
+// become durable and their lines are appended, in the store's result-number
+// order. The sync engine and the batch route of one run share one Sink. It
+// is safe for concurrent use.
+type Sink struct {
+	mu sync.Mutex
+	st store.Store
+	rf *resultsFile
+	// Rebuilt is how many lines opening it restored from the store.
+	Rebuilt int64
+}
+
+// OpenSink opens the results file at path for st: a torn last line is
+// dropped and lines the store holds beyond the file are appended.
+func OpenSink(ctx context.Context, path string, st store.Store) (*Sink, error) {
+	agg, err := st.Aggregate(ctx)
+	if err != nil {
+		return nil, err
+	}
+	rf, rebuilt, err := openResults(ctx, path, st, agg.Results)
+	if err != nil {
+		return nil, err
+	}
+	return &Sink{st: st, rf: rf, Rebuilt: rebuilt}, nil
+}
+
+// Commit makes b durable, then appends the line of every outcome the store
+// took (RSeq != 0) and flushes. When the store commit failed nothing was
+// written; when an append failed the store holds the outcomes and the
+// file is rebuilt from it when it is next opened.
+func (s *Sink) Commit(ctx context.Context, b store.Batch) (store.Committed, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	res, err := s.st.Commit(ctx, b)
+	if err != nil {
+		return res, err
+	}
+	for i, o := range b.Outcomes {
+		if res.RSeq[i] == 0 {
+			continue // already terminal: never a second line
+		}
+		if err := s.rf.append(o.Line); err != nil {
+			return res, err
+		}
+	}
+	return res, s.rf.flush()
+}
+
+// Close flushes and closes the file.
+func (s *Sink) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.rf.close()
 }
 
 func (r *resultsFile) append(line []byte) error {

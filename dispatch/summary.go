@@ -3,6 +3,7 @@ package dispatch
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/apidispatch/apidispatch/anthropic"
 	"github.com/apidispatch/apidispatch/cost"
+	"github.com/apidispatch/apidispatch/org"
 	"github.com/apidispatch/apidispatch/store"
 )
 
@@ -102,19 +104,101 @@ type Summary struct {
 	Orgs   []map[string]string `json:"orgs"`
 	// Cache is present when the run had a result cache.
 	Cache *CacheSummary `json:"cache,omitempty"`
+	// ByRoute is what each route carried (design.md §12): "sync",
+	// "batch", and "cache" for items the result cache answered.
+	ByRoute map[string]*RouteSplit `json:"by_route"`
+	// Route is the route the run was asked for (sync, batch or auto).
+	Route string `json:"route,omitempty"`
+	// Router is the auto route's decision, with its arithmetic.
+	Router any `json:"router,omitempty"`
+	// Batches are the batch route's batches (batch and auto).
+	Batches *BatchesSummary `json:"batches,omitempty"`
 }
 
+// RouteSplit is one route's share of a run: items ended by it, their cost,
+// and the wall-clock the route was active in this invocation.
+type RouteSplit struct {
+	Items     int64   `json:"items"`
+	Succeeded int64   `json:"succeeded"`
+	Errored   int64   `json:"errored"`
+	CostUSD   float64 `json:"cost_usd"`
+	CostNanos int64   `json:"cost_nanos"`
+	// SyncPriceUSD, for the batch route, is what its results would have
+	// cost at the standard (sync) price: the saving is the difference.
+	SyncPriceUSD float64 `json:"sync_price_usd,omitempty"`
+	WallS        float64 `json:"wall_s"`
+}
+
+// BatchesSummary counts the batch route's batches over the run directory.
+type BatchesSummary struct {
+	Created   int64 `json:"created"`
+	Adopted   int64 `json:"adopted"`
+	Requests  int64 `json:"requests"`
+	Retried   int64 `json:"retried"`
+	Open      int   `json:"open"`
+	Harvested int   `json:"harvested"`
+	Abandoned int   `json:"abandoned"`
+}
+
+// Store counters of the batch route that the summary reads.
+const (
+	CounterBatchSyncPriceNanos = "batch_sync_price_nanos"
+)
+
 func (e *Engine) summarize(ctx context.Context) (*Summary, error) {
-	st := e.cfg.Store
+	now := time.Now()
+	var lanes []LaneSnapshot
+	for _, l := range e.allLanes() {
+		lanes = append(lanes, l.Snapshot(now))
+	}
+	s, agg, err := BuildSummary(ctx, SummaryInput{
+		Store: e.cfg.Store, ResultsPath: e.cfg.ResultsPath, Orgs: orgsOf(e.orgs), Start: e.start,
+		DoneStart: e.doneStart, Speed: e.cfg.Speed, Lanes: lanes, StopReason: e.stopReason,
+	})
+	if err != nil {
+		return nil, err
+	}
+	s.Cache = e.cacheSummary(agg)
+	return s, nil
+}
+
+func orgsOf(os []*orgState) []org.Org {
+	out := make([]org.Org, len(os))
+	for i, o := range os {
+		out[i] = o.Org
+	}
+	return out
+}
+
+// SummaryInput is what BuildSummary sums: a run's store and results file,
+// and what the caller knows of this invocation.
+type SummaryInput struct {
+	Store       store.Store
+	ResultsPath string
+	Orgs        []org.Org
+	// Start is when this invocation began; DoneStart how many items were
+	// terminal then.
+	Start      time.Time
+	DoneStart  int64
+	Speed      float64
+	Lanes      []LaneSnapshot
+	StopReason string
+}
+
+// BuildSummary sums a run from its store and checks its results file (the
+// data-loss check). It returns the store's aggregate too.
+func BuildSummary(ctx context.Context, in SummaryInput) (*Summary, store.Aggregate, error) {
+	st := in.Store
 	agg, err := st.Aggregate(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("summarising: %w", err)
+		return nil, agg, fmt.Errorf("summarising: %w", err)
 	}
 	lat, err := st.LatencyPercentiles(ctx, []float64{0.5, 0.95, 0.99})
 	if err != nil {
-		return nil, fmt.Errorf("summarising latencies: %w", err)
+		return nil, agg, fmt.Errorf("summarising latencies: %w", err)
 	}
-	wall := time.Since(e.start).Seconds()
+	speed := cmp.Or(in.Speed, 1)
+	wall := time.Since(in.Start).Seconds()
 	s := &Summary{
 		N: agg.N, Succeeded: agg.Succeeded, Errored: agg.Errored, ErroredByType: agg.ErroredByType,
 		Unfinished: agg.Pending,
@@ -123,19 +207,20 @@ func (e *Engine) summarize(ctx context.Context) (*Summary, error) {
 		Attempts:   agg.Counters[CounterAttempts], RateLimited429: agg.Counters[CounterRateLimited],
 		Overloaded529: agg.Counters[CounterOverloaded], OtherRetries: agg.Counters[CounterOtherRetries],
 		PossibleDuplicateBilling: agg.Counters[CounterMaybeBilled],
-		LatencyMs:                Latency{lat[0], lat[1], lat[2]}, WallS: wall, Speed: e.cfg.Speed,
-		APIEquivalentWallS: wall * e.cfg.Speed, ByOrg: map[string]OrgSplit{}, StopReason: e.stopReason,
+		LatencyMs:                Latency{lat[0], lat[1], lat[2]}, WallS: wall, Speed: speed,
+		APIEquivalentWallS: wall * speed, ByOrg: map[string]OrgSplit{}, StopReason: in.StopReason,
+		Lanes: in.Lanes,
 	}
 	if s.ErroredByType == nil {
 		s.ErroredByType = map[string]int64{}
 	}
-	s.CompletedThisRun = agg.Succeeded + agg.Errored - e.doneStart
+	s.CompletedThisRun = agg.Succeeded + agg.Errored - in.DoneStart
 	if wall > 0 {
 		s.RequestsPerMin = float64(s.CompletedThisRun) / wall * 60
-		s.APIRequestsPerMin = s.RequestsPerMin / e.cfg.Speed
+		s.APIRequestsPerMin = s.RequestsPerMin / speed
 	}
 	keys := map[string]string{}
-	for _, o := range e.orgs {
+	for _, o := range in.Orgs {
 		keys[o.Name] = o.Key.Fingerprint()
 		s.Orgs = append(s.Orgs, map[string]string{"org": o.Name, "key_fingerprint": o.Key.Fingerprint()})
 	}
@@ -146,17 +231,20 @@ func (e *Engine) summarize(ctx context.Context) (*Summary, error) {
 		s.Cost.ByOrg[name] = cost.Nanos(t.CostNanos).USD()
 		s.ByOrg[name] = OrgSplit{Succeeded: t.Succeeded, Errored: t.Errored, CostUSD: cost.Nanos(t.CostNanos).USD(), Key: keys[name]}
 	}
-	now := time.Now()
-	for _, l := range e.allLanes() {
-		s.Lanes = append(s.Lanes, l.Snapshot(now))
+	s.ByRoute = map[string]*RouteSplit{}
+	for name, t := range agg.ByRoute {
+		s.ByRoute[name] = &RouteSplit{Items: t.Succeeded + t.Errored, Succeeded: t.Succeeded, Errored: t.Errored,
+			CostUSD: cost.Nanos(t.CostNanos).USD(), CostNanos: t.CostNanos}
 	}
-	s.Cache = e.cacheSummary(agg)
-	dl, err := CheckResults(e.cfg.ResultsPath, agg)
+	if b := s.ByRoute[store.RouteBatch]; b != nil {
+		b.SyncPriceUSD = cost.Nanos(agg.Counters[CounterBatchSyncPriceNanos]).USD()
+	}
+	dl, err := CheckResults(in.ResultsPath, agg)
 	if err != nil {
-		return nil, err
+		return nil, agg, err
 	}
 	s.DataLoss = dl
-	return s, nil
+	return s, agg, nil
 }
 
 // CheckResults reads results.jsonl and checks it against the store's

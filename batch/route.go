@@ -1,0 +1,586 @@
+// Package batch is the Message Batches route of apidispatch: the same request
+// file in, the same results file and store out as the sync route (package
+// dispatch), at half the price and with the latency of a batch.
+//
+// A run's pending items are cut into batches (at most Config.Size requests
+// and Config.MaxBytes of create body each), placed on the org with the most
+// processing-queue headroom, polled per org with back-off and harvested into
+// the run's store and results.jsonl exactly once.
+//
+// Never lost, never paid twice: a batch is recorded in the store as
+// submitting, with its items, before its create call. When the answer to a
+// create is lost (a 5xx, a reset, a timeout, or the process died) the route
+// lists that org's batches and adopts the one made for it (created in the
+// window, with the same request count, and whose results hold its
+// custom_ids), instead of creating it again; a record no batch of the org
+// matches, once the API has had time to show it, is abandoned and its items
+// are free again. Harvesting commits each result with the store's guard, so
+// a batch harvested twice (after a crash) writes each line once.
+//
+// Per request: succeeded is done; errored with a non-retryable type
+// (invalid_request_error) is terminal with its error; errored with a
+// retryable type, expired, canceled or missing from the results goes back to
+// pending and is sent again, in a later batch or by the sync route. No count
+// of failures ever makes an item terminal.
+package batch
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/apidispatch/apidispatch/cost"
+	"github.com/apidispatch/apidispatch/dispatch"
+	"github.com/apidispatch/apidispatch/org"
+	"github.com/apidispatch/apidispatch/store"
+)
+
+// Limits of the Message Batches API (anthropic-api.md §6).
+const (
+	MaxRequests = 100_000
+	MaxBytes    = 256 << 20
+)
+
+// DefaultQueueCap is the processing-queue cap assumed for an org whose cap
+// is not known: the lowest tier's (origin.md §4: T1 100k).
+const DefaultQueueCap = 100_000
+
+// Store counters the route keeps.
+const (
+	CounterBatches       = "batches_created"
+	CounterBatchRequests = "batch_requests"
+	CounterBatchRetried  = "batch_retried"
+	CounterBatchAdopted  = "batches_adopted"
+)
+
+// Times in API seconds (divided by Config.Speed).
+const (
+	pollMin       = 5 * time.Second
+	pollMax       = 60 * time.Second
+	reconcileWait = 5 * time.Minute  // how long a lost create may stay invisible in lists
+	listSkew      = 2 * time.Minute  // clock difference allowed between us and the API
+	notFoundWarn  = 10 * time.Minute // a submitted batch 404 this long is worth a warning
+	orgHoldMin    = 60 * time.Second // an org that answered a create with 429 rests this long at least
+	createTimeout = 10 * time.Minute
+)
+
+// Config is everything the route needs. Zero fields take the defaults noted.
+type Config struct {
+	Orgs    []org.Org
+	BaseURL string // default https://api.anthropic.com
+	Client  *http.Client
+	// WrapTransport, when set, wraps the client's transport (--debug-http).
+	WrapTransport func(http.RoundTripper) http.RoundTripper
+	// Speed is the server's time compression (the simulator's K).
+	Speed  float64
+	Store  store.Store
+	Sink   *dispatch.Sink
+	Body   dispatch.BodyReader
+	Prices *cost.Table
+	Events *dispatch.EventLog
+	Log    *slog.Logger
+	// Size is the most requests per batch (default and maximum MaxRequests);
+	// MaxBytes the most bytes of create body (default and maximum MaxBytes).
+	Size     int
+	MaxBytes int64
+	// QueueCap is each org's processing-queue cap, by org name (missing:
+	// DefaultQueueCap). A create refused with 429 lowers what the route
+	// places there.
+	QueueCap map[string]int64
+	// MaxCost, when positive, bounds the run's spend: a batch is created
+	// only when spent plus the worst case of every open batch and of it
+	// stays within it, so the cap holds even if every request used its
+	// max_tokens. It covers the whole run directory, as the sync route's.
+	MaxCost cost.Nanos
+	// Take selects the pending items this route carries (nil: all).
+	Take func(it store.Item) bool
+	// SubmitOnce: after the first pass that placed everything Take selects
+	// (or when submitting stops for another reason) no more batches are
+	// created; items that come back to pending are left to the sync route.
+	// SubmitDone is closed then.
+	SubmitOnce bool
+	// NoSubmit: create nothing; re-attach to the run's open batches and
+	// harvest them.
+	NoSubmit bool
+	// Cancel: cancel every open batch of the run, harvest what they did,
+	// and create nothing.
+	Cancel bool
+	// LateAt, when set, says when an open batch that has not ended is
+	// cancelled so that its unstarted work can go by sync (auto), and why.
+	LateAt func(b store.BatchRecord) (time.Time, string)
+}
+
+// Result is what Run returns.
+type Result struct {
+	Created, Adopted, Abandoned, Harvested int
+	// Open is how many batches were still running on the API when Run
+	// returned (left there on a stop; the same command re-attaches).
+	Open int
+	// Retried counts results that went back to pending, Expired those of
+	// them that had expired.
+	Retried, Expired int64
+	// BrokenDownloads counts results streams that broke off and were read
+	// again.
+	BrokenDownloads int
+	// Requests counts requests sent in batches by this Run.
+	Requests int64
+	// StopReason says why submitting stopped early ("" when it did not).
+	StopReason string
+	WallS      float64
+	// CostNanos is what this Run's harvests committed.
+	CostNanos int64
+}
+
+// orgState is one org as the route sees it.
+type orgState struct {
+	org.Org
+	cl        *client
+	holdUntil time.Time
+	disabled  string
+	capSeen   int64 // 0: none observed
+}
+
+// rec is a batch record with what the route keeps about it in memory.
+type rec struct {
+	store.BatchRecord
+	org        *orgState
+	next       time.Time // when to look at it again
+	wait       time.Duration
+	lost404    time.Time // first 404 of a run of them
+	warned404  bool
+	ended      bool
+	lateDone   bool
+	harvestErr int
+}
+
+// Route runs the batch route of one run. Use New, then Run once.
+type Route struct {
+	cfg  Config
+	orgs []*orgState
+	log  *slog.Logger
+
+	mu   sync.Mutex
+	held map[int64]int64 // seq → local batch, for every open batch
+
+	recs       []*rec
+	changed    chan struct{}
+	submitDone chan struct{}
+	closedSub  bool
+	stopReason string
+	res        Result
+	start      time.Time
+}
+
+// New checks cfg and returns a route.
+func New(cfg Config) (*Route, error) {
+	if len(cfg.Orgs) == 0 {
+		return nil, org.ErrNoOrgs
+	}
+	if cfg.Store == nil || cfg.Sink == nil || cfg.Body == nil || cfg.Prices == nil {
+		return nil, errors.New("batch: Config needs Store, Sink, Body and Prices")
+	}
+	if cfg.Size == 0 {
+		cfg.Size = MaxRequests
+	}
+	if cfg.Size < 1 || cfg.Size > MaxRequests {
+		return nil, fmt.Errorf("batch: batch size %d: want 1 to %d requests (the API's limit)", cfg.Size, MaxRequests)
+	}
+	if cfg.MaxBytes == 0 {
+		cfg.MaxBytes = MaxBytes
+	}
+	if cfg.MaxBytes < 1 || cfg.MaxBytes > MaxBytes {
+		return nil, fmt.Errorf("batch: batch bytes %d: want 1 to %d (256 MB, the API's limit)", cfg.MaxBytes, MaxBytes)
+	}
+	if cfg.BaseURL == "" {
+		cfg.BaseURL = "https://api.anthropic.com"
+	}
+	base, err := dispatch.CheckBaseURL(cfg.BaseURL)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.Speed <= 0 {
+		cfg.Speed = 1
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	hc := cfg.Client
+	if hc == nil {
+		hc = &http.Client{Transport: dispatch.NewTransport(16)}
+	}
+	if cfg.WrapTransport != nil {
+		c := *hc
+		c.Transport = cfg.WrapTransport(c.Transport)
+		hc = &c
+	}
+	r := &Route{cfg: cfg, log: cfg.Log, held: map[int64]int64{}, changed: make(chan struct{}, 1), submitDone: make(chan struct{})}
+	for _, o := range cfg.Orgs {
+		r.orgs = append(r.orgs, &orgState{Org: o, cl: &client{http: hc, base: base, key: o.Key}})
+	}
+	if cfg.NoSubmit || cfg.Cancel {
+		r.closeSubmit("")
+	}
+	return r, nil
+}
+
+// Holds reports whether an open batch of the run holds the item seq. It is
+// safe to call from any goroutine (the sync engine's Skip).
+func (r *Route) Holds(seq int64) bool {
+	r.mu.Lock()
+	_, ok := r.held[seq]
+	r.mu.Unlock()
+	return ok
+}
+
+// SubmitDone is closed once the route will create no more batches.
+func (r *Route) SubmitDone() <-chan struct{} { return r.submitDone }
+
+// Changed receives a value after each harvest (coalesced).
+func (r *Route) Changed() <-chan struct{} { return r.changed }
+
+func (r *Route) closeSubmit(reason string) {
+	if r.closedSub {
+		return
+	}
+	r.closedSub = true
+	if reason != "" && r.stopReason == "" {
+		r.stopReason = reason
+	}
+	close(r.submitDone)
+}
+
+// api converts API time to wall time at the server's speed.
+func (r *Route) api(d time.Duration) time.Duration {
+	return time.Duration(float64(d) / r.cfg.Speed)
+}
+
+func (r *Route) orgNamed(name string) *orgState {
+	for _, o := range r.orgs {
+		if o.Name == name {
+			return o
+		}
+	}
+	return nil
+}
+
+func (r *Route) emit(note string, data map[string]any) {
+	r.cfg.Events.Emit(dispatch.EventBatch, note, data)
+	r.log.Info(note)
+}
+
+// load reads the run's batches and holds the items of the open ones.
+func (r *Route) load(ctx context.Context) error {
+	recs, err := r.cfg.Store.Batches(ctx)
+	if err != nil {
+		return fmt.Errorf("reading the run's batches: %w", err)
+	}
+	now := time.Now()
+	for _, b := range recs {
+		if !b.Status.Open() {
+			continue
+		}
+		o := r.orgNamed(b.Org)
+		if o == nil {
+			return fmt.Errorf("batch %d of this run (%s) is on org %q, which is not configured now; configure that org again to harvest it", b.Local, cmp.Or(b.ID, "id not known"), b.Org)
+		}
+		its, err := r.cfg.Store.BatchItems(ctx, b.Local)
+		if err != nil {
+			return err
+		}
+		r.mu.Lock()
+		for _, it := range its {
+			r.held[it.Seq] = b.Local
+		}
+		r.mu.Unlock()
+		r.recs = append(r.recs, &rec{BatchRecord: b, org: o, next: now, wait: r.api(pollMin)})
+		r.emit(fmt.Sprintf("batch %d (%s, org %s, %d requests, %s): re-attached", b.Local, cmp.Or(b.ID, "id not known yet"), b.Org, b.N, b.Status), recData(&b))
+	}
+	return nil
+}
+
+func recData(b *store.BatchRecord) map[string]any {
+	return map[string]any{"batch": b.Local, "batch_id": b.ID, "org": b.Org, "n": b.N, "status": b.Status}
+}
+
+// Run creates, polls and harvests until every item it carries has ended or
+// is back with the sync route, or ctx is cancelled (then open batches keep
+// running on the API and Run returns at once; the same command
+// re-attaches). The store is consistent however it returns.
+func (r *Route) Run(ctx context.Context) (*Result, error) {
+	r.start = time.Now()
+	defer func() { r.res.WallS = time.Since(r.start).Seconds() }()
+	if err := r.load(ctx); err != nil {
+		return nil, err
+	}
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for {
+		if ctx.Err() != nil {
+			r.closeSubmit("stopped by signal")
+			break
+		}
+		if r.cfg.Cancel {
+			r.cancelAll(ctx)
+		}
+		if !r.closedSub {
+			if err := r.submit(ctx); err != nil {
+				return r.result(), err
+			}
+		}
+		now := time.Now()
+		next := now.Add(time.Hour)
+		settled := r.res.Harvested + r.res.Abandoned
+		for _, b := range r.recs {
+			if !b.Status.Open() {
+				continue
+			}
+			if !b.next.After(now) {
+				if err := r.step(ctx, b); err != nil {
+					return r.result(), err
+				}
+				if ctx.Err() != nil {
+					break
+				}
+			}
+			if b.Status.Open() && b.next.Before(next) {
+				next = b.next
+			}
+		}
+		open := r.openCount()
+		if open == 0 && (r.closedSub || !r.anyTakeable(ctx)) {
+			r.closeSubmit("")
+			break
+		}
+		if !r.closedSub && r.res.Harvested+r.res.Abandoned != settled {
+			// A batch settled: its items, its queue room and its reserve
+			// may go into new batches now.
+			next = now
+		}
+		if !r.closedSub {
+			// Orgs on hold may take batches again later.
+			for _, o := range r.orgs {
+				if o.holdUntil.After(now) && o.holdUntil.Before(next) {
+					next = o.holdUntil
+				}
+			}
+		}
+		timer.Reset(max(time.Until(next), time.Millisecond))
+		select {
+		case <-ctx.Done():
+		case <-timer.C:
+		}
+	}
+	return r.result(), nil
+}
+
+func (r *Route) result() *Result {
+	res := r.res
+	res.Open = r.openCount()
+	res.StopReason = r.stopReason
+	res.WallS = time.Since(r.start).Seconds()
+	return &res
+}
+
+func (r *Route) openCount() int {
+	n := 0
+	for _, b := range r.recs {
+		if b.Status.Open() {
+			n++
+		}
+	}
+	return n
+}
+
+// step looks at one open batch: reconcile a submitting one, poll a
+// submitted one, harvest it once ended.
+func (r *Route) step(ctx context.Context, b *rec) error {
+	if b.Status == store.BatchSubmitting {
+		return r.reconcile(ctx, b)
+	}
+	if b.ended {
+		return r.harvest(ctx, b)
+	}
+	return r.poll(ctx, b)
+}
+
+// backoff schedules b's next look after its wait, growing it.
+func (r *Route) backoff(b *rec, now time.Time, extra time.Duration) {
+	b.wait = min(max(b.wait*3/2, r.api(pollMin)), r.api(pollMax))
+	b.next = now.Add(max(b.wait, extra))
+}
+
+func (r *Route) poll(ctx context.Context, b *rec) error {
+	now := time.Now()
+	ab, err := b.org.cl.retrieve(ctx, b.ID)
+	if err != nil {
+		var ae *apiError
+		if errors.As(err, &ae) && ae.status == http.StatusNotFound {
+			// Just after a create, or for minutes mid-poll, the API may not
+			// find a batch it has (eventual consistency): keep polling.
+			if b.lost404.IsZero() {
+				b.lost404 = now
+			}
+			if !b.warned404 && now.Sub(b.lost404) > r.api(notFoundWarn) {
+				b.warned404 = true
+				r.cfg.Events.Emit(dispatch.EventWarning, fmt.Sprintf("batch %d (%s, org %s): the API has answered 404 not_found_error for %s; still polling", b.Local, b.ID, b.Org, now.Sub(b.lost404).Round(time.Second)), recData(&b.BatchRecord))
+			}
+		}
+		if ctx.Err() == nil {
+			r.backoff(b, now, retryAfter(err))
+		}
+		return nil
+	}
+	b.lost404 = time.Time{}
+	if ab.ended() {
+		b.ended = true
+		b.EndedAt = cmp.Or(derefTime(ab.EndedAt), now)
+		b.next = now
+		return r.harvest(ctx, b)
+	}
+	if r.cfg.LateAt != nil && !b.CancelRequested && !b.lateDone {
+		if at, why := r.cfg.LateAt(b.BatchRecord); !at.IsZero() && now.After(at) {
+			b.lateDone = true
+			r.emit(fmt.Sprintf("batch %d (%s, org %s, %d requests) is late: %s; cancelling it so that its unprocessed requests go by sync", b.Local, b.ID, b.Org, b.N, why), recData(&b.BatchRecord))
+			r.cancelOne(ctx, b)
+		}
+	}
+	// Poll more often as the batch ages, up to pollMax.
+	age := now.Sub(b.SubmittedAt)
+	b.wait = min(max(age/8, r.api(pollMin)), r.api(pollMax))
+	b.next = now.Add(b.wait)
+	return nil
+}
+
+func derefTime(t *time.Time) time.Time {
+	if t == nil {
+		return time.Time{}
+	}
+	return *t
+}
+
+func retryAfter(err error) time.Duration {
+	var ae *apiError
+	if errors.As(err, &ae) {
+		return ae.retryAfter
+	}
+	return 0
+}
+
+func (r *Route) cancelAll(ctx context.Context) {
+	for _, b := range r.recs {
+		if b.Status == store.BatchSubmitted && !b.CancelRequested && !b.ended {
+			r.cancelOne(ctx, b)
+		}
+	}
+}
+
+func (r *Route) cancelOne(ctx context.Context, b *rec) {
+	if _, err := b.org.cl.cancel(ctx, b.ID); err != nil {
+		var ae *apiError
+		if !errors.As(err, &ae) || !ae.certain() || ae.status == http.StatusNotFound || ae.status == http.StatusTooManyRequests {
+			// Not cancelled yet (or not found yet): the next pass tries again.
+			b.lateDone = false
+			r.log.Warn("cancelling a batch failed; trying again", "batch", b.Local, "id", b.ID, "error", err.Error())
+			return
+		}
+		// A batch that has ended cannot be cancelled (400): harvest it.
+		r.log.Info("batch could not be cancelled", "batch", b.Local, "id", b.ID, "error", err.Error())
+	}
+	b.CancelRequested = true
+	if err := r.cfg.Store.UpdateBatch(ctx, b.BatchRecord); err != nil {
+		r.log.Warn("recording a cancel", "batch", b.Local, "error", err.Error())
+	}
+	r.emit(fmt.Sprintf("batch %d (%s, org %s): cancel requested; its finished requests will be harvested", b.Local, b.ID, b.Org), recData(&b.BatchRecord))
+	b.next = time.Now()
+}
+
+// release frees the items of batch b (it is no longer open).
+func (r *Route) release(ctx context.Context, b *rec) error {
+	its, err := r.cfg.Store.BatchItems(ctx, b.Local)
+	if err != nil {
+		return err
+	}
+	r.mu.Lock()
+	for _, it := range its {
+		if r.held[it.Seq] == b.Local {
+			delete(r.held, it.Seq)
+		}
+	}
+	r.mu.Unlock()
+	select {
+	case r.changed <- struct{}{}:
+	default:
+	}
+	return nil
+}
+
+// abandon records that b's create made no batch and frees its items.
+func (r *Route) abandon(ctx context.Context, b *rec, why string) error {
+	b.Status, b.Note = store.BatchAbandoned, why
+	if err := r.cfg.Store.UpdateBatch(context.WithoutCancel(ctx), b.BatchRecord); err != nil {
+		return fmt.Errorf("recording batch %d as abandoned: %w", b.Local, err)
+	}
+	r.res.Abandoned++
+	r.emit(fmt.Sprintf("batch %d (org %s, %d requests) abandoned: %s; its items are free again", b.Local, b.Org, b.N, why), recData(&b.BatchRecord))
+	return r.release(ctx, b)
+}
+
+// anyTakeable reports whether a pending item the route would carry is in
+// no open batch.
+func (r *Route) anyTakeable(ctx context.Context) bool {
+	if r.closedSub {
+		return false
+	}
+	var after int64
+	for {
+		its, err := r.cfg.Store.Pending(ctx, after, 4096)
+		if err != nil || len(its) == 0 {
+			return false
+		}
+		for _, it := range its {
+			if !r.Holds(it.Seq) && (r.cfg.Take == nil || r.cfg.Take(it)) {
+				return true
+			}
+		}
+		after = its[len(its)-1].Seq
+	}
+}
+
+// queued is what the route has in org o's processing queue: the requests
+// of its open batches not seen ended.
+func (r *Route) queued(o *orgState) int64 {
+	var q int64
+	for _, b := range r.recs {
+		if b.org == o && b.Status.Open() && !b.ended {
+			q += b.N
+		}
+	}
+	return q
+}
+
+func (r *Route) capOf(o *orgState) int64 {
+	c := int64(DefaultQueueCap)
+	if v, ok := r.cfg.QueueCap[o.Name]; ok && v > 0 {
+		c = v
+	}
+	if o.capSeen > 0 {
+		c = min(c, o.capSeen)
+	}
+	return c
+}
+
+// reserved is the worst case of every open batch, held against MaxCost.
+func (r *Route) reserved() cost.Nanos {
+	var w cost.Nanos
+	for _, b := range r.recs {
+		if b.Status.Open() {
+			w += cost.Nanos(b.WorstNanos)
+		}
+	}
+	return w
+}

@@ -1,0 +1,281 @@
+package batch
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"time"
+
+	"github.com/apidispatch/apidispatch/cost"
+	"github.com/apidispatch/apidispatch/store"
+)
+
+// itemOverhead bounds the bytes a request adds to a create body beyond its
+// line: `{"custom_id":"…","params":…},` around the params, which are never
+// longer than the line that holds them.
+const itemOverhead = 32
+
+// itemBytes bounds what item it adds to a create body.
+func itemBytes(it store.Item) int64 { return it.Length + int64(len(it.CustomID)) + itemOverhead }
+
+// worstCase is the most item it can cost at the batch price.
+func (r *Route) worstCase(it store.Item) cost.Nanos {
+	p, err := r.cfg.Prices.Lookup(it.Model)
+	if err != nil {
+		return cost.Nanos(math.MaxInt64 / 4)
+	}
+	// Tokens never outnumber bytes, so the line's length bounds the input.
+	n, err := p.Cost(usageOf(max(it.EstInput, it.Length), it.MaxTokens), true)
+	if err != nil {
+		return cost.Nanos(math.MaxInt64 / 4)
+	}
+	return n
+}
+
+// candidates returns the pending items the route would carry that no open
+// batch holds, in input order.
+func (r *Route) candidates(ctx context.Context) ([]store.Item, error) {
+	var out []store.Item
+	var after int64
+	for {
+		its, err := r.cfg.Store.Pending(ctx, after, 4096)
+		if err != nil {
+			return nil, err
+		}
+		if len(its) == 0 {
+			return out, nil
+		}
+		for _, it := range its {
+			if !r.Holds(it.Seq) && (r.cfg.Take == nil || r.cfg.Take(it)) {
+				out = append(out, it)
+			}
+		}
+		after = its[len(its)-1].Seq
+	}
+}
+
+// usable returns the orgs that may take a batch now.
+func (r *Route) usable(now time.Time) []*orgState {
+	var out []*orgState
+	for _, o := range r.orgs {
+		if o.disabled == "" && !o.holdUntil.After(now) {
+			out = append(out, o)
+		}
+	}
+	return out
+}
+
+// submit places the pending items on orgs: the batch size is the smaller
+// of Config.Size and an even share over the usable orgs, so that every org
+// processes in parallel; each batch goes to the org with the most queue
+// headroom, and no org is given more than its headroom.
+func (r *Route) submit(ctx context.Context) error {
+	cands, err := r.candidates(ctx)
+	if err != nil {
+		return fmt.Errorf("reading pending items: %w", err)
+	}
+	if len(cands) == 0 {
+		if r.cfg.SubmitOnce {
+			r.closeSubmit("")
+		}
+		return nil
+	}
+	var spent cost.Nanos
+	if r.cfg.MaxCost > 0 {
+		agg, err := r.cfg.Store.Aggregate(ctx)
+		if err != nil {
+			return err
+		}
+		spent = cost.Nanos(agg.CostNanos)
+	}
+	now := time.Now()
+	usable := r.usable(now)
+	if len(usable) == 0 {
+		if r.allDisabled() {
+			r.closeSubmit("no org can create batches: " + r.disabledReasons())
+		}
+		return nil
+	}
+	per := min(r.cfg.Size, (len(cands)+len(usable)-1)/len(usable))
+	for len(cands) > 0 && ctx.Err() == nil {
+		var best *orgState
+		var room int64
+		for _, o := range r.usable(time.Now()) {
+			if h := r.capOf(o) - r.queued(o); best == nil || h > room {
+				best, room = o, h
+			}
+		}
+		if best == nil || room <= 0 {
+			break // every org's queue is full of ours: wait for one to drain
+		}
+		want := int64(min(per, len(cands)))
+		n := min(want, room)
+		// Cut by count, bytes and cost.
+		var bytes int64 = 16
+		var worst cost.Nanos
+		k := 0
+		for k < int(n) {
+			it := cands[k]
+			b := itemBytes(it)
+			if bytes+b > r.cfg.MaxBytes {
+				break
+			}
+			w := r.worstCase(it)
+			if r.cfg.MaxCost > 0 && spent+r.reserved()+worst+w > r.cfg.MaxCost {
+				break
+			}
+			bytes += b
+			worst += w
+			k++
+		}
+		if k == 0 {
+			it := cands[0]
+			if itemBytes(it)+16 > r.cfg.MaxBytes {
+				return fmt.Errorf("line %d (custom_id %s): the request is %d bytes, more than a batch may hold (%d)", it.Line, it.CustomID, it.Length, r.cfg.MaxBytes)
+			}
+			if r.openCount() == 0 {
+				r.closeSubmit(fmt.Sprintf("--max-cost %s reached: spent %s, and the next batch's worst case (%s for its first request) would pass it", r.cfg.MaxCost, spent, r.worstCase(it)))
+			}
+			return nil // wait for an open batch to settle its reserve
+		}
+		cut := cands[:k]
+		cands = cands[k:]
+		if err := r.create(ctx, best, cut, bytes, worst); err != nil {
+			return err
+		}
+	}
+	if r.cfg.SubmitOnce && len(cands) == 0 {
+		r.closeSubmit("")
+	}
+	return nil
+}
+
+func (r *Route) allDisabled() bool {
+	for _, o := range r.orgs {
+		if o.disabled == "" {
+			return false
+		}
+	}
+	return true
+}
+
+func (r *Route) disabledReasons() string {
+	s := ""
+	for _, o := range r.orgs {
+		if o.disabled != "" {
+			if s != "" {
+				s += "; "
+			}
+			s += o.Name + ": " + o.disabled
+		}
+	}
+	return s
+}
+
+// create records a batch of items as submitting, then makes its create
+// call on org o.
+func (r *Route) create(ctx context.Context, o *orgState, items []store.Item, bytes int64, worst cost.Nanos) error {
+	seqs := make([]int64, len(items))
+	for i, it := range items {
+		seqs[i] = it.Seq
+	}
+	b := &rec{BatchRecord: store.BatchRecord{Org: o.Name, Status: store.BatchSubmitting, N: int64(len(items)), Bytes: bytes,
+		WorstNanos: int64(worst), CreatedAt: time.Now().UTC()}, org: o}
+	local, err := r.cfg.Store.AddBatch(ctx, b.BatchRecord, seqs)
+	if err != nil {
+		return fmt.Errorf("recording a batch before its create: %w", err)
+	}
+	b.Local = local
+	r.mu.Lock()
+	for _, q := range seqs {
+		r.held[q] = local
+	}
+	r.mu.Unlock()
+	r.recs = append(r.recs, b)
+	r.emit(fmt.Sprintf("batch %d: creating %d requests on org %s (queue %d of %d ours; worst case %s)", local, len(items), o.Name, r.queued(o), r.capOf(o), worst), map[string]any{
+		"batch": local, "org": o.Name, "n": len(items), "bytes_max": bytes, "worst_usd": worst.USD()})
+
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.api(createTimeout)+time.Minute)
+	defer cancel()
+	pr, pw := io.Pipe()
+	go func() { pw.CloseWithError(r.writeBody(pw, items)) }()
+	ab, err := o.cl.create(cctx, pr)
+	pr.Close()
+	now := time.Now()
+	if err == nil {
+		b.Status, b.ID, b.SubmittedAt = store.BatchSubmitted, ab.ID, now.UTC()
+		b.next, b.wait = now.Add(r.api(pollMin)), r.api(pollMin)
+		if ab.ended() {
+			b.ended, b.next = true, now
+		}
+		if uerr := r.cfg.Store.UpdateBatch(context.WithoutCancel(ctx), b.BatchRecord); uerr != nil {
+			// The batch exists and its id is only in memory: a crash now
+			// leaves a submitting record, which reconciliation adopts.
+			return fmt.Errorf("recording batch %d's id %s: %w", local, ab.ID, uerr)
+		}
+		r.res.Created++
+		r.res.Requests += b.N
+		r.count(ctx, map[string]int64{CounterBatches: 1, CounterBatchRequests: b.N})
+		r.emit(fmt.Sprintf("batch %d created on org %s as %s (%d requests)", local, o.Name, ab.ID, b.N), recData(&b.BatchRecord))
+		return nil
+	}
+	var ae *apiError
+	if errors.As(err, &ae) && ae.certain() {
+		switch ae.status {
+		case http.StatusTooManyRequests:
+			// The queue cap or the batch endpoints' rate: this org rests,
+			// and takes no more than what it holds of ours now.
+			o.holdUntil = now.Add(max(ae.retryAfter, r.api(orgHoldMin)))
+			if q := r.queued(o) - b.N; q > 0 {
+				o.capSeen = q
+			}
+			return r.abandon(ctx, b, fmt.Sprintf("org %s refused the create with 429 (%s); it rests until %s", o.Name, ae.msg, o.holdUntil.UTC().Format(time.TimeOnly)))
+		case http.StatusUnauthorized, http.StatusForbidden, http.StatusPaymentRequired:
+			o.disabled = ae.Error()
+			return r.abandon(ctx, b, fmt.Sprintf("org %s cannot create batches: %s", o.Name, ae.Error()))
+		}
+		if aerr := r.abandon(ctx, b, "the API refused the create: "+ae.Error()); aerr != nil {
+			return aerr
+		}
+		return fmt.Errorf("org %s refused batch %d (%d requests) with %s; nothing of it was created", o.Name, local, b.N, ae.Error())
+	}
+	// A 5xx, a reset or a timeout: the batch may exist. Reconcile.
+	r.emit(fmt.Sprintf("batch %d: the create's answer was lost (%v); looking for it in org %s's batches before anything is sent again", local, err, o.Name), recData(&b.BatchRecord))
+	b.next, b.wait = now, r.api(pollMin)
+	return nil
+}
+
+func (r *Route) count(ctx context.Context, c map[string]int64) {
+	if _, err := r.cfg.Sink.Commit(context.WithoutCancel(ctx), store.Batch{Counters: c}); err != nil {
+		r.log.Warn("recording batch counters", "error", err.Error())
+	}
+}
+
+// writeBody streams the create body of items: {"requests":[{custom_id,
+// params}, …]}, reading each params object from the input file.
+func (r *Route) writeBody(w io.Writer, items []store.Item) error {
+	bw := bufio.NewWriterSize(w, 256<<10)
+	bw.WriteString(`{"requests":[`)
+	for i, it := range items {
+		params, err := r.cfg.Body(it)
+		if err != nil {
+			return fmt.Errorf("reading item %s: %w", it.CustomID, err)
+		}
+		if i > 0 {
+			bw.WriteByte(',')
+		}
+		id, _ := json.Marshal(it.CustomID)
+		bw.WriteString(`{"custom_id":`)
+		bw.Write(id)
+		bw.WriteString(`,"params":`)
+		bw.Write(params)
+		bw.WriteByte('}')
+	}
+	bw.WriteString(`]}`)
+	return bw.Flush()
+}

@@ -1,0 +1,362 @@
+package runner
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/apidispatch/apidispatch/batch"
+	"github.com/apidispatch/apidispatch/dispatch"
+	"github.com/apidispatch/apidispatch/store"
+)
+
+// Routes a run can take (design.md §12).
+const (
+	RouteSync  = "sync"
+	RouteBatch = "batch"
+	RouteAuto  = "auto"
+)
+
+// Exec is how Execute sends a job's pending items.
+type Exec struct {
+	// Route is RouteSync (the default), RouteBatch or RouteAuto.
+	Route string
+	// Sync configures the sync route (the engine); the job fills in its
+	// store, input and results. Its Deadline stops admission.
+	Sync dispatch.Config
+	// Batch configures the batch route: its size, bytes, queue caps,
+	// Cancel. Orgs, BaseURL, Speed, Prices, MaxCost and transport come
+	// from Sync.
+	Batch batch.Config
+	// Split is auto's decision: how many of the pending items go by sync
+	// (the first ones in input order); the rest go by batch. LateAt says
+	// when an open batch is cancelled so its unprocessed work goes by sync.
+	SyncItems int64
+	LateAt    func(b store.BatchRecord) (time.Time, string)
+	// OnEngine, when set, is called with each engine before it runs (a
+	// progress display, the second signal's Abort); the function it
+	// returns is called when that engine's run ends.
+	OnEngine func(*dispatch.Engine) (done func())
+	// OnBatch is OnEngine for the batch route.
+	OnBatch func(*batch.Route) (done func())
+}
+
+// Result is what Execute returns.
+type Result struct {
+	Summary    *dispatch.Summary
+	Complete   bool
+	StopReason string
+	// Batch is the batch route's result (batch and auto).
+	Batch *batch.Result
+}
+
+// Execute sends the job's pending items by the route x names and sums the
+// run. The store is consistent however it returns; an error leaves the run
+// resumable (as dispatch.Engine.Run does).
+func Execute(ctx context.Context, job *dispatch.Job, x Exec) (*Result, error) {
+	start := time.Now()
+	agg0, err := job.Store.Aggregate(ctx)
+	if err != nil {
+		return nil, err
+	}
+	sink, err := dispatch.OpenSink(ctx, job.ResultsPath, job.Store)
+	if err != nil {
+		return nil, err
+	}
+	if sink.Rebuilt > 0 {
+		job.Events.Emit(dispatch.EventWarning, fmt.Sprintf("results file was %d lines short of the run's state; rebuilt them", sink.Rebuilt), map[string]any{"rebuilt": sink.Rebuilt})
+	}
+	ex := &execution{job: job, x: x, sink: sink}
+	var runErr error
+	switch x.Route {
+	case "", RouteSync:
+		x.Route = RouteSync
+		runErr = ex.sync(ctx, x.Sync)
+	case RouteBatch:
+		runErr = ex.batchOnly(ctx)
+	case RouteAuto:
+		runErr = ex.auto(ctx)
+	default:
+		runErr = fmt.Errorf("unknown route %q: want sync, batch or auto", x.Route)
+	}
+	if err := sink.Close(); err != nil && runErr == nil {
+		runErr = err
+	}
+	sctx := context.WithoutCancel(ctx)
+	s, _, serr := dispatch.BuildSummary(sctx, dispatch.SummaryInput{
+		Store: job.Store, ResultsPath: job.ResultsPath, Orgs: x.Sync.Orgs, Start: start,
+		DoneStart: agg0.Succeeded + agg0.Errored, Speed: x.Sync.Speed, Lanes: ex.lanes, StopReason: ex.stopReason,
+	})
+	if serr != nil {
+		if runErr == nil {
+			runErr = serr
+		}
+		return &Result{StopReason: ex.stopReason}, runErr
+	}
+	s.Route = x.Route
+	s.Cache = ex.cacheSum
+	if r := s.ByRoute[store.RouteSync]; r != nil {
+		r.WallS = ex.syncWall.Seconds()
+	}
+	if r := s.ByRoute[store.RouteBatch]; r != nil && ex.batchRes != nil {
+		r.WallS = ex.batchRes.WallS
+	}
+	if x.Route != RouteSync {
+		bs, err := batchesSummary(sctx, job.Store, s)
+		if err != nil && runErr == nil {
+			runErr = err
+		}
+		s.Batches = bs
+	}
+	res := &Result{Summary: s, StopReason: ex.stopReason, Batch: ex.batchRes}
+	open := s.Batches != nil && s.Batches.Open > 0
+	res.Complete = s.Unfinished == 0 && !open && runErr == nil
+	if runErr != nil && !errors.Is(runErr, dispatch.ErrIncomplete) {
+		job.Events.Emit(dispatch.EventFailure, runErr.Error(), nil)
+		return res, runErr
+	}
+	if !res.Complete {
+		if res.StopReason == "" {
+			res.StopReason = "stopped"
+			if open {
+				res.StopReason = fmt.Sprintf("%d batches still running on the API; the same command re-attaches to them", s.Batches.Open)
+			}
+		}
+		s.StopReason = res.StopReason
+		if x.Route != RouteSync {
+			// The sync engine emits its own incomplete event.
+			job.Events.Emit(dispatch.EventIncomplete, res.StopReason, s)
+		}
+		return res, fmt.Errorf("%w: %s", dispatch.ErrIncomplete, res.StopReason)
+	}
+	if x.Route != RouteSync {
+		job.Events.Emit(dispatch.EventCompleted, fmt.Sprintf("%d succeeded, %d errored", s.Succeeded, s.Errored), s)
+	}
+	return res, nil
+}
+
+// execution is one Execute's state.
+type execution struct {
+	job        *dispatch.Job
+	x          Exec
+	sink       *dispatch.Sink
+	lanes      []dispatch.LaneSnapshot
+	stopReason string
+	syncWall   time.Duration
+	batchRes   *batch.Result
+	cacheSum   *dispatch.CacheSummary
+}
+
+func (ex *execution) setStop(reason string) {
+	if ex.stopReason == "" {
+		ex.stopReason = reason
+	}
+}
+
+// sync runs the engine once with c.
+func (ex *execution) sync(ctx context.Context, c dispatch.Config) error {
+	c.Sink = ex.sink
+	eng, err := ex.job.Engine(c)
+	if err != nil {
+		return err
+	}
+	done := func() {}
+	if ex.x.OnEngine != nil {
+		done = ex.x.OnEngine(eng)
+	}
+	t0 := time.Now()
+	res, err := eng.Run(ctx)
+	ex.syncWall += time.Since(t0)
+	done()
+	if res != nil && res.Summary != nil {
+		if ex.lanes == nil {
+			ex.lanes = res.Summary.Lanes
+		}
+		if res.Summary.Cache != nil {
+			ex.cacheSum = res.Summary.Cache
+		}
+	}
+	if err == nil || !errors.Is(err, dispatch.ErrIncomplete) {
+		return err
+	}
+	if res != nil && !res.Stopped {
+		return nil // the end of the items it was given (auto's share), not a stop
+	}
+	if res != nil {
+		ex.setStop(res.StopReason)
+	}
+	return err
+}
+
+// batchConfig is the batch route's configuration for this job.
+func (ex *execution) batchConfig() batch.Config {
+	c := ex.x.Batch
+	s := ex.x.Sync
+	c.Orgs, c.BaseURL, c.Speed, c.Prices, c.MaxCost, c.Log = s.Orgs, s.BaseURL, s.Speed, s.Prices, s.MaxCost, s.Log
+	c.WrapTransport = s.WrapTransport
+	if c.Client == nil {
+		c.Client = s.Client
+	}
+	c.Store, c.Sink, c.Body, c.Events = ex.job.Store, ex.sink, ex.job.Body, ex.job.Events
+	return c
+}
+
+// runBatch runs route to its end and records its result.
+func (ex *execution) runBatch(ctx context.Context, rt *batch.Route) error {
+	done := func() {}
+	if ex.x.OnBatch != nil {
+		done = ex.x.OnBatch(rt)
+	}
+	res, err := rt.Run(ctx)
+	done()
+	ex.batchRes = res
+	if res != nil && res.StopReason != "" {
+		ex.setStop(res.StopReason)
+	}
+	return err
+}
+
+func (ex *execution) batchOnly(ctx context.Context) error {
+	rt, err := batch.New(ex.batchConfig())
+	if err != nil {
+		return err
+	}
+	return ex.runBatch(ctx, rt)
+}
+
+// auto sends the first SyncItems pending items by sync and the rest by
+// batch, at once; then whatever comes back from the batches (late ones
+// cancelled, retryable results) by sync, until nothing is left.
+func (ex *execution) auto(ctx context.Context) error {
+	boundary, err := ex.boundary(ctx, ex.x.SyncItems)
+	if err != nil {
+		return err
+	}
+	bc := ex.batchConfig()
+	bc.Take = func(it store.Item) bool { return it.Seq > boundary }
+	bc.SubmitOnce = true
+	bc.LateAt = ex.x.LateAt
+	rt, err := batch.New(bc)
+	if err != nil {
+		return err
+	}
+	bctx, bstop := context.WithCancel(ctx)
+	defer bstop()
+	batchDone := make(chan error, 1)
+	go func() { batchDone <- ex.runBatch(bctx, rt) }()
+
+	var syncErr error
+	if boundary > 0 {
+		c := ex.x.Sync
+		c.MaxSeq = boundary
+		syncErr = ex.sync(ctx, c)
+	}
+	// Once the batches are placed, whatever is pending and in no open
+	// batch is the sync route's.
+	select {
+	case <-rt.SubmitDone():
+	case <-ctx.Done():
+	}
+	var bErr error
+	finished := false
+	for syncErr == nil && ctx.Err() == nil && ex.stopReason == "" {
+		free, err := ex.freePending(ctx, rt)
+		if err != nil {
+			syncErr = err
+			break
+		}
+		if free > 0 {
+			c := ex.x.Sync
+			c.Skip = rt.Holds
+			if syncErr = ex.sync(ctx, c); syncErr != nil {
+				break
+			}
+			continue
+		}
+		if finished {
+			break
+		}
+		select {
+		case <-rt.Changed():
+		case bErr = <-batchDone:
+			finished = true
+		case <-ctx.Done():
+		}
+	}
+	if !finished {
+		if ctx.Err() != nil || syncErr != nil || ex.stopReason != "" {
+			bstop()
+		}
+		bErr = <-batchDone
+	}
+	return errors.Join(syncErr, bErr)
+}
+
+// boundary is the seq of the n-th pending item (0 for n = 0): auto's sync
+// share is the pending items up to it.
+func (ex *execution) boundary(ctx context.Context, n int64) (int64, error) {
+	if n <= 0 {
+		return 0, nil
+	}
+	var after, seen int64
+	for {
+		its, err := ex.job.Store.Pending(ctx, after, 4096)
+		if err != nil {
+			return 0, err
+		}
+		if len(its) == 0 {
+			return after, nil
+		}
+		if seen+int64(len(its)) >= n {
+			return its[n-seen-1].Seq, nil
+		}
+		seen += int64(len(its))
+		after = its[len(its)-1].Seq
+	}
+}
+
+// freePending counts pending items no open batch holds.
+func (ex *execution) freePending(ctx context.Context, rt *batch.Route) (int64, error) {
+	var after, n int64
+	for {
+		its, err := ex.job.Store.Pending(ctx, after, 4096)
+		if err != nil {
+			return 0, err
+		}
+		if len(its) == 0 {
+			return n, nil
+		}
+		for _, it := range its {
+			if !rt.Holds(it.Seq) {
+				n++
+			}
+		}
+		after = its[len(its)-1].Seq
+	}
+}
+
+// batchesSummary counts the run's batches.
+func batchesSummary(ctx context.Context, st store.Store, s *dispatch.Summary) (*dispatch.BatchesSummary, error) {
+	recs, err := st.Batches(ctx)
+	if err != nil {
+		return nil, err
+	}
+	agg, err := st.Aggregate(ctx)
+	if err != nil {
+		return nil, err
+	}
+	b := &dispatch.BatchesSummary{Created: agg.Counters[batch.CounterBatches], Adopted: agg.Counters[batch.CounterBatchAdopted],
+		Requests: agg.Counters[batch.CounterBatchRequests], Retried: agg.Counters[batch.CounterBatchRetried]}
+	for _, r := range recs {
+		switch {
+		case r.Status.Open():
+			b.Open++
+		case r.Status == store.BatchHarvested:
+			b.Harvested++
+		case r.Status == store.BatchAbandoned:
+			b.Abandoned++
+		}
+	}
+	return b, nil
+}
