@@ -118,6 +118,9 @@ type Projection struct {
 	Assumptions []string
 	// Cached are the items the result cache answers, outside N.
 	Cached Cached
+	// Routes are the sync, batch and auto routes side by side, set by
+	// ProjectRoutes (nil until it is called).
+	Routes *Routes
 }
 
 // Cached is what a result cache answers of an input without a request:
