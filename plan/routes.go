@@ -303,20 +303,47 @@ func (r *Routes) auto(p *Projection, items int64, deadlineS float64) RouteProjec
 	case a.Meets:
 		a.Explain = fmt.Sprintf("%s; a batch share ending in time would be %s items, fewer than %d → all sync: %s ≤ target, %s", head, commas(b), minBatchItems, dur(sw), usd(a.ExpectedCost))
 	case b >= minBatchItems:
-		a.Explain = fmt.Sprintf("%s; even the largest batch share that ends in time (%s items) leaves %s for sync, which take %s; all sync takes %s, %s over the target (%s over the deadline) → all sync, deadline missed",
+		a.Explain = fmt.Sprintf("%s; even the largest batch share that ends in time (%s items) leaves %s for sync, which take %s; all sync takes %s, %s over the target (%s) → all sync, deadline missed",
 			head, commas(b), commas(items-b), dur(p.SyncWallS(items-b)), dur(sw), dur(sw-target), overBy(sw, deadlineS))
 	default:
-		a.Explain = fmt.Sprintf("%s; even all sync takes %s, %s over the target (%s over the deadline) → all sync, deadline missed", head, dur(sw), dur(sw-target), overBy(sw, deadlineS))
+		a.Explain = fmt.Sprintf("%s; even all sync takes %s, %s over the target (%s) → all sync, deadline missed", head, dur(sw), dur(sw-target), overBy(sw, deadlineS))
+	}
+	if !a.Meets {
+		// Both routes at once can be faster than sync alone: say so,
+		// though the rule sends all sync.
+		if fb := r.fastestSplit(p, items); fb >= minBatchItems {
+			fw := math.Max(m.BatchWallS(fb, r.orgs), p.SyncWallS(items-fb))
+			if fw < sw {
+				a.Explain += fmt.Sprintf(" (the fastest split, %s by batch + %s by sync, would take %s: over the target, %s)",
+					commas(fb), commas(items-fb), dur(fw), overBy(fw, deadlineS))
+			}
+		}
 	}
 	return a
 }
 
-// overBy is how far s passes the deadline ("but not" when it does not).
+// fastestSplit is the batch share b that minimises max(BatchWallS(b),
+// SyncWallS(items − b)): the first b at which the batch share takes at
+// least as long as the sync rest (one rises with b, the other falls).
+func (r *Routes) fastestSplit(p *Projection, items int64) int64 {
+	lo, hi := int64(0), items
+	for lo < hi {
+		mid := lo + (hi-lo)/2
+		if r.model.BatchWallS(mid, r.orgs) >= p.SyncWallS(items-mid) {
+			hi = mid
+		} else {
+			lo = mid + 1
+		}
+	}
+	return lo
+}
+
+// overBy says how far s (over the target) passes the deadline.
 func overBy(s, deadlineS float64) string {
 	if s <= deadlineS {
-		return "but not"
+		return "within the deadline itself"
 	}
-	return dur(s - deadlineS)
+	return dur(s-deadlineS) + " over the deadline"
 }
 
 // split is the auto route with b of the items by batch.
@@ -396,8 +423,8 @@ func (r *Routes) batchExplain(p *Projection, items int64) string {
 	size := min(m.MaxBatch, m.Queue)
 	batches := (per + size - 1) / size
 	var b strings.Builder
-	fmt.Fprintf(&b, "%s items over %d orgs, %s per org in %d batch(es) of up to %s: %s queue wait + %s ÷ %s/min = %s + %s poll = %s",
-		commas(items), r.orgs, commas(per), batches, commas(size), dur(m.QueueWaitS), commas(per),
+	fmt.Fprintf(&b, "%s items over %s, %s per org in %s of up to %s: %s queue wait + %s ÷ %s/min = %s + %s poll = %s",
+		commas(items), plural(int64(r.orgs), "org"), commas(per), plural(batches, "batch"), commas(size), dur(m.QueueWaitS), commas(per),
 		commas(int64(math.Round(m.PerMinute))), dur(float64(per)/m.PerMinute*60), dur(m.PollS), dur(r.Batch.WallS))
 	if per > m.Queue {
 		fmt.Fprintf(&b, "; %s per org is over the queue cap of %s, so batches go in as the queue drains (throughput unchanged)", commas(per), commas(m.Queue))
@@ -427,4 +454,15 @@ func (p *Projection) addAssumption(a string) {
 		}
 	}
 	p.Assumptions = append(p.Assumptions, a)
+}
+
+// plural is "1 org", "3 orgs", "2 batches".
+func plural(n int64, word string) string {
+	if n == 1 {
+		return "1 " + word
+	}
+	if strings.HasSuffix(word, "ch") {
+		return commas(n) + " " + word + "es"
+	}
+	return commas(n) + " " + word + "s"
 }
