@@ -222,7 +222,7 @@ func TestRoutesAuto(t *testing.T) {
 		// other 163,334 by sync take about 2,000 s.
 		_, r := projectRoutes(t, Input{Workload: bigJudge(n)}, m, 1000)
 		a := r.Auto
-		if a.BatchItems != 0 || a.Meets || !strings.Contains(a.Explain, "even the largest batch share") {
+		if a.BatchItems != 0 || a.Meets || !strings.Contains(a.Explain, "even the largest batch share") || !strings.Contains(a.Explain, "the fastest split") {
 			t.Errorf("auto %+v", a)
 		}
 	})
