@@ -229,9 +229,11 @@ func ProjectRoutes(p *Projection, in Input, m BatchModel, deadlineS float64) (*R
 
 	src := "the defaults"
 	if given.WithDefaults() != DefaultBatchModel() {
-		src = "given (a limits file's \"batch\" or --batch-size) where they differ from the defaults"
+		d := DefaultBatchModel()
+		src = fmt.Sprintf("overridden where they differ from the defaults of %s, %s a minute, %s, %s and %s",
+			dur(d.QueueWaitS), commas(int64(d.PerMinute)), commas(d.Queue), commas(d.MaxBatch), dur(d.PollS))
 		if in.Limits != nil && in.Limits.Batch != nil {
-			src = "from the limits file's \"batch\" and the defaults"
+			src += ", by the limits file's \"batch\""
 		}
 	}
 	p.addAssumption(fmt.Sprintf("batch route: per org a queue wait of %s from create until processing, then %s requests per API minute, the org's batches one after another (FIFO), a processing queue of %s requests, %s requests a batch, results harvested up to %s after a batch ends (%s); these are the simulator's model: no batch timing was ever measured (origin.md §4)",

@@ -365,3 +365,20 @@ func TestLimitsBatchModel(t *testing.T) {
 		t.Errorf("negative per_minute: %v", err)
 	}
 }
+
+// TestRoutesAfterAPilot: the routes carry the pending items only, and the
+// pilot's exact spend is in every route's cost.
+func TestRoutesAfterAPilot(t *testing.T) {
+	t.Parallel()
+	spent := cost.Nanos(100 * (280*3000 + 100*15000))
+	ps := &PilotStats{Items: 100, Succeeded: 100, Spent: spent, InputTokens: 28_000, OutputTokens: 10_000, LatencyMeanS: 2.45,
+		Pending: map[string]workload.ModelSummary{sonnet: {N: 900, MaxTokens: 900 * 256, EstInput: 900 * 280}}}
+	p, r := projectRoutes(t, Input{Workload: bigJudge(1000), Pilot: ps}, BatchModel{}, 3600)
+	// 900 × (280 × 1,500 + 100 × 7,500) at batch rates.
+	if r.Sync.Items != 900 || r.Batch.ExpectedCost != spent+900*1_170_000 || r.Sync.ExpectedCost != p.ExpectedCost {
+		t.Errorf("sync %+v batch %+v (spent %d)", r.Sync, r.Batch, spent)
+	}
+	if b, s := r.Split(); b != 900 || s != 0 || !r.Auto.Meets {
+		t.Errorf("Split = %d, %d (auto %+v)", b, s, r.Auto)
+	}
+}
