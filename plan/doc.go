@@ -27,6 +27,11 @@
 // demand; the lowest is the lane's binding limit. Lanes of a pool add up;
 // the run lasts as long as its slowest pool.
 //
+// ProjectRoutes puts the routes side by side: sync, by the lanes, and the
+// Message Batches route at the price table's batch rates with a wall-clock
+// from a BatchModel (the simulator's batch timing, an assumption); with a
+// deadline it decides the split --route auto sends (Routes.Split).
+//
 // Gate applies the two pre-flight rules of design.md §7: pause when the
 // expected cost is over budget × (1 + tolerance), and require --confirm when
 // the expected cost is at least $100 or N is at least 50,000. Every decision

@@ -39,3 +39,32 @@ func BenchmarkJudgeSummary(b *testing.B) {
 		}
 	}
 }
+
+// Routes side by side for 200,000 judge requests over two orgs, and the
+// split --route auto sends to end within 50 API minutes (target 42 min 30 s):
+// batch alone takes 55 min, so 150,000 items go by batch (42 min 30 s) and
+// 50,000 by sync.
+func ExampleProjectRoutes() {
+	ws := &workload.Summary{N: 200_000, Models: map[string]workload.ModelSummary{
+		"claude-sonnet-4-5-20250929": {N: 200_000, MaxTokens: 200_000 * 256, EstInput: 200_000 * 280},
+	}}
+	in := plan.Input{Workload: ws, Prices: cost.Default(), Orgs: []string{"a", "b"}}
+	p, err := plan.Project(in)
+	if err != nil {
+		panic(err)
+	}
+	r, err := plan.ProjectRoutes(p, in, plan.DefaultBatchModel(), 3000)
+	if err != nil {
+		panic(err)
+	}
+	for _, rp := range []plan.RouteProjection{r.Sync, r.Batch, *r.Auto} {
+		fmt.Printf("%-5s batch %7d sync %7d  $%.2f  %4.0f s\n", rp.Route, rp.BatchItems, rp.SyncItems, rp.ExpectedCost.USD(), rp.WallS)
+	}
+	b, s := r.Split()
+	fmt.Println("split:", b, s, "meets:", r.Auto.Meets)
+	// Output:
+	// sync  batch       0 sync  200000  $468.00  2455 s
+	// batch batch  200000 sync       0  $234.00  3300 s
+	// auto  batch  150000 sync   50000  $292.50  2550 s
+	// split: 150000 50000 meets: true
+}

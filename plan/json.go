@@ -89,6 +89,63 @@ type ProjectionJSON struct {
 	// Cache is present when a result cache answers part of the input: n
 	// and every projected figure cover only the rest.
 	Cache *CacheJSON `json:"cache,omitempty"`
+	// Routes are the routes side by side, when ProjectRoutes was called.
+	Routes *RoutesJSON `json:"routes,omitempty"`
+}
+
+// RoutesJSON is the projection's "routes" object: the sync and batch
+// routes, and the auto split for a deadline (null without one).
+type RoutesJSON struct {
+	Sync      RouteJSON  `json:"sync"`
+	Batch     RouteJSON  `json:"batch"`
+	Auto      *RouteJSON `json:"auto"`
+	DeadlineS float64    `json:"deadline_s"`
+	// BatchModel is the batch processing model assumed, BatchOrgs the orgs
+	// the batch route spreads over.
+	BatchModel BatchModel `json:"batch_model"`
+	BatchOrgs  int        `json:"batch_orgs"`
+}
+
+// RouteJSON is one route in "routes"; costs in US dollars (and exact in
+// nano-dollars), times in API seconds.
+type RouteJSON struct {
+	Route          string  `json:"route"`
+	Items          int64   `json:"items"`
+	BatchItems     int64   `json:"batch_items"`
+	SyncItems      int64   `json:"sync_items"`
+	ExpectedUSD    float64 `json:"expected_usd"`
+	WorstCaseUSD   float64 `json:"worst_case_usd"`
+	ExpectedNanos  int64   `json:"expected_nanos"`
+	WorstCaseNanos int64   `json:"worst_case_nanos"`
+	WallS          float64 `json:"wall_s"`
+	WallAtSpeedS   float64 `json:"wall_at_speed_s"`
+	BoundS         float64 `json:"bound_s"`
+	Binding        string  `json:"binding"`
+	// Meets is present for auto only.
+	Meets   *bool  `json:"meets,omitempty"`
+	Explain string `json:"explain"`
+}
+
+// Doc returns the routes as the "routes" object of 'plan --json'.
+func (r *Routes) Doc() RoutesJSON {
+	d := RoutesJSON{Sync: routeJSON(r.Sync), Batch: routeJSON(r.Batch), DeadlineS: round3(r.DeadlineS), BatchModel: r.model, BatchOrgs: r.orgs}
+	if r.Auto != nil {
+		a := routeJSON(*r.Auto)
+		meets := r.Auto.Meets
+		a.Meets = &meets
+		d.Auto = &a
+	}
+	return d
+}
+
+func routeJSON(rp RouteProjection) RouteJSON {
+	return RouteJSON{
+		Route: rp.Route, Items: rp.Items, BatchItems: rp.BatchItems, SyncItems: rp.SyncItems,
+		ExpectedUSD: usdF(rp.ExpectedCost), WorstCaseUSD: usdF(rp.WorstCase),
+		ExpectedNanos: int64(rp.ExpectedCost), WorstCaseNanos: int64(rp.WorstCase),
+		WallS: round3(rp.WallS), WallAtSpeedS: round3(rp.WallAtSpeedS), BoundS: round3(rp.BoundS),
+		Binding: rp.Binding, Explain: rp.Explain,
+	}
 }
 
 // CacheJSON is the projection's "cache" object.
@@ -117,6 +174,10 @@ func (p *Projection) Doc(g GateResult) ProjectionJSON {
 	}
 	if p.Cached.Hits > 0 {
 		d.Cache = &CacheJSON{Hits: p.Cached.Hits, SavedUSD: usdF(p.Cached.Saved)}
+	}
+	if p.Routes != nil {
+		rd := p.Routes.Doc()
+		d.Routes = &rd
 	}
 	for _, pp := range p.Pools {
 		d.Pools = append(d.Pools, PoolJSON{Pool: pp.Pool, N: pp.N, CeilingRPM: round3(pp.CeilingRPM), WallS: round3(pp.WallS), Arithmetic: pp.Arithmetic})

@@ -54,6 +54,22 @@ type Limits struct {
 	ProbeCostUSD   float64    `json:"probe_cost_usd,omitempty"`
 	// Notes are free-form remarks ("high_prio/claude-haiku-4-5: HTTP 429 at probe").
 	Notes []string `json:"notes,omitempty"`
+	// Batch overrides the Message Batches processing model every org is
+	// assumed to have (the "batch" object: queue_wait_s, per_minute, queue,
+	// max_batch, poll_s, in API units even for a simulator probed at speed
+	// K); nil or a zero field takes DefaultBatchModel. Read it with
+	// Limits.BatchModel.
+	Batch *BatchModel `json:"batch,omitempty"`
+}
+
+// BatchModel returns the batch processing model of the file: its "batch"
+// object with defaults for what it leaves out; DefaultBatchModel for a nil
+// Limits or a file without one.
+func (l *Limits) BatchModel() BatchModel {
+	if l == nil || l.Batch == nil {
+		return DefaultBatchModel()
+	}
+	return l.Batch.WithDefaults()
 }
 
 // ModelLimits is what one probe of one (org, model) saw. A limit of 0 means
@@ -171,6 +187,11 @@ func ParseLimits(b []byte) (*Limits, error) {
 		return nil, fmt.Errorf("%w: no \"orgs\"", ErrLimitsFile)
 	}
 	l := doc.Limits
+	if l.Batch != nil {
+		if err := l.Batch.check(); err != nil {
+			return nil, fmt.Errorf("%w: \"batch\": %w", ErrLimitsFile, err)
+		}
+	}
 	l.Orgs = map[string]map[string]ModelLimits{}
 	ids := map[string]string{}
 	for k, v := range doc.Limits.OrgIDs {

@@ -118,6 +118,9 @@ type Projection struct {
 	Assumptions []string
 	// Cached are the items the result cache answers, outside N.
 	Cached Cached
+	// Routes are the sync, batch and auto routes side by side, set by
+	// ProjectRoutes (nil until it is called).
+	Routes *Routes
 }
 
 // Cached is what a result cache answers of an input without a request:
@@ -151,6 +154,11 @@ type ModelProjection struct {
 	Rates cost.Rates
 	// Costs of the remaining items of one arm.
 	Expected, AllMaxTokens, WorstCase cost.Nanos
+	// BatchRates, BatchExpected and BatchWorstCase are the same items and
+	// tokens at the Message Batches rates of the price table (the batch
+	// route; see ProjectRoutes).
+	BatchRates                    cost.Rates
+	BatchExpected, BatchWorstCase cost.Nanos
 	// Arithmetic is the expected cost's formula with its numbers.
 	Arithmetic string
 }
@@ -277,21 +285,29 @@ func Project(in Input) (*Projection, error) {
 			mp.InputBoundPerReq = math.Min(mp.InputBoundPerReq, float64(mc.Counted)/float64(mc.Items)*countedBoundMargin)
 		}
 
-		r := price.RatesFor(false, int64(math.Round(mp.InputPerReq)))
-		mp.Rates = r
-		inCost := mp.InputPerReq * (mix.uncached*float64(r.Input) + mix.write*float64(r.CacheWrite5m) + mix.read*float64(r.CacheRead))
+		// The three costs at the sync rates, or at the Message Batches
+		// rates (the same tokens; the table's batch rates).
 		n := float64(rem.N)
-		e := n * (inCost + mp.OutputPerReq*float64(r.Output))
-		a := n * (inCost + mp.MaxTokensPerReq*float64(r.Output))
-		// The worst case takes the long-context rates if any one request
-		// could pass the threshold (its line is longer than it).
-		rw := price.RatesFor(false, int64(math.Ceil(mp.InputBoundPerReq)))
-		if in.Workload.LongestLine > 0 {
-			if lr := price.RatesFor(false, in.Workload.LongestLine); lr.Input > rw.Input {
-				rw = lr
+		costs := func(batch bool) (r cost.Rates, e, a, w float64) {
+			r = price.RatesFor(batch, int64(math.Round(mp.InputPerReq)))
+			inCost := mp.InputPerReq * (mix.uncached*float64(r.Input) + mix.write*float64(r.CacheWrite5m) + mix.read*float64(r.CacheRead))
+			e = n * (inCost + mp.OutputPerReq*float64(r.Output))
+			a = n * (inCost + mp.MaxTokensPerReq*float64(r.Output))
+			// The worst case takes the long-context rates if any one request
+			// could pass the threshold (its line is longer than it).
+			rw := price.RatesFor(batch, int64(math.Ceil(mp.InputBoundPerReq)))
+			if in.Workload.LongestLine > 0 {
+				if lr := price.RatesFor(batch, in.Workload.LongestLine); lr.Input > rw.Input {
+					rw = lr
+				}
 			}
+			w = n * (mp.InputBoundPerReq*float64(rw.Input) + mp.MaxTokensPerReq*float64(rw.Output))
+			return r, e, a, w
 		}
-		w := n * (mp.InputBoundPerReq*float64(rw.Input) + mp.MaxTokensPerReq*float64(rw.Output))
+		r, e, a, w := costs(false)
+		mp.Rates = r
+		rb, eb, _, wb := costs(true)
+		mp.BatchRates, mp.BatchExpected, mp.BatchWorstCase = rb, nanos(eb), nanos(wb)
 		mp.Expected, mp.AllMaxTokens, mp.WorstCase = nanos(e), nanos(a), nanos(w)
 		mp.Arithmetic = fmt.Sprintf("%s × (%s input × %s/M + %s output × %s/M) = %s",
 			commas(rem.N), tok(mp.InputPerReq), perM(r.Input), tok(mp.OutputPerReq), perM(r.Output), usd(mp.Expected))

@@ -12,7 +12,8 @@ import (
 // (items, input and output tokens per request, expected, all-max_tokens and
 // worst-case cost), per lane (cap, latency, each limit as requests per
 // minute, the ceiling and the binding limit), per pool (the wall-clock
-// arithmetic), the gate decision with its arithmetic, and the assumptions.
+// arithmetic), the routes side by side when ProjectRoutes was called, the
+// gate decision with its arithmetic, and the assumptions.
 func (p *Projection) WriteText(w io.Writer, g GateResult) error {
 	bw := bufio.NewWriter(w)
 	armNote := ""
@@ -72,6 +73,11 @@ func (p *Projection) WriteText(w io.Writer, g GateResult) error {
 	}
 	fmt.Fprintln(bw)
 
+	if p.Routes != nil {
+		p.Routes.writeText(bw, p.Speed)
+		fmt.Fprintln(bw)
+	}
+
 	fmt.Fprintf(bw, "gate: %s\n", g.Decision)
 	for _, line := range strings.Split(g.Explain, "\n") {
 		if line != "" {
@@ -105,3 +111,45 @@ func writeLanes(w io.Writer, title string, ls []LaneProjection) {
 }
 
 func round1(f float64) float64 { return float64(int64(f*10+0.5)) / 10 }
+
+// writeText writes the routes table and each route's arithmetic.
+func (r *Routes) writeText(w io.Writer, speed float64) {
+	title := "routes (one arm; wall-clock in API time"
+	if speed != 1 {
+		title += fmt.Sprintf(" and at speed K=%g", speed)
+	}
+	if r.DeadlineS > 0 {
+		title += fmt.Sprintf("; deadline %s", dur(r.DeadlineS))
+	}
+	fmt.Fprintln(w, title+"):")
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "route\titems\texpected\tworst case\twall\twall at K\tbound\tbinding\t")
+	rows := []RouteProjection{r.Sync, r.Batch}
+	if r.Auto != nil {
+		rows = append(rows, *r.Auto)
+	}
+	for _, rp := range rows {
+		items := commas(rp.Items)
+		if rp.Route == RouteAuto {
+			items = fmt.Sprintf("%s batch + %s sync", commas(rp.BatchItems), commas(rp.SyncItems))
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", rp.Route, items, usd(rp.ExpectedCost), usd(rp.WorstCase),
+			dur(rp.WallS), dur(rp.WallAtSpeedS), dur(rp.BoundS), rp.Binding)
+	}
+	tw.Flush()
+	for _, rp := range rows {
+		fmt.Fprintf(w, "  %s: %s\n", rp.Route, rp.Explain)
+	}
+	if r.Auto != nil {
+		verdict := "meets the deadline"
+		if !r.Auto.Meets {
+			verdict = "MISSES the deadline"
+		}
+		fmt.Fprintf(w, "--route auto would send %s items by batch and %s by sync: %s, %s expected\n",
+			commas(r.Auto.BatchItems), commas(r.Auto.SyncItems), verdict, usd(r.Auto.ExpectedCost))
+	} else {
+		b, sy := r.Split()
+		fmt.Fprintf(w, "--route auto without --deadline would send %s items by batch and %s by sync (the cheapest; fewer than %d items go by sync)\n",
+			commas(b), commas(sy), minBatchItems)
+	}
+}

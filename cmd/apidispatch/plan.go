@@ -44,6 +44,8 @@ func planCmd(args []string, stdout, stderr io.Writer) int {
 	pilot := fs.Int64("pilot", 0, "not a plan flag: 'apidispatch run --pilot N' sends a pilot and re-projects; 'plan --from-run DIR' re-projects from it")
 	phase6 := fs.Bool("phase6", false, "plan the Phase 6 A/B instead of a file: the judge workload (claude-sonnet-4-5-20250929, max_tokens 256) sent by both arms")
 	phase6N := fs.Int64("n", plan.Phase6N, "items per arm for --phase6 (`N`)")
+	deadline := fs.Duration("deadline", 0, "also show what --route auto would do to end within this wall-clock `DURATION` (at the server's speed K, like 'run --deadline'): the cheapest split of batch and sync items that ends by 85% of it")
+	batchSize := fs.Int64("batch-size", plan.MaxBatchRequests, "requests per batch of the batch route (`N`, 1 to 100,000)")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, `usage: apidispatch plan REQUESTS.jsonl [flags]
        apidispatch plan --phase6 [--n 141600] [flags]
@@ -53,8 +55,10 @@ run will cost and how long it will take: per model the items, input and
 output tokens per request, the expected cost, the cost if every request used
 max_tokens, and the worst case (max_tokens and input at its upper bound); per
 lane (org × model pool) the ceiling in requests per minute and the limit that
-binds it (cap, rpm, itpm or otpm); the wall-clock; and the gate decision with
-its arithmetic. Nothing is sent (except count_tokens calls, which are free).
+binds it (cap, rpm, itpm or otpm); the wall-clock; the routes side by side
+(sync, Message Batches at batch prices, and with --deadline the split that
+--route auto would send); and the gate decision with its arithmetic. Nothing
+is sent (except count_tokens calls, which are free).
 
 Exit codes: 0 pass, 1 usage or input error, 2 paused by the budget gate,
 3 --confirm required.
@@ -85,6 +89,16 @@ flags:`)
 		errf(stderr, "--expect-output, --latency and --count-sample must not be negative, --speed must be positive")
 		return exitUsage
 	}
+	if *deadline < 0 {
+		errf(stderr, "--deadline %v: want a positive duration", *deadline)
+		return exitUsage
+	}
+	if *batchSize < 1 || *batchSize > plan.MaxBatchRequests {
+		errf(stderr, "--batch-size %d: want 1 to 100,000 requests per batch (the Message Batches maximum)", *batchSize)
+		return exitUsage
+	}
+	batchSizeSet := false
+	fs.Visit(func(f *flag.Flag) { batchSizeSet = batchSizeSet || f.Name == "batch-size" })
 	prices, err := sf.loadPrices()
 	if err != nil {
 		errf(stderr, "%v", err)
@@ -167,6 +181,14 @@ flags:`)
 
 	p, err := plan.Project(in)
 	if err != nil {
+		errf(stderr, "%v", err)
+		return exitUsage
+	}
+	bm := limits.BatchModel()
+	if batchSizeSet {
+		bm.MaxBatch = *batchSize
+	}
+	if _, err := plan.ProjectRoutes(p, in, bm, deadline.Seconds()*sf.speed); err != nil {
 		errf(stderr, "%v", err)
 		return exitUsage
 	}

@@ -245,3 +245,84 @@ func TestPlanJSONCountTokensAndFromRun(t *testing.T) {
 		t.Errorf("from-run of another input: exit %d %s", code, errOut)
 	}
 }
+
+// TestPlanRoutes: 'plan' shows the sync and batch routes side by side, and
+// with --deadline (wall-clock at the server's speed K) the auto split.
+func TestPlanRoutes(t *testing.T) {
+	t.Parallel()
+	judge := planRequests(t, 300, workload.GenOptions{})
+	orgs := orgsFile(t, map[string]string{"a": "sk-ant-test-a", "b": "sk-ant-test-b"})
+	limits := filepath.Join(t.TempDir(), "limits.json")
+	lim := `{"orgs":{"a":{"claude-sonnet-4-5":{"status":200,"rpm":30000}},"b":{"claude-sonnet-4-5":{"status":200,"rpm":30000}}},"batch":{"per_minute":100}}`
+	if err := os.WriteFile(limits, []byte(lim), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	planJSON := func(t *testing.T, args ...string) plan.ProjectionJSON {
+		t.Helper()
+		code, out, errOut := runCLI(append([]string{"plan", "--orgs", orgs, "--json"}, append(args, judge)...)...)
+		if code != exitOK {
+			t.Fatalf("exit %d: %s", code, errOut)
+		}
+		var doc plan.ProjectionJSON
+		if err := json.Unmarshal([]byte(out), &doc); err != nil {
+			t.Fatalf("%v\n%s", err, out)
+		}
+		if doc.Routes == nil {
+			t.Fatalf("no routes: %s", out)
+		}
+		return doc
+	}
+
+	t.Run("no deadline", func(t *testing.T) {
+		code, out, _ := runCLI("plan", "--orgs", orgs, "--json", judge)
+		if code != exitOK || !strings.Contains(out, `"auto":null`) || !strings.Contains(out, `"deadline_s":0`) {
+			t.Errorf("exit %d: %s", code, out)
+		}
+		d := planJSON(t)
+		r := d.Routes
+		// 150 per org: 240 + 150 × 0.03 + 60 = 304.5 s; half the sync cost.
+		if r.Sync.Items != 300 || r.Batch.WallS != 304.5 || r.Batch.BoundS != 86400 || r.Sync.ExpectedUSD != d.ProjectedCostUSD.Expected ||
+			r.Batch.ExpectedNanos*2 != r.Sync.ExpectedNanos || r.Sync.Binding != "cap" || r.Batch.Binding != "batch throughput" {
+			t.Errorf("routes %+v", r)
+		}
+	})
+	t.Run("deadline at speed K", func(t *testing.T) {
+		// 1 min at K=10 is 600 API s, target 510 ≥ 304.5: all batch.
+		r := planJSON(t, "--speed", "10", "--deadline", "1m").Routes
+		if r.DeadlineS != 600 || r.Auto == nil || r.Auto.Meets == nil || !*r.Auto.Meets || r.Auto.BatchItems != 300 || r.Auto.WallAtSpeedS != 30.45 {
+			t.Errorf("routes %+v auto %+v", r, r.Auto)
+		}
+		// 1 min at K=1: target 51 s < 304.5, sync takes seconds: all sync.
+		r = planJSON(t, "--deadline", "1m").Routes
+		if r.DeadlineS != 60 || r.Auto == nil || !*r.Auto.Meets || r.Auto.SyncItems != 300 || r.Auto.BatchItems != 0 {
+			t.Errorf("auto %+v", r.Auto)
+		}
+	})
+	t.Run("batch size and limits file", func(t *testing.T) {
+		r := planJSON(t, "--batch-size", "50").Routes
+		if r.BatchModel.MaxBatch != 50 || !strings.Contains(r.Batch.Explain, "150 per org in 3 batches of up to 50") {
+			t.Errorf("batch %+v", r.Batch)
+		}
+		// per_minute 100: 240 + 150/100 × 60 + 60 = 390 s.
+		r = planJSON(t, "--limits", limits).Routes
+		if r.Batch.WallS != 390 || r.BatchModel.PerMinute != 100 || r.BatchModel.MaxBatch != plan.MaxBatchRequests {
+			t.Errorf("batch %+v model %+v", r.Batch, r.BatchModel)
+		}
+	})
+	t.Run("text", func(t *testing.T) {
+		code, out, errOut := runCLI("plan", "--orgs", orgs, "--deadline", "2h", judge)
+		for _, s := range []string{"routes (one arm", "batch  ", "auto", "24 h 00 min", "--route auto would send 300 items by batch and 0 by sync: meets the deadline", "no batch timing was ever measured"} {
+			if !strings.Contains(out, s) {
+				t.Errorf("stdout lacks %q (exit %d, %s):\n%s", s, code, errOut, out)
+			}
+		}
+	})
+	t.Run("bad flags", func(t *testing.T) {
+		for _, args := range [][]string{{"--batch-size", "0"}, {"--batch-size", "100001"}, {"--deadline", "-1m"}} {
+			code, _, errOut := runCLI(append([]string{"plan", "--orgs", orgs}, append(args, judge)...)...)
+			if code != exitUsage || !strings.Contains(errOut, args[0]) {
+				t.Errorf("%v: exit %d, stderr %q", args, code, errOut)
+			}
+		}
+	})
+}
