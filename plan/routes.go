@@ -311,13 +311,16 @@ func (r *Routes) auto(p *Projection, items int64, deadlineS float64) RouteProjec
 		a.Explain = fmt.Sprintf("%s; even all sync takes %s, %s over the target (%s) → all sync, deadline missed", head, dur(sw), dur(sw-target), overBy(sw, deadlineS))
 	}
 	if !a.Meets {
-		// Both routes at once can be faster than sync alone: say so,
-		// though the rule sends all sync.
+		// Both routes at once can be faster than sync alone: when no
+		// split meets the target, the fastest one misses it by least.
 		if fb := r.fastestSplit(p, items); fb >= minBatchItems {
 			fw := math.Max(m.BatchWallS(fb, r.orgs), p.SyncWallS(items-fb))
 			if fw < sw {
-				a.Explain += fmt.Sprintf(" (the fastest split, %s by batch + %s by sync, would take %s: over the target, %s)",
-					commas(fb), commas(items-fb), dur(fw), overBy(fw, deadlineS))
+				explain := strings.TrimSuffix(a.Explain, " → all sync, deadline missed")
+				a = r.split(p, items, fb)
+				a.Meets = false
+				a.Explain = explain + fmt.Sprintf("; both routes at once are faster: the fastest split, %s by batch + %s by sync, takes %s (%s) → that split, deadline missed by least, %s",
+					commas(fb), commas(items-fb), dur(fw), overBy(fw, deadlineS), usd(a.ExpectedCost))
 			}
 		}
 	}

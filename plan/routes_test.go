@@ -170,13 +170,22 @@ func TestRoutesAuto(t *testing.T) {
 			t.Errorf("Split = %d, %d", b, s)
 		}
 	})
-	t.Run("too short: all sync, missed", func(t *testing.T) {
+	t.Run("too short: the fastest split, missed", func(t *testing.T) {
 		_, r := projectRoutes(t, Input{Workload: bigJudge(n)}, m, 60)
 		a := r.Auto
-		if a == nil || a.BatchItems != 0 || a.SyncItems != n || a.Meets || a.ExpectedCost != r.Sync.ExpectedCost {
+		// Nothing meets a minute: both routes at once finish soonest, at
+		// the b where the batch share takes as long as the sync rest.
+		if a == nil || a.Meets || a.BatchItems+a.SyncItems != n || a.BatchItems == 0 {
 			t.Fatalf("auto %+v", a)
 		}
-		if !strings.Contains(a.Explain, "over the target") || !strings.Contains(a.Explain, "deadline missed") {
+		bw, sw := m.BatchWallS(a.BatchItems, 2), r.Sync.WallS*float64(a.SyncItems)/n
+		if bw < sw || m.BatchWallS(a.BatchItems-1, 2) >= r.Sync.WallS*float64(a.SyncItems+1)/n {
+			t.Errorf("b = %d is not the fastest split: batch %v, sync %v", a.BatchItems, bw, sw)
+		}
+		if a.WallS >= r.Sync.WallS || !(a.ExpectedCost < r.Sync.ExpectedCost) {
+			t.Errorf("the fastest split (%v s, %v) is not faster and cheaper than all sync (%v s, %v)", a.WallS, a.ExpectedCost, r.Sync.WallS, r.Sync.ExpectedCost)
+		}
+		if !strings.Contains(a.Explain, "over the target") || !strings.Contains(a.Explain, "deadline missed by least") {
 			t.Errorf("explain: %s", a.Explain)
 		}
 	})
@@ -217,12 +226,12 @@ func TestRoutesAuto(t *testing.T) {
 			t.Errorf("Split = %d, %d", b, s)
 		}
 	})
-	t.Run("batch share too small to help: all sync, missed", func(t *testing.T) {
+	t.Run("batch share too small to help: the fastest split, missed", func(t *testing.T) {
 		// target 850 s: a batch share of 36,666 ends in time, but the
 		// other 163,334 by sync take about 2,000 s.
 		_, r := projectRoutes(t, Input{Workload: bigJudge(n)}, m, 1000)
 		a := r.Auto
-		if a.BatchItems != 0 || a.Meets || !strings.Contains(a.Explain, "even the largest batch share") || !strings.Contains(a.Explain, "the fastest split") {
+		if a.BatchItems == 0 || a.Meets || !strings.Contains(a.Explain, "even the largest batch share") || !strings.Contains(a.Explain, "the fastest split") {
 			t.Errorf("auto %+v", a)
 		}
 	})
