@@ -237,6 +237,14 @@ func (r *Route) Holds(seq int64) bool {
 	return ok
 }
 
+// Held is how many items the run's open batches hold. It is safe to call
+// from any goroutine (progress displays).
+func (r *Route) Held() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.held)
+}
+
 // SubmitDone is closed once the route will create no more batches.
 func (r *Route) SubmitDone() <-chan struct{} { return r.submitDone }
 
@@ -268,8 +276,11 @@ func (r *Route) orgNamed(name string) *orgState {
 	return nil
 }
 
+// emit records a step of the route. Batch steps are few and each changes
+// what a crash leaves behind, so the log is flushed at once.
 func (r *Route) emit(note string, data map[string]any) {
 	r.cfg.Events.Emit(dispatch.EventBatch, note, data)
+	r.cfg.Events.Flush()
 	r.log.Info(note)
 }
 

@@ -187,6 +187,7 @@ type orgBatches struct {
 	seqOf     map[string]uint64 // every id ever created, for list cursors
 	busyUntil time.Duration     // API time the org's last batch ends
 	created   int64             // batches created
+	requests  int64             // requests in the batches created
 	refused   int64             // creates refused by the queue cap
 	maxQueued int64             // most requests queued, just after a create
 }
@@ -194,6 +195,7 @@ type orgBatches struct {
 // BatchStats is one org's Message Batches activity.
 type BatchStats struct {
 	Created      int64 `json:"created"`       // batches created (lost answers included)
+	Requests     int64 `json:"requests"`      // requests in the batches created
 	QueueRefused int64 `json:"queue_refused"` // creates refused (429) by the queue cap
 	InProgress   int   `json:"in_progress"`   // batches not ended now
 	Queued       int64 `json:"queued"`        // requests in the processing queue now
@@ -209,7 +211,7 @@ func (s *Server) BatchStats() map[string]BatchStats {
 	for _, o := range s.orgs {
 		ob := s.orgBatches(o)
 		ob.mu.Lock()
-		st := BatchStats{Created: ob.created, QueueRefused: ob.refused, Queued: ob.queuedLocked(now), MaxQueued: ob.maxQueued, QueueCap: ob.lim.Queue}
+		st := BatchStats{Created: ob.created, Requests: ob.requests, QueueRefused: ob.refused, Queued: ob.queuedLocked(now), MaxQueued: ob.maxQueued, QueueCap: ob.lim.Queue}
 		for _, b := range ob.list {
 			b.mu.Lock()
 			if now < b.end {

@@ -319,6 +319,7 @@ func (s *Server) createBatch(c *call, ks *keyState, ob *orgBatches) {
 	ob.busyUntil = b.end
 	ob.list = append(ob.list, b)
 	ob.created++
+	ob.requests += int64(n)
 	ob.maxQueued = max(ob.maxQueued, queued+int64(n))
 	ob.byID[b.id] = b
 	ob.seqOf[b.id] = b.seq

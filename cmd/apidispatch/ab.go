@@ -20,6 +20,7 @@ import (
 	"github.com/apidispatch/apidispatch/dispatch"
 	"github.com/apidispatch/apidispatch/org"
 	"github.com/apidispatch/apidispatch/report"
+	"github.com/apidispatch/apidispatch/runner"
 	"github.com/apidispatch/apidispatch/shared"
 )
 
@@ -239,7 +240,7 @@ flags:`)
 				fps[i] = fmt.Sprintf("%s (%s)", o.Name, o.Key.Fingerprint())
 			}
 			fmt.Fprintf(stderr, "reminder: this A/B sent with the keys of %s; rotate them now that the validation is done\n", strings.Join(fps, ", "))
-			for _, r := range rotationReminders(orgs, time.Now()) {
+			for _, r := range runner.RotationReminders(orgs, time.Now()) {
 				fmt.Fprintln(stderr, r)
 			}
 		} else {

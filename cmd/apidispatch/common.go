@@ -11,7 +11,6 @@ import (
 	"os"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/apidispatch/apidispatch/cost"
 	"github.com/apidispatch/apidispatch/internal/wirelog"
@@ -71,17 +70,6 @@ func (s *sendFlags) loadOrgs(stderr io.Writer) ([]org.Org, error) {
 		fmt.Fprintln(stderr, "warning:", w)
 	}
 	return orgs, nil
-}
-
-// rotationReminders returns a line per org whose key is older than 90 days.
-func rotationReminders(orgs []org.Org, now time.Time) []string {
-	var out []string
-	for _, o := range orgs {
-		if o.NeedsRotation(now) {
-			out = append(out, fmt.Sprintf("reminder: the key of org %s (%s) was last rotated %s, over 90 days ago; rotate it", o.Name, o.Key.Fingerprint(), o.Rotated.Format("2006-01-02")))
-		}
-	}
-	return out
 }
 
 // capsFlag parses "sonnet=100,haiku=120".

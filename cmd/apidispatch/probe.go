@@ -13,6 +13,7 @@ import (
 	"github.com/apidispatch/apidispatch/cost"
 	"github.com/apidispatch/apidispatch/dispatch"
 	"github.com/apidispatch/apidispatch/plan"
+	"github.com/apidispatch/apidispatch/runner"
 )
 
 func init() {
@@ -83,7 +84,7 @@ flags:`)
 		}
 	}
 	now := time.Now()
-	for _, r := range rotationReminders(orgs, now) {
+	for _, r := range runner.RotationReminders(orgs, now) {
 		fmt.Fprintln(stderr, r)
 	}
 	wrap, closeWire, err := openWireLog(*debugHTTP, stderr)

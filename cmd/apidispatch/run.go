@@ -3,21 +3,22 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
 	"os/signal"
+	"slices"
 	"syscall"
 	"time"
 
 	"golang.org/x/term"
 
+	"github.com/apidispatch/apidispatch/batch"
 	"github.com/apidispatch/apidispatch/cost"
 	"github.com/apidispatch/apidispatch/dispatch"
 	"github.com/apidispatch/apidispatch/plan"
-	"github.com/apidispatch/apidispatch/report"
+	"github.com/apidispatch/apidispatch/runner"
 )
 
 func init() {
@@ -34,23 +35,30 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 	limitsFile := fs.String("limits", "", "limits `FILE` from 'apidispatch probe' for the projection")
 	expectOut := fs.Int64("expect-output", 0, "expected output tokens per request for the projection (`N`)")
 	grace := fs.Duration("grace", 30*time.Second, "after a stop signal, how long in-flight requests may finish")
-	deadline := fs.Duration("deadline", 0, "stop admitting after this long (`DURATION`); the run ends incomplete and resumable")
+	deadline := fs.Duration("deadline", 0, "how long the run may take (`DURATION`): admission stops then and the run ends incomplete and resumable; --route auto plans to end before it")
 	giveUp := fs.Duration("give-up-after", dispatch.DefaultGiveUpAfter, "stop, incomplete and resumable, when no request has reached the API for this long while requests fail to connect (`DURATION`; 0 waits for ever)")
 	debugHTTP := fs.String("debug-http", "", debugHTTPUsage)
+	route := fs.String("route", runner.RouteSync, "which API carries the items (`ROUTE`): sync (the Messages API), batch (the Message Batches API: half the price, up to 24 h) or auto (the cheapest mix that ends before --deadline)")
+	batchSize := fs.Int("batch-size", 0, "most requests per batch (`N`, 1 to 100,000; default an even share of the orgs, at most 100,000); batches are also cut at 256 MB")
+	cancel := fs.Bool("cancel", false, "cancel this run's open batches, harvest what they finished and send nothing new (the rest stays pending)")
 	var shf sharedFlags
 	shf.register(fs)
 	metricsAddr := fs.String("metrics", "", "serve Prometheus metrics on `ADDR` (a loopback address such as 127.0.0.1:9464) at /metrics")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, `usage: apidispatch run REQUESTS.jsonl [flags]
 
-Sends every request of a Message Batches request file across every org's key,
-one polite lane per (org, model pool), and writes one result line per
-custom_id. Re-running the same command resumes: only unfinished items are sent.
+Sends every request of a Message Batches request file across every org's key
+and writes one result line per custom_id. By default (--route sync) it uses
+the Messages API, one polite lane per (org, model pool); --route batch sends
+them as Message Batches (half the price; placed on orgs by queue headroom,
+polled and harvested into the same results file); --route auto sends the
+cheapest mix of both that ends before --deadline. Re-running the same command
+resumes: only unfinished items are sent, and open batches are re-attached.
 The first SIGINT/SIGTERM stops admission and lets in-flight requests finish
-(--grace); a second abandons them at once. Exit codes: 0 complete, 1 usage or
-input error, 2 paused by the budget gate, 3 refused (--confirm required, or the
-run directory in use by another process), 4 incomplete
-(resumable), 5 data-loss check failed.
+(--grace), leaving batches running on the API; a second abandons in-flight
+requests at once. Exit codes: 0 complete, 1 usage or input error, 2 paused by
+the budget gate, 3 refused (--confirm required, or the run directory in use
+by another process), 4 incomplete (resumable), 5 data-loss check failed.
 
 flags:`)
 		fs.PrintDefaults()
@@ -60,6 +68,14 @@ flags:`)
 	}
 	if fs.NArg() != 1 {
 		fs.Usage()
+		return exitUsage
+	}
+	if *batchSize < 0 || *batchSize > batch.MaxRequests {
+		errf(stderr, "--batch-size %d: a batch holds 1 to %d requests (the API's limit)", *batchSize, batch.MaxRequests)
+		return exitUsage
+	}
+	if *deadline < 0 {
+		errf(stderr, "--deadline %s: want a positive duration", *deadline)
 		return exitUsage
 	}
 	input := fs.Arg(0)
@@ -94,21 +110,12 @@ flags:`)
 			return exitUsage
 		}
 	}
-	ws, err := dispatch.Validate(input, prices)
-	if err != nil {
-		errf(stderr, "%s: %v", input, err)
-		return exitUsage
-	}
 	var limits *plan.Limits
 	if *limitsFile != "" {
 		if limits, err = plan.LoadLimits(*limitsFile); err != nil {
 			errf(stderr, "%v", err)
 			return exitUsage
 		}
-	}
-	orgNames := make([]string, len(orgs))
-	for i, o := range orgs {
-		orgNames[i] = o.Name
 	}
 	rc, cmode, err := cf.open(true)
 	if err != nil {
@@ -118,77 +125,24 @@ flags:`)
 	if rc != nil {
 		defer rc.Close()
 	}
-	pin := plan.Input{Workload: ws, Prices: prices, Orgs: orgNames, Caps: sf.caps, Limits: limits, ExpectOutput: *expectOut, Speed: sf.speed}
-	if err := cf.project(context.Background(), rc, cmode, input, &pin); err != nil {
-		errf(stderr, "%v", err)
-		return exitUsage
-	}
-	proj, err := plan.Project(pin)
-	if err != nil {
-		errf(stderr, "projecting: %v", err)
-		return exitUsage
-	}
-	gcfg := plan.GateConfig{Budget: budget, Tolerance: sf.tolerance, Confirm: sf.confirm}
-	if code := applyGate(proj, pin.Workload.N, gcfg, stderr); code != exitOK {
-		return code
-	}
-	for _, r := range rotationReminders(orgs, time.Now()) {
-		fmt.Fprintln(stderr, r)
-	}
-
-	ctx, stop := context.WithCancel(context.Background())
-	defer stop()
-	job, err := dispatch.OpenJob(ctx, dispatch.JobConfig{InputPath: input, RunDir: sf.runDir, ResultsPath: sf.out, Prices: prices}, ws)
-	if err != nil {
-		errf(stderr, "%v", err)
-		if errors.Is(err, dispatch.ErrRunDirBusy) {
-			return exitRefused
-		}
-		return exitUsage
-	}
-	defer job.Close()
-	projJSON, _ := proj.JSON(plan.Gate(proj, pin.Workload.N, gcfg))
-
-	cfg := dispatch.Config{
-		Orgs: orgs, BaseURL: sf.baseURL, Caps: sf.caps, Speed: sf.speed, Prices: prices,
-		MaxCost: maxCost, Grace: *grace, GiveUpAfter: *giveUp, Log: log,
-	}
-	if *giveUp == 0 {
-		cfg.GiveUpAfter = -1 // the flag's 0 is "never"; the Config's is the default
-	}
-	cf.wire(&cfg, rc, cmode)
-	if *deadline > 0 {
-		cfg.Deadline = time.Now().Add(*deadline)
-	}
 	wrap, closeWire, err := openWireLog(*debugHTTP, stderr)
 	if err != nil {
 		errf(stderr, "%v", err)
 		return exitUsage
 	}
 	defer closeWire()
-	cfg.WrapTransport = wrap
 
-	sb, err := shf.open(ctx, orgs, job.Events)
-	if err != nil {
-		errf(stderr, "%v", err)
-		return exitUsage
+	sync := dispatch.Config{
+		Orgs: orgs, BaseURL: sf.baseURL, Caps: sf.caps, Speed: sf.speed, Prices: prices,
+		MaxCost: maxCost, Grace: *grace, GiveUpAfter: *giveUp, Log: log, WrapTransport: wrap,
 	}
-	if sb != nil {
-		cfg.NewGate = sb.NewGate
-		sb.Start()
-		defer sb.Close()
-		sf.sharedStats = func() any { return sb.Stats() }
+	if *giveUp == 0 {
+		sync.GiveUpAfter = -1 // the flag's 0 is "never"; the Config's is the default
 	}
-	if *metricsAddr != "" {
-		m, err := startMetrics(*metricsAddr, stderr)
-		if err != nil {
-			errf(stderr, "%v", err)
-			return exitUsage
-		}
-		defer m.Close()
-		cfg.NewGate = m.Wrap(cfg.NewGate)
-	}
+	cf.wire(&sync, rc, cmode)
 
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
 	// Signals: the first stops admission, the second abandons in-flight work.
 	sigs := make(chan os.Signal, 2)
 	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
@@ -204,7 +158,7 @@ flags:`)
 			case <-sigs:
 				n++
 				if n == 1 {
-					fmt.Fprintln(stderr, "stopping: letting in-flight requests finish (signal again to abandon them)")
+					fmt.Fprintln(stderr, "stopping: letting in-flight requests finish, leaving open batches running (signal again to abandon in-flight requests)")
 					stop()
 				} else if eng != nil {
 					eng.Abort()
@@ -212,101 +166,98 @@ flags:`)
 			}
 		}
 	}()
-
-	runOnce := func(c dispatch.Config) (*dispatch.Result, error) {
-		eng, err := job.Engine(c)
-		if err != nil {
-			return nil, err
-		}
-		engineReady <- eng
-		pctx, pstop := context.WithCancel(ctx)
-		done := make(chan struct{})
-		if !sf.quiet {
+	tty := false
+	if f, ok := stderr.(*os.File); ok {
+		tty = term.IsTerminal(int(f.Fd()))
+	}
+	var shared func() any
+	cfg := runner.Config{
+		Input: input, RunDir: sf.runDir, ResultsPath: sf.out, SummaryPath: sf.summary, Prices: prices, Sync: sync,
+		Budget: budget, Tolerance: sf.tolerance, Confirm: sf.confirm, Limits: limits, ExpectOutput: *expectOut,
+		Pilot: *pilot, Deadline: *deadline, Route: *route, BatchSize: *batchSize, Cancel: *cancel, Stderr: stderr,
+		OnJob: func(job *dispatch.Job, c *dispatch.Config) (func(), error) {
+			var closers []func()
+			cleanup := func() {
+				for _, f := range slices.Backward(closers) {
+					f()
+				}
+			}
+			sb, err := shf.open(ctx, orgs, job.Events)
+			if err != nil {
+				return nil, err
+			}
+			if sb != nil {
+				c.NewGate = sb.NewGate
+				sb.Start()
+				closers = append(closers, func() { sb.Close() })
+				shared = func() any { return sb.Stats() }
+			}
+			if *metricsAddr != "" {
+				m, err := startMetrics(*metricsAddr, stderr)
+				if err != nil {
+					cleanup()
+					return nil, err
+				}
+				closers = append(closers, func() { m.Close() })
+				c.NewGate = m.Wrap(c.NewGate)
+			}
+			return cleanup, nil
+		},
+		OnEngine: func(eng *dispatch.Engine) func() {
+			engineReady <- eng
+			if sf.quiet {
+				return func() {}
+			}
+			pctx, pstop := context.WithCancel(context.Background())
+			done := make(chan struct{})
 			go func() {
 				defer close(done)
-				tty := false
-				if f, ok := stderr.(*os.File); ok {
-					tty = term.IsTerminal(int(f.Fd()))
-				}
 				dispatch.WatchProgress(pctx, eng, stderr, tty)
 			}()
-		} else {
-			close(done)
-		}
-		res, err := eng.Run(ctx)
-		pstop()
-		<-done
-		return res, err
+			return func() { pstop(); <-done }
+		},
+		Finish: func(s *dispatch.Summary) {
+			if shared != nil {
+				s.Shared = shared()
+			}
+		},
 	}
-
-	if *pilot > 0 && *pilot < ws.N {
-		pc := cfg
-		pc.MaxSeq = *pilot
-		res, err := runOnce(pc)
-		if err != nil && !errors.Is(err, dispatch.ErrIncomplete) {
-			errf(stderr, "%v", err)
-			return exitIncomplete
-		}
-		if ctx.Err() != nil {
-			return finishRun(job, res, err, sf, projJSON, stdout, stderr)
-		}
-		ps, perr := plan.PilotFromStore(ctx, job.Store, *pilot)
-		if perr != nil {
-			errf(stderr, "reading the pilot: %v", perr)
-			return exitIncomplete
-		}
-		pin.Pilot = ps
-		if proj, err = plan.Project(pin); err != nil {
-			errf(stderr, "re-projecting: %v", err)
-			return exitIncomplete
-		}
-		fmt.Fprintf(stderr, "pilot of %d items done; re-projected expected cost %s (worst case %s)\n", *pilot, proj.ExpectedCost, proj.WorstCase)
-		projJSON, _ = proj.JSON(plan.Gate(proj, pin.Workload.N, gcfg))
-		if code := applyGate(proj, pin.Workload.N, gcfg, stderr); code != exitOK {
-			return code
-		}
+	if !sf.quiet {
+		cfg.OnBatch = func(rt *batch.Route) func() { return watchBatches(rt, stderr) }
 	}
-	res, err := runOnce(cfg)
-	return finishRun(job, res, err, sf, projJSON, stdout, stderr)
+	out := runner.Run(ctx, cfg)
+	return report1(out, sf, stdout, stderr)
 }
 
-// applyGate prints the gate's arithmetic and returns the exit code it demands.
-func applyGate(p *plan.Projection, n int64, g plan.GateConfig, stderr io.Writer) int {
-	gr := plan.Gate(p, n, g)
-	switch gr.Decision {
-	case "pause":
-		fmt.Fprintln(stderr, "paused by the budget gate; nothing sent:")
-		fmt.Fprintln(stderr, gr.Explain)
-		return exitPaused
-	case "confirm_required":
-		fmt.Fprintln(stderr, "refused: --confirm is required for this run; nothing sent:")
-		fmt.Fprintln(stderr, gr.Explain)
-		return exitRefused
-	}
-	if gr.Explain != "" {
-		fmt.Fprintln(stderr, gr.Explain)
-	}
-	return exitOK
+// watchBatches prints a line about the batch route every few seconds until
+// the returned function is called.
+func watchBatches(rt *batch.Route, stderr io.Writer) func() {
+	done := make(chan struct{})
+	exited := make(chan struct{})
+	go func() {
+		defer close(exited)
+		t := time.NewTicker(5 * time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				fmt.Fprintf(stderr, "batches: %d requests in open batches\n", rt.Held())
+			}
+		}
+	}()
+	return func() { close(done); <-exited }
 }
 
-func finishRun(job *dispatch.Job, res *dispatch.Result, runErr error, sf sendFlags, projJSON []byte, stdout, stderr io.Writer) int {
-	if res == nil || res.Summary == nil {
-		errf(stderr, "%v", runErr)
-		return exitIncomplete
-	}
-	s := res.Summary
-	s.Projection = projJSON
-	if sf.sharedStats != nil {
-		s.Shared = sf.sharedStats()
-	}
-	if err := job.WriteSummary(s, sf.summary); err != nil {
-		errf(stderr, "writing the summary: %v", err)
-	}
-	if err := job.Events.Flush(); err != nil {
-		errf(stderr, "writing events: %v", err)
-	}
-	if err := report.Write(job.Dir); err != nil {
-		errf(stderr, "writing the report: %v", err)
+// report1 prints a run's outcome and returns its exit code.
+func report1(out runner.Outcome, sf sendFlags, stdout, stderr io.Writer) int {
+	s := out.Summary
+	if s == nil {
+		if out.Err != nil {
+			errf(stderr, "%v", out.Err)
+		}
+		return out.Code
 	}
 	if sf.json {
 		b, _ := json.Marshal(s)
@@ -314,22 +265,25 @@ func finishRun(job *dispatch.Job, res *dispatch.Result, runErr error, sf sendFla
 	} else {
 		fmt.Fprintf(stdout, "%d succeeded, %d errored, %d unfinished of %d; cost $%.6f; %d attempts, %d 429s; %.0f req/min; data-loss check %s\n",
 			s.Succeeded, s.Errored, s.Unfinished, s.N, s.Cost.Total, s.Attempts, s.RateLimited429, s.RequestsPerMin, passFail(s.DataLoss.Passed))
+		if b := s.Batches; b != nil {
+			line := fmt.Sprintf("batches: %d created (%d adopted after a lost answer), %d harvested, %d open; %d results sent again", b.Created, b.Adopted, b.Harvested, b.Open, b.Retried)
+			if r := s.ByRoute["batch"]; r != nil {
+				line += fmt.Sprintf("; batch route $%.6f for %d items ($%.6f at the sync price)", r.CostUSD, r.Items, r.SyncPriceUSD)
+			}
+			if r := s.ByRoute["sync"]; r != nil && s.Route == runner.RouteAuto {
+				line += fmt.Sprintf("; sync route $%.6f for %d items", r.CostUSD, r.Items)
+			}
+			fmt.Fprintln(stdout, line)
+		}
 		if c := s.Cache; c != nil {
 			fmt.Fprintf(stdout, "cache: %d hits (%d duplicates inside the input), %d misses; $%.6f saved\n", c.Hits, c.InputDuplicates, c.Misses, c.SavedUSD)
 		}
-		fmt.Fprintf(stdout, "results: %s\nsummary: %s\n", job.ResultsPath, job.Dir+"/"+dispatch.SummaryFile)
+		fmt.Fprintf(stdout, "results: %s\nsummary: %s\n", out.ResultsPath, out.Dir+"/"+dispatch.SummaryFile)
 	}
-	switch {
-	case !s.DataLoss.Passed:
-		errf(stderr, "DATA-LOSS CHECK FAILED: %+v", s.DataLoss)
-		return exitDataLoss
-	case runErr != nil:
-		errf(stderr, "%v", runErr)
-		return exitIncomplete
-	case !res.Complete:
-		return exitIncomplete
+	if out.Err != nil {
+		errf(stderr, "%v", out.Err)
 	}
-	return exitOK
+	return out.Code
 }
 
 func passFail(ok bool) string {
