@@ -112,7 +112,12 @@ type Config struct {
 	Cancel bool
 	// LateAt, when set, says when an open batch that has not ended is
 	// cancelled so that its unstarted work can go by sync (auto), and why.
-	LateAt func(b store.BatchRecord) (time.Time, string)
+	// ahead is the requests of the org's earlier open batches, which the
+	// API processes first.
+	LateAt func(b store.BatchRecord, ahead int64) (time.Time, string)
+	// PollMax is the longest wait between two polls of a batch, in API
+	// time (default 60 s); auto shortens it for a short deadline.
+	PollMax time.Duration
 }
 
 // Result is what Run returns.
@@ -208,6 +213,9 @@ func New(cfg Config) (*Route, error) {
 	}
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	if cfg.PollMax <= 0 {
+		cfg.PollMax = pollMax
 	}
 	hc := cfg.Client
 	if hc == nil {
@@ -421,7 +429,7 @@ func (r *Route) step(ctx context.Context, b *rec) error {
 
 // backoff schedules b's next look after its wait, growing it.
 func (r *Route) backoff(b *rec, now time.Time, extra time.Duration) {
-	b.wait = min(max(b.wait*3/2, r.api(pollMin)), r.api(pollMax))
+	b.wait = min(max(b.wait*3/2, r.api(min(pollMin, r.cfg.PollMax))), r.api(r.cfg.PollMax))
 	b.next = now.Add(max(b.wait, extra))
 }
 
@@ -453,17 +461,27 @@ func (r *Route) poll(ctx context.Context, b *rec) error {
 		b.next = now
 		return r.harvest(ctx, b)
 	}
+	var lateAt time.Time
 	if r.cfg.LateAt != nil && !b.CancelRequested && !b.lateDone {
-		if at, why := r.cfg.LateAt(b.BatchRecord); !at.IsZero() && now.After(at) {
+		at, why := r.cfg.LateAt(b.BatchRecord, r.ahead(b))
+		if !at.IsZero() && now.After(at) {
 			b.lateDone = true
 			r.emit(fmt.Sprintf("batch %d (%s, org %s, %d requests) is late: %s; cancelling it so that its unprocessed requests go by sync", b.Local, b.ID, b.Org, b.N, why), recData(&b.BatchRecord))
 			r.cancelOne(ctx, b)
 		}
+		lateAt = at
 	}
-	// Poll more often as the batch ages, up to pollMax.
+	// Poll less often as the batch ages, up to PollMax; a cancelled batch
+	// soon ends, and a batch is looked at when it would turn late.
 	age := now.Sub(b.SubmittedAt)
-	b.wait = min(max(age/8, r.api(pollMin)), r.api(pollMax))
+	b.wait = min(max(age/8, r.api(min(pollMin, r.cfg.PollMax))), r.api(r.cfg.PollMax))
+	if b.CancelRequested {
+		b.wait = min(b.wait, r.api(time.Second))
+	}
 	b.next = now.Add(b.wait)
+	if lateAt.After(now) && lateAt.Before(b.next) {
+		b.next = lateAt.Add(time.Millisecond)
+	}
 	return nil
 }
 
@@ -560,6 +578,18 @@ func (r *Route) anyTakeable(ctx context.Context) bool {
 		}
 		after = its[len(its)-1].Seq
 	}
+}
+
+// ahead is the requests of b's org's open batches made before b and not
+// seen ended: the API processes an org's batches one after another.
+func (r *Route) ahead(b *rec) int64 {
+	var q int64
+	for _, o := range r.recs {
+		if o.org == b.org && o.Local < b.Local && o.Status.Open() && !o.ended {
+			q += o.N
+		}
+	}
+	return q
 }
 
 // queued is what the route has in org o's processing queue: the requests

@@ -603,7 +603,13 @@ func (e *Engine) Run(ctx context.Context) (*Result, error) {
 		if res.StopReason == "" {
 			res.StopReason = "stopped"
 		}
-		e.cfg.Events.Emit(EventIncomplete, res.StopReason, sum)
+		kind := EventIncomplete
+		if !res.Stopped && (e.cfg.MaxSeq > 0 || e.cfg.Skip != nil) {
+			// It did what it was given (a pilot, a route's share); the
+			// run goes on.
+			kind = EventProgress
+		}
+		e.cfg.Events.Emit(kind, res.StopReason, sum)
 		return res, fmt.Errorf("%w: %s", ErrIncomplete, res.StopReason)
 	}
 	e.cfg.Events.Emit(EventCompleted, fmt.Sprintf("%d succeeded, %d errored", sum.Succeeded, sum.Errored), sum)

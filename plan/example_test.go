@@ -65,6 +65,6 @@ func ExampleProjectRoutes() {
 	// Output:
 	// sync  batch       0 sync  200000  $468.00  2455 s
 	// batch batch  200000 sync       0  $234.00  3300 s
-	// auto  batch  150000 sync   50000  $292.50  2550 s
-	// split: 150000 50000 meets: true
+	// auto  batch  106448 sync   93552  $343.46  1897 s
+	// split: 106448 93552 meets: true
 }

@@ -240,7 +240,7 @@ func ProjectRoutes(p *Projection, in Input, m BatchModel, deadlineS float64) (*R
 		dur(m.QueueWaitS), commas(int64(math.Round(m.PerMinute))), commas(m.Queue), commas(m.MaxBatch), dur(m.PollS), src))
 	p.addAssumption("batch cost: the sync projection's tokens per request at the price table's batch rates")
 	if r.Auto != nil {
-		p.addAssumption(fmt.Sprintf("auto: the cheapest split that ends by %.0f%% of the deadline; its cost is pro rata per model (the batch share of every model at batch rates, the rest at sync rates) and the sync share's wall-clock is the sync projection scaled linearly", autoMargin*100))
+		p.addAssumption(fmt.Sprintf("auto: the cheapest split that ends by %.0f%% of the deadline, leaving time to send one org's batch again by sync should it run late; its cost is pro rata per model (the batch share of every model at batch rates, the rest at sync rates) and the sync share's wall-clock is the sync projection scaled linearly", autoMargin*100))
 	}
 	if p.Arms > 1 {
 		p.addAssumption("routes: one dispatcher arm (the A/B sends both arms by sync)")
@@ -248,6 +248,9 @@ func ProjectRoutes(p *Projection, in Input, m BatchModel, deadlineS float64) (*R
 	p.Routes = r
 	return r, nil
 }
+
+// Model is the batch model the routes were projected with (defaults filled).
+func (r *Routes) Model() BatchModel { return r.model }
 
 // Split is the auto decision alone, for the run command: with a deadline,
 // the split of Auto; without one, all batch (the cheapest route, nothing to
@@ -268,19 +271,28 @@ func (r *Routes) auto(p *Projection, items int64, deadlineS float64) RouteProjec
 	target := autoMargin * deadlineS
 	m := r.model
 	head := fmt.Sprintf("deadline %s × %.2f = target %s", dur(deadlineS), autoMargin, dur(target))
+	// A batch share fits when it ends by the target with time left to
+	// send one org's batch again by sync, should that batch run late and
+	// be cancelled at its expected end (batches show no progress until
+	// they end, so late is only known then).
+	fits := func(b int64) (end, redo float64, ok bool) {
+		end, redo = m.BatchWallS(b, r.orgs), p.SyncWallS(perOrg(b, r.orgs))
+		return end, redo, end+redo <= target
+	}
 	batchW := r.Batch.WallS
-	if batchW <= target {
+	if _, redo, ok := fits(items); ok {
 		a := r.split(p, items, items)
 		a.Meets = true
-		a.Explain = fmt.Sprintf("%s; all %s items by batch take %s ≤ target → all batch, %s", head, commas(items), dur(batchW), usd(a.ExpectedCost))
+		a.Explain = fmt.Sprintf("%s; all %s items by batch take %s, and one org's batch again by sync %s: %s ≤ target → all batch, %s",
+			head, commas(items), dur(batchW), dur(redo), dur(batchW+redo), usd(a.ExpectedCost))
 		return a
 	}
-	// The largest b whose batch share ends by the target: BatchWallS is
-	// non-decreasing in b, BatchWallS(0) = 0 ≤ target < BatchWallS(items).
+	// The largest b that fits: both terms are non-decreasing in b, and
+	// b = 0 fits while b = items does not.
 	lo, hi := int64(0), items
 	for hi-lo > 1 {
 		mid := lo + (hi-lo)/2
-		if m.BatchWallS(mid, r.orgs) <= target {
+		if _, _, ok := fits(mid); ok {
 			lo = mid
 		} else {
 			hi = mid
@@ -292,8 +304,9 @@ func (r *Routes) auto(p *Projection, items int64, deadlineS float64) RouteProjec
 		if sw := p.SyncWallS(items - b); sw <= target {
 			a := r.split(p, items, b)
 			a.Meets = true
-			a.Explain = fmt.Sprintf("%s; the largest batch share that ends in time is %s items (%s ≤ target), the other %s by sync take %s ≤ target → %s by batch + %s by sync, %s (pro rata per model: all sync %s, all batch %s)",
-				head, commas(b), dur(m.BatchWallS(b, r.orgs)), commas(items-b), dur(sw), commas(b), commas(items-b),
+			end, redo, _ := fits(b)
+			a.Explain = fmt.Sprintf("%s; the largest batch share that ends in time is %s items (%s, and one org's %s again by sync %s: %s ≤ target), the other %s by sync take %s ≤ target → %s by batch + %s by sync, %s (pro rata per model: all sync %s, all batch %s)",
+				head, commas(b), dur(end), commas(perOrg(b, r.orgs)), dur(redo), dur(end+redo), commas(items-b), dur(sw), commas(b), commas(items-b),
 				usd(a.ExpectedCost), usd(r.Sync.ExpectedCost), usd(r.Batch.ExpectedCost))
 			return a
 		}

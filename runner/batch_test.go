@@ -1,10 +1,14 @@
 package runner_test
 
 import (
+	"bufio"
+	"bytes"
 	"context"
+	"encoding/json"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -12,6 +16,7 @@ import (
 	"github.com/apidispatch/apidispatch/cost"
 	"github.com/apidispatch/apidispatch/dispatch"
 	"github.com/apidispatch/apidispatch/org"
+	"github.com/apidispatch/apidispatch/plan"
 	"github.com/apidispatch/apidispatch/runner"
 	"github.com/apidispatch/apidispatch/sim"
 	"github.com/apidispatch/apidispatch/soak"
@@ -231,4 +236,131 @@ func TestBatchErroredAndExpired(t *testing.T) {
 	}
 	t.Logf("%d succeeded, %d errored (invalid_request_error), %d results sent again (%d expired), %d results streams read again, %d batches",
 		s.Succeeded, s.Errored, s.Batches.Retried, res.Batch.Expired, res.Batch.BrokenDownloads, s.Batches.Created)
+}
+
+// autoSim is a simulator whose batches start 30 API seconds after their
+// create and process 3,000 requests a minute per org, with the limits file
+// that tells the planner so.
+func autoSim(t *testing.T, n int, speed float64, faults ...sim.Fault) (*bench, *plan.Limits) {
+	b := newBench(t, n, speed, func(c *sim.Config) {
+		for i := range c.Orgs {
+			c.Orgs[i].Batch.QueueWaitS, c.Orgs[i].Batch.PerMinute, c.Orgs[i].Batch.CancelS = 30, 3000, 1
+		}
+		c.Faults = faults
+	})
+	return b, &plan.Limits{Batch: &plan.BatchModel{QueueWaitS: 30, PerMinute: 3000, PollS: 10}}
+}
+
+// runAuto is 'run --route auto --deadline d' on b.
+func (b *bench) runAuto(t *testing.T, limits *plan.Limits, deadline time.Duration) runner.Outcome {
+	t.Helper()
+	var log bytes.Buffer
+	out := runner.Run(t.Context(), runner.Config{
+		Input: b.input, RunDir: filepath.Join(t.TempDir(), "run"), Prices: cost.Default(), Route: runner.RouteAuto,
+		Deadline: deadline, Limits: limits, Stderr: &log,
+		Sync: dispatch.Config{Orgs: b.orgs, BaseURL: b.sim.URL, Speed: b.speed, Prices: cost.Default(), SampleEvery: -1},
+	})
+	t.Logf("run:\n%s", log.String())
+	return out
+}
+
+// allSyncUSD is what the run's items would have cost by sync: its sync
+// route's cost plus its batch route's at the sync price.
+func allSyncUSD(s *dispatch.Summary) float64 {
+	v := 0.0
+	if r := s.ByRoute[store.RouteSync]; r != nil {
+		v += r.CostUSD
+	}
+	if r := s.ByRoute[store.RouteBatch]; r != nil {
+		v += r.SyncPriceUSD
+	}
+	return v
+}
+
+// TestAutoMeetsDeadlineCheaper: a deadline shorter than the batch route's
+// expected completion; auto sends part by batch and the rest by sync, ends
+// before the deadline and costs less than all-sync would.
+func TestAutoMeetsDeadlineCheaper(t *testing.T) {
+	const n, k = 6000, 5
+	b, limits := autoSim(t, n, k)
+	deadline := 12 * time.Second // 60 API s; all by batch would take 80
+	out := b.runAuto(t, limits, deadline)
+	if out.Code != runner.ExitOK || out.Err != nil {
+		t.Fatalf("auto: exit %d, %v", out.Code, out.Err)
+	}
+	s := out.Summary
+	b.audit(out.Dir)
+	br, sr := s.ByRoute[store.RouteBatch], s.ByRoute[store.RouteSync]
+	if br == nil || sr == nil || br.Items == 0 || sr.Items == 0 || br.Items+sr.Items != n {
+		t.Fatalf("by_route %+v %+v: want both routes, %d items in all", br, sr, n)
+	}
+	if s.WallS >= deadline.Seconds() {
+		t.Fatalf("auto took %.1f s, the deadline was %s", s.WallS, deadline)
+	}
+	if all := allSyncUSD(s); !(s.Cost.Total < all) {
+		t.Fatalf("auto cost $%.6f, all sync $%.6f", s.Cost.Total, all)
+	}
+	if total, _, twice := batchLedger(b.sim.Server.Ledger()); total != br.CostNanos || twice != 0 {
+		t.Fatalf("batch route %d nanos, ledger %d (%d twice)", br.CostNanos, total, twice)
+	}
+	t.Logf("N=%d, deadline %s (%g API s): %d by batch ($%.6f) + %d by sync ($%.6f) in %.1f s; $%.6f against $%.6f all by sync (%.1f%% less)",
+		n, deadline, deadline.Seconds()*k, br.Items, br.CostUSD, sr.Items, sr.CostUSD, s.WallS, s.Cost.Total, allSyncUSD(s), 100*(1-s.Cost.Total/allSyncUSD(s)))
+}
+
+// TestAutoCancelsLateBatches: one org's batch stalls (it would only end at
+// expiry, 24 h on); auto cancels it when it has not ended by when the
+// batch model expects, harvests what it finished, and sends the rest by
+// sync, in time: the split left room for one org's batch to be redone.
+func TestAutoCancelsLateBatches(t *testing.T) {
+	const n, k = 8000, 10
+	b, limits := autoSim(t, n, k, sim.Fault{Kind: sim.FaultBatchStall, Org: "low_prio", Fraction: 0.3})
+	deadline := 12 * time.Second // 120 API s
+	out := b.runAuto(t, limits, deadline)
+	if out.Code != runner.ExitOK || out.Err != nil {
+		t.Fatalf("auto: exit %d, %v", out.Code, out.Err)
+	}
+	s := out.Summary
+	evs := readEvents(t, out.Dir)
+	for _, e := range evs {
+		if e.Kind != dispatch.EventSample && e.Kind != dispatch.EventProgress {
+			t.Logf("%6.2f s  %s: %s", e.TS.Sub(evs[0].TS).Seconds(), e.Kind, e.Note)
+		}
+	}
+	b.audit(out.Dir)
+	br := s.ByRoute[store.RouteBatch]
+	if br == nil || br.Items == 0 || s.Batches.Retried == 0 {
+		t.Fatalf("by_route batch %+v, batches %+v: want a part harvested and the rest sent again", br, s.Batches)
+	}
+	if s.WallS >= deadline.Seconds() {
+		t.Fatalf("auto took %.1f s, the deadline was %s", s.WallS, deadline)
+	}
+	late := 0
+	for _, e := range evs {
+		if e.Kind == dispatch.EventBatch && strings.Contains(e.Note, "is late") {
+			late++
+		}
+	}
+	if late == 0 {
+		t.Fatal("no batch was cancelled as late")
+	}
+	t.Logf("%d batches cancelled as late; %d items by batch, %d by sync, %.1f s of a %s deadline", late, br.Items, s.ByRoute[store.RouteSync].Items, s.WallS, deadline)
+}
+
+func readEvents(t *testing.T, dir string) []dispatch.Event {
+	t.Helper()
+	f, err := os.Open(filepath.Join(dir, dispatch.EventsFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var out []dispatch.Event
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 1<<20), 1<<26)
+	for sc.Scan() {
+		var e dispatch.Event
+		if json.Unmarshal(sc.Bytes(), &e) == nil {
+			out = append(out, e)
+		}
+	}
+	return out
 }

@@ -33,7 +33,7 @@ type Exec struct {
 	// (the first ones in input order); the rest go by batch. LateAt says
 	// when an open batch is cancelled so its unprocessed work goes by sync.
 	SyncItems int64
-	LateAt    func(b store.BatchRecord) (time.Time, string)
+	LateAt    func(b store.BatchRecord, ahead int64) (time.Time, string)
 	// OnEngine, when set, is called with each engine before it runs (a
 	// progress display, the second signal's Abort); the function it
 	// returns is called when that engine's run ends.
@@ -146,6 +146,28 @@ type execution struct {
 	syncWall   time.Duration
 	batchRes   *batch.Result
 	cacheSum   *dispatch.CacheSummary
+	// lastLanes and lastEnd are the previous engine's lanes and end.
+	lastLanes []dispatch.LaneSnapshot
+	lastEnd   time.Time
+}
+
+// warmStart is the fraction of the cap the next engine's lanes start at:
+// the smallest the previous engine's lanes ended at, if it ended within
+// warmFor; 0 (the default ramp) otherwise.
+func (ex *execution) warmStart(speed float64) float64 {
+	if speed <= 0 {
+		speed = 1
+	}
+	if len(ex.lastLanes) == 0 || time.Since(ex.lastEnd) > time.Duration(float64(warmFor)/speed) {
+		return 0
+	}
+	f := 1.0
+	for _, l := range ex.lastLanes {
+		if l.Disabled == "" && l.Cap > 0 {
+			f = min(f, l.Limit/float64(l.Cap))
+		}
+	}
+	return f
 }
 
 func (ex *execution) setStop(reason string) {
@@ -154,9 +176,17 @@ func (ex *execution) setStop(reason string) {
 	}
 }
 
+// warmFor is how long (API time) after an engine of this run ended the
+// next one starts its lanes where the last left them rather than at a
+// quarter of the cap: the keys carried that load moments ago.
+const warmFor = 60 * time.Second
+
 // sync runs the engine once with c.
 func (ex *execution) sync(ctx context.Context, c dispatch.Config) error {
 	c.Sink = ex.sink
+	if f := ex.warmStart(c.Speed); f > 0 && c.Lane.StartFraction == 0 {
+		c.Lane.StartFraction = f
+	}
 	eng, err := ex.job.Engine(c)
 	if err != nil {
 		return err
@@ -168,11 +198,13 @@ func (ex *execution) sync(ctx context.Context, c dispatch.Config) error {
 	t0 := time.Now()
 	res, err := eng.Run(ctx)
 	ex.syncWall += time.Since(t0)
+	ex.lastEnd = time.Now()
 	done()
 	if res != nil && res.Summary != nil {
 		if ex.lanes == nil {
 			ex.lanes = res.Summary.Lanes
 		}
+		ex.lastLanes = res.Summary.Lanes
 		if res.Summary.Cache != nil {
 			ex.cacheSum = res.Summary.Cache
 		}

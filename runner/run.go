@@ -290,19 +290,29 @@ func (cfg *Config) router(job *dispatch.Job, pr *projection, x *Exec, start time
 	}
 	fmt.Fprintln(w, msg)
 	job.Events.Emit(dispatch.EventBatch, msg, map[string]any{"batch_items": nb, "sync_items": ns, "deadline_s": r.DeadlineS})
-	if cfg.Deadline <= 0 || pr.WallS <= 0 || pr.N == 0 {
+	if cfg.Deadline <= 0 {
 		return
 	}
-	deadline := start.Add(cfg.Deadline)
-	speed := max(cfg.Sync.Speed, 1e-9)
-	perItem := pr.SyncWallS(pr.N) / float64(pr.N) / speed // wall seconds per item by sync
-	x.LateAt = func(b store.BatchRecord) (time.Time, string) {
-		need := time.Duration(1.25 * perItem * float64(b.N) * float64(time.Second))
-		at := deadline.Add(-need)
-		return at, fmt.Sprintf("the deadline is %s; by sync its %d requests take about %s (%.3f s each at the projected rate, × 1.25), so it must have ended by %s",
-			deadline.UTC().Format(time.TimeOnly), b.N, need.Round(time.Millisecond), perItem, at.UTC().Format(time.TimeOnly))
+	speed := cfg.Sync.Speed
+	if speed <= 0 {
+		speed = 1
+	}
+	m := r.Model()
+	// Batches show no progress until they end, so a batch is late when it
+	// has not ended by when the model expects it: then it is cancelled,
+	// what it finished is harvested and the rest goes by sync. The split
+	// left time for one org's batch to be sent again so.
+	x.Batch.PollMax = min(max(time.Duration(r.DeadlineS/40*float64(time.Second)), 5*time.Second), 60*time.Second)
+	x.LateAt = func(b store.BatchRecord, ahead int64) (time.Time, string) {
+		apiS := m.QueueWaitS + float64(ahead+b.N)/m.PerMinute*60 + m.PollS
+		at := b.CreatedAt.Add(time.Duration(apiS / speed * float64(time.Second)))
+		return at, fmt.Sprintf("the batch model expects it to end %s after its create (%s queue wait + %d requests, %d of them ahead of it on the org, at %s a minute + %s for the poll), at %s; the deadline is %s",
+			time.Duration(apiS*float64(time.Second)).Round(time.Second), time.Duration(m.QueueWaitS*float64(time.Second)), ahead+b.N, ahead, fmtRate(m.PerMinute),
+			time.Duration(m.PollS*float64(time.Second)), at.UTC().Format(time.TimeOnly), start.Add(cfg.Deadline).UTC().Format(time.TimeOnly))
 	}
 }
+
+func fmtRate(v float64) string { return fmt.Sprintf("%g", v) }
 
 // queueCaps are the orgs' batch queue caps from a limits file's batch
 // model (0: unknown).
