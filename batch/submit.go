@@ -23,6 +23,32 @@ const itemOverhead = 32
 // itemBytes bounds what item it adds to a create body.
 func itemBytes(it store.Item) int64 { return it.Length + int64(len(it.CustomID)) + itemOverhead }
 
+// CheckItems checks, before anything is sent, that every item can go in a
+// batch of at most maxBytes (0: MaxBytes) of create body. It names the
+// first offending line. (max_tokens 0, which the Message Batches API
+// refuses, is refused for every route by validation.)
+func CheckItems(ctx context.Context, st store.Store, maxBytes int64) error {
+	if maxBytes <= 0 {
+		maxBytes = MaxBytes
+	}
+	var after int64
+	for {
+		its, err := st.Pending(ctx, after, 4096)
+		if err != nil {
+			return err
+		}
+		if len(its) == 0 {
+			return nil
+		}
+		for _, it := range its {
+			if b := itemBytes(it) + 16; b > maxBytes {
+				return fmt.Errorf("line %d (custom_id %s): the request takes up to %d bytes of a create body, more than a batch may hold (%d); send it with --route sync", it.Line, it.CustomID, b, maxBytes)
+			}
+		}
+		after = its[len(its)-1].Seq
+	}
+}
+
 // worstCase is the most item it can cost at the batch price.
 func (r *Route) worstCase(it store.Item) cost.Nanos {
 	p, err := r.cfg.Prices.Lookup(it.Model)

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"github.com/apidispatch/apidispatch/anthropic"
+	"github.com/apidispatch/apidispatch/batch"
 	"github.com/apidispatch/apidispatch/cost"
 	"github.com/apidispatch/apidispatch/dispatch"
 	"github.com/apidispatch/apidispatch/org"
@@ -21,6 +23,7 @@ import (
 	"github.com/apidispatch/apidispatch/sim"
 	"github.com/apidispatch/apidispatch/soak"
 	"github.com/apidispatch/apidispatch/store"
+	"github.com/apidispatch/apidispatch/store/sqlite"
 	"github.com/apidispatch/apidispatch/workload"
 )
 
@@ -363,4 +366,56 @@ func readEvents(t *testing.T, dir string) []dispatch.Event {
 		}
 	}
 	return out
+}
+
+// TestBatchCutByBytes: batches are cut at the byte limit as well as the
+// count, so no create body passes it; a request that alone passes it is
+// refused before anything is sent, naming its line.
+func TestBatchCutByBytes(t *testing.T) {
+	b := newBench(t, 900, 2000, nil)
+	fi, err := os.Stat(b.input)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const limit = 64 << 10
+	res, err, dir := b.exec(t.Context(), "", runner.Exec{Route: runner.RouteBatch, Batch: batch.Config{MaxBytes: limit}})
+	if err != nil || !res.Complete {
+		t.Fatalf("batch route: %v", err)
+	}
+	b.audit(dir)
+	st, err := sqlite.Open(filepath.Join(dir, dispatch.StateFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	recs, err := st.Batches(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if min := fi.Size() / limit; int64(len(recs)) <= min {
+		t.Fatalf("%d batches for %d bytes of requests at %d bytes a batch", len(recs), fi.Size(), limit)
+	}
+	for _, r := range recs {
+		if r.Bytes > limit {
+			t.Fatalf("batch %d: %d bytes, over the %d limit", r.Local, r.Bytes, limit)
+		}
+	}
+	t.Logf("%d bytes of requests in %d batches of at most %d bytes", fi.Size(), len(recs), limit)
+
+	b2 := newBench(t, 10, 2000, nil)
+	_, err, _ = b2.exec(t.Context(), "", runner.Exec{Route: runner.RouteBatch, Batch: batch.Config{MaxBytes: 400}})
+	if !errors.Is(err, runner.ErrInput) || !strings.Contains(err.Error(), "line 1 (custom_id phase6_000000)") {
+		t.Fatalf("a request over the byte limit: %v; want ErrInput naming line 1", err)
+	}
+	if _, created := simCreated(b2.sim); created != 0 {
+		t.Fatalf("%d batches created after the refusal", created)
+	}
+}
+
+func simCreated(r *sim.Running) (requests, created int64) {
+	for _, st := range r.Server.BatchStats() {
+		requests += st.Requests
+		created += st.Created
+	}
+	return requests, created
 }

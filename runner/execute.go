@@ -18,6 +18,9 @@ const (
 	RouteAuto  = "auto"
 )
 
+// ErrInput: the input cannot go by the route asked for; nothing was sent.
+var ErrInput = errors.New("runner: input unfit for the route")
+
 // Exec is how Execute sends a job's pending items.
 type Exec struct {
 	// Route is RouteSync (the default), RouteBatch or RouteAuto.
@@ -66,6 +69,12 @@ func Execute(ctx context.Context, job *dispatch.Job, x Exec) (*Result, error) {
 	}
 	if sink.Rebuilt > 0 {
 		job.Events.Emit(dispatch.EventWarning, fmt.Sprintf("results file was %d lines short of the run's state; rebuilt them", sink.Rebuilt), map[string]any{"rebuilt": sink.Rebuilt})
+	}
+	if x.Route == RouteBatch || x.Route == RouteAuto {
+		if err := batch.CheckItems(ctx, job.Store, x.Batch.MaxBytes); err != nil {
+			sink.Close()
+			return nil, fmt.Errorf("%w: %w", ErrInput, err)
+		}
 	}
 	ex := &execution{job: job, x: x, sink: sink}
 	var runErr error
@@ -119,9 +128,9 @@ func Execute(ctx context.Context, job *dispatch.Job, x Exec) (*Result, error) {
 	if !res.Complete {
 		if res.StopReason == "" {
 			res.StopReason = "stopped"
-			if open {
-				res.StopReason = fmt.Sprintf("%d batches still running on the API; the same command re-attaches to them", s.Batches.Open)
-			}
+		}
+		if open {
+			res.StopReason += fmt.Sprintf("; %d batches still running on the API; the same command re-attaches to them", s.Batches.Open)
 		}
 		s.StopReason = res.StopReason
 		if x.Route != RouteSync {

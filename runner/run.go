@@ -159,6 +159,12 @@ func Run(ctx context.Context, cfg Config) Outcome {
 			defer cleanup()
 		}
 	}
+	if cfg.Route != RouteSync {
+		if err := batch.CheckItems(ctx, job.Store, 0); err != nil {
+			out.Code, out.Err = ExitUsage, err
+			return out
+		}
+	}
 	start := time.Now()
 	if cfg.Deadline > 0 {
 		cfg.Sync.Deadline = start.Add(cfg.Deadline)
@@ -197,6 +203,10 @@ func Run(ctx context.Context, cfg Config) Outcome {
 		cfg.router(job, pr, &x, start, w)
 	}
 	res, err := Execute(ctx, job, x)
+	if errors.Is(err, ErrInput) {
+		out.Code, out.Err = ExitUsage, err
+		return out
+	}
 	if res != nil && res.Summary != nil && pr.routes != nil && pr.routes.Auto != nil {
 		res.Summary.Router = pr.routes.Doc().Auto
 	}

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"math/rand/v2"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -177,4 +178,165 @@ func TestBatchKillNineThenResume(t *testing.T) {
 	if s.Batches.Adopted == 0 {
 		t.Fatal("no lost create was adopted: the fault never struck")
 	}
+}
+
+// runCmdOut runs the command args to its end and returns its exit code,
+// stdout and stderr.
+func runCmdOut(t *testing.T, r *sim.Running, args ...string) (int, string, string) {
+	t.Helper()
+	c := cliCmd(r, args...)
+	var out, errb bytes.Buffer
+	c.Stdout, c.Stderr = &out, &errb
+	err := c.Run()
+	code := 0
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	return code, out.String(), errb.String()
+}
+
+// TestBatchHostileInput: inputs and flags the batch route cannot take are
+// refused with a message naming the problem, before anything is sent.
+func TestBatchHostileInput(t *testing.T) {
+	t.Parallel()
+	r, input, runDir := simAndInput(t, 100, 50)
+	zero := filepath.Join(t.TempDir(), "zero.jsonl")
+	b, err := os.ReadFile(input)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.SplitAfter(string(b), "\n")
+	lines[6] = strings.Replace(lines[6], `"max_tokens":256`, `"max_tokens":0`, 1)
+	if err := os.WriteFile(zero, []byte(strings.Join(lines, "")), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	base := []string{"--base-url", r.URL, "--speed", "100", "--quiet"}
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"batch size over the API's limit", []string{"run", input, "--route", "batch", "--batch-size", "100001"}, "--batch-size 100001: a batch holds 1 to 100000 requests"},
+		{"negative batch size", []string{"run", input, "--route", "batch", "--batch-size", "-5"}, "--batch-size -5"},
+		{"unknown route", []string{"run", input, "--route", "fast"}, `--route "fast": want sync, batch or auto`},
+		{"cache with batch", []string{"run", input, "--route", "batch", "--cache", filepath.Join(t.TempDir(), "c.db")}, "--cache answers and stores results of the sync route only"},
+		{"cancel without batches", []string{"run", input, "--cancel"}, "--cancel cancels a run's open batches: it needs --route batch or auto"},
+		{"max_tokens 0 by batch", []string{"run", zero, "--route", "batch", "--run-dir", runDir + "z"}, "line 7: params.max_tokens must be a positive integer, found 0"},
+	} {
+		code, _, stderr := runCmdOut(t, r, append(tc.args, base...)...)
+		if code != exitUsage || !strings.Contains(stderr, tc.want) {
+			t.Errorf("%s: exit %d, stderr %q; want exit 1 and %q", tc.name, code, stderr, tc.want)
+		}
+	}
+	if req, created := simBatchRequests(r); req != 0 || created != 0 || r.Server.LedgerTotals().Requests != 0 {
+		t.Fatalf("something was sent: %d batches, %d requests, %d billed", created, req, r.Server.LedgerTotals().Requests)
+	}
+}
+
+// slowBatches is a simulator whose batches take a few seconds: a short
+// queue wait, then 600 requests a minute per org, at K = 20.
+func slowBatches(t *testing.T, n int) (*sim.Running, string, string) {
+	return simWith(t, 20, n, func(c *sim.Config) {
+		for i := range c.Orgs {
+			c.Orgs[i].Batch.QueueWaitS, c.Orgs[i].Batch.PerMinute = 1, 600
+		}
+	})
+}
+
+// startUntilBatches starts args and waits until the simulator has created
+// want batches.
+func startUntilBatches(t *testing.T, r *sim.Running, want int64, args ...string) (*exec.Cmd, *bytes.Buffer, chan struct{}) {
+	t.Helper()
+	c := cliCmd(r, args...)
+	var out bytes.Buffer
+	c.Stdout, c.Stderr = &out, &out
+	if err := c.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() { c.Wait(); close(exited) }()
+	for {
+		if _, created := simBatchRequests(r); created >= want {
+			return c, &out, exited
+		}
+		select {
+		case <-exited:
+			t.Fatalf("the run ended before creating %d batches:\n%s", want, tail(out.String()))
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
+
+// TestBatchSignalLeavesBatchesRunning: the first SIGINT stops the run at
+// once with its batches left running on the API (exit 4); the same command
+// re-attaches to them by id and harvests them, creating nothing new.
+func TestBatchSignalLeavesBatchesRunning(t *testing.T) {
+	t.Parallel()
+	const n = 1500
+	r, input, runDir := slowBatches(t, n)
+	args := []string{"run", input, "--route", "batch", "--run-dir", runDir, "--base-url", r.URL, "--speed", "20", "--quiet"}
+	c, out, exited := startUntilBatches(t, r, 3, args...)
+	time.Sleep(100 * time.Millisecond)
+	if err := c.Process.Signal(os.Interrupt); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-exited:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the run did not stop within 10 s of SIGINT")
+	}
+	if code := c.ProcessState.ExitCode(); code != exitIncomplete || !strings.Contains(out.String(), "batches still running on the API; the same command re-attaches") {
+		t.Fatalf("exit %d; want 4 and the batches named as still running:\n%s", code, tail(out.String()))
+	}
+	code, stdout, stderr := runCmdOut(t, r, append(args, "--json")...)
+	if code != exitOK {
+		t.Fatalf("the re-attaching run: exit %d\n%s", code, tail(stderr))
+	}
+	requireEachOnce(t, runDir, n)
+	var s dispatch.Summary
+	if err := json.Unmarshal([]byte(strings.TrimSpace(stdout)), &s); err != nil {
+		t.Fatal(err)
+	}
+	if req, created := simBatchRequests(r); created != 3 || req != n || s.Batches.Harvested != 3 {
+		t.Fatalf("the simulator created %d batches (%d requests), the run harvested %d: want the 3 first ones re-attached", created, req, s.Batches.Harvested)
+	}
+}
+
+// TestBatchCancelKeepsPartialResults: --cancel cancels the run's open
+// batches mid-processing, harvests what they finished and leaves the rest
+// pending (exit 4); the same command without --cancel then completes it.
+func TestBatchCancelKeepsPartialResults(t *testing.T) {
+	t.Parallel()
+	const n = 1500
+	r, input, runDir := slowBatches(t, n)
+	args := []string{"run", input, "--route", "batch", "--run-dir", runDir, "--base-url", r.URL, "--speed", "20", "--quiet"}
+	c, _, exited := startUntilBatches(t, r, 3, args...)
+	// The batches start after 1 API s and process 500 each in 50 API s
+	// (2.5 s here): cancel them about half way.
+	time.Sleep(1200 * time.Millisecond)
+	c.Process.Signal(os.Interrupt)
+	<-exited
+	code, stdout, stderr := runCmdOut(t, r, append(args, "--cancel", "--json")...)
+	if code != exitIncomplete {
+		t.Fatalf("--cancel: exit %d; want 4\n%s", code, tail(stderr))
+	}
+	var s dispatch.Summary
+	if err := json.Unmarshal([]byte(strings.TrimSpace(stdout)), &s); err != nil {
+		t.Fatal(err)
+	}
+	if s.Succeeded == 0 || s.Unfinished == 0 || s.Succeeded+s.Unfinished != n || s.Batches.Open != 0 || s.Batches.Harvested != 3 {
+		t.Fatalf("after --cancel: %d succeeded, %d unfinished, batches %+v; want partial results, the rest pending, none open", s.Succeeded, s.Unfinished, s.Batches)
+	}
+	partial := s.Succeeded
+	if code, _, stderr := runCmdOut(t, r, args...); code != exitOK {
+		t.Fatalf("the run after --cancel: exit %d\n%s", code, tail(stderr))
+	}
+	requireEachOnce(t, runDir, n)
+	_, billed, twice := batchLedger(r)
+	if billed != n || twice != 0 {
+		t.Fatalf("billed %d batch requests (%d twice); want %d once each", billed, twice, n)
+	}
+	t.Logf("--cancel kept %d of %d results; the next run sent the other %d", partial, n, n-int(partial))
 }
