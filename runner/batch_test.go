@@ -434,3 +434,27 @@ func simCreated(r *sim.Running) (requests, created int64) {
 	}
 	return requests, created
 }
+
+// TestBatchMaxCost: with --max-cost the route creates a batch only when
+// its worst case fits beside what is spent and what open batches reserve,
+// so the cap holds even if every request used its max_tokens; it stops,
+// resumable, when the next request would not fit.
+func TestBatchMaxCost(t *testing.T) {
+	b := newBench(t, 3000, 2000, nil)
+	const capUSD = 1.0
+	maxCost := cost.Nanos(capUSD * 1e9)
+	res, err, dir := b.exec(t.Context(), "", runner.Exec{Route: runner.RouteBatch, Sync: dispatch.Config{MaxCost: maxCost}})
+	if !errors.Is(err, dispatch.ErrIncomplete) || res == nil || !strings.Contains(res.StopReason, "--max-cost") {
+		t.Fatalf("want an incomplete run stopped by --max-cost; got %v (%+v)", err, res)
+	}
+	s := res.Summary
+	total, billed, _ := batchLedger(b.sim.Server.Ledger())
+	if cost.Nanos(total) > maxCost || s.Cost.TotalNanos != total || s.Unfinished == 0 || s.Succeeded == 0 || s.Batches.Open != 0 {
+		t.Fatalf("ledger %d nanos (cap %d), summary %d, %d succeeded, %d unfinished, batches %+v", total, maxCost, s.Cost.TotalNanos, s.Succeeded, s.Unfinished, s.Batches)
+	}
+	c, err := soak.CheckResults(b.input, filepath.Join(dir, dispatch.ResultsFile))
+	if err != nil || c.Repeated+c.Unknown != 0 || c.Lines != s.Succeeded {
+		t.Fatalf("results %+v, %v", c, err)
+	}
+	t.Logf("cap $%.2f: %d items in %d batches billed $%.6f, %d left pending: %s", capUSD, billed, s.Batches.Created, cost.Nanos(total).USD(), s.Unfinished, res.StopReason)
+}
