@@ -120,6 +120,16 @@ func (o *orgSplit) UnmarshalJSON(b []byte) error {
 	return nil
 }
 
+// routeSplit is one route's share of a run (summary.json "by_route").
+type routeSplit struct {
+	Items        num `json:"items"`
+	Succeeded    num `json:"succeeded"`
+	Errored      num `json:"errored"`
+	CostUSD      num `json:"cost_usd"`
+	SyncPriceUSD num `json:"sync_price_usd"`
+	WallS        num `json:"wall_s"`
+}
+
 // dataLoss is the data-loss check of design.md §3.
 type dataLoss struct {
 	Inputs                  num   `json:"inputs"`
@@ -154,25 +164,26 @@ type latency struct {
 // summary.json and an ab.json arm. Decoding the summary first and the ab.json
 // arm over it lets the A/B result win where both speak.
 type armStats struct {
-	N              num                 `json:"n"`
-	WallS          num                 `json:"wall_s"`
-	APIEqWallS     num                 `json:"api_equivalent_wall_s"`
-	Speed          num                 `json:"speed_factor"`
-	Cost           costField           `json:"cost_usd"`
-	LedgerCostUSD  num                 `json:"ledger_cost_usd"`
-	RequestsPerMin num                 `json:"requests_per_min"`
-	Succeeded      num                 `json:"succeeded"`
-	Errored        num                 `json:"errored"`
-	Unfinished     num                 `json:"unfinished"`
-	Attempts       num                 `json:"attempts"`
-	RateLimited429 num                 `json:"rate_limited_429"`
-	Overloaded529  num                 `json:"overloaded_529"`
-	OtherRetries   num                 `json:"other_retries"`
-	LatencyMs      latency             `json:"latency_ms"`
-	ByOrg          map[string]orgSplit `json:"by_org"`
-	DataLoss       dataLoss            `json:"data_loss"`
-	Lanes          []laneFinal         `json:"lanes"`
-	StopReason     text                `json:"stop_reason"`
+	N              num                   `json:"n"`
+	WallS          num                   `json:"wall_s"`
+	APIEqWallS     num                   `json:"api_equivalent_wall_s"`
+	Speed          num                   `json:"speed_factor"`
+	Cost           costField             `json:"cost_usd"`
+	LedgerCostUSD  num                   `json:"ledger_cost_usd"`
+	RequestsPerMin num                   `json:"requests_per_min"`
+	Succeeded      num                   `json:"succeeded"`
+	Errored        num                   `json:"errored"`
+	Unfinished     num                   `json:"unfinished"`
+	Attempts       num                   `json:"attempts"`
+	RateLimited429 num                   `json:"rate_limited_429"`
+	Overloaded529  num                   `json:"overloaded_529"`
+	OtherRetries   num                   `json:"other_retries"`
+	LatencyMs      latency               `json:"latency_ms"`
+	ByOrg          map[string]orgSplit   `json:"by_org"`
+	ByRoute        map[string]routeSplit `json:"by_route"`
+	DataLoss       dataLoss              `json:"data_loss"`
+	Lanes          []laneFinal           `json:"lanes"`
+	StopReason     text                  `json:"stop_reason"`
 	// Only in ab.json's arms:
 	Dir                 text    `json:"dir"`
 	SetupS              num     `json:"setup_s"`

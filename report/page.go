@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"net"
 	"net/url"
@@ -207,6 +208,7 @@ type page struct {
 	Rounds   *table
 	Sections []section
 	OrgTable *table
+	Routes   *table
 	Lanes    *table
 	Events   []eventList
 	Notes    []string
@@ -335,6 +337,7 @@ func build(src *source) *page {
 	p.Rounds = src.roundTable()
 	p.Sections = src.sections()
 	p.OrgTable = src.orgTable()
+	p.Routes = src.routeTable()
 	p.Lanes = src.laneTable()
 	if l := eventsOf("A/B harness (UTC)", src.Harness, true); len(l.Items) > 0 {
 		p.Events = append(p.Events, l)
@@ -1022,6 +1025,33 @@ func (src *source) orgTable() *table {
 			}
 			t.Rows = append(t.Rows, tableRow{Label: a.Label, Cells: []cell{
 				{Text: clean(n), Class: "t"}, {Text: fingerprint(string(o.Key)), Class: "mono"}, {Text: succ}, {Text: fmtIntNum(o.Errored)}, {Text: fmtUSDNum(c)},
+			}})
+		}
+	}
+	return src.dropArmColumn(t)
+}
+
+// routeTable is what each route carried, when a run used more than the
+// sync route (batch, auto, or the result cache).
+func (src *source) routeTable() *table {
+	t := &table{Head: []cell{{Text: "Arm"}, {Text: "Route", Class: "t"}, {Text: "Items"}, {Text: "Succeeded"},
+		{Text: "Errored"}, {Text: "Cost from usage"}, {Text: "At the sync price"}, {Text: "Wall-clock"}}}
+	for _, a := range src.Arms {
+		if len(a.Stats.ByRoute) == 0 {
+			continue
+		}
+		if _, ok := a.Stats.ByRoute["sync"]; ok && len(a.Stats.ByRoute) == 1 {
+			continue // a plain sync run: the headline says it all
+		}
+		for _, n := range slices.Sorted(maps.Keys(a.Stats.ByRoute)) {
+			r := a.Stats.ByRoute[n]
+			sp := "—"
+			if r.SyncPriceUSD.OK {
+				sp = fmtUSDNum(r.SyncPriceUSD)
+			}
+			t.Rows = append(t.Rows, tableRow{Label: a.Label, Cells: []cell{
+				{Text: clean(n), Class: "t"}, {Text: fmtIntNum(r.Items)}, {Text: fmtIntNum(r.Succeeded)}, {Text: fmtIntNum(r.Errored)},
+				{Text: fmtUSDNum(r.CostUSD)}, {Text: sp}, {Text: fmtDurNum(r.WallS)},
 			}})
 		}
 	}

@@ -178,6 +178,7 @@ footer { color: #8a929e; font-size: 12px; margin-top: 30px; }
 </section>
 {{end}}
 {{with .OrgTable}}<section><h2>By org</h2>{{template "table" .}}</section>{{end}}
+{{with .Routes}}<section><h2>By route</h2>{{template "table" .}}</section>{{end}}
 {{with .Lanes}}<section><h2>Lanes at the end</h2>{{template "table" .}}</section>{{end}}
 {{with .Events}}<section><h2>Noteworthy events</h2>
 {{range .}}<div class="note">{{.Arm}}</div><ul class="events">{{range .Items}}<li class="{{.Class}}"><span class="at">{{.At}}</span><span class="kind">{{.Kind}}</span> {{.Note}}</li>{{end}}{{if .More}}<li>… and {{.More}} more in events.jsonl</li>{{end}}</ul>{{end}}

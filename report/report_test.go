@@ -598,3 +598,42 @@ func TestABHarnessFields(t *testing.T) {
 		t.Errorf("an arm's events were looked for in the wrong place")
 	}
 }
+
+// TestRouteTable: a run that used the batch route (or auto) has a "By
+// route" table with each route's items, cost and sync-price figure; a plain
+// sync run has none.
+func TestRouteTable(t *testing.T) {
+	t.Parallel()
+	for name, tc := range map[string]struct {
+		summary string
+		want    []string
+		none    bool
+	}{
+		"auto": {summary: `{"wall_s":10,"succeeded":6000,"by_route":{"batch":{"items":1137,"succeeded":1137,"cost_usd":1.258101,"sync_price_usd":2.516202,"wall_s":9.6},"sync":{"items":4863,"succeeded":4863,"cost_usd":10.75545,"wall_s":8.1}}}`,
+			want: []string{"By route", "1,137", "$1.26", "$2.52", "4,863", "$10.76"}},
+		"sync only": {summary: `{"wall_s":10,"succeeded":5,"by_route":{"sync":{"items":5,"cost_usd":1}}}`, none: true},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			dir := t.TempDir()
+			if err := os.WriteFile(filepath.Join(dir, "summary.json"), []byte(tc.summary), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if err := Write(dir); err != nil {
+				t.Fatal(err)
+			}
+			page := readPage(t, dir)
+			if tc.none {
+				if strings.Contains(page, "By route") {
+					t.Error("a sync-only run has a By route table")
+				}
+				return
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(page, w) {
+					t.Errorf("page lacks %q", w)
+				}
+			}
+		})
+	}
+}
