@@ -115,6 +115,10 @@ type Config struct {
 	// ahead is the requests of the org's earlier open batches, which the
 	// API processes first.
 	LateAt func(b store.BatchRecord, ahead int64) (time.Time, string)
+	// Deadline, when set, ends Run then as a signal does: nothing more is
+	// created and open batches are left running (the same command
+	// re-attaches to them).
+	Deadline time.Time
 	// PollMax is the longest wait between two polls of a batch, in API
 	// time (default 60 s); auto shortens it for a short deadline.
 	PollMax time.Duration
@@ -343,6 +347,10 @@ func (r *Route) Run(ctx context.Context) (*Result, error) {
 			r.closeSubmit("stopped by signal")
 			break
 		}
+		if d := r.cfg.Deadline; !d.IsZero() && time.Now().After(d) {
+			r.closeSubmit("deadline reached")
+			break
+		}
 		if r.cfg.Cancel {
 			r.cancelAll(ctx)
 		}
@@ -387,6 +395,9 @@ func (r *Route) Run(ctx context.Context) (*Result, error) {
 					next = o.holdUntil
 				}
 			}
+		}
+		if d := r.cfg.Deadline; !d.IsZero() && d.Before(next) {
+			next = d.Add(time.Millisecond)
 		}
 		timer.Reset(max(time.Until(next), time.Millisecond))
 		select {

@@ -234,7 +234,7 @@ func (ex *execution) sync(ctx context.Context, c dispatch.Config) error {
 func (ex *execution) batchConfig() batch.Config {
 	c := ex.x.Batch
 	s := ex.x.Sync
-	c.Orgs, c.BaseURL, c.Speed, c.Prices, c.MaxCost, c.Log = s.Orgs, s.BaseURL, s.Speed, s.Prices, s.MaxCost, s.Log
+	c.Orgs, c.BaseURL, c.Speed, c.Prices, c.MaxCost, c.Log, c.Deadline = s.Orgs, s.BaseURL, s.Speed, s.Prices, s.MaxCost, s.Log, s.Deadline
 	c.WrapTransport = s.WrapTransport
 	if c.Client == nil {
 		c.Client = s.Client
