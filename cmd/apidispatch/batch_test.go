@@ -75,7 +75,11 @@ func lastBatchNote(runDir string) string {
 // progress (or one whose answer was lost, not yet reconciled); otherwise
 // its last event says.
 func phaseOf(t *testing.T, runDir string) string {
-	st, err := sqlite.Open(filepath.Join(runDir, dispatch.StateFile))
+	path := filepath.Join(runDir, dispatch.StateFile)
+	if _, err := os.Stat(path); err != nil {
+		return "before the run directory was made"
+	}
+	st, err := sqlite.Open(path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -235,12 +239,12 @@ func TestBatchHostileInput(t *testing.T) {
 	}
 }
 
-// slowBatches is a simulator whose batches take a few seconds: a short
-// queue wait, then 600 requests a minute per org, at K = 20.
+// slowBatches is a simulator whose batches take several seconds: a short
+// queue wait, then 200 requests a minute per org, at K = 20.
 func slowBatches(t *testing.T, n int) (*sim.Running, string, string) {
 	return simWith(t, 20, n, func(c *sim.Config) {
 		for i := range c.Orgs {
-			c.Orgs[i].Batch.QueueWaitS, c.Orgs[i].Batch.PerMinute = 1, 600
+			c.Orgs[i].Batch.QueueWaitS, c.Orgs[i].Batch.PerMinute = 1, 200
 		}
 	})
 }
@@ -313,9 +317,9 @@ func TestBatchCancelKeepsPartialResults(t *testing.T) {
 	r, input, runDir := slowBatches(t, n)
 	args := []string{"run", input, "--route", "batch", "--run-dir", runDir, "--base-url", r.URL, "--speed", "20", "--quiet"}
 	c, _, exited := startUntilBatches(t, r, 3, args...)
-	// The batches start after 1 API s and process 500 each in 50 API s
-	// (2.5 s here): cancel them about half way.
-	time.Sleep(1200 * time.Millisecond)
+	// The batches start after 1 API s and process 500 each in 150 API s
+	// (7.5 s here): cancel them part way.
+	time.Sleep(2 * time.Second)
 	c.Process.Signal(os.Interrupt)
 	<-exited
 	code, stdout, stderr := runCmdOut(t, r, append(args, "--cancel", "--json")...)
