@@ -17,11 +17,13 @@ import (
 	"sync"
 	"time"
 
+	"github.com/apidispatch/apidispatch/batch"
 	"github.com/apidispatch/apidispatch/cost"
 	"github.com/apidispatch/apidispatch/dispatch"
 	"github.com/apidispatch/apidispatch/internal/host"
 	"github.com/apidispatch/apidispatch/org"
 	"github.com/apidispatch/apidispatch/plan"
+	"github.com/apidispatch/apidispatch/runner"
 	"github.com/apidispatch/apidispatch/sim"
 	"github.com/apidispatch/apidispatch/workload"
 )
@@ -783,6 +785,15 @@ func (h *harness) runLegacy(ctx context.Context, dir, arm string, round int) (*d
 
 // runDispatcher runs (or resumes) the dispatcher arm in dir.
 func (h *harness) runDispatcher(ctx context.Context, dir, arm string, round int) (*dispatch.Summary, time.Duration, bool, error) {
+	return h.runJob(ctx, dir, arm, round, runner.RouteSync)
+}
+
+// runJob runs (or resumes) an arm that keeps its state in a run store (the
+// dispatcher by sync, the batch arm by Message Batches) through the run
+// lifecycle that 'run' uses, runner.Execute. It returns the summary (also
+// written to dir), the setup time (the store's import), and whether it
+// resumed a partial run.
+func (h *harness) runJob(ctx context.Context, dir, arm string, round int, route string) (*dispatch.Summary, time.Duration, bool, error) {
 	t0 := time.Now()
 	job, err := dispatch.OpenJob(ctx, dispatch.JobConfig{InputPath: h.input, RunDir: dir, Prices: h.prices}, h.ws)
 	if err != nil {
@@ -798,13 +809,14 @@ func (h *harness) runDispatcher(ctx context.Context, dir, arm string, round int)
 		defer tr.CloseIdleConnections()
 		dcfg.Client = &http.Client{Transport: tr}
 	}
-	eng, err := job.Engine(dcfg)
-	if err != nil {
-		return nil, setup, false, err
+	x := runner.Exec{Route: route, Sync: dcfg}
+	switch route {
+	case runner.RouteBatch:
+		x.OnBatch = func(*batch.Route) func() { return h.watch(arm, round, storeProgress(ctx, job)) }
+	default:
+		x.OnEngine = func(eng *dispatch.Engine) func() { return h.watch(arm, round, eng.Progress) }
 	}
-	stop := h.watch(arm, round, eng.Progress)
-	res, err := eng.Run(ctx)
-	stop()
+	res, err := runner.Execute(ctx, job, x)
 	if res == nil || res.Summary == nil {
 		return nil, setup, job.Existing, err
 	}
@@ -813,11 +825,29 @@ func (h *harness) runDispatcher(ctx context.Context, dir, arm string, round int)
 	if s.Extra == nil {
 		s.Extra = map[string]any{}
 	}
-	s.Extra["arm"] = ArmDispatcher
+	s.Extra["arm"] = arm
 	if werr := job.WriteSummary(s); werr != nil && err == nil {
 		err = werr
 	}
 	return s, setup, job.Existing && s.CompletedThisRun < s.N, err
+}
+
+// storeProgress is the progress of a job read from its store, for a route
+// (the batch route) that keeps no live counters of its own.
+func storeProgress(ctx context.Context, job *dispatch.Job) func() dispatch.Progress {
+	start := time.Now()
+	return func() dispatch.Progress {
+		agg, err := job.Store.Aggregate(context.WithoutCancel(ctx))
+		if err != nil {
+			return dispatch.Progress{}
+		}
+		p := dispatch.Progress{Done: agg.Succeeded + agg.Errored, Total: agg.N, Succeeded: agg.Succeeded, Errored: agg.Errored,
+			CostUSD: cost.Nanos(agg.CostNanos).USD(), ElapsedS: time.Since(start).Seconds()}
+		if p.ElapsedS > 0 {
+			p.RequestsPerMin = float64(p.Done) / p.ElapsedS * 60
+		}
+		return p
+	}
 }
 
 // watch prints progress lines and emits A/B progress events at each
