@@ -15,6 +15,7 @@ import (
 	"github.com/apidispatch/apidispatch/cost"
 	"github.com/apidispatch/apidispatch/dispatch"
 	"github.com/apidispatch/apidispatch/sim"
+	"github.com/apidispatch/apidispatch/soak"
 )
 
 // smallConfig is a fast A/B on the embedded simulator: n items per arm at
@@ -355,5 +356,119 @@ func TestRunOrderBA(t *testing.T) {
 	}
 	if strings.Join(started, ",") != "dispatcher,baseline" {
 		t.Fatalf("arms started in order %v", started)
+	}
+}
+
+// TestRunBatchArm: with the batch arm, the A/B also sends every item as
+// Message Batches over every org; it completes each custom_id once, costs
+// what the simulator billed, and exactly half the dispatcher's cost for
+// the same items (the simulator bills both arms the same tokens).
+func TestRunBatchArm(t *testing.T) {
+	t.Parallel()
+	const n = 600
+	cfg, sims := smallConfig(t, n)
+	cfg.Speed = 400 // the batch model's 4 min queue wait is 0.6 s here
+	cfg.Arms = []string{"legacy", ArmDispatcher, ArmBatch}
+	cfg.StatusFile = filepath.Join(t.TempDir(), "status.md")
+	res, err := Run(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, c := res.Arms.Dispatcher, res.Arms.Batch
+	if !res.Complete || c == nil || !c.Complete || c.Succeeded != n || c.Unfinished != 0 || !c.DataLoss.Passed || c.Dir != ArmBatch {
+		t.Fatalf("batch arm %+v", c)
+	}
+	if c.CostMatchesLedger == nil || !*c.CostMatchesLedger || *c.LedgerCostNanos != c.CostNanos || *c.LedgerRequests != n || *c.LedgerDuplicates != 0 {
+		t.Fatalf("batch arm cost %d nanos, ledger %v (%v requests)", c.CostNanos, c.LedgerCostNanos, c.LedgerRequests)
+	}
+	if d.Succeeded != n || d.Errored != 0 || c.CostNanos == 0 || 2*c.CostNanos != d.CostNanos {
+		t.Fatalf("batch arm %d nanos, dispatcher %d nanos (%d succeeded): want exactly half", c.CostNanos, d.CostNanos, d.Succeeded)
+	}
+	if res.BatchCostRatio != 0.5 || res.Rounds[0].BatchCostRatio != 0.5 || res.Rounds[0].Batch != c {
+		t.Fatalf("batch_cost_ratio %v (round %v)", res.BatchCostRatio, res.Rounds[0].BatchCostRatio)
+	}
+	if want := round3(c.WallS / d.WallS); res.BatchVsDispatcherWall != want {
+		t.Fatalf("batch_vs_dispatcher_wall %v, want %v", res.BatchVsDispatcherWall, want)
+	}
+	if len(c.ByOrg) != 3 {
+		t.Fatalf("batch arm over orgs %v, want all 3", c.ByOrg)
+	}
+	// Every custom_id once in the batch arm's results, and only batch-tier
+	// billing in its ledger window.
+	chk, err := soak.CheckResults(filepath.Join(cfg.Dir, RequestsFile), filepath.Join(cfg.Dir, ArmBatch, dispatch.ResultsFile))
+	if err != nil || chk.Lost() {
+		t.Fatalf("batch arm results: %+v, %v", chk, err)
+	}
+	var batchTier int
+	for _, e := range (*sims)[0].Server.Ledger() {
+		if e.ServiceTier == "batch" {
+			batchTier++
+		}
+	}
+	if batchTier != n {
+		t.Fatalf("the simulator billed %d batch requests, want %d", batchTier, n)
+	}
+	// The projection counts the batch arm at batch prices.
+	pc := res.ProjectedCostUSD
+	if pc.Arms != 3 || pc.BatchArmNanos <= 0 || pc.TotalNanos != 2*pc.PerArmNanos+pc.BatchArmNanos || !strings.Contains(pc.Arithmetic, "batch arm") {
+		t.Fatalf("projection %+v", pc)
+	}
+	// ab.json carries arms.batch and the ratios.
+	b, _ := os.ReadFile(filepath.Join(cfg.Dir, ResultFile))
+	var doc any
+	json.Unmarshal(b, &doc)
+	for _, k := range append([]string{"batch_cost_ratio", "batch_vs_dispatcher_wall", "rounds"}, prefixed("arms.batch.", armKeys)...) {
+		if _, ok := lookup(doc, k); !ok {
+			t.Errorf("ab.json lacks %s", k)
+		}
+	}
+	st, _ := os.ReadFile(cfg.StatusFile)
+	if !bytes.Contains(st, []byte("| batch (Message Batches, 3 orgs) |")) || !strings.Contains(res.Headline, "Batch arm") {
+		t.Fatalf("status:\n%s\nheadline %s", st, res.Headline)
+	}
+	t.Logf("%s\n%s", res.Headline, HeadlineTable(res))
+
+	// A rerun reuses the complete batch arm and sends nothing.
+	res2, err := Run(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := (*sims)[len(*sims)-1].Server.LedgerTotals().Requests; n != 0 || !res2.Arms.Batch.Reused {
+		t.Fatalf("rerun sent %d requests; batch arm reused %v", n, res2.Arms.Batch.Reused)
+	}
+}
+
+func prefixed(p string, keys []string) []string {
+	out := make([]string, len(keys))
+	for i, k := range keys {
+		out[i] = p + k
+	}
+	return out
+}
+
+func TestParseArms(t *testing.T) {
+	t.Parallel()
+	for in, want := range map[string]string{
+		"legacy,dispatcher":          "baseline,dispatcher",
+		"dispatcher, Baseline":       "baseline,dispatcher",
+		"legacy,dispatcher,batch":    "baseline,dispatcher,batch",
+		"batch,dispatcher,legacy":    "baseline,dispatcher,batch",
+		"legacy,batch":               "",
+		"dispatcher,batch":           "",
+		"legacy,dispatcher,legacy":   "",
+		"legacy,baseline,dispatcher": "",
+		"legacy,dispatcher,auto":     "",
+		"legacy,,dispatcher":         "",
+	} {
+		got, err := ParseArms(in)
+		if want == "" {
+			if !errors.Is(err, ErrArms) || !errors.Is(err, ErrConfig) {
+				t.Errorf("ParseArms(%q) = %v, %v; want an ErrArms error", in, got, err)
+			}
+			continue
+		}
+		if err != nil || strings.Join(got, ",") != want {
+			t.Errorf("ParseArms(%q) = %v, %v; want %s", in, got, err, want)
+		}
 	}
 }
