@@ -171,7 +171,7 @@ func checkArms(names []string) ([]string, error) {
 		seen[arm] = true
 	}
 	if !seen[ArmBaseline] || !seen[ArmDispatcher] {
-		return nil, fmt.Errorf("%w: %q: the A/B needs both legacy and dispatcher (batch is optional)", ErrArms, strings.Join(names, ","))
+		return nil, fmt.Errorf("%w: the A/B needs both legacy and dispatcher (batch is optional)", ErrArms)
 	}
 	out := []string{ArmBaseline, ArmDispatcher}
 	if seen[ArmBatch] {
