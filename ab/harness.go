@@ -187,21 +187,23 @@ type harness struct {
 	batchArm  bool // the batch arm runs
 	// batchWallS is the batch arm's projected wall-clock (API seconds).
 	batchWallS float64
-	speed      float64
-	orgs       []org.Org
-	baseURL    string
-	shownURL   string // baseURL without any password, for outputs
-	srv        *sim.Running
-	pipe       *pipeListener // in-memory connections to srv (embedded simulator only)
-	pipeSrv    *http.Server
-	simCfg     sim.Config
-	prices     *cost.Table
-	events     *dispatch.EventLog
-	out        io.Writer
-	ws         *workload.Summary
-	input      string
-	projJSON   json.RawMessage
-	res        *Result
+	// restartNote is the note of an arm run again from the start.
+	restartNote string
+	speed       float64
+	orgs        []org.Org
+	baseURL     string
+	shownURL    string // baseURL without any password, for outputs
+	srv         *sim.Running
+	pipe        *pipeListener // in-memory connections to srv (embedded simulator only)
+	pipeSrv     *http.Server
+	simCfg      sim.Config
+	prices      *cost.Table
+	events      *dispatch.EventLog
+	out         io.Writer
+	ws          *workload.Summary
+	input       string
+	projJSON    json.RawMessage
+	res         *Result
 }
 
 // Run performs the A/B (design.md §9): the gates, the storm self-test,
@@ -344,7 +346,7 @@ func (h *harness) run(ctx context.Context) (*Result, error) {
 		if cfg.OnSim != nil {
 			cfg.OnSim(srv)
 		}
-		h.say("SIMULATION: both arms run against the embedded simulator (preset %s) at speed factor K = %g; every wall-clock below is also given in API-equivalent time (×%g).", sim.PresetOrigin3Org, h.speed, h.speed)
+		h.say("SIMULATION: %s run against the embedded simulator (preset %s) at speed factor K = %g; every wall-clock below is also given in API-equivalent time (×%g).", map[bool]string{false: "both arms", true: "all three arms"}[h.batchArm], sim.PresetOrigin3Org, h.speed, h.speed)
 	}
 	names := make([]string, len(h.orgs))
 	orgInfo := make([]OrgInfo, len(h.orgs))
@@ -814,7 +816,25 @@ func (h *harness) runArm(ctx context.Context, arm string, round int) (*ArmResult
 	case ArmBaseline:
 		s, err = h.runLegacy(ctx, dir, arm, round)
 	case ArmBatch:
+		restarted := false
+		if h.srv != nil {
+			// An earlier, incomplete batch arm's batches lived in the
+			// embedded simulator of the process that made them, which is
+			// gone: re-attaching would poll them forever (404). Against
+			// an API (or an external simulator) the run resumes instead.
+			if _, serr := os.Stat(dir); serr == nil {
+				restarted = true
+				h.say("%s arm (round %d): the incomplete run in %s is discarded: its batches were in the embedded simulator of an earlier process; running it again from the start", arm, round, dir)
+				if rerr := os.RemoveAll(dir); rerr != nil {
+					return nil, rerr
+				}
+			}
+		}
 		s, setup, resumed, err = h.runJob(ctx, dir, arm, round, runner.RouteBatch)
+		if restarted {
+			defer func() { h.restartNote = "" }()
+			h.restartNote = "an incomplete run was discarded and run again from the start: its batches were in an earlier process's embedded simulator"
+		}
 	default:
 		s, setup, resumed, err = h.runDispatcher(ctx, dir, arm, round)
 	}
@@ -838,6 +858,9 @@ func (h *harness) runArm(ctx context.Context, arm string, round int) (*ArmResult
 	if resumed {
 		a.Resumed = true
 		a.Note = "resumed a partial run: wall-clock and ledger cover only this invocation, so the speed-up is not a clean measurement"
+	}
+	if h.restartNote != "" {
+		a.Note = h.restartNote
 	}
 	if b, jerr := json.MarshalIndent(a, "", "  "); jerr == nil {
 		dispatch.WriteFileAtomic(filepath.Join(dir, ArmFile), append(b, '\n'), 0o644)

@@ -472,3 +472,113 @@ func TestParseArms(t *testing.T) {
 		}
 	}
 }
+
+// TestArmDataLossBatchIsABug: a failed data-loss check of the batch arm is
+// a bug, as the dispatcher's is (exit 5), even for retryable causes the
+// legacy arm is allowed to mark terminal.
+func TestArmDataLossBatchIsABug(t *testing.T) {
+	t.Parallel()
+	bad := dispatch.DataLoss{Passed: false, RetryableMarkedTerminal: 1}
+	for arm, want := range map[string]bool{ArmBaseline: false, ArmDispatcher: true, ArmBatch: true} {
+		if got := armDataLoss(&ArmResult{Arm: arm, Round: 1, DataLoss: bad}) != ""; got != want {
+			t.Errorf("%s arm with %+v: a bug %v, want %v", arm, bad, got, want)
+		}
+	}
+	if p := armDataLoss(&ArmResult{Arm: ArmBatch, Round: 2, DataLoss: dispatch.DataLoss{Missing: 3}}); !strings.HasPrefix(p, "batch arm (round 2)") {
+		t.Errorf("problem %q does not name the batch arm", p)
+	}
+}
+
+// TestRunOrderABABBatch: with --order abab the batch arm runs after the
+// two arms of each round, in batch/ and round2/batch, and the projection
+// counts it once per round.
+func TestRunOrderABABBatch(t *testing.T) {
+	t.Parallel()
+	cfg, _ := smallConfig(t, 150)
+	cfg.Speed = 400
+	cfg.Order = OrderABAB
+	cfg.Arms = []string{ArmBaseline, ArmDispatcher, ArmBatch}
+	res, err := Run(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Rounds) != 2 || !res.Complete || res.Rounds[1].Batch == nil || res.Rounds[1].Batch.Dir != "round2/batch" {
+		t.Fatalf("rounds %+v", res.Rounds)
+	}
+	pc := res.ProjectedCostUSD
+	if pc.Arms != 6 || pc.TotalNanos != 4*pc.PerArmNanos+2*pc.BatchArmNanos {
+		t.Fatalf("projection %+v", pc)
+	}
+	for _, rd := range res.Rounds {
+		if rd.BatchCostRatio != 0.5 {
+			t.Errorf("round %d: batch_cost_ratio %v", rd.Round, rd.BatchCostRatio)
+		}
+	}
+	var started []string
+	for _, e := range readEvents(t, filepath.Join(cfg.Dir, dispatch.EventsFile)) {
+		if strings.Contains(e.Note, "arm (round ") && strings.HasSuffix(e.Note, "started") {
+			started = append(started, strings.Fields(e.Note)[0])
+		}
+	}
+	if got := strings.Join(started, ","); got != "baseline,dispatcher,batch,baseline,dispatcher,batch" {
+		t.Fatalf("arms started in order %s", got)
+	}
+}
+
+// stopOn cancels when a line written to it contains marker, after delay.
+type stopOn struct {
+	marker string
+	delay  time.Duration
+	cancel context.CancelFunc
+}
+
+func (s *stopOn) Write(p []byte) (int, error) {
+	if bytes.Contains(p, []byte(s.marker)) {
+		time.AfterFunc(s.delay, s.cancel)
+	}
+	return len(p), nil
+}
+
+// TestRunBatchArmResumes: an A/B stopped while the batch arm's batches are
+// open is incomplete (resumable); the same command reuses the complete arms
+// and completes the batch arm, every custom_id exactly once. (Under the
+// embedded simulator the open batches died with the first run's simulator,
+// so the batch arm runs again from the start: regression test of a rerun
+// that polled its vanished batches forever.)
+func TestRunBatchArmResumes(t *testing.T) {
+	t.Parallel()
+	cfg, sims := smallConfig(t, 300)
+	cfg.Speed = 400
+	cfg.Arms = []string{ArmBaseline, ArmDispatcher, ArmBatch}
+	cfg.SimConfig = func(c *sim.Config) {
+		for i := range c.Orgs {
+			c.Orgs[i].Batch.QueueWaitS = 3600 // 9 s here: the batches are still open at the stop
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	cfg.Stderr = &stopOn{marker: "batch arm (round 1) starting", delay: time.Second, cancel: cancel}
+	res, err := Run(ctx, cfg)
+	if !errors.Is(err, dispatch.ErrIncomplete) || res == nil || res.Complete {
+		t.Fatalf("stopped A/B: err %v, result %+v", err, res)
+	}
+	if c := res.Arms.Batch; c == nil || c.Complete || c.Unfinished == 0 {
+		t.Fatalf("stopped batch arm %+v", c)
+	}
+	cfg.SimConfig, cfg.Stderr = nil, nil
+	res2, err := Run(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := res2.Arms.Batch
+	if !res2.Complete || !res2.Arms.Baseline.Reused || !res2.Arms.Dispatcher.Reused || c.Reused || !c.Complete || c.Succeeded != 300 || !c.DataLoss.Passed {
+		t.Fatalf("resumed: %+v", res2.Arms)
+	}
+	chk, err := soak.CheckResults(filepath.Join(cfg.Dir, RequestsFile), filepath.Join(cfg.Dir, ArmBatch, dispatch.ResultsFile))
+	if err != nil || chk.Lost() {
+		t.Fatalf("batch arm results after the resume: %+v, %v", chk, err)
+	}
+	if n := (*sims)[len(*sims)-1].Server.LedgerTotals().Requests; n != 300 || !strings.Contains(c.Note, "from the start") {
+		t.Fatalf("the rerun billed %d requests, want 300 (the batch arm alone, once); note %q", n, c.Note)
+	}
+}
