@@ -187,23 +187,21 @@ type harness struct {
 	batchArm  bool // the batch arm runs
 	// batchWallS is the batch arm's projected wall-clock (API seconds).
 	batchWallS float64
-	// restartNote is the note of an arm run again from the start.
-	restartNote string
-	speed       float64
-	orgs        []org.Org
-	baseURL     string
-	shownURL    string // baseURL without any password, for outputs
-	srv         *sim.Running
-	pipe        *pipeListener // in-memory connections to srv (embedded simulator only)
-	pipeSrv     *http.Server
-	simCfg      sim.Config
-	prices      *cost.Table
-	events      *dispatch.EventLog
-	out         io.Writer
-	ws          *workload.Summary
-	input       string
-	projJSON    json.RawMessage
-	res         *Result
+	speed      float64
+	orgs       []org.Org
+	baseURL    string
+	shownURL   string // baseURL without any password, for outputs
+	srv        *sim.Running
+	pipe       *pipeListener // in-memory connections to srv (embedded simulator only)
+	pipeSrv    *http.Server
+	simCfg     sim.Config
+	prices     *cost.Table
+	events     *dispatch.EventLog
+	out        io.Writer
+	ws         *workload.Summary
+	input      string
+	projJSON   json.RawMessage
+	res        *Result
 }
 
 // Run performs the A/B (design.md §9): the gates, the storm self-test,
@@ -810,6 +808,7 @@ func (h *harness) runArm(ctx context.Context, arm string, round int) (*ArmResult
 		s       *dispatch.Summary
 		setup   time.Duration
 		resumed bool
+		note    string // why the arm was run again from the start
 		err     error
 	)
 	switch arm {
@@ -832,8 +831,7 @@ func (h *harness) runArm(ctx context.Context, arm string, round int) (*ArmResult
 		}
 		s, setup, resumed, err = h.runJob(ctx, dir, arm, round, runner.RouteBatch)
 		if restarted {
-			defer func() { h.restartNote = "" }()
-			h.restartNote = "an incomplete run was discarded and run again from the start: its batches were in an earlier process's embedded simulator"
+			note = "an incomplete run was discarded and run again from the start: its batches were in an earlier process's embedded simulator"
 		}
 	default:
 		s, setup, resumed, err = h.runDispatcher(ctx, dir, arm, round)
@@ -859,8 +857,8 @@ func (h *harness) runArm(ctx context.Context, arm string, round int) (*ArmResult
 		a.Resumed = true
 		a.Note = "resumed a partial run: wall-clock and ledger cover only this invocation, so the speed-up is not a clean measurement"
 	}
-	if h.restartNote != "" {
-		a.Note = h.restartNote
+	if note != "" {
+		a.Note = note
 	}
 	if b, jerr := json.MarshalIndent(a, "", "  "); jerr == nil {
 		dispatch.WriteFileAtomic(filepath.Join(dir, ArmFile), append(b, '\n'), 0o644)
