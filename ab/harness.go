@@ -17,11 +17,13 @@ import (
 	"sync"
 	"time"
 
+	"github.com/apidispatch/apidispatch/batch"
 	"github.com/apidispatch/apidispatch/cost"
 	"github.com/apidispatch/apidispatch/dispatch"
 	"github.com/apidispatch/apidispatch/internal/host"
 	"github.com/apidispatch/apidispatch/org"
 	"github.com/apidispatch/apidispatch/plan"
+	"github.com/apidispatch/apidispatch/runner"
 	"github.com/apidispatch/apidispatch/sim"
 	"github.com/apidispatch/apidispatch/workload"
 )
@@ -86,6 +88,10 @@ type Config struct {
 	Speed float64
 	// Order is OrderAB (default), OrderBA or OrderABAB.
 	Order string
+	// Arms are the arms to run (default ArmBaseline and ArmDispatcher;
+	// ParseArms reads the --arms list). Both of those are required; ArmBatch
+	// adds the batch arm, which runs after the two arms of each round.
+	Arms []string
 	// Dir is the A/B directory (required): ab.json, events.jsonl,
 	// requests.jsonl, the arms' run directories and the self-test's.
 	Dir string
@@ -129,25 +135,73 @@ type Config struct {
 	Report func(dir string) error
 }
 
+// ErrArms is wrapped by the errors about an arms list (it also wraps
+// ErrConfig).
+var ErrArms = fmt.Errorf("%w: arms", ErrConfig)
+
+// ParseArms reads a comma-separated arms list, as --arms takes it: "legacy"
+// (or "baseline"), "dispatcher" and "batch", each at most once, with
+// legacy and dispatcher both required. It returns the canonical arm names
+// (ArmBaseline, ArmDispatcher, ArmBatch) in that order.
+func ParseArms(list string) ([]string, error) {
+	var names []string
+	for _, f := range strings.Split(list, ",") {
+		names = append(names, strings.ToLower(strings.TrimSpace(f)))
+	}
+	return checkArms(names)
+}
+
+// checkArms validates arm names and returns them in canonical form and order.
+func checkArms(names []string) ([]string, error) {
+	seen := map[string]bool{}
+	for _, n := range names {
+		arm := n
+		switch n {
+		case "legacy", ArmBaseline:
+			arm = ArmBaseline
+		case ArmDispatcher, ArmBatch:
+		case "":
+			return nil, fmt.Errorf("%w: an empty arm name in %q", ErrArms, strings.Join(names, ","))
+		default:
+			return nil, fmt.Errorf("%w: unknown arm %q: want legacy, dispatcher or batch", ErrArms, n)
+		}
+		if seen[arm] {
+			return nil, fmt.Errorf("%w: arm %q named twice", ErrArms, n)
+		}
+		seen[arm] = true
+	}
+	if !seen[ArmBaseline] || !seen[ArmDispatcher] {
+		return nil, fmt.Errorf("%w: the A/B needs both legacy and dispatcher (batch is optional)", ErrArms)
+	}
+	out := []string{ArmBaseline, ArmDispatcher}
+	if seen[ArmBatch] {
+		out = append(out, ArmBatch)
+	}
+	return out, nil
+}
+
 // harness is one Run in progress.
 type harness struct {
 	cfg       Config
 	simulated bool
-	speed     float64
-	orgs      []org.Org
-	baseURL   string
-	shownURL  string // baseURL without any password, for outputs
-	srv       *sim.Running
-	pipe      *pipeListener // in-memory connections to srv (embedded simulator only)
-	pipeSrv   *http.Server
-	simCfg    sim.Config
-	prices    *cost.Table
-	events    *dispatch.EventLog
-	out       io.Writer
-	ws        *workload.Summary
-	input     string
-	projJSON  json.RawMessage
-	res       *Result
+	batchArm  bool // the batch arm runs
+	// batchWallS is the batch arm's projected wall-clock (API seconds).
+	batchWallS float64
+	speed      float64
+	orgs       []org.Org
+	baseURL    string
+	shownURL   string // baseURL without any password, for outputs
+	srv        *sim.Running
+	pipe       *pipeListener // in-memory connections to srv (embedded simulator only)
+	pipeSrv    *http.Server
+	simCfg     sim.Config
+	prices     *cost.Table
+	events     *dispatch.EventLog
+	out        io.Writer
+	ws         *workload.Summary
+	input      string
+	projJSON   json.RawMessage
+	res        *Result
 }
 
 // Run performs the A/B (design.md §9): the gates, the storm self-test,
@@ -178,6 +232,14 @@ func newHarness(cfg Config) (*harness, error) {
 	default:
 		return nil, fmt.Errorf("%w: order %q: want ab, ba or abab", ErrConfig, cfg.Order)
 	}
+	if len(cfg.Arms) == 0 {
+		cfg.Arms = []string{ArmBaseline, ArmDispatcher}
+	}
+	arms, err := checkArms(cfg.Arms)
+	if err != nil {
+		return nil, err
+	}
+	cfg.Arms = arms
 	if cfg.Prices == nil {
 		cfg.Prices = cost.Default()
 	}
@@ -196,7 +258,7 @@ func newHarness(cfg Config) (*harness, error) {
 	if cfg.Speed < 0 {
 		return nil, fmt.Errorf("%w: speed factor must be positive", ErrConfig)
 	}
-	h := &harness{cfg: cfg, prices: cfg.Prices, out: cfg.Stderr}
+	h := &harness{cfg: cfg, prices: cfg.Prices, out: cfg.Stderr, batchArm: len(arms) == 3}
 	h.simulated = cfg.Sim || len(cfg.Orgs) == 0
 	if h.simulated {
 		h.speed = cfg.Speed
@@ -282,7 +344,7 @@ func (h *harness) run(ctx context.Context) (*Result, error) {
 		if cfg.OnSim != nil {
 			cfg.OnSim(srv)
 		}
-		h.say("SIMULATION: both arms run against the embedded simulator (preset %s) at speed factor K = %g; every wall-clock below is also given in API-equivalent time (×%g).", sim.PresetOrigin3Org, h.speed, h.speed)
+		h.say("SIMULATION: %s run against the embedded simulator (preset %s) at speed factor K = %g; every wall-clock below is also given in API-equivalent time (×%g).", map[bool]string{false: "both arms", true: "all three arms"}[h.batchArm], sim.PresetOrigin3Org, h.speed, h.speed)
 	}
 	names := make([]string, len(h.orgs))
 	orgInfo := make([]OrgInfo, len(h.orgs))
@@ -291,7 +353,7 @@ func (h *harness) run(ctx context.Context) (*Result, error) {
 		orgInfo[i] = OrgInfo{Org: o.Name, KeyFingerprint: o.Key.Fingerprint()}
 	}
 	h.events.Emit(dispatch.EventStarted, fmt.Sprintf("A/B of %d items per arm, order %s, %s", cfg.N, cfg.Order, h.modeText()),
-		map[string]any{"n": cfg.N, "order": cfg.Order, "simulated": h.simulated, "speed_factor": h.speed, "orgs": orgInfo})
+		map[string]any{"n": cfg.N, "order": cfg.Order, "arms": cfg.Arms, "simulated": h.simulated, "speed_factor": h.speed, "orgs": orgInfo})
 
 	// Precondition: the dispatcher arm needs several orgs.
 	if len(h.orgs) < 2 {
@@ -308,7 +370,8 @@ func (h *harness) run(ctx context.Context) (*Result, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
-	proj, err := plan.Project(plan.Input{Workload: ws, Prices: h.prices, Orgs: names, Caps: cfg.Caps, Arms: 2, Speed: h.speed, ExpectOutput: cfg.ExpectOutput})
+	in := plan.Input{Workload: ws, Prices: h.prices, Orgs: names, Caps: cfg.Caps, Arms: 2, Speed: h.speed, ExpectOutput: cfg.ExpectOutput}
+	proj, err := plan.Project(in)
 	if err != nil {
 		return nil, fmt.Errorf("%w: projecting: %w", ErrConfig, err)
 	}
@@ -318,6 +381,27 @@ func (h *harness) run(ctx context.Context) (*Result, error) {
 	gp.ExpectedCost = proj.ExpectedCost * cost.Nanos(rounds)
 	gp.AllMaxTokens = proj.AllMaxTokens * cost.Nanos(rounds)
 	gp.WorstCase = proj.WorstCase * cost.Nanos(rounds)
+	var bat *plan.RouteProjection // the batch arm's, at batch prices
+	if h.batchArm {
+		in1 := in
+		in1.Arms = 1
+		p1, err := plan.Project(in1)
+		if err != nil {
+			return nil, fmt.Errorf("%w: projecting the batch arm: %w", ErrConfig, err)
+		}
+		routes, err := plan.ProjectRoutes(p1, in1, plan.DefaultBatchModel(), 0)
+		if err != nil {
+			return nil, fmt.Errorf("%w: projecting the batch arm: %w", ErrConfig, err)
+		}
+		bat = &routes.Batch
+		arms += rounds
+		gp.ExpectedCost += bat.ExpectedCost * cost.Nanos(rounds)
+		gp.AllMaxTokens += bat.WorstCase * cost.Nanos(rounds)
+		gp.WorstCase += bat.WorstCase * cost.Nanos(rounds)
+		// The gate's "arms × per arm" would not hold for arms at two
+		// prices: it states the total, and the arithmetic shows the sum.
+		gp.Arms = 1
+	}
 	gcfg := plan.GateConfig{Budget: cfg.Budget, Tolerance: cfg.Tolerance, Confirm: cfg.Confirm}
 	gate := plan.Gate(&gp, int64(arms)*int64(cfg.N), gcfg)
 	doc := proj.Doc(gate)
@@ -327,11 +411,15 @@ func (h *harness) run(ctx context.Context) (*Result, error) {
 	doc.ProjectedCostUSD.ExpectedNanos = int64(gp.ExpectedCost)
 	doc.Arms = arms
 	h.projJSON, _ = json.Marshal(doc)
-	arith := h.costArithmetic(proj, arms)
+	arith := h.costArithmetic(proj, rounds, bat)
 	pc := ProjectedCost{
 		PerArm: proj.PerArmExpected.USD(), Total: gp.ExpectedCost.USD(), Arms: arms,
 		WorstCasePerArm: proj.PerArmWorst.USD(), WorstCaseTotal: gp.WorstCase.USD(),
 		PerArmNanos: int64(proj.PerArmExpected), TotalNanos: int64(gp.ExpectedCost), Arithmetic: arith,
+	}
+	if bat != nil {
+		pc.BatchArm, pc.BatchArmWorstCase, pc.BatchArmNanos = bat.ExpectedCost.USD(), bat.WorstCase.USD(), int64(bat.ExpectedCost)
+		h.batchWallS = bat.WallS
 	}
 	h.say("projected cost, from the price table:\n%s", arith)
 	h.say("%s", gate.Explain)
@@ -372,7 +460,7 @@ func (h *harness) run(ctx context.Context) (*Result, error) {
 		StartedAt: started.UTC(), Projection: doc,
 		Config: RunConfig{
 			N: int64(cfg.N), Seed: cfg.Seed, Model: workload.DefaultModel, MaxTokens: workload.DefaultMaxTokens,
-			Mode: "live", Simulated: h.simulated || h.speed != 1, SpeedFactor: h.speed, Order: cfg.Order,
+			Mode: "live", Simulated: h.simulated || h.speed != 1, SpeedFactor: h.speed, Order: cfg.Order, Arms: cfg.Arms,
 			BaseURL: h.shownURL, Orgs: orgInfo, BaselineOrg: h.orgs[0].Name,
 			BaselineConcurrency: LegacyConcurrency, BaselineMaxRetries: LegacyRetry(1).MaxRetries,
 			Caps: h.caps(), Requests: RequestsFile, RequestsSHA256: h.ws.Hash, CPUs: runtime.NumCPU(),
@@ -397,13 +485,19 @@ func (h *harness) run(ctx context.Context) (*Result, error) {
 			rd.Order = OrderBA
 			seq = []string{ArmDispatcher, ArmBaseline}
 		}
+		if h.batchArm {
+			seq = append(seq, ArmBatch)
+		}
 		for _, arm := range seq {
 			a, err := h.runArm(ctx, arm, r)
 			if a != nil {
-				if arm == ArmBaseline {
+				switch arm {
+				case ArmBaseline:
 					rd.Baseline = a
-				} else {
+				case ArmDispatcher:
 					rd.Dispatcher = a
+				case ArmBatch:
+					rd.Batch = a
 				}
 				h.reportArm(a)
 			}
@@ -431,15 +525,20 @@ func (h *harness) run(ctx context.Context) (*Result, error) {
 			rd.Speedup = round3(ratio(rd.Baseline.WallS, rd.Dispatcher.WallS))
 			rd.SpeedupInclSetup = round3(ratio(rd.Baseline.WallS+rd.Baseline.SetupS, rd.Dispatcher.WallS+rd.Dispatcher.SetupS))
 		}
+		if rd.Batch != nil && rd.Dispatcher != nil {
+			rd.BatchCostRatio = round6(ratio(float64(rd.Batch.CostNanos), float64(rd.Dispatcher.CostNanos)))
+			rd.BatchVsDispatcherWall = round3(ratio(rd.Batch.WallS, rd.Dispatcher.WallS))
+		}
 		h.res.Rounds = append(h.res.Rounds, rd)
-		if ctx.Err() != nil || rd.Baseline == nil || rd.Dispatcher == nil {
+		if ctx.Err() != nil || rd.Baseline == nil || rd.Dispatcher == nil || (h.batchArm && rd.Batch == nil) {
 			break
 		}
 	}
 	return h.finish(problems, dataLoss, incomplete)
 }
 
-// armDataLoss says why an arm's data-loss check is a bug, or "".
+// armDataLoss says why an arm's data-loss check is a bug, or "". For the
+// dispatcher and batch arms any failed check is one.
 func armDataLoss(a *ArmResult) string {
 	dl := a.DataLoss
 	if a.Arm == ArmBaseline {
@@ -449,8 +548,8 @@ func armDataLoss(a *ArmResult) string {
 		return ""
 	}
 	if !dl.Passed {
-		return fmt.Sprintf("dispatcher arm (round %d): data-loss check failed: missing %d, duplicates %d, retryable marked terminal %d",
-			a.Round, dl.Missing, dl.Duplicates, dl.RetryableMarkedTerminal)
+		return fmt.Sprintf("%s arm (round %d): data-loss check failed: missing %d, duplicates %d, retryable marked terminal %d",
+			a.Arm, a.Round, dl.Missing, dl.Duplicates, dl.RetryableMarkedTerminal)
 	}
 	return ""
 }
@@ -461,18 +560,21 @@ func (h *harness) finish(problems []string, dataLoss, incomplete bool) (*Result,
 	r.FinishedAt = h.cfg.Now().UTC()
 	r.TotalWallS = r.FinishedAt.Sub(r.StartedAt).Seconds()
 	if len(r.Rounds) > 0 {
-		r.Arms = Arms{Baseline: r.Rounds[0].Baseline, Dispatcher: r.Rounds[0].Dispatcher}
+		r.Arms = Arms{Baseline: r.Rounds[0].Baseline, Dispatcher: r.Rounds[0].Dispatcher, Batch: r.Rounds[0].Batch}
 	}
-	var sum, sumSetup float64
+	var sum, sumSetup, sumCost, sumWall float64
 	n := 0
 	complete := true
 	for _, rd := range r.Rounds {
-		if rd.Baseline == nil || rd.Dispatcher == nil || !rd.Baseline.Complete || !rd.Dispatcher.Complete {
+		if rd.Baseline == nil || rd.Dispatcher == nil || !rd.Baseline.Complete || !rd.Dispatcher.Complete ||
+			(h.batchArm && (rd.Batch == nil || !rd.Batch.Complete)) {
 			complete = false
 			continue
 		}
 		sum += rd.Speedup
 		sumSetup += rd.SpeedupInclSetup
+		sumCost += rd.BatchCostRatio
+		sumWall += rd.BatchVsDispatcherWall
 		n++
 	}
 	want := 1
@@ -483,11 +585,15 @@ func (h *harness) finish(problems []string, dataLoss, incomplete bool) (*Result,
 	if n > 0 {
 		r.Speedup = round3(sum / float64(n))
 		r.SpeedupInclSetup = round3(sumSetup / float64(n))
+		if h.batchArm {
+			r.BatchCostRatio = round6(sumCost / float64(n))
+			r.BatchVsDispatcherWall = round3(sumWall / float64(n))
+		}
 	}
 	r.TargetMet = complete && r.Speedup >= TargetSpeedup
 	r.Complete = complete
 	r.Problems = problems
-	var actA, actB float64
+	var actA, actB, actC float64
 	for _, rd := range r.Rounds {
 		if rd.Baseline != nil {
 			actA += rd.Baseline.CostUSD
@@ -495,12 +601,16 @@ func (h *harness) finish(problems []string, dataLoss, incomplete bool) (*Result,
 		if rd.Dispatcher != nil {
 			actB += rd.Dispatcher.CostUSD
 		}
+		if rd.Batch != nil {
+			actC += rd.Batch.CostUSD
+		}
 	}
 	r.ProjectedVsActual = ProjectedVsActual{
 		ProjectedPerArmUSD: r.ProjectedCostUSD.PerArm, ProjectedTotalUSD: r.ProjectedCostUSD.Total,
-		ActualBaselineUSD: actA, ActualDispatchUSD: actB, ActualTotalUSD: actA + actB,
-		ActualOverProjected:      round3(ratio(actA+actB, r.ProjectedCostUSD.Total)),
+		ActualBaselineUSD: actA, ActualDispatchUSD: actB, ActualBatchUSD: actC, ActualTotalUSD: actA + actB + actC,
+		ActualOverProjected:      round3(ratio(actA+actB+actC, r.ProjectedCostUSD.Total)),
 		ProjectedDispatcherWallS: r.Projection.ProjectedWallS, ProjectedBaselineWallS: r.Projection.BaselineWallS,
+		ProjectedBatchWallS: h.batchWallS,
 	}
 	r.Headline = h.headline(r)
 
@@ -541,6 +651,10 @@ func (h *harness) finish(problems []string, dataLoss, incomplete bool) (*Result,
 	if d := r.Arms.Dispatcher; d != nil {
 		headline["dispatcher"] = armHeadline(d)
 	}
+	if c := r.Arms.Batch; c != nil {
+		headline["batch"] = armHeadline(c)
+		headline["batch_cost_ratio"], headline["batch_vs_dispatcher_wall"] = r.BatchCostRatio, r.BatchVsDispatcherWall
+	}
 	var err error
 	switch {
 	case dataLoss:
@@ -580,9 +694,14 @@ func (h *harness) headline(r *Result) string {
 		return fmt.Sprintf("%s: the A/B did not complete (%d problem(s)); rerun the same command to resume.", mode, len(r.Problems))
 	}
 	a, d := r.Arms.Baseline, r.Arms.Dispatcher
-	return fmt.Sprintf("%s: the dispatcher took %.1f s against the legacy path's %.1f s (API-equivalent %s vs %s): speed-up %.2f×, target ≥ %.0f× %s; cost $%.4f vs $%.4f from usage; data-loss check baseline %s, dispatcher %s.",
+	batch := ""
+	if c := r.Arms.Batch; c != nil {
+		batch = fmt.Sprintf(" Batch arm (Message Batches over %d orgs): %.1f s (API-equivalent %s, %.2f× the dispatcher's wall-clock), cost $%.4f from usage (%.3f× the dispatcher's); data-loss check %s.",
+			len(c.Orgs), c.WallS, dur(c.APIEquivalentWallS), r.BatchVsDispatcherWall, c.CostUSD, r.BatchCostRatio, passFail(c.DataLoss.Passed))
+	}
+	return fmt.Sprintf("%s: the dispatcher took %.1f s against the legacy path's %.1f s (API-equivalent %s vs %s): speed-up %.2f×, target ≥ %.0f× %s; cost $%.4f vs $%.4f from usage; data-loss check baseline %s, dispatcher %s.%s",
 		mode, d.WallS, a.WallS, dur(d.APIEquivalentWallS), dur(a.APIEquivalentWallS), r.Speedup, TargetSpeedup, metOrNot(r.TargetMet),
-		a.CostUSD, d.CostUSD, passFail(a.DataLoss.Passed), passFail(d.DataLoss.Passed))
+		a.CostUSD, d.CostUSD, passFail(a.DataLoss.Passed), passFail(d.DataLoss.Passed), batch)
 }
 
 func (h *harness) modeText() string {
@@ -595,14 +714,26 @@ func (h *harness) modeText() string {
 	return "LIVE against " + h.shownURL
 }
 
-// costArithmetic shows the per-arm projection and the total.
-func (h *harness) costArithmetic(p *plan.Projection, arms int) string {
+// costArithmetic shows the per-arm projection and the total of rounds
+// rounds: two arms at sync prices, and the batch arm at batch prices when
+// bat is not nil.
+func (h *harness) costArithmetic(p *plan.Projection, rounds int, bat *plan.RouteProjection) string {
 	var b strings.Builder
 	for _, m := range p.Models {
 		fmt.Fprintf(&b, "  per arm: %s\n", m.Arithmetic)
 	}
 	fmt.Fprintf(&b, "  per arm expected %s (worst case %s)\n", p.PerArmExpected, p.PerArmWorst)
-	fmt.Fprintf(&b, "  total: %d arms × %s = %s (worst case %s)", arms, p.PerArmExpected, p.PerArmExpected*cost.Nanos(arms), p.PerArmWorst*cost.Nanos(arms))
+	arms := 2 * rounds
+	if bat == nil {
+		fmt.Fprintf(&b, "  total: %d arms × %s = %s (worst case %s)", arms, p.PerArmExpected, p.PerArmExpected*cost.Nanos(arms), p.PerArmWorst*cost.Nanos(arms))
+		return b.String()
+	}
+	fmt.Fprintf(&b, "  batch arm at batch prices: %s\n", bat.Explain)
+	fmt.Fprintf(&b, "  batch arm expected %s (worst case %s)\n", bat.ExpectedCost, bat.WorstCase)
+	r := cost.Nanos(rounds)
+	fmt.Fprintf(&b, "  total: %d sync arms × %s + %d batch arm(s) × %s = %s (worst case %d × %s + %d × %s = %s)",
+		arms, p.PerArmExpected, rounds, bat.ExpectedCost, p.PerArmExpected*cost.Nanos(arms)+bat.ExpectedCost*r,
+		arms, p.PerArmWorst, rounds, bat.WorstCase, p.PerArmWorst*cost.Nanos(arms)+bat.WorstCase*r)
 	return b.String()
 }
 
@@ -677,11 +808,32 @@ func (h *harness) runArm(ctx context.Context, arm string, round int) (*ArmResult
 		s       *dispatch.Summary
 		setup   time.Duration
 		resumed bool
+		note    string // why the arm was run again from the start
 		err     error
 	)
-	if arm == ArmBaseline {
+	switch arm {
+	case ArmBaseline:
 		s, err = h.runLegacy(ctx, dir, arm, round)
-	} else {
+	case ArmBatch:
+		restarted := false
+		if h.srv != nil {
+			// An earlier, incomplete batch arm's batches lived in the
+			// embedded simulator of the process that made them, which is
+			// gone: re-attaching would poll them forever (404). Against
+			// an API (or an external simulator) the run resumes instead.
+			if _, serr := os.Stat(dir); serr == nil {
+				restarted = true
+				h.say("%s arm (round %d): the incomplete run in %s is discarded: its batches were in the embedded simulator of an earlier process; running it again from the start", arm, round, dir)
+				if rerr := os.RemoveAll(dir); rerr != nil {
+					return nil, rerr
+				}
+			}
+		}
+		s, setup, resumed, err = h.runJob(ctx, dir, arm, round, runner.RouteBatch)
+		if restarted {
+			note = "an incomplete run was discarded and run again from the start: its batches were in an earlier process's embedded simulator"
+		}
+	default:
 		s, setup, resumed, err = h.runDispatcher(ctx, dir, arm, round)
 	}
 	if s == nil {
@@ -704,6 +856,9 @@ func (h *harness) runArm(ctx context.Context, arm string, round int) (*ArmResult
 	if resumed {
 		a.Resumed = true
 		a.Note = "resumed a partial run: wall-clock and ledger cover only this invocation, so the speed-up is not a clean measurement"
+	}
+	if note != "" {
+		a.Note = note
 	}
 	if b, jerr := json.MarshalIndent(a, "", "  "); jerr == nil {
 		dispatch.WriteFileAtomic(filepath.Join(dir, ArmFile), append(b, '\n'), 0o644)
@@ -730,7 +885,7 @@ func (h *harness) completeArm(dir, arm string) (*ArmResult, bool) {
 	if json.Unmarshal(sb, &s) != nil || s.N != int64(h.cfg.N) || s.Unfinished != 0 {
 		return nil, false
 	}
-	if arm == ArmDispatcher {
+	if arm != ArmBaseline {
 		// The run's store must hold this very workload.
 		if _, err := os.Stat(filepath.Join(dir, dispatch.StateFile)); err != nil {
 			return nil, false
@@ -746,6 +901,9 @@ func (h *harness) armText(arm string) string {
 	var parts []string
 	for _, o := range h.orgs {
 		parts = append(parts, fmt.Sprintf("%s (%s)", o.Name, o.Key.Fingerprint()))
+	}
+	if arm == ArmBatch {
+		return "Message Batches (batch prices) over " + strings.Join(parts, ", ")
 	}
 	return "dispatcher over " + strings.Join(parts, ", ")
 }
@@ -783,6 +941,15 @@ func (h *harness) runLegacy(ctx context.Context, dir, arm string, round int) (*d
 
 // runDispatcher runs (or resumes) the dispatcher arm in dir.
 func (h *harness) runDispatcher(ctx context.Context, dir, arm string, round int) (*dispatch.Summary, time.Duration, bool, error) {
+	return h.runJob(ctx, dir, arm, round, runner.RouteSync)
+}
+
+// runJob runs (or resumes) an arm that keeps its state in a run store (the
+// dispatcher by sync, the batch arm by Message Batches) through the run
+// lifecycle that 'run' uses, runner.Execute. It returns the summary (also
+// written to dir), the setup time (the store's import), and whether it
+// resumed a partial run.
+func (h *harness) runJob(ctx context.Context, dir, arm string, round int, route string) (*dispatch.Summary, time.Duration, bool, error) {
 	t0 := time.Now()
 	job, err := dispatch.OpenJob(ctx, dispatch.JobConfig{InputPath: h.input, RunDir: dir, Prices: h.prices}, h.ws)
 	if err != nil {
@@ -798,13 +965,14 @@ func (h *harness) runDispatcher(ctx context.Context, dir, arm string, round int)
 		defer tr.CloseIdleConnections()
 		dcfg.Client = &http.Client{Transport: tr}
 	}
-	eng, err := job.Engine(dcfg)
-	if err != nil {
-		return nil, setup, false, err
+	x := runner.Exec{Route: route, Sync: dcfg}
+	switch route {
+	case runner.RouteBatch:
+		x.OnBatch = func(*batch.Route) func() { return h.watch(arm, round, storeProgress(ctx, job)) }
+	default:
+		x.OnEngine = func(eng *dispatch.Engine) func() { return h.watch(arm, round, eng.Progress) }
 	}
-	stop := h.watch(arm, round, eng.Progress)
-	res, err := eng.Run(ctx)
-	stop()
+	res, err := runner.Execute(ctx, job, x)
 	if res == nil || res.Summary == nil {
 		return nil, setup, job.Existing, err
 	}
@@ -813,11 +981,29 @@ func (h *harness) runDispatcher(ctx context.Context, dir, arm string, round int)
 	if s.Extra == nil {
 		s.Extra = map[string]any{}
 	}
-	s.Extra["arm"] = ArmDispatcher
+	s.Extra["arm"] = arm
 	if werr := job.WriteSummary(s); werr != nil && err == nil {
 		err = werr
 	}
 	return s, setup, job.Existing && s.CompletedThisRun < s.N, err
+}
+
+// storeProgress is the progress of a job read from its store, for a route
+// (the batch route) that keeps no live counters of its own.
+func storeProgress(ctx context.Context, job *dispatch.Job) func() dispatch.Progress {
+	start := time.Now()
+	return func() dispatch.Progress {
+		agg, err := job.Store.Aggregate(context.WithoutCancel(ctx))
+		if err != nil {
+			return dispatch.Progress{}
+		}
+		p := dispatch.Progress{Done: agg.Succeeded + agg.Errored, Total: agg.N, Succeeded: agg.Succeeded, Errored: agg.Errored,
+			CostUSD: cost.Nanos(agg.CostNanos).USD(), ElapsedS: time.Since(start).Seconds()}
+		if p.ElapsedS > 0 {
+			p.RequestsPerMin = float64(p.Done) / p.ElapsedS * 60
+		}
+		return p
+	}
 }
 
 // watch prints progress lines and emits A/B progress events at each

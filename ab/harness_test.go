@@ -15,6 +15,7 @@ import (
 	"github.com/apidispatch/apidispatch/cost"
 	"github.com/apidispatch/apidispatch/dispatch"
 	"github.com/apidispatch/apidispatch/sim"
+	"github.com/apidispatch/apidispatch/soak"
 )
 
 // smallConfig is a fast A/B on the embedded simulator: n items per arm at
@@ -355,5 +356,229 @@ func TestRunOrderBA(t *testing.T) {
 	}
 	if strings.Join(started, ",") != "dispatcher,baseline" {
 		t.Fatalf("arms started in order %v", started)
+	}
+}
+
+// TestRunBatchArm: with the batch arm, the A/B also sends every item as
+// Message Batches over every org; it completes each custom_id once, costs
+// what the simulator billed, and exactly half the dispatcher's cost for
+// the same items (the simulator bills both arms the same tokens).
+func TestRunBatchArm(t *testing.T) {
+	t.Parallel()
+	const n = 600
+	cfg, sims := smallConfig(t, n)
+	cfg.Speed = 400 // the batch model's 4 min queue wait is 0.6 s here
+	cfg.Arms = []string{"legacy", ArmDispatcher, ArmBatch}
+	cfg.StatusFile = filepath.Join(t.TempDir(), "status.md")
+	res, err := Run(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, c := res.Arms.Dispatcher, res.Arms.Batch
+	if !res.Complete || c == nil || !c.Complete || c.Succeeded != n || c.Unfinished != 0 || !c.DataLoss.Passed || c.Dir != ArmBatch {
+		t.Fatalf("batch arm %+v", c)
+	}
+	if c.CostMatchesLedger == nil || !*c.CostMatchesLedger || *c.LedgerCostNanos != c.CostNanos || *c.LedgerRequests != n || *c.LedgerDuplicates != 0 {
+		t.Fatalf("batch arm cost %d nanos, ledger %v (%v requests)", c.CostNanos, c.LedgerCostNanos, c.LedgerRequests)
+	}
+	if d.Succeeded != n || d.Errored != 0 || c.CostNanos == 0 || 2*c.CostNanos != d.CostNanos {
+		t.Fatalf("batch arm %d nanos, dispatcher %d nanos (%d succeeded): want exactly half", c.CostNanos, d.CostNanos, d.Succeeded)
+	}
+	if res.BatchCostRatio != 0.5 || res.Rounds[0].BatchCostRatio != 0.5 || res.Rounds[0].Batch != c {
+		t.Fatalf("batch_cost_ratio %v (round %v)", res.BatchCostRatio, res.Rounds[0].BatchCostRatio)
+	}
+	if want := round3(c.WallS / d.WallS); res.BatchVsDispatcherWall != want {
+		t.Fatalf("batch_vs_dispatcher_wall %v, want %v", res.BatchVsDispatcherWall, want)
+	}
+	if len(c.ByOrg) != 3 {
+		t.Fatalf("batch arm over orgs %v, want all 3", c.ByOrg)
+	}
+	// Every custom_id once in the batch arm's results, and only batch-tier
+	// billing in its ledger window.
+	chk, err := soak.CheckResults(filepath.Join(cfg.Dir, RequestsFile), filepath.Join(cfg.Dir, ArmBatch, dispatch.ResultsFile))
+	if err != nil || chk.Lost() {
+		t.Fatalf("batch arm results: %+v, %v", chk, err)
+	}
+	var batchTier int
+	for _, e := range (*sims)[0].Server.Ledger() {
+		if e.ServiceTier == "batch" {
+			batchTier++
+		}
+	}
+	if batchTier != n {
+		t.Fatalf("the simulator billed %d batch requests, want %d", batchTier, n)
+	}
+	// The projection counts the batch arm at batch prices.
+	pc := res.ProjectedCostUSD
+	if pc.Arms != 3 || pc.BatchArmNanos <= 0 || pc.TotalNanos != 2*pc.PerArmNanos+pc.BatchArmNanos || !strings.Contains(pc.Arithmetic, "batch arm") {
+		t.Fatalf("projection %+v", pc)
+	}
+	// ab.json carries arms.batch and the ratios.
+	b, _ := os.ReadFile(filepath.Join(cfg.Dir, ResultFile))
+	var doc any
+	json.Unmarshal(b, &doc)
+	for _, k := range append([]string{"batch_cost_ratio", "batch_vs_dispatcher_wall", "rounds"}, prefixed("arms.batch.", armKeys)...) {
+		if _, ok := lookup(doc, k); !ok {
+			t.Errorf("ab.json lacks %s", k)
+		}
+	}
+	st, _ := os.ReadFile(cfg.StatusFile)
+	if !bytes.Contains(st, []byte("| batch (Message Batches, 3 orgs) |")) || !strings.Contains(res.Headline, "Batch arm") {
+		t.Fatalf("status:\n%s\nheadline %s", st, res.Headline)
+	}
+	t.Logf("%s\n%s", res.Headline, HeadlineTable(res))
+
+	// A rerun reuses the complete batch arm and sends nothing.
+	res2, err := Run(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := (*sims)[len(*sims)-1].Server.LedgerTotals().Requests; n != 0 || !res2.Arms.Batch.Reused {
+		t.Fatalf("rerun sent %d requests; batch arm reused %v", n, res2.Arms.Batch.Reused)
+	}
+}
+
+func prefixed(p string, keys []string) []string {
+	out := make([]string, len(keys))
+	for i, k := range keys {
+		out[i] = p + k
+	}
+	return out
+}
+
+func TestParseArms(t *testing.T) {
+	t.Parallel()
+	for in, want := range map[string]string{
+		"legacy,dispatcher":          "baseline,dispatcher",
+		"dispatcher, Baseline":       "baseline,dispatcher",
+		"legacy,dispatcher,batch":    "baseline,dispatcher,batch",
+		"batch,dispatcher,legacy":    "baseline,dispatcher,batch",
+		"legacy,batch":               "",
+		"dispatcher,batch":           "",
+		"legacy,dispatcher,legacy":   "",
+		"legacy,baseline,dispatcher": "",
+		"legacy,dispatcher,auto":     "",
+		"legacy,,dispatcher":         "",
+	} {
+		got, err := ParseArms(in)
+		if want == "" {
+			if !errors.Is(err, ErrArms) || !errors.Is(err, ErrConfig) {
+				t.Errorf("ParseArms(%q) = %v, %v; want an ErrArms error", in, got, err)
+			}
+			continue
+		}
+		if err != nil || strings.Join(got, ",") != want {
+			t.Errorf("ParseArms(%q) = %v, %v; want %s", in, got, err, want)
+		}
+	}
+}
+
+// TestArmDataLossBatchIsABug: a failed data-loss check of the batch arm is
+// a bug, as the dispatcher's is (exit 5), even for retryable causes the
+// legacy arm is allowed to mark terminal.
+func TestArmDataLossBatchIsABug(t *testing.T) {
+	t.Parallel()
+	bad := dispatch.DataLoss{Passed: false, RetryableMarkedTerminal: 1}
+	for arm, want := range map[string]bool{ArmBaseline: false, ArmDispatcher: true, ArmBatch: true} {
+		if got := armDataLoss(&ArmResult{Arm: arm, Round: 1, DataLoss: bad}) != ""; got != want {
+			t.Errorf("%s arm with %+v: a bug %v, want %v", arm, bad, got, want)
+		}
+	}
+	if p := armDataLoss(&ArmResult{Arm: ArmBatch, Round: 2, DataLoss: dispatch.DataLoss{Missing: 3}}); !strings.HasPrefix(p, "batch arm (round 2)") {
+		t.Errorf("problem %q does not name the batch arm", p)
+	}
+}
+
+// TestRunOrderABABBatch: with --order abab the batch arm runs after the
+// two arms of each round, in batch/ and round2/batch, and the projection
+// counts it once per round.
+func TestRunOrderABABBatch(t *testing.T) {
+	t.Parallel()
+	cfg, _ := smallConfig(t, 150)
+	cfg.Speed = 400
+	cfg.Order = OrderABAB
+	cfg.Arms = []string{ArmBaseline, ArmDispatcher, ArmBatch}
+	res, err := Run(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Rounds) != 2 || !res.Complete || res.Rounds[1].Batch == nil || res.Rounds[1].Batch.Dir != "round2/batch" {
+		t.Fatalf("rounds %+v", res.Rounds)
+	}
+	pc := res.ProjectedCostUSD
+	if pc.Arms != 6 || pc.TotalNanos != 4*pc.PerArmNanos+2*pc.BatchArmNanos {
+		t.Fatalf("projection %+v", pc)
+	}
+	for _, rd := range res.Rounds {
+		if rd.BatchCostRatio != 0.5 {
+			t.Errorf("round %d: batch_cost_ratio %v", rd.Round, rd.BatchCostRatio)
+		}
+	}
+	var started []string
+	for _, e := range readEvents(t, filepath.Join(cfg.Dir, dispatch.EventsFile)) {
+		if strings.Contains(e.Note, "arm (round ") && strings.HasSuffix(e.Note, "started") {
+			started = append(started, strings.Fields(e.Note)[0])
+		}
+	}
+	if got := strings.Join(started, ","); got != "baseline,dispatcher,batch,baseline,dispatcher,batch" {
+		t.Fatalf("arms started in order %s", got)
+	}
+}
+
+// stopOn cancels when a line written to it contains marker, after delay.
+type stopOn struct {
+	marker string
+	delay  time.Duration
+	cancel context.CancelFunc
+}
+
+func (s *stopOn) Write(p []byte) (int, error) {
+	if bytes.Contains(p, []byte(s.marker)) {
+		time.AfterFunc(s.delay, s.cancel)
+	}
+	return len(p), nil
+}
+
+// TestRunBatchArmResumes: an A/B stopped while the batch arm's batches are
+// open is incomplete (resumable); the same command reuses the complete arms
+// and completes the batch arm, every custom_id exactly once. (Under the
+// embedded simulator the open batches died with the first run's simulator,
+// so the batch arm runs again from the start: regression test of a rerun
+// that polled its vanished batches forever.)
+func TestRunBatchArmResumes(t *testing.T) {
+	t.Parallel()
+	cfg, sims := smallConfig(t, 300)
+	cfg.Speed = 400
+	cfg.Arms = []string{ArmBaseline, ArmDispatcher, ArmBatch}
+	cfg.SimConfig = func(c *sim.Config) {
+		for i := range c.Orgs {
+			c.Orgs[i].Batch.QueueWaitS = 3600 // 9 s here: the batches are still open at the stop
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	cfg.Stderr = &stopOn{marker: "batch arm (round 1) starting", delay: time.Second, cancel: cancel}
+	res, err := Run(ctx, cfg)
+	if !errors.Is(err, dispatch.ErrIncomplete) || res == nil || res.Complete {
+		t.Fatalf("stopped A/B: err %v, result %+v", err, res)
+	}
+	if c := res.Arms.Batch; c == nil || c.Complete || c.Unfinished == 0 {
+		t.Fatalf("stopped batch arm %+v", c)
+	}
+	cfg.SimConfig, cfg.Stderr = nil, nil
+	res2, err := Run(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := res2.Arms.Batch
+	if !res2.Complete || !res2.Arms.Baseline.Reused || !res2.Arms.Dispatcher.Reused || c.Reused || !c.Complete || c.Succeeded != 300 || !c.DataLoss.Passed {
+		t.Fatalf("resumed: %+v", res2.Arms)
+	}
+	chk, err := soak.CheckResults(filepath.Join(cfg.Dir, RequestsFile), filepath.Join(cfg.Dir, ArmBatch, dispatch.ResultsFile))
+	if err != nil || chk.Lost() {
+		t.Fatalf("batch arm results after the resume: %+v, %v", chk, err)
+	}
+	if n := (*sims)[len(*sims)-1].Server.LedgerTotals().Requests; n != 300 || !strings.Contains(c.Note, "from the start") {
+		t.Fatalf("the rerun billed %d requests, want 300 (the batch arm alone, once); note %q", n, c.Note)
 	}
 }

@@ -14,6 +14,10 @@ import (
 const (
 	ArmBaseline   = "baseline"
 	ArmDispatcher = "dispatcher"
+	// ArmBatch sends every item as Message Batches over every org (at the
+	// batch price); it runs only when Config.Arms names it, after the two
+	// arms of each round.
+	ArmBatch = "batch"
 )
 
 // TargetSpeedup is the speed-up the A/B must show (design.md §9).
@@ -46,10 +50,15 @@ type Result struct {
 	ProjectedCostUSD ProjectedCost `json:"projected_cost_usd"`
 	Arms             Arms          `json:"arms"`
 	// Rounds holds every round (one, or two with --order abab).
-	Rounds            []Round           `json:"rounds"`
-	Config            RunConfig         `json:"config"`
-	ProjectedVsActual ProjectedVsActual `json:"projected_vs_actual"`
-	StormSelfTest     SelfTestResult    `json:"storm_self_test"`
+	Rounds []Round `json:"rounds"`
+	// BatchCostRatio is the batch arm's cost from usage ÷ the dispatcher's
+	// and BatchVsDispatcherWall its wall ÷ the dispatcher's (the mean of
+	// the rounds with --order abab); absent without a batch arm.
+	BatchCostRatio        float64           `json:"batch_cost_ratio,omitempty"`
+	BatchVsDispatcherWall float64           `json:"batch_vs_dispatcher_wall,omitempty"`
+	Config                RunConfig         `json:"config"`
+	ProjectedVsActual     ProjectedVsActual `json:"projected_vs_actual"`
+	StormSelfTest         SelfTestResult    `json:"storm_self_test"`
 	// Gate is the pre-flight decision and its arithmetic.
 	Gate        string    `json:"gate"`
 	GateExplain string    `json:"gate_explain"`
@@ -63,10 +72,11 @@ type Result struct {
 	Projection plan.ProjectionJSON `json:"projection"`
 }
 
-// Arms are the first round's two arms.
+// Arms are the first round's arms.
 type Arms struct {
 	Baseline   *ArmResult `json:"baseline"`
 	Dispatcher *ArmResult `json:"dispatcher"`
+	Batch      *ArmResult `json:"batch,omitempty"`
 }
 
 // Round is one baseline/dispatcher pair.
@@ -77,10 +87,16 @@ type Round struct {
 	SpeedupInclSetup float64    `json:"speedup_incl_setup"`
 	Baseline         *ArmResult `json:"baseline"`
 	Dispatcher       *ArmResult `json:"dispatcher"`
+	// Batch is the batch arm, when it ran, with its cost and wall-clock
+	// over the dispatcher's.
+	Batch                 *ArmResult `json:"batch,omitempty"`
+	BatchCostRatio        float64    `json:"batch_cost_ratio,omitempty"`
+	BatchVsDispatcherWall float64    `json:"batch_vs_dispatcher_wall,omitempty"`
 }
 
 // ProjectedCost is the pre-flight cost projection: per arm, and the total
-// the gates decided on (arms × per arm).
+// the gates decided on (the sync arms × per arm, plus the batch arm at
+// batch prices when it runs, per round).
 type ProjectedCost struct {
 	PerArm          float64 `json:"per_arm"`
 	Total           float64 `json:"total"`
@@ -89,6 +105,11 @@ type ProjectedCost struct {
 	WorstCaseTotal  float64 `json:"worst_case_total"`
 	PerArmNanos     int64   `json:"per_arm_nanos"`
 	TotalNanos      int64   `json:"total_nanos"`
+	// The batch arm's projection at batch prices (absent without one);
+	// Arms counts it among the arms.
+	BatchArm          float64 `json:"batch_arm,omitempty"`
+	BatchArmWorstCase float64 `json:"batch_arm_worst_case,omitempty"`
+	BatchArmNanos     int64   `json:"batch_arm_nanos,omitempty"`
 	// Arithmetic shows how the figures were reached.
 	Arithmetic string `json:"arithmetic"`
 }
@@ -99,27 +120,31 @@ type ProjectedVsActual struct {
 	ProjectedTotalUSD  float64 `json:"projected_total_usd"`
 	ActualBaselineUSD  float64 `json:"actual_baseline_usd"`
 	ActualDispatchUSD  float64 `json:"actual_dispatcher_usd"`
+	ActualBatchUSD     float64 `json:"actual_batch_usd,omitempty"`
 	ActualTotalUSD     float64 `json:"actual_total_usd"`
 	// ActualOverProjected is actual total ÷ projected total.
 	ActualOverProjected float64 `json:"actual_over_projected"`
 	// ProjectedWallS and the baseline's are the plan's API-second figures.
 	ProjectedDispatcherWallS float64 `json:"projected_dispatcher_api_wall_s"`
 	ProjectedBaselineWallS   float64 `json:"projected_baseline_api_wall_s"`
+	ProjectedBatchWallS      float64 `json:"projected_batch_api_wall_s,omitempty"`
 }
 
 // RunConfig describes the A/B. Keys appear only as fingerprints.
 type RunConfig struct {
-	N           int64     `json:"n"`
-	Seed        int64     `json:"seed"`
-	Model       string    `json:"model"`
-	MaxTokens   int       `json:"max_tokens"`
-	Mode        string    `json:"mode"` // "simulation" or "live"
-	Simulated   bool      `json:"simulated"`
-	SpeedFactor float64   `json:"speed_factor"`
-	Order       string    `json:"order"`
-	BaseURL     string    `json:"base_url"`
-	SimPreset   string    `json:"sim_preset,omitempty"`
-	Orgs        []OrgInfo `json:"orgs"`
+	N           int64   `json:"n"`
+	Seed        int64   `json:"seed"`
+	Model       string  `json:"model"`
+	MaxTokens   int     `json:"max_tokens"`
+	Mode        string  `json:"mode"` // "simulation" or "live"
+	Simulated   bool    `json:"simulated"`
+	SpeedFactor float64 `json:"speed_factor"`
+	Order       string  `json:"order"`
+	// Arms are the arms run (canonical names, e.g. baseline, dispatcher, batch).
+	Arms      []string  `json:"arms"`
+	BaseURL   string    `json:"base_url"`
+	SimPreset string    `json:"sim_preset,omitempty"`
+	Orgs      []OrgInfo `json:"orgs"`
 	// BaselineOrg is the one org of the legacy arm.
 	BaselineOrg         string         `json:"baseline_org"`
 	BaselineConcurrency int            `json:"baseline_concurrency"`
@@ -251,6 +276,9 @@ func ratio(a, b float64) float64 {
 	}
 	return a / b
 }
+
+// round6 rounds to six decimals.
+func round6(f float64) float64 { return math.Round(f*1e6) / 1e6 }
 
 // round3 rounds to three decimals.
 func round3(f float64) float64 { return math.Round(f*1000) / 1000 }

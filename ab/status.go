@@ -91,7 +91,11 @@ func StatusSection(r *Result, dir string) []byte {
 			title = fmt.Sprintf("SIMULATION (simulator at %s, speed factor K = %g)", r.Config.BaseURL, r.SpeedFactor)
 		}
 	}
-	fmt.Fprintf(&b, "## A/B validation: legacy single-org vs dispatcher — %s\n\n", title)
+	vs := "dispatcher"
+	if r.Arms.Batch != nil {
+		vs = "dispatcher vs batch"
+	}
+	fmt.Fprintf(&b, "## A/B validation: legacy single-org vs %s — %s\n\n", vs, title)
 	fmt.Fprintf(&b, "%s\n\n", r.Headline)
 	fmt.Fprintf(&b, "N = %s per arm, model `%s`, max_tokens %d, order %s, finished %s.\n\n",
 		commas(r.Config.N), r.Config.Model, r.Config.MaxTokens, r.Config.Order, r.FinishedAt.Format("2006-01-02 15:04:05 MST"))
@@ -99,12 +103,20 @@ func StatusSection(r *Result, dir string) []byte {
 	b.WriteString("\n")
 	if len(r.Rounds) > 1 {
 		for _, rd := range r.Rounds {
-			fmt.Fprintf(&b, "- round %d (%s): speed-up %.2f×\n", rd.Round, rd.Order, rd.Speedup)
+			fmt.Fprintf(&b, "- round %d (%s): speed-up %.2f×", rd.Round, rd.Order, rd.Speedup)
+			if rd.Batch != nil {
+				fmt.Fprintf(&b, "; batch ÷ dispatcher cost %.3f×, wall %.2f×", rd.BatchCostRatio, rd.BatchVsDispatcherWall)
+			}
+			b.WriteString("\n")
 		}
 		fmt.Fprintf(&b, "- mean speed-up %.2f×\n\n", r.Speedup)
 	}
-	fmt.Fprintf(&b, "Projected cost %s per arm, %s total; actual from usage %s (%.1f%% of the projection).\n",
-		usdF(r.ProjectedCostUSD.PerArm), usdF(r.ProjectedCostUSD.Total), usdF(r.ProjectedVsActual.ActualTotalUSD), r.ProjectedVsActual.ActualOverProjected*100)
+	batchProj := ""
+	if r.Arms.Batch != nil {
+		batchProj = fmt.Sprintf(" (batch arm %s at batch prices)", usdF(r.ProjectedCostUSD.BatchArm))
+	}
+	fmt.Fprintf(&b, "Projected cost %s per arm%s, %s total; actual from usage %s (%.1f%% of the projection).\n",
+		usdF(r.ProjectedCostUSD.PerArm), batchProj, usdF(r.ProjectedCostUSD.Total), usdF(r.ProjectedVsActual.ActualTotalUSD), r.ProjectedVsActual.ActualOverProjected*100)
 	fmt.Fprintf(&b, "Storm self-test: %s (%s).\n", passFail(r.StormSelfTest.Passed), r.StormSelfTest.Reason)
 	if len(r.Problems) > 0 {
 		b.WriteString("\nProblems:\n")
@@ -112,23 +124,43 @@ func StatusSection(r *Result, dir string) []byte {
 			fmt.Fprintf(&b, "- %s\n", p)
 		}
 	}
-	fmt.Fprintf(&b, "\nResult JSON `%s/%s`; run directories `%s/%s/` and `%s/%s/`.\n", dir, ResultFile, dir, ArmBaseline, dir, ArmDispatcher)
+	if r.Arms.Batch != nil {
+		fmt.Fprintf(&b, "\nResult JSON `%s/%s`; run directories `%s/%s/`, `%s/%s/` and `%s/%s/`.\n", dir, ResultFile, dir, ArmBaseline, dir, ArmDispatcher, dir, ArmBatch)
+	} else {
+		fmt.Fprintf(&b, "\nResult JSON `%s/%s`; run directories `%s/%s/` and `%s/%s/`.\n", dir, ResultFile, dir, ArmBaseline, dir, ArmDispatcher)
+	}
 	b.WriteString(StatusEnd + "\n")
 	return []byte(b.String())
 }
 
-// HeadlineTable is the markdown table comparing the two arms.
+// HeadlineTable is the markdown table comparing the arms: baseline and
+// dispatcher, and the batch arm's column when it ran.
 func HeadlineTable(r *Result) string {
-	a, d := r.Arms.Baseline, r.Arms.Dispatcher
+	a, d, c := r.Arms.Baseline, r.Arms.Dispatcher, r.Arms.Batch
 	if a == nil || d == nil {
 		return "(an arm did not run)\n"
 	}
+	arms := []*ArmResult{a, d}
+	if c != nil {
+		arms = append(arms, c)
+	}
 	var b strings.Builder
 	row := func(name string, f func(*ArmResult) string) {
-		fmt.Fprintf(&b, "| %s | %s | %s |\n", name, f(a), f(d))
+		fmt.Fprintf(&b, "| %s |", name)
+		for _, x := range arms {
+			fmt.Fprintf(&b, " %s |", f(x))
+		}
+		b.WriteString("\n")
 	}
-	fmt.Fprintf(&b, "| | baseline (legacy: %s, concurrency %d) | dispatcher (%d orgs) |\n|---|---|---|\n",
-		r.Config.BaselineOrg, r.Config.BaselineConcurrency, len(r.Config.Orgs))
+	fmt.Fprintf(&b, "| | baseline (legacy: %s, concurrency %d) | dispatcher (%d orgs) |", r.Config.BaselineOrg, r.Config.BaselineConcurrency, len(r.Config.Orgs))
+	if c != nil {
+		fmt.Fprintf(&b, " batch (Message Batches, %d orgs) |", len(c.Orgs))
+	}
+	b.WriteString("\n|---|---|---|")
+	if c != nil {
+		b.WriteString("---|")
+	}
+	b.WriteString("\n")
 	row("wall-clock, measured", func(x *ArmResult) string { return fmt.Sprintf("%.1f s", x.WallS) })
 	if r.Simulated {
 		row(fmt.Sprintf("wall-clock, API-equivalent (×%g)", r.SpeedFactor), func(x *ArmResult) string { return dur(x.APIEquivalentWallS) })
@@ -140,7 +172,7 @@ func HeadlineTable(r *Result) string {
 		return fmt.Sprintf("%s / %s / %s", commas(x.Succeeded), commas(x.Errored), commas(x.Unfinished))
 	})
 	row("cost from usage", func(x *ArmResult) string { return usdF(x.CostUSD) })
-	if r.Simulated && a.LedgerCostNanos != nil && d.LedgerCostNanos != nil {
+	if r.Simulated && a.LedgerCostNanos != nil && d.LedgerCostNanos != nil && (c == nil || c.LedgerCostNanos != nil) {
 		row("simulator ledger cost", func(x *ArmResult) string {
 			m := "≠ usage"
 			if x.CostMatchesLedger != nil && *x.CostMatchesLedger {
@@ -182,7 +214,11 @@ func HeadlineTable(r *Result) string {
 	row("process CPU; host load avg (CPUs)", func(x *ArmResult) string {
 		return fmt.Sprintf("%.0f s (%.2f ms/request); %.1f → %.1f (%d)", x.Host.ProcessCPUS, x.Host.CPUMsPerRequest, x.Host.LoadAvgStart, x.Host.LoadAvgEnd, x.Host.CPUs)
 	})
-	fmt.Fprintf(&b, "| **speed-up (wall A ÷ wall B)** | **%.2f×** | target ≥ %.0f×: **%s** |\n", r.Speedup, r.TargetSpeedup, metOrNot(r.TargetMet))
+	fmt.Fprintf(&b, "| **speed-up (wall A ÷ wall B)** | **%.2f×** | target ≥ %.0f×: **%s** |", r.Speedup, r.TargetSpeedup, metOrNot(r.TargetMet))
+	if c != nil {
+		fmt.Fprintf(&b, " batch ÷ dispatcher: cost %.3f×, wall %.2f× |", r.BatchCostRatio, r.BatchVsDispatcherWall)
+	}
+	b.WriteString("\n")
 	return b.String()
 }
 

@@ -76,6 +76,7 @@ func runAB(ctx context.Context, args []string, stdout, stderr io.Writer, tune fu
 	useSim := fs.Bool("sim", false, "run both arms against the embedded simulator (the default when no key is configured)")
 	speed := fs.Float64("speed", 0, fmt.Sprintf("speed factor `K`: the embedded simulator's (default %d), or an external simulator's behind --base-url (default 1: the real API)", ab.DefaultSpeed))
 	order := fs.String("order", ab.OrderAB, "order of the arms: ab, ba, or abab (two rounds, reported with their mean)")
+	armsList := fs.String("arms", "legacy,dispatcher", "the arms `LIST`: legacy and dispatcher, and batch to also send every item as Message Batches over every org (at the batch price) after the two arms of each round")
 	seed := fs.Int64("seed", 0, "seed of the workload (and of the embedded simulator)")
 	baseURL := fs.String("base-url", os.Getenv("ANTHROPIC_BASE_URL"), "API root `URL` for live runs (env ANTHROPIC_BASE_URL; default https://api.anthropic.com; http:// only for loopback)")
 	var caps capsFlag
@@ -108,8 +109,15 @@ With no key configured, or --sim, both arms run against the embedded simulator
 times. Example: apidispatch ab --sim --n 141600 --confirm
 
 The first SIGINT/SIGTERM winds the running arm down; a second quits at once.
+With --arms legacy,dispatcher,batch a third arm sends every item as Message
+Batches spread over every org, at the batch price, after the two arms of each
+round; the projection and the gates count it at batch prices, and ab.json
+gains arms.batch, batch_cost_ratio (batch cost ÷ dispatcher cost) and
+batch_vs_dispatcher_wall.
+
 Rerunning the same command (same --dir) reuses complete arms, resumes the
-dispatcher's, and reruns an incomplete legacy arm from the start.
+dispatcher's and the batch arm's (re-attaching to its open batches), and reruns
+an incomplete legacy arm from the start.
 
 Exit codes: 0 complete (whether or not the 5× target was met: see ab.json); 1 usage or configuration error; 2 paused by the budget
 gate; 3 refused (--confirm missing, fewer than 2 orgs, storm self-test failed);
@@ -128,7 +136,12 @@ flags:`)
 		fs.Usage()
 		return exitUsage
 	}
-	cfg := ab.Config{
+	arms, err := ab.ParseArms(*armsList)
+	if err != nil {
+		errf(stderr, "--arms %q: %v", *armsList, err)
+		return exitUsage
+	}
+	cfg := ab.Config{Arms: arms,
 		N: *n, Seed: *seed, Sim: *useSim, Speed: *speed, Order: strings.ToLower(*order), Out: *out,
 		StatusFile: *statusFile, Tolerance: *tolerance, Confirm: *confirm, Caps: caps, Stderr: stderr,
 		BaseURL: *baseURL, ExpectOutput: *expectOut, Report: report.Write,
@@ -147,7 +160,6 @@ flags:`)
 		}
 		cfg.Budget = b
 	}
-	var err error
 	sf := sendFlags{prices: *prices, orgsFile: *orgsFile}
 	if cfg.Prices, err = sf.loadPrices(); err != nil {
 		errf(stderr, "%v", err)
