@@ -65,6 +65,7 @@ const (
 	reconcileWait = 5 * time.Minute  // how long a lost create may stay invisible in lists
 	listSkew      = 2 * time.Minute  // clock difference allowed between us and the API
 	notFoundWarn  = 10 * time.Minute // a submitted batch 404 this long is worth a warning
+	notFoundLost  = time.Hour        // … and this long, the API does not have it
 	orgHoldMin    = 60 * time.Second // an org that answered a create with 429 rests this long at least
 	createTimeout = 10 * time.Minute
 )
@@ -458,6 +459,11 @@ func (r *Route) poll(ctx context.Context, b *rec) error {
 			if !b.warned404 && now.Sub(b.lost404) > r.api(notFoundWarn) {
 				b.warned404 = true
 				r.cfg.Events.Emit(dispatch.EventWarning, fmt.Sprintf("batch %d (%s, org %s): the API has answered 404 not_found_error for %s; still polling", b.Local, b.ID, b.Org, now.Sub(b.lost404).Round(time.Second)), recData(&b.BatchRecord))
+			}
+			if now.Sub(b.lost404) > r.api(notFoundLost) {
+				// Not resubmitted: it may exist (and be billed) where this
+				// key cannot see it. The run stops and names it.
+				return fmt.Errorf("batch %d of this run (%s, org %s, %d requests) has answered 404 not_found_error for %s: the API behind --base-url does not know it (deleted, another workspace, or another API); its items stay held and are not sent again, so check the org's batches", b.Local, b.ID, b.Org, b.N, now.Sub(b.lost404).Round(time.Second))
 			}
 		}
 		if ctx.Err() == nil {

@@ -280,11 +280,14 @@ func autoSim(t *testing.T, n int, speed float64, faults ...sim.Fault) (*bench, *
 	return b, &plan.Limits{Batch: &plan.BatchModel{QueueWaitS: 30, PerMinute: 3000, PollS: 10}}
 }
 
+// raceBuild is set in a build with the race detector.
+var raceBuild bool
+
 // runAuto is 'run --route auto --deadline d' on b. Meeting a deadline of
-// seconds is a wall-clock figure: on a machine loaded beyond its cores
-// (other tests, other work) a miss is logged, not failed, and the run is
-// finished by the same command without a deadline so that the rest can be
-// checked; missed reports it.
+// seconds is a wall-clock figure: under the race detector, or on a machine
+// loaded beyond its cores (other tests, other work), a miss is logged, not
+// failed, and the same command resumes with the same deadline so that the
+// rest can be checked; missed reports it. Without either, a miss fails.
 func (b *bench) runAuto(t *testing.T, limits *plan.Limits, deadline time.Duration) (out runner.Outcome, missed bool) {
 	t.Helper()
 	dir := filepath.Join(t.TempDir(), "run")
@@ -301,10 +304,10 @@ func (b *bench) runAuto(t *testing.T, limits *plan.Limits, deadline time.Duratio
 	out = run(deadline)
 	for i := 0; i < 3 && out.Code == runner.ExitIncomplete && out.Summary != nil && strings.Contains(out.Summary.StopReason, "deadline reached"); i++ {
 		load, cpus := host.LoadAverage(), float64(runtime.NumCPU())
-		if load <= cpus && !missed {
+		if load <= cpus && !missed && !raceBuild {
 			t.Fatalf("the deadline was missed on a machine not overloaded (load %.1f, %g CPUs): %v", load, cpus, out.Err)
 		}
-		t.Logf("the deadline was missed with the machine overloaded (load %.1f, %g CPUs); resuming, with the same deadline, to check the rest", load, cpus)
+		t.Logf("the deadline was missed (race build %v, load %.1f, %g CPUs); resuming, with the same deadline, to check the rest", raceBuild, load, cpus)
 		out = run(deadline)
 		missed = true
 	}
@@ -486,4 +489,30 @@ func TestBatchMaxCost(t *testing.T) {
 		t.Fatalf("results %+v, %v", c, err)
 	}
 	t.Logf("cap $%.2f: %d items in %d batches billed $%.6f, %d left pending: %s", capUSD, billed, s.Batches.Created, cost.Nanos(total).USD(), s.Unfinished, res.StopReason)
+}
+
+// TestBatchPoll404: 404s while polling (eventual consistency) are polled
+// through; a batch that answers 404 for an hour of API time is not known to
+// the API behind the key, and the run stops naming it rather than sending
+// its items again.
+func TestBatchPoll404(t *testing.T) {
+	b := newBench(t, 300, 20000, nil)
+	if _, err := b.sim.Server.AddFault(sim.Fault{Kind: sim.FaultBatchPoll404, Duration: 20 * time.Minute, FromNow: true}); err != nil {
+		t.Fatal(err)
+	}
+	res, err, _ := b.exec(t.Context(), "", runner.Exec{Route: runner.RouteBatch})
+	if err != nil || !res.Complete {
+		t.Fatalf("20 API min of 404s: %v", err)
+	}
+	b2 := newBench(t, 300, 20000, nil)
+	if _, err := b2.sim.Server.AddFault(sim.Fault{Kind: sim.FaultBatchPoll404, FromNow: true}); err != nil {
+		t.Fatal(err)
+	}
+	_, err, _ = b2.exec(t.Context(), "", runner.Exec{Route: runner.RouteBatch})
+	if err == nil || !strings.Contains(err.Error(), "has answered 404 not_found_error for") || !strings.Contains(err.Error(), "not sent again") {
+		t.Fatalf("a batch 404 for good: %v; want the run stopped naming it", err)
+	}
+	if req, created := simCreated(b2.sim); created != 3 || req != 300 {
+		t.Fatalf("%d batches (%d requests) created: want the 3 first, nothing sent again", created, req)
+	}
 }
