@@ -105,10 +105,7 @@ func NewLegacy(cfg LegacyConfig) (*Legacy, error) {
 	if cfg.Prices == nil {
 		return nil, errors.New("ab: LegacyConfig needs Prices")
 	}
-	if cfg.BaseURL == "" {
-		cfg.BaseURL = "https://api.anthropic.com"
-	}
-	base, err := dispatch.CheckBaseURL(cfg.BaseURL)
+	base, err := dispatch.ResolveBaseURL(cfg.BaseURL)
 	if err != nil {
 		return nil, err
 	}

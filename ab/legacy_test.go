@@ -17,6 +17,7 @@ import (
 	"github.com/apidispatch/apidispatch/anthropic"
 	"github.com/apidispatch/apidispatch/cost"
 	"github.com/apidispatch/apidispatch/dispatch"
+	"github.com/apidispatch/apidispatch/internal/simtest"
 	"github.com/apidispatch/apidispatch/org"
 	"github.com/apidispatch/apidispatch/sim"
 )
@@ -38,19 +39,7 @@ func newLegacyHarness(t *testing.T, n int) legacyHarness {
 
 func startSim(t *testing.T, speed float64, mutate func(*sim.Config)) (*sim.Running, []org.Org) {
 	t.Helper()
-	cfg, err := sim.Preset(sim.PresetOrigin3Org)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.Speed = speed
-	if mutate != nil {
-		mutate(&cfg)
-	}
-	r, err := sim.Start(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { r.Close() })
+	r, cfg := simtest.Start(t, sim.PresetOrigin3Org, speed, mutate)
 	return r, simOrgs(cfg, r.Server)
 }
 

@@ -237,12 +237,9 @@ func RunStormTest(ctx context.Context, st StormTest, base dispatch.Config, dir s
 
 // simOrgs returns one org per simulated org, with its first key.
 func simOrgs(cfg sim.Config, srv *sim.Server) []org.Org {
-	keys := srv.Keys()
-	var orgs []org.Org
-	for _, o := range cfg.Orgs {
-		if ks := keys[o.Name]; len(ks) > 0 {
-			orgs = append(orgs, org.Org{Name: o.Name, Key: org.NewKey(ks[0]), Source: "embedded simulator"})
-		}
+	orgs := srv.Orgs()
+	for i := range orgs {
+		orgs[i].Source = "embedded simulator"
 	}
 	return orgs
 }

@@ -206,10 +206,7 @@ func New(cfg Config) (*Route, error) {
 	if cfg.MaxBytes < 1 || cfg.MaxBytes > MaxBytes {
 		return nil, fmt.Errorf("batch: batch bytes %d: want 1 to %d (256 MB, the API's limit)", cfg.MaxBytes, MaxBytes)
 	}
-	if cfg.BaseURL == "" {
-		cfg.BaseURL = "https://api.anthropic.com"
-	}
-	base, err := dispatch.CheckBaseURL(cfg.BaseURL)
+	base, err := dispatch.ResolveBaseURL(cfg.BaseURL)
 	if err != nil {
 		return nil, err
 	}
@@ -582,19 +579,12 @@ func (r *Route) anyTakeable(ctx context.Context) bool {
 	if r.closedSub {
 		return false
 	}
-	var after int64
-	for {
-		its, err := r.cfg.Store.Pending(ctx, after, 4096)
-		if err != nil || len(its) == 0 {
-			return false
-		}
-		for _, it := range its {
-			if !r.Holds(it.Seq) && (r.cfg.Take == nil || r.cfg.Take(it)) {
-				return true
-			}
-		}
-		after = its[len(its)-1].Seq
-	}
+	found := false
+	err := store.EachPending(ctx, r.cfg.Store, func(it store.Item) bool {
+		found = r.takes(it)
+		return !found
+	})
+	return err == nil && found
 }
 
 // ahead is the requests of b's org's open batches made before b and not

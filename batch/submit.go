@@ -2,6 +2,7 @@ package batch
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -31,22 +32,14 @@ func CheckItems(ctx context.Context, st store.Store, maxBytes int64) error {
 	if maxBytes <= 0 {
 		maxBytes = MaxBytes
 	}
-	var after int64
-	for {
-		its, err := st.Pending(ctx, after, 4096)
-		if err != nil {
-			return err
+	var bad error
+	err := store.EachPending(ctx, st, func(it store.Item) bool {
+		if b := itemBytes(it) + 16; b > maxBytes {
+			bad = fmt.Errorf("line %d (custom_id %s): the request takes up to %d bytes of a create body, more than a batch may hold (%d); send it with --route sync", it.Line, it.CustomID, b, maxBytes)
 		}
-		if len(its) == 0 {
-			return nil
-		}
-		for _, it := range its {
-			if b := itemBytes(it) + 16; b > maxBytes {
-				return fmt.Errorf("line %d (custom_id %s): the request takes up to %d bytes of a create body, more than a batch may hold (%d); send it with --route sync", it.Line, it.CustomID, b, maxBytes)
-			}
-		}
-		after = its[len(its)-1].Seq
-	}
+		return bad == nil
+	})
+	return cmp.Or(err, bad)
 }
 
 // worstCase is the most item it can cost at the batch price.
@@ -67,22 +60,19 @@ func (r *Route) worstCase(it store.Item) cost.Nanos {
 // batch holds, in input order.
 func (r *Route) candidates(ctx context.Context) ([]store.Item, error) {
 	var out []store.Item
-	var after int64
-	for {
-		its, err := r.cfg.Store.Pending(ctx, after, 4096)
-		if err != nil {
-			return nil, err
+	err := store.EachPending(ctx, r.cfg.Store, func(it store.Item) bool {
+		if r.takes(it) {
+			out = append(out, it)
 		}
-		if len(its) == 0 {
-			return out, nil
-		}
-		for _, it := range its {
-			if !r.Holds(it.Seq) && (r.cfg.Take == nil || r.cfg.Take(it)) {
-				out = append(out, it)
-			}
-		}
-		after = its[len(its)-1].Seq
-	}
+		return true
+	})
+	return out, err
+}
+
+// takes reports whether the route would carry it now: selected by Take
+// and in no open batch.
+func (r *Route) takes(it store.Item) bool {
+	return !r.Holds(it.Seq) && (r.cfg.Take == nil || r.cfg.Take(it))
 }
 
 // usable returns the orgs that may take a batch now.

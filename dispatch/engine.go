@@ -137,6 +137,18 @@ func (c *Config) CapFor(model string) int {
 	return DefaultCaps[f]
 }
 
+// DefaultBaseURL is the API root used when none is given.
+const DefaultBaseURL = "https://api.anthropic.com"
+
+// ResolveBaseURL is CheckBaseURL of raw, or of DefaultBaseURL when raw is
+// empty.
+func ResolveBaseURL(raw string) (*url.URL, error) {
+	if raw == "" {
+		raw = DefaultBaseURL
+	}
+	return CheckBaseURL(raw)
+}
+
 // CheckBaseURL accepts https URLs and http URLs on loopback only.
 func CheckBaseURL(raw string) (*url.URL, error) {
 	u, err := url.Parse(raw)
@@ -294,10 +306,7 @@ func New(cfg Config) (*Engine, error) {
 	if cfg.Store == nil || cfg.Body == nil || cfg.Prices == nil || cfg.ResultsPath == "" {
 		return nil, errors.New("dispatch: Config needs Store, Body, Prices and ResultsPath")
 	}
-	if cfg.BaseURL == "" {
-		cfg.BaseURL = "https://api.anthropic.com"
-	}
-	base, err := CheckBaseURL(cfg.BaseURL)
+	base, err := ResolveBaseURL(cfg.BaseURL)
 	if err != nil {
 		return nil, err
 	}

@@ -16,9 +16,9 @@ import (
 
 	"github.com/apidispatch/apidispatch/cost"
 	"github.com/apidispatch/apidispatch/dispatch"
+	"github.com/apidispatch/apidispatch/internal/simtest"
 	"github.com/apidispatch/apidispatch/org"
 	"github.com/apidispatch/apidispatch/sim"
-	"github.com/apidispatch/apidispatch/workload"
 )
 
 // harness is a simulator plus a request file and a run directory.
@@ -36,34 +36,10 @@ type harness struct {
 
 func newHarness(t testing.TB, preset string, speed float64, n int, mutate func(*sim.Config)) *harness {
 	t.Helper()
-	cfg, err := sim.Preset(preset)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.Speed = speed
-	if mutate != nil {
-		mutate(&cfg)
-	}
-	r, err := sim.Start(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { r.Close() })
+	r, _ := simtest.Start(t, preset, speed, mutate)
 	dir := t.TempDir()
-	input := filepath.Join(dir, "req.jsonl")
-	f, err := os.Create(input)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := workload.GenerateJudge(f, n, 1, workload.GenOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	f.Close()
-	var orgs []org.Org
-	for _, o := range cfg.Orgs {
-		orgs = append(orgs, org.Org{Name: o.Name, Key: org.NewKey(r.Server.Keys()[o.Name][0])})
-	}
-	return &harness{t: t, sim: r, input: input, dir: filepath.Join(dir, "run"), orgs: orgs, speed: speed}
+	input := simtest.Judge(t, dir, n, 1)
+	return &harness{t: t, sim: r, input: input, dir: filepath.Join(dir, "run"), orgs: r.Server.Orgs(), speed: speed}
 }
 
 func (h *harness) run(ctx context.Context, mod func(*dispatch.Config)) (*dispatch.Result, error) {

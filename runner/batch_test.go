@@ -20,6 +20,7 @@ import (
 	"github.com/apidispatch/apidispatch/cost"
 	"github.com/apidispatch/apidispatch/dispatch"
 	"github.com/apidispatch/apidispatch/internal/host"
+	"github.com/apidispatch/apidispatch/internal/simtest"
 	"github.com/apidispatch/apidispatch/org"
 	"github.com/apidispatch/apidispatch/plan"
 	"github.com/apidispatch/apidispatch/runner"
@@ -27,7 +28,6 @@ import (
 	"github.com/apidispatch/apidispatch/soak"
 	"github.com/apidispatch/apidispatch/store"
 	"github.com/apidispatch/apidispatch/store/sqlite"
-	"github.com/apidispatch/apidispatch/workload"
 )
 
 // bench is a simulator with a judge request file.
@@ -42,33 +42,9 @@ type bench struct {
 
 func newBench(t *testing.T, n int, speed float64, mutate func(*sim.Config)) *bench {
 	t.Helper()
-	cfg, err := sim.Preset("origin-3org")
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.Speed = speed
-	if mutate != nil {
-		mutate(&cfg)
-	}
-	r, err := sim.Start(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { r.Close() })
-	input := filepath.Join(t.TempDir(), "req.jsonl")
-	f, err := os.Create(input)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := workload.GenerateJudge(f, n, 3, workload.GenOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	f.Close()
-	var orgs []org.Org
-	for _, o := range cfg.Orgs {
-		orgs = append(orgs, org.Org{Name: o.Name, Key: org.NewKey(r.Server.Keys()[o.Name][0])})
-	}
-	return &bench{t: t, sim: r, input: input, orgs: orgs, speed: speed, n: n}
+	r, _ := simtest.Start(t, sim.PresetOrigin3Org, speed, mutate)
+	input := simtest.Judge(t, t.TempDir(), n, 3)
+	return &bench{t: t, sim: r, input: input, orgs: r.Server.Orgs(), speed: speed, n: n}
 }
 
 // exec runs x on a run directory dir (made under the test's temp dir when
@@ -104,25 +80,8 @@ func (b *bench) audit(dir string) soak.Check {
 	return c
 }
 
-// batchLedger sums the simulator's ledger entries of the batch tier, and
-// counts those whose custom_id was billed more than once.
-func batchLedger(entries []sim.LedgerEntry) (total int64, n int, twice int) {
-	seen := map[string]int{}
-	for _, e := range entries {
-		if e.ServiceTier != "batch" {
-			continue
-		}
-		total += e.CostNanos
-		n++
-		seen[e.CustomID]++
-	}
-	for _, k := range seen {
-		if k > 1 {
-			twice++
-		}
-	}
-	return total, n, twice
-}
+// batchLedger is sim.BatchBilling.
+var batchLedger = sim.BatchBilling
 
 // TestBatchRouteHalfPrice: the batch route completes every item once,
 // spread over every org, and costs what the simulator billed, which is

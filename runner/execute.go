@@ -334,47 +334,32 @@ func (ex *execution) auto(ctx context.Context) error {
 	return errors.Join(syncErr, bErr)
 }
 
-// boundary is the seq of the n-th pending item (0 for n = 0): auto's sync
-// share is the pending items up to it.
+// boundary is the seq of the n-th pending item (0 for n = 0; the last
+// one's when there are fewer): auto's sync share is the pending items up
+// to it.
 func (ex *execution) boundary(ctx context.Context, n int64) (int64, error) {
+	var seen, seq int64
 	if n <= 0 {
 		return 0, nil
 	}
-	var after, seen int64
-	for {
-		its, err := ex.job.Store.Pending(ctx, after, 4096)
-		if err != nil {
-			return 0, err
-		}
-		if len(its) == 0 {
-			return after, nil
-		}
-		if seen+int64(len(its)) >= n {
-			return its[n-seen-1].Seq, nil
-		}
-		seen += int64(len(its))
-		after = its[len(its)-1].Seq
-	}
+	err := store.EachPending(ctx, ex.job.Store, func(it store.Item) bool {
+		seen++
+		seq = it.Seq
+		return seen < n
+	})
+	return seq, err
 }
 
 // freePending counts pending items no open batch holds.
 func (ex *execution) freePending(ctx context.Context, rt *batch.Route) (int64, error) {
-	var after, n int64
-	for {
-		its, err := ex.job.Store.Pending(ctx, after, 4096)
-		if err != nil {
-			return 0, err
+	var n int64
+	err := store.EachPending(ctx, ex.job.Store, func(it store.Item) bool {
+		if !rt.Holds(it.Seq) {
+			n++
 		}
-		if len(its) == 0 {
-			return n, nil
-		}
-		for _, it := range its {
-			if !rt.Holds(it.Seq) {
-				n++
-			}
-		}
-		after = its[len(its)-1].Seq
-	}
+		return true
+	})
+	return n, err
 }
 
 // batchesSummary counts the run's batches.

@@ -180,6 +180,24 @@ type LedgerTotals struct {
 	ByKey           map[string]Totals `json:"by_key"`
 }
 
+// BatchBilling sums the Message Batches entries of a ledger: their cost in
+// nano-dollars, how many there are, and how many custom_ids were billed
+// more than once (a batch created twice for the same items).
+func BatchBilling(entries []LedgerEntry) (nanos int64, billed, twice int) {
+	seen := map[string]int{}
+	for _, e := range entries {
+		if e.ServiceTier != "batch" {
+			continue
+		}
+		nanos += e.CostNanos
+		billed++
+		if seen[e.CustomID]++; seen[e.CustomID] == 2 {
+			twice++
+		}
+	}
+	return nanos, billed, twice
+}
+
 // TotalsOf sums entries (for example those of LedgerSince, one arm of an
 // A/B), counting as duplicates the repeats of a body within entries only.
 func TotalsOf(entries []LedgerEntry) LedgerTotals {

@@ -247,6 +247,18 @@ func (s *Server) Keys() map[string][]string {
 	return m
 }
 
+// Orgs returns the simulator's orgs, in configuration order, each with its
+// first key, as a client configures them.
+func (s *Server) Orgs() []org.Org {
+	var out []org.Org
+	for _, o := range s.orgs {
+		if len(o.keys) > 0 {
+			out = append(out, org.Org{Name: o.name, Key: org.NewKey(o.keys[0].secret), Source: "simulator"})
+		}
+	}
+	return out
+}
+
 // EnvLines returns one line per org, ANTHROPIC_API_KEY_<ORG>=<first key>,
 // with the org name upper-cased and "-" turned into "_", in config order:
 // the environment form apidispatch reads orgs from.

@@ -188,6 +188,24 @@ type BatchItem struct {
 	Batches int64
 }
 
+// EachPending calls fn for every pending item of st, by Seq, a page at a
+// time, until fn returns false.
+func EachPending(ctx context.Context, st Store, fn func(Item) bool) error {
+	var after int64
+	for {
+		its, err := st.Pending(ctx, after, 4096)
+		if err != nil || len(its) == 0 {
+			return err
+		}
+		for _, it := range its {
+			if !fn(it) {
+				return nil
+			}
+		}
+		after = its[len(its)-1].Seq
+	}
+}
+
 // ErrItemBusy: AddBatch was given an item that is not pending or is in
 // another open batch. Nothing was recorded.
 var ErrItemBusy = errors.New("store: item is not pending or already in an open batch")

@@ -21,23 +21,9 @@ import (
 	"github.com/apidispatch/apidispatch/store/sqlite"
 )
 
-// batchLedger sums the simulator's batch-tier ledger and counts custom_ids
-// billed more than once.
+// batchLedger is the simulator's batch billing (sim.BatchBilling).
 func batchLedger(r *sim.Running) (nanos int64, billed, twice int) {
-	seen := map[string]int{}
-	for _, e := range r.Server.Ledger() {
-		if e.ServiceTier == "batch" {
-			nanos += e.CostNanos
-			billed++
-			seen[e.CustomID]++
-		}
-	}
-	for _, k := range seen {
-		if k > 1 {
-			twice++
-		}
-	}
-	return nanos, billed, twice
+	return sim.BatchBilling(r.Server.Ledger())
 }
 
 // simBatchRequests is how many requests the simulator's batches hold, over
@@ -136,14 +122,7 @@ func TestBatchKillNineThenResume(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 4))
 	phases := map[string]int{}
 	for i := range kills {
-		c := cliCmd(r, args...)
-		var out bytes.Buffer
-		c.Stdout, c.Stderr = &out, &out
-		if err := c.Start(); err != nil {
-			t.Fatal(err)
-		}
-		exited := make(chan struct{})
-		go func() { c.Wait(); close(exited) }()
+		c, out, exited := startCLI(t, r, args...)
 		select {
 		case <-exited:
 			t.Fatalf("run %d ended before its kill:\n%s", i+1, tail(out.String()))
@@ -182,6 +161,21 @@ func TestBatchKillNineThenResume(t *testing.T) {
 	if s.Batches.Adopted == 0 {
 		t.Fatal("no lost create was adopted: the fault never struck")
 	}
+}
+
+// startCLI starts the command args with its output in the returned
+// buffer; the channel closes when it has exited.
+func startCLI(t *testing.T, r *sim.Running, args ...string) (*exec.Cmd, *bytes.Buffer, chan struct{}) {
+	t.Helper()
+	c := cliCmd(r, args...)
+	out := new(bytes.Buffer)
+	c.Stdout, c.Stderr = out, out
+	if err := c.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() { c.Wait(); close(exited) }()
+	return c, out, exited
 }
 
 // runCmdOut runs the command args to its end and returns its exit code,
@@ -253,17 +247,10 @@ func slowBatches(t *testing.T, n int) (*sim.Running, string, string) {
 // want batches.
 func startUntilBatches(t *testing.T, r *sim.Running, want int64, args ...string) (*exec.Cmd, *bytes.Buffer, chan struct{}) {
 	t.Helper()
-	c := cliCmd(r, args...)
-	var out bytes.Buffer
-	c.Stdout, c.Stderr = &out, &out
-	if err := c.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan struct{})
-	go func() { c.Wait(); close(exited) }()
+	c, out, exited := startCLI(t, r, args...)
 	for {
 		if _, created := simBatchRequests(r); created >= want {
-			return c, &out, exited
+			return c, out, exited
 		}
 		select {
 		case <-exited:

@@ -8,6 +8,7 @@ package main
 
 import (
 	"fmt"
+	"github.com/apidispatch/apidispatch/runner"
 	"io"
 	"os"
 	"sort"
@@ -15,12 +16,12 @@ import (
 
 // Exit codes (design.md §10).
 const (
-	exitOK         = 0 // complete, data-loss check passed
-	exitUsage      = 1 // usage, configuration or input error; nothing sent
-	exitPaused     = 2 // paused by a cost gate
-	exitRefused    = 3 // --confirm missing or a precondition failed
-	exitIncomplete = 4 // stopped early; resumable
-	exitDataLoss   = 5 // data-loss check failed
+	exitOK         = runner.ExitOK
+	exitUsage      = runner.ExitUsage
+	exitPaused     = runner.ExitPaused
+	exitRefused    = runner.ExitRefused
+	exitIncomplete = runner.ExitIncomplete
+	exitDataLoss   = runner.ExitDataLoss
 )
 
 // command is one subcommand. run receives the arguments after the command

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/apidispatch/apidispatch/dispatch"
+	"github.com/apidispatch/apidispatch/internal/simtest"
 	"github.com/apidispatch/apidispatch/sim"
 	"github.com/apidispatch/apidispatch/workload"
 )
@@ -86,14 +87,7 @@ func simAndInput(t *testing.T, k float64, n int, faults ...sim.Fault) (*sim.Runn
 // simWith is simAndInput with the simulator's config changed by mutate.
 func simWith(t *testing.T, k float64, n int, mutate func(*sim.Config)) (*sim.Running, string, string) {
 	t.Helper()
-	cfg, _ := sim.Preset(sim.PresetOrigin3Org)
-	cfg.Speed = k
-	mutate(&cfg)
-	r, err := sim.Start(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { r.Close() })
+	r, _ := simtest.Start(t, sim.PresetOrigin3Org, k, mutate)
 	dir := t.TempDir()
 	input := filepath.Join(dir, "req.jsonl")
 	writeJudge(t, input, n)
@@ -147,14 +141,7 @@ func TestKillNineThenResume(t *testing.T) {
 	for i := 0; i < kills; i++ {
 		slice := float64(n) / float64(kills+1)
 		target := int64((float64(i) + 0.2 + 0.6*rng.Float64()) * slice)
-		c := cliCmd(r, args...)
-		var out bytes.Buffer
-		c.Stdout, c.Stderr = &out, &out
-		if err := c.Start(); err != nil {
-			t.Fatal(err)
-		}
-		exited := make(chan struct{})
-		go func() { c.Wait(); close(exited) }()
+		c, out, exited := startCLI(t, r, args...)
 	poll:
 		for {
 			select {
