@@ -184,6 +184,7 @@ type Route struct {
 	stopReason string
 	res        Result
 	start      time.Time
+	loaded     bool
 }
 
 // New checks cfg and returns a route.
@@ -294,6 +295,17 @@ func (r *Route) emit(note string, data map[string]any) {
 	r.log.Info(note)
 }
 
+// Load reads the run's batches and holds the items of the open ones, so
+// that Holds answers for them before Run starts (Run loads them itself
+// otherwise). Call it at most once, before Run.
+func (r *Route) Load(ctx context.Context) error {
+	if r.loaded {
+		return nil
+	}
+	r.loaded = true
+	return r.load(ctx)
+}
+
 // load reads the run's batches and holds the items of the open ones.
 func (r *Route) load(ctx context.Context) error {
 	recs, err := r.cfg.Store.Batches(ctx)
@@ -335,7 +347,7 @@ func recData(b *store.BatchRecord) map[string]any {
 func (r *Route) Run(ctx context.Context) (*Result, error) {
 	r.start = time.Now()
 	defer func() { r.res.WallS = time.Since(r.start).Seconds() }()
-	if err := r.load(ctx); err != nil {
+	if err := r.Load(ctx); err != nil {
 		return nil, err
 	}
 	timer := time.NewTimer(time.Hour)

@@ -475,3 +475,51 @@ func TestBatchPoll404(t *testing.T) {
 		t.Fatalf("%d batches (%d requests) created: want the 3 first, nothing sent again", created, req)
 	}
 }
+
+// TestAutoResumeKeepsOpenBatches: an auto run stopped with its batches open
+// resumes with them re-attached; their items are not sent by sync as well,
+// so no request is billed twice.
+func TestAutoResumeKeepsOpenBatches(t *testing.T) {
+	const n, k = 3000, 10
+	b, limits := autoSim(t, n, k)
+	dir := filepath.Join(t.TempDir(), "run")
+	cfg := runner.Config{
+		Input: b.input, RunDir: dir, Prices: cost.Default(), Route: runner.RouteAuto, Deadline: 6 * time.Second, Limits: limits,
+		Sync: dispatch.Config{Orgs: b.orgs, BaseURL: b.sim.URL, Speed: b.speed, Prices: cost.Default(), SampleEvery: -1, Grace: time.Second},
+	}
+	ctx, stop := context.WithCancel(t.Context())
+	// Stop once the batches are open and the sync share is mostly sent, so
+	// that on the resume the free items' boundary lies past some of the
+	// open batches' items.
+	go func() {
+		for {
+			if _, created := simCreated(b.sim); created >= 3 && b.sim.Server.LedgerTotals().Requests >= n/4 {
+				stop()
+				return
+			}
+			time.Sleep(2 * time.Millisecond)
+		}
+	}()
+	first := runner.Run(ctx, cfg)
+	if first.Code != runner.ExitIncomplete || first.Summary == nil || first.Summary.Batches.Open == 0 {
+		t.Fatalf("the stopped run: exit %d, %+v; want 4 with batches open", first.Code, first.Summary)
+	}
+	out := runner.Run(t.Context(), cfg)
+	if out.Code != runner.ExitOK {
+		t.Fatalf("the resumed run: exit %d, %v", out.Code, out.Err)
+	}
+	b.audit(dir)
+	seen := map[sim.BodyHash]int{}
+	twice := 0
+	for _, e := range b.sim.Server.Ledger() {
+		if seen[e.BodySHA256]++; seen[e.BodySHA256] == 2 {
+			twice++
+		}
+	}
+	if twice != 0 {
+		t.Fatalf("%d requests billed twice (by sync and by a re-attached batch)", twice)
+	}
+	if br := out.Summary.ByRoute[store.RouteBatch]; br == nil || br.Items == 0 {
+		t.Fatalf("by_route batch %+v: the re-attached batches' results are missing", br)
+	}
+}

@@ -270,16 +270,22 @@ func (ex *execution) batchOnly(ctx context.Context) error {
 // batch, at once; then whatever comes back from the batches (late ones
 // cancelled, retryable results) by sync, until nothing is left.
 func (ex *execution) auto(ctx context.Context) error {
-	boundary, err := ex.boundary(ctx, ex.x.SyncItems)
-	if err != nil {
-		return err
-	}
+	// The boundary sets the sync share within the free items; the items
+	// of batches still open from an earlier run stay with the batches
+	// (re-attached), never sent by sync as well.
+	var boundary int64
 	bc := ex.batchConfig()
 	bc.Take = func(it store.Item) bool { return it.Seq > boundary }
 	bc.SubmitOnce = true
 	bc.LateAt = ex.x.LateAt
 	rt, err := batch.New(bc)
 	if err != nil {
+		return err
+	}
+	if err := rt.Load(ctx); err != nil {
+		return err
+	}
+	if boundary, err = ex.boundary(ctx, ex.x.SyncItems, rt); err != nil {
 		return err
 	}
 	bctx, bstop := context.WithCancel(ctx)
@@ -290,7 +296,7 @@ func (ex *execution) auto(ctx context.Context) error {
 	var syncErr error
 	if boundary > 0 {
 		c := ex.x.Sync
-		c.MaxSeq = boundary
+		c.MaxSeq, c.Skip = boundary, rt.Holds
 		syncErr = ex.sync(ctx, c)
 	}
 	// Once the batches are placed, whatever is pending and in no open
@@ -334,15 +340,18 @@ func (ex *execution) auto(ctx context.Context) error {
 	return errors.Join(syncErr, bErr)
 }
 
-// boundary is the seq of the n-th pending item (0 for n = 0; the last
-// one's when there are fewer): auto's sync share is the pending items up
-// to it.
-func (ex *execution) boundary(ctx context.Context, n int64) (int64, error) {
+// boundary is the seq of the n-th pending item no open batch holds (0 for
+// n = 0; the last one's when there are fewer): auto's sync share is the
+// free pending items up to it.
+func (ex *execution) boundary(ctx context.Context, n int64, rt *batch.Route) (int64, error) {
 	var seen, seq int64
 	if n <= 0 {
 		return 0, nil
 	}
 	err := store.EachPending(ctx, ex.job.Store, func(it store.Item) bool {
+		if rt.Holds(it.Seq) {
+			return true
+		}
 		seen++
 		seq = it.Seq
 		return seen < n

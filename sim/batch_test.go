@@ -523,7 +523,7 @@ func TestBatchQueueCapAndRPM(t *testing.T) {
 		t.Errorf("over the queue cap: %d %v %s", r.status, r.header, r.body)
 	}
 	createBatchT(t, run, soloKey, judgeBatch("c", 2)...) // exactly at the cap
-	if st := run.Server.BatchStats()["solo"]; st != (BatchStats{Created: 2, QueueRefused: 1, InProgress: 2, Queued: 10, MaxQueued: 10, QueueCap: 10}) {
+	if st := run.Server.BatchStats()["solo"]; st != (BatchStats{Created: 2, Requests: 10, QueueRefused: 1, InProgress: 2, Queued: 10, MaxQueued: 10, QueueCap: 10}) {
 		t.Errorf("batch stats %+v", st)
 	}
 	var admin struct{ Orgs map[string]BatchStats }
