@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -282,9 +283,14 @@ func TestWaitsForAPIThatComesBack(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, sim.PresetOrigin3Org, 50, 200, nil)
 	down := closedURL(t)
-	var logBuf bytes.Buffer
+	var logBuf lockedBuffer
+	// The API comes back once the run has said it cannot reach it (and
+	// 300 ms more of outage), however slowly this machine starts the run.
 	go func() {
-		time.Sleep(700 * time.Millisecond)
+		for !strings.Contains(logBuf.String(), "cannot reach the API") {
+			time.Sleep(5 * time.Millisecond)
+		}
+		time.Sleep(300 * time.Millisecond)
 		r, err := sim.StartOn(strings.TrimPrefix(down, "http://"), h.sim.Server.Config())
 		if err != nil {
 			t.Error(err)
@@ -306,4 +312,23 @@ func TestWaitsForAPIThatComesBack(t *testing.T) {
 		t.Fatalf("log of a run through an outage:\n%s", logBuf.String())
 	}
 	h.requireEachOnce(200)
+}
+
+// lockedBuffer is a bytes.Buffer safe for a logger and a reader on other
+// goroutines.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
