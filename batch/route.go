@@ -262,14 +262,16 @@ func (r *Route) SubmitDone() <-chan struct{} { return r.submitDone }
 // Changed receives a value after each harvest (coalesced).
 func (r *Route) Changed() <-chan struct{} { return r.changed }
 
+// closeSubmit ends creating for good; a reason (a stop) is kept even when
+// creating had ended already (SubmitOnce).
 func (r *Route) closeSubmit(reason string) {
+	if reason != "" && r.stopReason == "" {
+		r.stopReason = reason
+	}
 	if r.closedSub {
 		return
 	}
 	r.closedSub = true
-	if reason != "" && r.stopReason == "" {
-		r.stopReason = reason
-	}
 	close(r.submitDone)
 }
 
