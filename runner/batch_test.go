@@ -242,6 +242,13 @@ func autoSim(t *testing.T, n int, speed float64, faults ...sim.Fault) (*bench, *
 // raceBuild is set in a build with the race detector.
 var raceBuild bool
 
+// lenient reports whether wall-clock deadlines of seconds say more about
+// this machine than about the router: a race build, or load above the
+// cores.
+func lenient() bool {
+	return raceBuild || host.LoadAverage() > float64(runtime.NumCPU())
+}
+
 // runAuto is 'run --route auto --deadline d' on b. Meeting a deadline of
 // seconds is a wall-clock figure: under the race detector, or on a machine
 // loaded beyond its cores (other tests, other work), a miss is logged, not
@@ -261,7 +268,7 @@ func (b *bench) runAuto(t *testing.T, limits *plan.Limits, deadline time.Duratio
 		return out
 	}
 	out = run(deadline)
-	for i := 0; i < 3 && out.Code == runner.ExitIncomplete && out.Summary != nil && strings.Contains(out.Summary.StopReason, "deadline reached"); i++ {
+	for i := 0; i < 8 && out.Code == runner.ExitIncomplete && out.Summary != nil && strings.Contains(out.Summary.StopReason, "deadline reached"); i++ {
 		load, cpus := host.LoadAverage(), float64(runtime.NumCPU())
 		if load <= cpus && !missed && !raceBuild {
 			t.Fatalf("the deadline was missed on a machine not overloaded (load %.1f, %g CPUs): %v", load, cpus, out.Err)
@@ -304,7 +311,11 @@ func TestAutoMeetsDeadlineCheaper(t *testing.T) {
 		t.Fatalf("by_route %+v %+v: want both routes, %d items in all", br, sr, n)
 	}
 	if !missed && s.WallS >= deadline.Seconds() {
-		t.Fatalf("auto took %.1f s, the deadline was %s", s.WallS, deadline)
+		if lenient() {
+			t.Logf("auto took %.1f s, the deadline was %s (race build or overloaded machine: logged, not failed)", s.WallS, deadline)
+		} else {
+			t.Fatalf("auto took %.1f s, the deadline was %s", s.WallS, deadline)
+		}
 	}
 	if all := allSyncUSD(s); !(s.Cost.Total < all) {
 		t.Fatalf("auto cost $%.6f, all sync $%.6f", s.Cost.Total, all)
@@ -341,7 +352,11 @@ func TestAutoCancelsLateBatches(t *testing.T) {
 		t.Fatalf("by_route batch %+v, batches %+v: want a part harvested and the rest sent again", br, s.Batches)
 	}
 	if !missed && s.WallS >= deadline.Seconds() {
-		t.Fatalf("auto took %.1f s, the deadline was %s", s.WallS, deadline)
+		if lenient() {
+			t.Logf("auto took %.1f s, the deadline was %s (race build or overloaded machine: logged, not failed)", s.WallS, deadline)
+		} else {
+			t.Fatalf("auto took %.1f s, the deadline was %s", s.WallS, deadline)
+		}
 	}
 	late := 0
 	for _, e := range evs {
@@ -505,6 +520,10 @@ func TestAutoResumeKeepsOpenBatches(t *testing.T) {
 		t.Fatalf("the stopped run: exit %d, %+v; want 4 with batches open", first.Code, first.Summary)
 	}
 	out := runner.Run(t.Context(), cfg)
+	for i := 0; i < 8 && out.Code == runner.ExitIncomplete && lenient(); i++ {
+		t.Logf("the resumed run missed its deadline (race build or overloaded machine); resuming again: %v", out.Err)
+		out = runner.Run(t.Context(), cfg)
+	}
 	if out.Code != runner.ExitOK {
 		t.Fatalf("the resumed run: exit %d, %v", out.Code, out.Err)
 	}
