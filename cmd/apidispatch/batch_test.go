@@ -278,8 +278,12 @@ func TestBatchSignalLeavesBatchesRunning(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the run did not stop within 10 s of SIGINT")
 	}
-	if code := c.ProcessState.ExitCode(); code != exitIncomplete || !strings.Contains(out.String(), "batches still running on the API; the same command re-attaches") {
-		t.Fatalf("exit %d; want 4 and the batches named as still running:\n%s", code, tail(out.String()))
+	var stopped dispatch.Summary
+	if b, err := os.ReadFile(filepath.Join(runDir, dispatch.SummaryFile)); err != nil || json.Unmarshal(b, &stopped) != nil || stopped.Batches == nil {
+		t.Fatalf("the stopped run's summary: %v\n%s", err, tail(out.String()))
+	}
+	if code := c.ProcessState.ExitCode(); code != exitIncomplete || stopped.Batches.Open == 0 || !strings.Contains(stopped.StopReason, "batches still running on the API; the same command re-attaches") {
+		t.Fatalf("exit %d, %d batches open, stop reason %q; want 4 with the batches left running and named\n%s", code, stopped.Batches.Open, stopped.StopReason, tail(out.String()))
 	}
 	code, stdout, stderr := runCmdOut(t, r, append(args, "--json")...)
 	if code != exitOK {
