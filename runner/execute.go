@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/apidispatch/apidispatch/batch"
@@ -147,10 +148,12 @@ func Execute(ctx context.Context, job *dispatch.Job, x Exec) (*Result, error) {
 
 // execution is one Execute's state.
 type execution struct {
-	job        *dispatch.Job
-	x          Exec
-	sink       *dispatch.Sink
-	lanes      []dispatch.LaneSnapshot
+	job   *dispatch.Job
+	x     Exec
+	sink  *dispatch.Sink
+	lanes []dispatch.LaneSnapshot
+	// mu guards stopReason: auto's batch route runs on its own goroutine.
+	mu         sync.Mutex
 	stopReason string
 	syncWall   time.Duration
 	batchRes   *batch.Result
@@ -179,7 +182,16 @@ func (ex *execution) warmStart(speed float64) float64 {
 	return f
 }
 
+// stopped is why the run stopped, or "".
+func (ex *execution) stopped() string {
+	ex.mu.Lock()
+	defer ex.mu.Unlock()
+	return ex.stopReason
+}
+
 func (ex *execution) setStop(reason string) {
+	ex.mu.Lock()
+	defer ex.mu.Unlock()
 	if ex.stopReason == "" {
 		ex.stopReason = reason
 	}
@@ -307,7 +319,7 @@ func (ex *execution) auto(ctx context.Context) error {
 	}
 	var bErr error
 	finished := false
-	for syncErr == nil && ctx.Err() == nil && ex.stopReason == "" {
+	for syncErr == nil && ctx.Err() == nil && ex.stopped() == "" {
 		free, err := ex.freePending(ctx, rt)
 		if err != nil {
 			syncErr = err
@@ -332,7 +344,7 @@ func (ex *execution) auto(ctx context.Context) error {
 		}
 	}
 	if !finished {
-		if ctx.Err() != nil || syncErr != nil || ex.stopReason != "" {
+		if ctx.Err() != nil || syncErr != nil || ex.stopped() != "" {
 			bstop()
 		}
 		bErr = <-batchDone
