@@ -368,6 +368,9 @@ func (r *Route) Run(ctx context.Context) (*Result, error) {
 		}
 		if !r.closedSub {
 			if err := r.submit(ctx); err != nil {
+				if ctx.Err() != nil {
+					continue // the stop, not a failure: the loop's top ends it
+				}
 				return r.result(), err
 			}
 		}
@@ -380,6 +383,9 @@ func (r *Route) Run(ctx context.Context) (*Result, error) {
 			}
 			if !b.next.After(now) {
 				if err := r.step(ctx, b); err != nil {
+					if ctx.Err() != nil {
+						break // a read cut short by the stop; the loop's top ends it
+					}
 					return r.result(), err
 				}
 				if ctx.Err() != nil {
