@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/apidispatch/apidispatch/batch"
+	"github.com/apidispatch/apidispatch/cache"
 	"github.com/apidispatch/apidispatch/cost"
 	"github.com/apidispatch/apidispatch/dispatch"
 	"github.com/apidispatch/apidispatch/org"
@@ -121,12 +122,8 @@ func Run(ctx context.Context, cfg Config) Outcome {
 	}
 	pin := plan.Input{Workload: ws, Prices: prices, Orgs: orgNames, Caps: cfg.Sync.Caps, Limits: cfg.Limits,
 		ExpectOutput: cfg.ExpectOutput, Speed: cfg.Sync.Speed}
-	if cc := cfg.Sync.Cache; cc != nil {
-		ch, err := dispatch.ProjectCache(ctx, cfg.Input, ws, cc, cfg.Sync.CacheMode, cfg.Sync.CacheSampled)
-		if err != nil {
-			return fail(ExitUsage, "looking the input up in the cache: %w", err)
-		}
-		pin.Workload, pin.Cached = ch.Misses, plan.Cached{Hits: ch.Hits, Saved: ch.Saved}
+	if err := ProjectCache(ctx, cfg.Input, &pin, cfg.Sync.Cache, cfg.Sync.CacheMode, cfg.Sync.CacheSampled); err != nil {
+		return fail(ExitUsage, "%w", err)
 	}
 	gcfg := plan.GateConfig{Budget: cfg.Budget, Tolerance: cfg.Tolerance, Confirm: cfg.Confirm}
 	pr, err := cfg.project(pin)
@@ -375,6 +372,21 @@ func (cfg *Config) finish(job *dispatch.Job, out Outcome, res *Result, runErr er
 		out.Code = ExitOK
 	}
 	return out
+}
+
+// ProjectCache narrows a projection's input to what the result cache cc
+// does not answer (nothing to do without a cache): 'plan' and 'run' project
+// only the misses.
+func ProjectCache(ctx context.Context, input string, in *plan.Input, cc *cache.Cache, mode cache.Mode, sampled bool) error {
+	if cc == nil {
+		return nil
+	}
+	ch, err := dispatch.ProjectCache(ctx, input, in.Workload, cc, mode, sampled)
+	if err != nil {
+		return fmt.Errorf("looking the input up in the cache: %w", err)
+	}
+	in.Workload, in.Cached = ch.Misses, plan.Cached{Hits: ch.Hits, Saved: ch.Saved}
+	return nil
 }
 
 // RotationReminders returns a line per org whose key is older than 90 days.

@@ -13,6 +13,7 @@ import (
 	"github.com/apidispatch/apidispatch/cache"
 	"github.com/apidispatch/apidispatch/dispatch"
 	"github.com/apidispatch/apidispatch/plan"
+	"github.com/apidispatch/apidispatch/runner"
 )
 
 func init() {
@@ -51,15 +52,7 @@ func (c *cacheFlags) open(create bool) (*cache.Cache, cache.Mode, error) {
 
 // project narrows a projection's input to what the cache does not answer.
 func (c *cacheFlags) project(ctx context.Context, cc *cache.Cache, mode cache.Mode, input string, in *plan.Input) error {
-	if cc == nil {
-		return nil
-	}
-	ch, err := dispatch.ProjectCache(ctx, input, in.Workload, cc, mode, c.sampled)
-	if err != nil {
-		return fmt.Errorf("looking the input up in the cache: %w", err)
-	}
-	in.Workload, in.Cached = ch.Misses, plan.Cached{Hits: ch.Hits, Saved: ch.Saved}
-	return nil
+	return runner.ProjectCache(ctx, input, in, cc, mode, c.sampled)
 }
 
 // wire sets a dispatcher's cache.
