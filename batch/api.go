@@ -27,6 +27,7 @@ type apiBatch struct {
 	CreatedAt        time.Time     `json:"created_at"`
 	EndedAt          *time.Time    `json:"ended_at"`
 	ExpiresAt        time.Time     `json:"expires_at"`
+	ArchivedAt       *time.Time    `json:"archived_at"`
 	CancelInitiated  *time.Time    `json:"cancel_initiated_at"`
 	ResultsURL       *string       `json:"results_url"`
 }
@@ -67,18 +68,24 @@ func (e *apiError) certain() bool {
 	return e.status >= 400 && e.status < 500 && e.status != 408 && e.status != 409
 }
 
-// client makes the Message Batches calls for one org.
+// client makes the Message Batches calls for one org, paced by pace.
 type client struct {
 	http *http.Client
 	base *url.URL
 	key  org.Key
+	pace *pacer
 }
 
 func (c *client) url(parts ...string) string {
 	return c.base.JoinPath(append([]string{"v1", "messages", "batches"}, parts...)...).String()
 }
 
+// do makes one call once the org's pacer lets it go. A ctx that ends
+// while it waits returns ctx.Err() unchanged: nothing was sent.
 func (c *client) do(ctx context.Context, method, u string, body io.Reader) (*http.Response, error) {
+	if err := c.pace.wait(ctx); err != nil {
+		return nil, err
+	}
 	req, err := http.NewRequestWithContext(ctx, method, u, body)
 	if err != nil {
 		return nil, err
@@ -92,7 +99,24 @@ func (c *client) do(ctx context.Context, method, u string, body io.Reader) (*htt
 	if err != nil {
 		return nil, &apiError{typ: anthropic.ErrTypeConnection, msg: "transport: " + org.Scrub(err.Error())}
 	}
+	if resp.StatusCode == http.StatusTooManyRequests {
+		c.pace.onLimited(time.Now(), parseRetryAfter(resp.Header.Get("retry-after")))
+	} else {
+		c.pace.onAnswered()
+	}
 	return resp, nil
+}
+
+// parseRetryAfter reads retry-after as seconds (0 when absent or not a
+// number).
+func parseRetryAfter(s string) time.Duration {
+	if s == "" {
+		return 0
+	}
+	if v, err := strconv.ParseFloat(s, 64); err == nil && v >= 0 {
+		return time.Duration(v * float64(time.Second))
+	}
+	return 0
 }
 
 // call makes a request whose answer is one JSON object, decoded into out.
@@ -124,11 +148,7 @@ func errorOf(resp *http.Response, b []byte) *apiError {
 	} else {
 		e.msg = string(bytes.TrimSpace(b[:min(len(b), 200)]))
 	}
-	if s := resp.Header.Get("retry-after"); s != "" {
-		if v, err := strconv.ParseFloat(s, 64); err == nil && v >= 0 {
-			e.retryAfter = time.Duration(v * float64(time.Second))
-		}
-	}
+	e.retryAfter = parseRetryAfter(resp.Header.Get("retry-after"))
 	return e
 }
 

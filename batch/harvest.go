@@ -2,10 +2,12 @@ package batch
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"time"
 
 	"github.com/apidispatch/apidispatch/anthropic"
@@ -18,32 +20,61 @@ func usageOf(in, out int64) anthropic.Usage {
 	return anthropic.Usage{InputTokens: in, OutputTokens: out}
 }
 
-// errForeign: an adopted batch's results hold a custom_id its record never
-// sent, so it is not this record's batch.
+// errForeign: a batch's results hold a custom_id its record never sent.
 var errForeign = errors.New("batch: results hold a custom_id the batch was not given")
 
-// reconcile looks for the batch a submitting record made, in the org's
-// list: created since the record (less the clock skew allowed), with the
-// record's request count, and not claimed by another record. One such
-// batch is adopted; several are told apart by their results' custom_ids
-// once they have ended; none, once the API has had reconcileWait to show
-// it, means the create made nothing, and the record is abandoned.
+// Bounds of the waits of a record whose create's answer was lost.
+const (
+	// expiryGrace is how long past its expires_at a candidate batch may
+	// still not have ended before the record stops waiting for it.
+	expiryGrace = time.Hour
+	// batchLife is the API's expiry, for a batch object without expires_at.
+	batchLife = 24 * time.Hour
+)
+
+// proof is what a candidate batch's results say about a record.
+type proof int
+
+const (
+	// proofForeign: a custom_id the record did not write (another
+	// batch's, a colleague's): not the record's batch.
+	proofForeign proof = iota
+	// proofOurs: exactly the record's custom_ids, each once.
+	proofOurs
+	// proofMarked: custom_ids with the record's prefix, but not exactly
+	// its items (some missing, repeated, or unknown): nobody else writes
+	// that prefix, so a person must look.
+	proofMarked
+)
+
+// reconcile settles a record whose create's answer was lost (or whose
+// process died during the create). The org's batches created since the
+// record (less the clock skew allowed) with its request count, not held
+// by another record of the run, are its candidates. One is adopted only
+// when its results prove it the record's: they hold exactly the custom_ids
+// the record wrote, which carry its prefix (random, made for it alone), so
+// a colleague's batch of the same size and the same custom_ids is never
+// taken. A candidate proven not the record's is never looked at again.
+// While candidates have not ended the record waits, holding its items (no
+// second batch is made for them), at most until the latest one's expiry
+// plus expiryGrace (then ErrNeedsPerson). With no candidate left, once the
+// API has had reconcileWait to show the batch, the create made nothing and
+// the record is abandoned: its items are free again.
 func (r *Route) reconcile(ctx context.Context, b *rec) error {
 	now := time.Now()
-	claimed := map[string]bool{}
-	for _, o := range r.recs {
-		if o != b && o.ID != "" {
-			claimed[o.ID] = true
-		}
-	}
 	from := b.CreatedAt.Add(-listSkew)
-	var cands []apiBatch
+	var ended, running []apiBatch
 	err := b.org.cl.list(ctx, func(ab *apiBatch) bool {
 		if ab.CreatedAt.Before(from) {
 			return false // newest first: the rest are older still
 		}
-		if ab.RequestCounts.total() == b.N && !claimed[ab.ID] {
-			cands = append(cands, *ab)
+		if ab.RequestCounts.total() != b.N || r.claimedByOther(b, ab.ID) || b.rejected[ab.ID] {
+			return true
+		}
+		if ab.ended() {
+			ended = append(ended, *ab)
+		} else {
+			running = append(running, *ab)
 		}
 		return true
 	})
@@ -53,79 +84,141 @@ func (r *Route) reconcile(ctx context.Context, b *rec) error {
 		}
 		return nil
 	}
-	switch {
-	case len(cands) == 1 && !cands[0].ended():
-		return r.adopt(ctx, b, &cands[0], "the only batch of the org created since the record with its request count")
-	case len(cands) >= 1:
-		// Several (or one that has ended): its results must hold exactly
-		// this record's custom_ids.
-		for i := range cands {
-			c := &cands[i]
-			if !c.ended() {
+	for i := range ended {
+		c := &ended[i]
+		if c.ArchivedAt != nil {
+			// Its results are gone: it cannot be proven ours, and were it
+			// ours there would be nothing to harvest.
+			r.reject(b, c.ID, "its results are past retention (archived)")
+			continue
+		}
+		p, err := r.prove(ctx, b, c.ID)
+		if err != nil {
+			var ae *apiError
+			if errors.As(err, &ae) && ae.status == http.StatusNotFound {
+				r.reject(b, c.ID, "its results are not found")
 				continue
 			}
-			ok, err := r.matches(ctx, b, c.ID)
-			if err != nil {
+			if ctx.Err() == nil {
 				r.backoff(b, now, retryAfter(err))
-				return nil
 			}
-			if ok {
-				return r.adopt(ctx, b, c, "its results hold exactly this batch's custom_ids")
+			return nil
+		}
+		switch p {
+		case proofOurs:
+			return r.adopt(ctx, b, c, "its results hold exactly the custom_ids this record wrote (prefix "+b.Prefix+")")
+		case proofMarked:
+			return fmt.Errorf("%w: batch %s on org %s holds custom_ids with the prefix %s, which only batch %d of this run writes, but not exactly its %d items; it was not adopted and batch %d's items stay held: check that batch (apidispatch cannot tell which results are right)",
+				ErrNeedsPerson, c.ID, b.Org, b.Prefix, b.Local, b.N, b.Local)
+		}
+		r.reject(b, c.ID, "its results hold custom_ids this record did not write")
+	}
+	if len(running) > 0 {
+		var bound time.Time
+		ids := make([]string, len(running))
+		for i := range running {
+			c := &running[i]
+			ids[i] = c.ID
+			exp := c.ExpiresAt
+			if exp.IsZero() {
+				exp = c.CreatedAt.Add(r.api(batchLife))
 			}
+			bound = maxTime(bound, exp.Add(r.api(expiryGrace)))
 		}
-		if len(cands) == 1 || anyRunning(cands) {
-			r.backoff(b, now, 0)
-			return nil // wait for them to end
+		if now.After(bound) {
+			return fmt.Errorf("%w: batch %d of this run (org %s, %d requests) lost its create's answer, and the org's batches %v, of its size, have not ended %s after their expiry, so whether one is this record's cannot be told; its items stay held: check the org's batches, cancel the one that holds custom_ids beginning %s_ if any, then run again",
+				ErrNeedsPerson, b.Local, b.Org, b.N, ids, r.api(expiryGrace), b.Prefix)
 		}
+		if !b.waitNoted {
+			b.waitNoted = true
+			r.emit(fmt.Sprintf("batch %d (org %s, %d requests): waiting for %d batch(es) of the org of its size (%v) to end, to tell from their results whether one is its own; its items stay held and nothing is created for them meanwhile (bound: %s)",
+				b.Local, b.Org, b.N, len(running), ids, bound.UTC().Format(time.RFC3339)), recData(&b.BatchRecord))
+		}
+		r.backoff(b, now, 0)
+		return nil
 	}
 	if now.Sub(b.CreatedAt) < r.api(reconcileWait) {
 		r.backoff(b, now, 0)
 		return nil
 	}
-	return r.abandon(ctx, b, fmt.Sprintf("no batch of org %s created since %s holds its %d requests, %s after the create; the create made no batch",
-		b.Org, b.CreatedAt.Format(time.RFC3339), b.N, now.Sub(b.CreatedAt).Round(time.Second)))
+	return r.abandon(ctx, b, fmt.Sprintf("no batch of org %s created since %s holds its %d requests (custom_ids %s_…), %s after the create; the create made no batch",
+		b.Org, b.CreatedAt.Format(time.RFC3339), b.N, cmp.Or(b.Prefix, "unprefixed"), now.Sub(b.CreatedAt).Round(time.Second)))
 }
 
-func anyRunning(cs []apiBatch) bool {
-	for i := range cs {
-		if !cs[i].ended() {
-			return true
-		}
+func maxTime(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
 	}
-	return false
+	return b
 }
 
-// matches reports whether the results of batch id hold exactly the
-// custom_ids of record b.
-func (r *Route) matches(ctx context.Context, b *rec, id string) (bool, error) {
+// claimedByOther reports whether batch id is held by a record of the run
+// other than b (open or settled: a batch of this run is never adopted
+// twice).
+func (r *Route) claimedByOther(b *rec, id string) bool {
+	l, ok := r.known[id]
+	return ok && l != b.Local
+}
+
+// reject records that candidate id is not b's batch, so that it is not
+// read again.
+func (r *Route) reject(b *rec, id, why string) {
+	if b.rejected == nil {
+		b.rejected = map[string]bool{}
+	}
+	b.rejected[id] = true
+	r.emit(fmt.Sprintf("batch %d (org %s): batch %s, of its size, is not its own: %s", b.Local, b.Org, id, why), map[string]any{"batch": b.Local, "org": b.Org, "candidate": id})
+}
+
+// prove reads the results of batch id and says whether they are record
+// b's. It stops at the first custom_id without b's prefix when none with
+// it came before (a colleague's batch costs a line or two).
+func (r *Route) prove(ctx context.Context, b *rec, id string) (proof, error) {
 	its, err := r.cfg.Store.BatchItems(ctx, b.Local)
 	if err != nil {
-		return false, err
+		return proofForeign, err
 	}
 	want := make(map[string]bool, len(its))
 	for _, it := range its {
-		want[it.CustomID] = true
+		want[sentID(b.Prefix, it.Item)] = false
 	}
-	seen := 0
-	foreign := false
+	seen, marked, foreign, repeated := 0, false, false, false
 	err = b.org.cl.results(ctx, id, func(line []byte) error {
 		var l struct {
 			CustomID string `json:"custom_id"`
 		}
-		if json.Unmarshal(line, &l) != nil || !want[l.CustomID] {
+		json.Unmarshal(line, &l)
+		done, ok := want[l.CustomID]
+		switch {
+		case ok && done:
+			repeated = true
+		case ok:
+			want[l.CustomID] = true
+			seen++
+		default:
 			foreign = true
-			return errForeign
 		}
-		seen++
+		if b.Prefix != "" && hasPrefix(b.Prefix, l.CustomID) {
+			marked = true
+		}
+		if foreign && !marked {
+			return errForeign // not ours: the rest need not be read
+		}
 		return nil
 	})
-	if foreign {
-		return false, nil
+	if errors.Is(err, errForeign) {
+		return proofForeign, nil
 	}
 	if err != nil {
-		return false, err
+		return proofForeign, err
 	}
-	return seen == len(want), nil
+	switch {
+	case !foreign && !repeated && seen == len(want):
+		return proofOurs, nil
+	case marked:
+		return proofMarked, nil
+	}
+	return proofForeign, nil
 }
 
 func (r *Route) adopt(ctx context.Context, b *rec, ab *apiBatch, why string) error {
@@ -135,6 +228,7 @@ func (r *Route) adopt(ctx context.Context, b *rec, ab *apiBatch, why string) err
 	if err := r.cfg.Store.UpdateBatch(context.WithoutCancel(ctx), b.BatchRecord); err != nil {
 		return fmt.Errorf("recording adopted batch %d (%s): %w", b.Local, ab.ID, err)
 	}
+	r.known[ab.ID] = b.Local
 	r.res.Adopted++
 	r.res.Requests += b.N
 	r.count(ctx, map[string]int64{CounterBatchAdopted: 1, CounterBatches: 1, CounterBatchRequests: b.N})
@@ -176,7 +270,7 @@ func (r *Route) harvest(ctx context.Context, b *rec) error {
 	}
 	byID := make(map[string]*store.BatchItem, len(its))
 	for i := range its {
-		byID[its[i].CustomID] = &its[i]
+		byID[sentID(b.Prefix, its[i].Item)] = &its[i]
 	}
 	seen := make(map[string]bool, len(its))
 	var outs []store.Outcome
@@ -281,11 +375,17 @@ func (r *Route) harvest(ctx context.Context, b *rec) error {
 	}
 	if streamErr != nil {
 		if errors.Is(streamErr, errForeign) {
-			return fmt.Errorf("batch %d of this run on org %s was matched to %s, whose results are not its requests (%v); it was not harvested: check the org's batches", b.Local, b.Org, b.ID, streamErr)
+			return fmt.Errorf("%w: batch %d of this run on org %s is %s, whose results hold custom_ids it was not given (%v); the results committed before that one stand, the rest were not harvested and its items stay held: check that batch on the org (every resume would find the same)", ErrNeedsPerson, b.Local, b.Org, b.ID, streamErr)
 		}
 		var ae *apiError
 		if !errors.As(streamErr, &ae) {
 			return streamErr
+		}
+		if ae.status == http.StatusNotFound {
+			// Gone, or past retention: the batch object says which.
+			if ab, err := b.org.cl.retrieve(ctx, b.ID); err == nil && ab.ArchivedAt != nil {
+				return r.pastRetention(ctx, b, *ab.ArchivedAt)
+			}
 		}
 		b.harvestErr++
 		r.res.BrokenDownloads++
@@ -352,4 +452,44 @@ func (r *Route) outcome(b *rec, it *store.BatchItem, st store.State, errType str
 		LatencyMs: latency.Milliseconds(), CostNanos: int64(c), InputTok: u.InputTokens, OutputTok: u.OutputTokens,
 		CacheRead: u.CacheReadInputTokens, CacheWrite: u.CacheCreationInputTokens, Line: line,
 	}
+}
+
+// pastRetention settles batch b, whose results the API no longer keeps
+// (archived at at, 29 days after its creation): nothing more can be read
+// from it, so its items not harvested before are pending again, to be sent
+// again, and it is never read again.
+func (r *Route) pastRetention(ctx context.Context, b *rec, at time.Time) error {
+	now := time.Now()
+	its, err := r.cfg.Store.BatchItems(ctx, b.Local)
+	if err != nil {
+		return err
+	}
+	pending := make(map[int64]bool, len(its))
+	err = store.EachPending(ctx, r.cfg.Store, func(it store.Item) bool {
+		pending[it.Seq] = true
+		return true
+	})
+	if err != nil {
+		return err
+	}
+	var back int64
+	for _, it := range its {
+		if pending[it.Seq] {
+			back++
+		}
+	}
+	b.Status, b.HarvestedAt = store.BatchHarvested, now.UTC()
+	if b.EndedAt.IsZero() {
+		b.EndedAt = now.UTC()
+	}
+	b.Note = fmt.Sprintf("results past retention (archived %s): not harvested; %d items pending again", at.UTC().Format(time.RFC3339), back)
+	if err := r.cfg.Store.UpdateBatch(context.WithoutCancel(ctx), b.BatchRecord); err != nil {
+		return fmt.Errorf("recording batch %d as past retention: %w", b.Local, err)
+	}
+	r.count(ctx, map[string]int64{CounterBatchArchived: 1, CounterBatchRetried: back})
+	r.res.Archived++
+	r.res.Retried += back
+	r.emit(fmt.Sprintf("batch %d (%s, org %s): its results are past retention (archived %s, 29 days after its creation) and cannot be read; its %d items not harvested are pending again and will be sent again", b.Local, b.ID, b.Org, at.UTC().Format(time.RFC3339), back),
+		map[string]any{"batch": b.Local, "batch_id": b.ID, "org": b.Org, "archived_at": at, "pending_again": back})
+	return r.release(ctx, b)
 }

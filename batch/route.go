@@ -56,6 +56,9 @@ const (
 	CounterBatchRequests = "batch_requests"
 	CounterBatchRetried  = "batch_retried"
 	CounterBatchAdopted  = "batches_adopted"
+	// CounterBatchArchived counts batches whose results were past
+	// retention when the route came to read them.
+	CounterBatchArchived = "batches_archived"
 )
 
 // Times in API seconds (divided by Config.Speed).
@@ -123,6 +126,11 @@ type Config struct {
 	// PollMax is the longest wait between two polls of a batch, in API
 	// time (default 60 s); auto shortens it for a short deadline.
 	PollMax time.Duration
+	// RPM is each org's requests per API minute over every batch endpoint
+	// together (create, retrieve, list, results, cancel), by org name
+	// (missing: DefaultRPM, the lowest tier's). The route paces its calls
+	// to 90 % of it, and slower after a 429.
+	RPM map[string]float64
 }
 
 // Result is what Run returns.
@@ -137,6 +145,9 @@ type Result struct {
 	// BrokenDownloads counts results streams that broke off and were read
 	// again.
 	BrokenDownloads int
+	// Archived counts batches whose results were past retention: their
+	// items went back to pending.
+	Archived int
 	// Requests counts requests sent in batches by this Run.
 	Requests int64
 	// StopReason says why submitting stopped early ("" when it did not).
@@ -166,6 +177,11 @@ type rec struct {
 	ended      bool
 	lateDone   bool
 	harvestErr int
+	// rejected are the candidate batches proven not this record's (a
+	// record whose create's answer was lost); waitNoted: the wait for
+	// candidates that have not ended was announced.
+	rejected  map[string]bool
+	waitNoted bool
 }
 
 // Route runs the batch route of one run. Use New, then Run once.
@@ -177,7 +193,10 @@ type Route struct {
 	mu   sync.Mutex
 	held map[int64]int64 // seq → local batch, for every open batch
 
-	recs       []*rec
+	recs []*rec
+	// known maps the API id of every batch of the run (open or settled)
+	// to its record.
+	known      map[string]int64
 	changed    chan struct{}
 	submitDone chan struct{}
 	closedSub  bool
@@ -229,9 +248,9 @@ func New(cfg Config) (*Route, error) {
 		c.Transport = cfg.WrapTransport(c.Transport)
 		hc = &c
 	}
-	r := &Route{cfg: cfg, log: cfg.Log, held: map[int64]int64{}, changed: make(chan struct{}, 1), submitDone: make(chan struct{})}
+	r := &Route{cfg: cfg, log: cfg.Log, held: map[int64]int64{}, known: map[string]int64{}, changed: make(chan struct{}, 1), submitDone: make(chan struct{})}
 	for _, o := range cfg.Orgs {
-		r.orgs = append(r.orgs, &orgState{Org: o, cl: &client{http: hc, base: base, key: o.Key}})
+		r.orgs = append(r.orgs, &orgState{Org: o, cl: &client{http: hc, base: base, key: o.Key, pace: newPacer(cfg.RPM[o.Name], cfg.Speed)}})
 	}
 	if cfg.NoSubmit || cfg.Cancel {
 		r.closeSubmit("")
@@ -316,6 +335,9 @@ func (r *Route) load(ctx context.Context) error {
 	}
 	now := time.Now()
 	for _, b := range recs {
+		if b.ID != "" {
+			r.known[b.ID] = b.Local
+		}
 		if !b.Status.Open() {
 			continue
 		}
@@ -480,7 +502,7 @@ func (r *Route) poll(ctx context.Context, b *rec) error {
 			if now.Sub(b.lost404) > r.api(notFoundLost) {
 				// Not resubmitted: it may exist (and be billed) where this
 				// key cannot see it. The run stops and names it.
-				return fmt.Errorf("batch %d of this run (%s, org %s, %d requests) has answered 404 not_found_error for %s: the API behind --base-url does not know it (deleted, another workspace, or another API); its items stay held and are not sent again, so check the org's batches", b.Local, b.ID, b.Org, b.N, now.Sub(b.lost404).Round(time.Second))
+				return fmt.Errorf("%w: batch %d of this run (%s, org %s, %d requests) has answered 404 not_found_error for %s: the API behind --base-url does not know it (deleted, another workspace, or another API); its items stay held and are not sent again, so check the org's batches", ErrNeedsPerson, b.Local, b.ID, b.Org, b.N, now.Sub(b.lost404).Round(time.Second))
 			}
 		}
 		if ctx.Err() == nil {
@@ -493,6 +515,9 @@ func (r *Route) poll(ctx context.Context, b *rec) error {
 		b.ended = true
 		b.EndedAt = cmp.Or(derefTime(ab.EndedAt), now)
 		b.next = now
+		if ab.ArchivedAt != nil {
+			return r.pastRetention(ctx, b, *ab.ArchivedAt)
+		}
 		return r.harvest(ctx, b)
 	}
 	var lateAt time.Time
@@ -509,6 +534,9 @@ func (r *Route) poll(ctx context.Context, b *rec) error {
 	// soon ends, and a batch is looked at when it would turn late.
 	age := now.Sub(b.SubmittedAt)
 	b.wait = min(max(age/8, r.api(min(pollMin, r.cfg.PollMax))), r.api(r.cfg.PollMax))
+	// Polls of the org's open batches together take at most half its
+	// batch-endpoint budget, however many small batches it holds.
+	b.wait = max(b.wait, time.Duration(2*r.openOn(b.org))*b.org.cl.pace.base)
 	if b.CancelRequested {
 		b.wait = min(b.wait, r.api(time.Second))
 	}
@@ -617,6 +645,17 @@ func (r *Route) ahead(b *rec) int64 {
 		}
 	}
 	return q
+}
+
+// openOn is how many of the route's batches are open on org o.
+func (r *Route) openOn(o *orgState) int {
+	n := 0
+	for _, b := range r.recs {
+		if b.org == o && b.Status.Open() {
+			n++
+		}
+	}
+	return n
 }
 
 // queued is what the route has in org o's processing queue: the requests

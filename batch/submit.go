@@ -201,7 +201,7 @@ func (r *Route) create(ctx context.Context, o *orgState, items []store.Item, byt
 		seqs[i] = it.Seq
 	}
 	b := &rec{BatchRecord: store.BatchRecord{Org: o.Name, Status: store.BatchSubmitting, N: int64(len(items)), Bytes: bytes,
-		WorstNanos: int64(worst), CreatedAt: time.Now().UTC()}, org: o}
+		WorstNanos: int64(worst), CreatedAt: time.Now().UTC(), Prefix: newPrefix()}, org: o}
 	local, err := r.cfg.Store.AddBatch(ctx, b.BatchRecord, seqs)
 	if err != nil {
 		return fmt.Errorf("recording a batch before its create: %w", err)
@@ -213,15 +213,22 @@ func (r *Route) create(ctx context.Context, o *orgState, items []store.Item, byt
 	}
 	r.mu.Unlock()
 	r.recs = append(r.recs, b)
-	r.emit(fmt.Sprintf("batch %d: creating %d requests on org %s (queue %d of %d ours; worst case %s)", local, len(items), o.Name, r.queued(o), r.capOf(o), worst), map[string]any{
-		"batch": local, "org": o.Name, "n": len(items), "bytes_max": bytes, "worst_usd": worst.USD()})
+	r.emit(fmt.Sprintf("batch %d: creating %d requests on org %s as custom_ids %s_<item> (queue %d of %d ours; worst case %s)", local, len(items), o.Name, b.Prefix, r.queued(o), r.capOf(o), worst), map[string]any{
+		"batch": local, "org": o.Name, "n": len(items), "bytes_max": bytes, "worst_usd": worst.USD(), "prefix": b.Prefix})
 
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.api(createTimeout)+time.Minute)
+	// The upload honours a stop: cut short, its answer is lost and the
+	// record is reconciled (now, or by the resume).
+	cctx, cancel := context.WithTimeout(ctx, r.api(createTimeout)+time.Minute)
 	defer cancel()
 	pr, pw := io.Pipe()
-	go func() { pw.CloseWithError(r.writeBody(pw, items)) }()
+	wrote := make(chan struct{})
+	go func() {
+		defer close(wrote)
+		pw.CloseWithError(r.writeBody(pw, b.Prefix, items))
+	}()
 	ab, err := o.cl.create(cctx, pr)
 	pr.Close()
+	<-wrote
 	now := time.Now()
 	if err == nil {
 		b.Status, b.ID, b.SubmittedAt = store.BatchSubmitted, ab.ID, now.UTC()
@@ -229,6 +236,7 @@ func (r *Route) create(ctx context.Context, o *orgState, items []store.Item, byt
 		if ab.ended() {
 			b.ended, b.next = true, now
 		}
+		r.known[ab.ID] = local
 		if uerr := r.cfg.Store.UpdateBatch(context.WithoutCancel(ctx), b.BatchRecord); uerr != nil {
 			// The batch exists and its id is only in memory: a crash now
 			// leaves a submitting record, which reconciliation adopts.
@@ -239,6 +247,10 @@ func (r *Route) create(ctx context.Context, o *orgState, items []store.Item, byt
 		r.count(ctx, map[string]int64{CounterBatches: 1, CounterBatchRequests: b.N})
 		r.emit(fmt.Sprintf("batch %d created on org %s as %s (%d requests)", local, o.Name, ab.ID, b.N), recData(&b.BatchRecord))
 		return nil
+	}
+	if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
+		// Stopped while the create waited for its turn: nothing was sent.
+		return r.abandon(ctx, b, "stopped before its create was sent")
 	}
 	var ae *apiError
 	if errors.As(err, &ae) && ae.certain() {
@@ -273,8 +285,9 @@ func (r *Route) count(ctx context.Context, c map[string]int64) {
 }
 
 // writeBody streams the create body of items: {"requests":[{custom_id,
-// params}, …]}, reading each params object from the input file.
-func (r *Route) writeBody(w io.Writer, items []store.Item) error {
+// params}, …]}, each under the custom_id sentID gives it with prefix,
+// reading each params object from the input file.
+func (r *Route) writeBody(w io.Writer, prefix string, items []store.Item) error {
 	bw := bufio.NewWriterSize(w, 256<<10)
 	bw.WriteString(`{"requests":[`)
 	for i, it := range items {
@@ -285,7 +298,7 @@ func (r *Route) writeBody(w io.Writer, items []store.Item) error {
 		if i > 0 {
 			bw.WriteByte(',')
 		}
-		id, _ := json.Marshal(it.CustomID)
+		id, _ := json.Marshal(sentID(prefix, it))
 		bw.WriteString(`{"custom_id":`)
 		bw.Write(id)
 		bw.WriteString(`,"params":`)

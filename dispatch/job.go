@@ -99,10 +99,14 @@ func OpenJob(ctx context.Context, cfg JobConfig, ws *workload.Summary) (*Job, er
 	abs, _ := filepath.Abs(cfg.InputPath)
 	existing, err := st.Init(ctx, store.Meta{InputPath: abs, InputHash: ws.Hash, N: ws.N, CreatedAt: time.Now().UTC()})
 	if err != nil {
+		var open string
+		if errors.Is(err, store.ErrInputMismatch) {
+			open = openBatchesNote(ctx, st, cfg.RunDir)
+		}
 		st.Close()
 		lock.Close()
 		if errors.Is(err, store.ErrInputMismatch) {
-			return nil, fmt.Errorf("run directory %s was made for a different input file (or the input changed since): %w; use another --run-dir", cfg.RunDir, err)
+			return nil, fmt.Errorf("run directory %s was made for a different input file (or the input changed since): %w; use another --run-dir%s", cfg.RunDir, err, open)
 		}
 		return nil, err
 	}
@@ -120,6 +124,32 @@ func OpenJob(ctx context.Context, cfg JobConfig, ws *workload.Summary) (*Job, er
 		return nil, err
 	}
 	return j, nil
+}
+
+// openBatchesNote says which batches of the run directory's own input are
+// still open on the API (running and billed: a new run directory would
+// send and pay for their items again) and how to cancel them; "" when none
+// are.
+func openBatchesNote(ctx context.Context, st *sqlite.Store, dir string) string {
+	input, open, err := st.OpenBatchesOfAnyInput(ctx)
+	if err != nil || len(open) == 0 {
+		return ""
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "; but %d batches of that run are still open on the API, and billed:", len(open))
+	for _, r := range open {
+		id := r.ID
+		if id == "" {
+			id = "id not known yet (its create's answer was lost)"
+		}
+		fmt.Fprintf(&b, " batch %d (%s, org %s, %d requests);", r.Local, id, r.Org, r.N)
+	}
+	in := input
+	if in == "" {
+		in = "OLD_INPUT"
+	}
+	fmt.Fprintf(&b, " with the original input file unchanged, cancel them and harvest what they finished with `apidispatch run %s --run-dir %s --route batch --cancel`, or let them finish with `apidispatch run %s --run-dir %s --route batch`, before sending the new input", in, dir, in, dir)
+	return b.String()
 }
 
 // importItems streams the input into the store once.

@@ -48,6 +48,10 @@ type BatchModel struct {
 	Queue      int64   `json:"queue,omitempty"`        // per-org processing-queue cap, requests (default 200_000)
 	MaxBatch   int64   `json:"max_batch,omitempty"`    // requests per batch (default 100_000; the API's maximum)
 	PollS      float64 `json:"poll_s,omitempty"`       // API seconds a poll may lag the end of a batch (default 60)
+	// RPM is one org's requests per API minute over every batch endpoint
+	// together; the batch route paces its calls under it (0: the lowest
+	// tier's, batch.DefaultRPM). The projection does not use it.
+	RPM float64 `json:"rpm,omitempty"`
 }
 
 // DefaultBatchModel is the simulator's batch model: a 4-minute queue wait,

@@ -25,6 +25,11 @@ const (
 	ExitRefused    = 3 // --confirm missing or a precondition failed
 	ExitIncomplete = 4 // stopped early; resumable
 	ExitDataLoss   = 5 // data-loss check failed
+	// ExitNeedsPerson: a failure that would repeat on every resume (a
+	// batch whose results hold custom_ids it was not given, a batch the
+	// API has not known for an hour, a lost create whose candidates never
+	// end); the error says what to do (design.md §13).
+	ExitNeedsPerson = 6
 )
 
 // Config is one 'apidispatch run'.
@@ -167,9 +172,16 @@ func Run(ctx context.Context, cfg Config) Outcome {
 		cfg.Sync.Deadline = start.Add(cfg.Deadline)
 	}
 	x := Exec{Route: cfg.Route, Sync: cfg.Sync, OnEngine: cfg.OnEngine, OnBatch: cfg.OnBatch,
-		Batch: batch.Config{Size: cfg.BatchSize, Cancel: cfg.Cancel, QueueCap: queueCaps(cfg.Limits, orgNames)}}
+		Batch: batch.Config{Size: cfg.BatchSize, Cancel: cfg.Cancel, QueueCap: queueCaps(cfg.Limits, orgNames), RPM: batchRPM(cfg.Limits, orgNames)}}
 
 	if cfg.Pilot > 0 && cfg.Pilot < ws.N && !cfg.Cancel {
+		if cfg.Route != RouteSync {
+			// The pilot measures what requests cost before the rest are
+			// sent; a batch would take up to 24 h to say it.
+			msg := fmt.Sprintf("pilot: the first %d items go by sync, at the full (sync) price, twice their batch price, to measure their cost before the rest go by %s", cfg.Pilot, cfg.Route)
+			fmt.Fprintln(w, msg)
+			job.Events.Emit(dispatch.EventBatch, msg, map[string]any{"pilot": cfg.Pilot, "route": RouteSync})
+		}
 		px := x
 		px.Route = RouteSync
 		px.Sync.MaxSeq = cfg.Pilot
@@ -334,11 +346,27 @@ func queueCaps(l *plan.Limits, orgs []string) map[string]int64 {
 	return out
 }
 
+// batchRPM is the orgs' batch-endpoint RPM from a limits file's batch
+// model (nil: the route's default).
+func batchRPM(l *plan.Limits, orgs []string) map[string]float64 {
+	if l == nil || l.Batch == nil || l.Batch.RPM <= 0 {
+		return nil
+	}
+	out := map[string]float64{}
+	for _, o := range orgs {
+		out[o] = l.Batch.RPM
+	}
+	return out
+}
+
 // finish writes the summary, events and report, and picks the exit code.
 func (cfg *Config) finish(job *dispatch.Job, out Outcome, res *Result, runErr error, pr *projection, n int64, g plan.GateConfig) Outcome {
 	out.Err = runErr
 	if res == nil || res.Summary == nil {
 		out.Code = ExitIncomplete
+		if errors.Is(runErr, batch.ErrNeedsPerson) {
+			out.Code = ExitNeedsPerson
+		}
 		return out
 	}
 	s := res.Summary
@@ -366,6 +394,8 @@ func (cfg *Config) finish(job *dispatch.Job, out Outcome, res *Result, runErr er
 	case !s.DataLoss.Passed:
 		out.Code = ExitDataLoss
 		out.Err = fmt.Errorf("DATA-LOSS CHECK FAILED: %+v", s.DataLoss)
+	case errors.Is(runErr, batch.ErrNeedsPerson):
+		out.Code = ExitNeedsPerson
 	case runErr != nil || !res.Complete:
 		out.Code = ExitIncomplete
 	default:

@@ -24,8 +24,13 @@ const (
 	MaxBatchRequests  = 100_000   // requests per batch
 	MaxBatchBodyBytes = 256 << 20 // bytes per create body; larger is 413
 	batchExpiry       = 24 * time.Hour
-	batchArchive      = 29 * 24 * time.Hour
 )
+
+// DefaultBatchRetention is how long after its creation a batch's results
+// can be downloaded (anthropic-api.md §6: 29 days); then the batch is
+// archived (archived_at is set; the object is still served) and its
+// results answer 404 not_found_error.
+const DefaultBatchRetention = 29 * 24 * time.Hour
 
 // Default BatchLimits: the Start tier of anthropic-api.md §1 "Other pools";
 // a queue wait and throughput (never measured, origin.md §4) at which a
@@ -55,11 +60,15 @@ type BatchLimits struct {
 	QueueWaitS float64 `json:"queue_wait_s,omitempty"`
 	// CancelS is how long (API seconds) a batch stays canceling.
 	CancelS float64 `json:"cancel_s,omitempty"`
+	// RetentionS is how long (API seconds) after its creation a batch's
+	// results can be downloaded (default 29 days, the API's); shorter
+	// only to test what a client does with an archived batch.
+	RetentionS float64 `json:"retention_s,omitempty"`
 }
 
 func (l BatchLimits) check() error {
-	if l.RPM < 0 || l.Queue < 0 || l.PerMinute < 0 || !(l.QueueWaitS >= 0) || !(l.CancelS >= 0) ||
-		math.IsInf(l.QueueWaitS, 0) || math.IsInf(l.CancelS, 0) {
+	if l.RPM < 0 || l.Queue < 0 || l.PerMinute < 0 || !(l.QueueWaitS >= 0) || !(l.CancelS >= 0) || !(l.RetentionS >= 0) ||
+		math.IsInf(l.QueueWaitS, 0) || math.IsInf(l.CancelS, 0) || math.IsInf(l.RetentionS, 0) {
 		return fmt.Errorf("limits must not be negative")
 	}
 	return nil
@@ -80,6 +89,9 @@ func (l BatchLimits) withDefaults() BatchLimits {
 	}
 	if l.CancelS == 0 {
 		l.CancelS = DefaultBatchCancel.Seconds()
+	}
+	if l.RetentionS == 0 {
+		l.RetentionS = DefaultBatchRetention.Seconds()
 	}
 	return l
 }
@@ -124,6 +136,7 @@ type simBatch struct {
 	rate    float64       // requests per API second
 	stallAt int           // requests processed before a stall; len(items) without one
 	expires time.Duration // created + 24 h
+	archive time.Duration // created + the org's retention: results gone from then
 	hidden  time.Duration // invisible until this API time (batch_not_found)
 	cancelD time.Duration // how long canceling lasts
 
@@ -190,6 +203,27 @@ type orgBatches struct {
 	requests  int64             // requests in the batches created
 	refused   int64             // creates refused by the queue cap
 	maxQueued int64             // most requests queued, just after a create
+
+	// Calls to the batch endpoints, admitted or refused: how many, the
+	// API times of those of the last API minute, the most there ever were
+	// in one API minute, and how many the RPM refused (429).
+	calls, callsMax, callsLimited int64
+	callsWindow                   []time.Duration
+}
+
+// countCall records a call to a batch endpoint at API time now. ob.mu is
+// held.
+func (ob *orgBatches) countCall(now time.Duration, limited bool) {
+	ob.calls++
+	if limited {
+		ob.callsLimited++
+	}
+	i := 0
+	for i < len(ob.callsWindow) && ob.callsWindow[i] <= now-time.Minute {
+		i++
+	}
+	ob.callsWindow = append(ob.callsWindow[i:], now)
+	ob.callsMax = max(ob.callsMax, int64(len(ob.callsWindow)))
 }
 
 // BatchStats is one org's Message Batches activity.
@@ -201,6 +235,15 @@ type BatchStats struct {
 	Queued       int64 `json:"queued"`        // requests in the processing queue now
 	MaxQueued    int64 `json:"max_queued"`    // most requests ever queued (checked at each create)
 	QueueCap     int64 `json:"queue_cap"`
+	// Calls counts the requests to every batch endpoint (create,
+	// retrieve, list, results, cancel, delete), those the RPM refused
+	// included; MaxCallsPerMinute is the most of them in any one API
+	// minute (a sliding window), RPM the org's limit, RateLimited those
+	// it refused with 429.
+	Calls             int64 `json:"calls"`
+	MaxCallsPerMinute int64 `json:"max_calls_per_minute"`
+	RPM               int64 `json:"rpm"`
+	RateLimited       int64 `json:"rate_limited"`
 }
 
 // BatchStats returns every org's batch activity by org name, for tests of
@@ -211,7 +254,8 @@ func (s *Server) BatchStats() map[string]BatchStats {
 	for _, o := range s.orgs {
 		ob := s.orgBatches(o)
 		ob.mu.Lock()
-		st := BatchStats{Created: ob.created, Requests: ob.requests, QueueRefused: ob.refused, Queued: ob.queuedLocked(now), MaxQueued: ob.maxQueued, QueueCap: ob.lim.Queue}
+		st := BatchStats{Created: ob.created, Requests: ob.requests, QueueRefused: ob.refused, Queued: ob.queuedLocked(now), MaxQueued: ob.maxQueued, QueueCap: ob.lim.Queue,
+			Calls: ob.calls, MaxCallsPerMinute: ob.callsMax, RPM: ob.lim.RPM, RateLimited: ob.callsLimited}
 		for _, b := range ob.list {
 			b.mu.Lock()
 			if now < b.end {
@@ -310,8 +354,8 @@ func (s *Server) appendBatch(buf []byte, b *simBatch, now time.Duration, host st
 	buf = append(buf, `,"expires_at":`...)
 	buf = ts(buf, b.expires)
 	buf = append(buf, `,"archived_at":`...)
-	if now >= b.created+batchArchive {
-		buf = ts(buf, b.created+batchArchive)
+	if now >= b.archive {
+		buf = ts(buf, b.archive)
 	} else {
 		buf = append(buf, "null"...)
 	}

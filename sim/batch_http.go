@@ -36,8 +36,16 @@ func (s *Server) batchRoute(c *call) {
 	}
 	o := ks.org
 	ob := s.orgBatches(o)
+	if ob.rpm == nil {
+		ob.mu.Lock()
+		ob.countCall(s.apiNow(), false)
+		ob.mu.Unlock()
+	}
 	if ob.rpm != nil {
 		refused, wait, view := ob.rpm.admit(time.Since(s.start), 0, 0, 0)
+		ob.mu.Lock()
+		ob.countCall(s.apiNow(), refused != dimNone)
+		ob.mu.Unlock()
 		if refused != dimNone {
 			s.rateHeaders(c.h, view)
 			s.rateLimited(c, o, true, wait, fmt.Sprintf("This request would exceed your organization's rate limit of %s requests per minute for the Message Batches API (org: %s). For details, refer to: https://docs.claude.com/en/api/rate-limits. Please reduce the rate of requests, or try again later.", commas(ob.lim.RPM), o.id))
@@ -287,6 +295,7 @@ func (s *Server) createBatch(c *call, ks *keyState, ob *orgBatches) {
 		rate:     float64(ob.lim.PerMinute) / 60,
 		stallAt:  n,
 		expires:  now + batchExpiry,
+		archive:  now + seconds(ob.lim.RetentionS),
 		cancelD:  seconds(ob.lim.CancelS),
 		cancelAt: -1,
 	}
@@ -558,7 +567,7 @@ func (s *Server) batchResults(c *call, ks *keyState, ob *orgBatches, id string) 
 	case !ended:
 		s.writeError(c, o, invalid("message_batch %s is still processing; its results are available once processing_status is ended", id))
 		return
-	case now >= b.created+batchArchive:
+	case now >= b.archive:
 		s.writeError(c, o, &apiError{status: http.StatusNotFound, typ: anthropic.ErrNotFound, msg: "the results of message_batch " + id + " are no longer available (archived)"})
 		return
 	}

@@ -523,7 +523,8 @@ func TestBatchQueueCapAndRPM(t *testing.T) {
 		t.Errorf("over the queue cap: %d %v %s", r.status, r.header, r.body)
 	}
 	createBatchT(t, run, soloKey, judgeBatch("c", 2)...) // exactly at the cap
-	if st := run.Server.BatchStats()["solo"]; st != (BatchStats{Created: 2, Requests: 10, QueueRefused: 1, InProgress: 2, Queued: 10, MaxQueued: 10, QueueCap: 10}) {
+	if st := run.Server.BatchStats()["solo"]; st != (BatchStats{Created: 2, Requests: 10, QueueRefused: 1, InProgress: 2, Queued: 10, MaxQueued: 10, QueueCap: 10,
+		Calls: 3, MaxCallsPerMinute: 3, RPM: 5}) {
 		t.Errorf("batch stats %+v", st)
 	}
 	var admin struct{ Orgs map[string]BatchStats }
@@ -803,7 +804,7 @@ func TestBatchConfigLimits(t *testing.T) {
 	if p.Orgs[0].Batch.RPM != 1000 || p.Orgs[1].Batch.Queue != 300000 {
 		t.Errorf("build-3org batch limits %+v %+v", p.Orgs[0].Batch, p.Orgs[1].Batch)
 	}
-	if (BatchLimits{}).withDefaults() != (BatchLimits{RPM: 1000, Queue: 200000, PerMinute: 2000, QueueWaitS: 240, CancelS: 5}) {
+	if (BatchLimits{}).withDefaults() != (BatchLimits{RPM: 1000, Queue: 200000, PerMinute: 2000, QueueWaitS: 240, CancelS: 5, RetentionS: 29 * 24 * 3600}) {
 		t.Errorf("defaults %+v", BatchLimits{}.withDefaults())
 	}
 	fs, err := readFaults(strings.NewReader(`[{"kind":"batch_stall","org":"solo","fraction":0.5},{"kind":"batch_not_found","window":"3s"},{"kind":"batch_errored_overloaded","probability":0.1}]`))

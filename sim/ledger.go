@@ -181,17 +181,20 @@ type LedgerTotals struct {
 }
 
 // BatchBilling sums the Message Batches entries of a ledger: their cost in
-// nano-dollars, how many there are, and how many custom_ids were billed
-// more than once (a batch created twice for the same items).
+// nano-dollars, how many there are, and how many requests (params, by
+// their hash) were billed more than once (a batch created twice for the
+// same items). Requests are told apart by their params rather than their
+// custom_ids: a client may send one item under a new custom_id in each
+// batch, and two jobs may use the same custom_ids.
 func BatchBilling(entries []LedgerEntry) (nanos int64, billed, twice int) {
-	seen := map[string]int{}
+	seen := map[BodyHash]int{}
 	for _, e := range entries {
 		if e.ServiceTier != "batch" {
 			continue
 		}
 		nanos += e.CostNanos
 		billed++
-		if seen[e.CustomID]++; seen[e.CustomID] == 2 {
+		if seen[e.BodySHA256]++; seen[e.BodySHA256] == 2 {
 			twice++
 		}
 	}

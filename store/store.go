@@ -169,6 +169,12 @@ type BatchRecord struct {
 	// WorstNanos is the batch's worst-case cost, reserved against
 	// --max-cost until it is harvested.
 	WorstNanos int64
+	// Prefix is what the custom_ids its requests were sent under begin
+	// with: a random string made for this batch alone, followed by each
+	// item's Seq, so that its results prove the batch is this record's.
+	// Empty for a batch recorded before prefixes (sent under the items'
+	// own custom_ids). Set by AddBatch, never changed.
+	Prefix string
 	// CreatedAt is when the record was made, just before the create call:
 	// the start of the window in which reconciliation looks for it.
 	CreatedAt   time.Time

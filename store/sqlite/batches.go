@@ -56,8 +56,8 @@ func (s *Store) AddBatch(ctx context.Context, b store.BatchRecord, seqs []int64)
 		return 0, fmt.Errorf("sqlite: add batch: %w", err)
 	}
 	if _, err := tx.ExecContext(ctx, `INSERT INTO batches (local, org, status, batch_id, n, bytes, worst_nanos,
-		created_at, submitted_at, ended_at, harvested_at, cancel_requested, note) VALUES (?, ?, 'submitting', '', ?, ?, ?, ?, 0, 0, 0, 0, ?)`,
-		local, b.Org, int64(len(seqs)), b.Bytes, b.WorstNanos, unixNanos(b.CreatedAt), b.Note); err != nil {
+		created_at, submitted_at, ended_at, harvested_at, cancel_requested, note, prefix) VALUES (?, ?, 'submitting', '', ?, ?, ?, ?, 0, 0, 0, 0, ?, ?)`,
+		local, b.Org, int64(len(seqs)), b.Bytes, b.WorstNanos, unixNanos(b.CreatedAt), b.Note, b.Prefix); err != nil {
 		return 0, fmt.Errorf("sqlite: add batch: %w", err)
 	}
 	row := "(?, ?),"
@@ -95,7 +95,8 @@ func (s *Store) AddBatch(ctx context.Context, b store.BatchRecord, seqs []int64)
 	return local, nil
 }
 
-// UpdateBatch stores b's status, id, times, cancel flag and note.
+// UpdateBatch stores b's status, id, times, cancel flag and note (its
+// prefix is AddBatch's and never changes).
 func (s *Store) UpdateBatch(ctx context.Context, b store.BatchRecord) error {
 	if err := s.check(ctx, true); err != nil {
 		return err
@@ -140,8 +141,36 @@ func (s *Store) Batches(ctx context.Context) ([]store.BatchRecord, error) {
 	if err := s.check(ctx, true); err != nil {
 		return nil, err
 	}
+	return s.batches(ctx)
+}
+
+// OpenBatchesOfAnyInput returns the input path the store was made for and
+// its open batches, whatever input Init was given (Init not needed): a
+// refusal of another input names the batches still running for the first
+// (they go on being billed).
+func (s *Store) OpenBatchesOfAnyInput(ctx context.Context) (inputPath string, open []store.BatchRecord, err error) {
+	if err := s.check(ctx, false); err != nil {
+		return "", nil, err
+	}
+	kv, err := readMeta(ctx, s.r)
+	if err != nil {
+		return "", nil, fmt.Errorf("sqlite: %w", err)
+	}
+	all, err := s.batches(ctx)
+	if err != nil {
+		return "", nil, err
+	}
+	for _, b := range all {
+		if b.Status.Open() {
+			open = append(open, b)
+		}
+	}
+	return kv["input_path"], open, nil
+}
+
+func (s *Store) batches(ctx context.Context) ([]store.BatchRecord, error) {
 	rows, err := s.r.QueryContext(ctx, `SELECT local, org, status, batch_id, n, bytes, worst_nanos, created_at,
-		submitted_at, ended_at, harvested_at, cancel_requested, note FROM batches ORDER BY local`)
+		submitted_at, ended_at, harvested_at, cancel_requested, note, prefix FROM batches ORDER BY local`)
 	if err != nil {
 		return nil, fmt.Errorf("sqlite: batches: %w", err)
 	}
@@ -152,7 +181,7 @@ func (s *Store) Batches(ctx context.Context) ([]store.BatchRecord, error) {
 		var status string
 		var created, submitted, ended, harvested, cancel int64
 		if err := rows.Scan(&b.Local, &b.Org, &status, &b.ID, &b.N, &b.Bytes, &b.WorstNanos, &created,
-			&submitted, &ended, &harvested, &cancel, &b.Note); err != nil {
+			&submitted, &ended, &harvested, &cancel, &b.Note, &b.Prefix); err != nil {
 			return nil, fmt.Errorf("sqlite: batches: %w", err)
 		}
 		b.Status = store.BatchStatus(status)

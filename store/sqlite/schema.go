@@ -10,13 +10,14 @@ import (
 	"github.com/apidispatch/apidispatch/store"
 )
 
-// schemaVersion is the version of the schema below. A database recording a
-// different version is refused with store.ErrUnsupportedSchema: there is no
-// older version to migrate from yet, and a newer one was written by a newer
-// program whose meaning this one cannot know.
-const schemaVersion = 2
+// schemaVersion is the version of the schema below. Versions 1 and 2 are
+// brought up to it when opened; a database recording a newer version is
+// refused with store.ErrUnsupportedSchema: a newer program wrote it, whose
+// meaning this one cannot know.
+const schemaVersion = 3
 
-// schema creates version 1; with batchSchema it is version 2. Design notes for maintainers:
+// schema creates version 1; with batchSchema it is version 2, with
+// prefixSchema version 3. Design notes for maintainers:
 //
 //   - items holds the input, one row per request located by byte range in
 //     the input file, and is never updated after the import.
@@ -156,6 +157,13 @@ var batchSchema = []string{
 	) STRICT, WITHOUT ROWID`,
 }
 
+// prefixSchema is what version 3 adds: the custom_id prefix each batch's
+// requests were sent under ('' for the batches of versions 1 and 2, sent
+// under the items' own custom_ids).
+var prefixSchema = []string{
+	`ALTER TABLE batches ADD COLUMN prefix TEXT NOT NULL DEFAULT ''`,
+}
+
 // migrate creates the schema in an empty database, or checks the version of
 // an existing one. It runs in one write transaction, so two processes
 // opening the same new file cannot both create it, and it changes nothing in
@@ -179,7 +187,7 @@ func migrate(ctx context.Context, db *sql.DB, path string) error {
 			return fmt.Errorf("%w: %s is a SQLite database but not an apidispatch store (no meta table)",
 				store.ErrUnsupportedSchema, path)
 		}
-		for _, stmt := range slices.Concat(schema, batchSchema) {
+		for _, stmt := range slices.Concat(schema, batchSchema, prefixSchema) {
 			if _, err := tx.ExecContext(ctx, stmt); err != nil {
 				return fmt.Errorf("sqlite: open %s: create schema: %w", path, err)
 			}
@@ -217,11 +225,19 @@ func migrate(ctx context.Context, db *sql.DB, path string) error {
 			FROM results HAVING count(*) > 0`); err != nil {
 			return fmt.Errorf("sqlite: open %s: upgrade schema 1 to 2: %w", path, err)
 		}
+		v = "2"
+	}
+	if v == "2" {
+		for _, stmt := range prefixSchema {
+			if _, err := tx.ExecContext(ctx, stmt); err != nil {
+				return fmt.Errorf("sqlite: open %s: upgrade schema 2 to 3: %w", path, err)
+			}
+		}
 		if _, err := tx.ExecContext(ctx, `UPDATE meta SET value = ? WHERE key = 'schema_version'`, strconv.Itoa(schemaVersion)); err != nil {
-			return fmt.Errorf("sqlite: open %s: upgrade schema 1 to 2: %w", path, err)
+			return fmt.Errorf("sqlite: open %s: upgrade schema to %d: %w", path, schemaVersion, err)
 		}
 		if err := tx.Commit(); err != nil {
-			return fmt.Errorf("sqlite: open %s: upgrade schema 1 to 2: %w", path, err)
+			return fmt.Errorf("sqlite: open %s: upgrade schema to %d: %w", path, schemaVersion, err)
 		}
 		return nil
 	}

@@ -17,7 +17,7 @@ func testBatches(t *testing.T, open func(t *testing.T) store.Store) {
 	add(t, s, 1, 1000)
 	at := time.Date(2026, 12, 3, 14, 0, 0, 123000, time.UTC)
 	seqsA := seqRange(1, 600)
-	a, err := s.AddBatch(ctx, store.BatchRecord{Org: "org_a", Bytes: 1 << 20, WorstNanos: 5e9, CreatedAt: at, Note: "n"}, seqsA)
+	a, err := s.AddBatch(ctx, store.BatchRecord{Org: "org_a", Bytes: 1 << 20, WorstNanos: 5e9, CreatedAt: at, Note: "n", Prefix: "adtest0001"}, seqsA)
 	if err != nil || a != 1 {
 		t.Fatalf("AddBatch = %d, %v; want 1, nil", a, err)
 	}
@@ -39,7 +39,7 @@ func testBatches(t *testing.T, open func(t *testing.T) store.Store) {
 		t.Fatalf("Batches = %d, %v; want 2", len(bs), err)
 	}
 	if r := bs[0]; r.Local != 1 || r.Org != "org_a" || r.Status != store.BatchSubmitting || r.ID != "" || r.N != 600 ||
-		r.Bytes != 1<<20 || r.WorstNanos != 5e9 || !r.CreatedAt.Equal(at) || r.Note != "n" {
+		r.Bytes != 1<<20 || r.WorstNanos != 5e9 || !r.CreatedAt.Equal(at) || r.Note != "n" || r.Prefix != "adtest0001" || bs[1].Prefix != "" {
 		t.Fatalf("batch 1 = %+v", r)
 	}
 	sub := bs[0]
