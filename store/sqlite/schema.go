@@ -158,7 +158,7 @@ var batchSchema = []string{
 }
 
 // prefixSchema is what version 3 adds: the custom_id prefix each batch's
-// requests were sent under (” for the batches of versions 1 and 2, sent
+// requests were sent under (empty for the batches of versions 1 and 2, sent
 // under the items' own custom_ids).
 var prefixSchema = []string{
 	`ALTER TABLE batches ADD COLUMN prefix TEXT NOT NULL DEFAULT ''`,
