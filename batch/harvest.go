@@ -489,7 +489,7 @@ func (r *Route) pastRetention(ctx context.Context, b *rec, at time.Time) error {
 	r.count(ctx, map[string]int64{CounterBatchArchived: 1, CounterBatchRetried: back})
 	r.res.Archived++
 	r.res.Retried += back
-	r.emit(fmt.Sprintf("batch %d (%s, org %s): its results are past retention (archived %s, 29 days after its creation) and cannot be read; its %d items not harvested are pending again and will be sent again", b.Local, b.ID, b.Org, at.UTC().Format(time.RFC3339), back),
+	r.emit(fmt.Sprintf("batch %d (%s, org %s): its results are past retention (archived %s; the API keeps them 29 days after creation) and cannot be read; its %d items not harvested are pending again and will be sent again", b.Local, b.ID, b.Org, at.UTC().Format(time.RFC3339), back),
 		map[string]any{"batch": b.Local, "batch_id": b.ID, "org": b.Org, "archived_at": at, "pending_again": back})
 	return r.release(ctx, b)
 }

@@ -398,7 +398,7 @@ func (r *Route) Run(ctx context.Context) (*Result, error) {
 		}
 		now := time.Now()
 		next := now.Add(time.Hour)
-		settled := r.res.Harvested + r.res.Abandoned
+		settled := r.res.Harvested + r.res.Abandoned + r.res.Archived
 		for _, b := range r.recs {
 			if !b.Status.Open() {
 				continue
@@ -423,7 +423,7 @@ func (r *Route) Run(ctx context.Context) (*Result, error) {
 			r.closeSubmit("")
 			break
 		}
-		if !r.closedSub && r.res.Harvested+r.res.Abandoned != settled {
+		if !r.closedSub && r.res.Harvested+r.res.Abandoned+r.res.Archived != settled {
 			// A batch settled: its items, its queue room and its reserve
 			// may go into new batches now.
 			next = now
