@@ -45,12 +45,16 @@ func isCreate(req *http.Request) bool {
 }
 
 // colleagueBatch creates, with key, a batch of the requests of the request
-// file path as they are (a colleague's job), and returns its id.
-func colleagueBatch(t *testing.T, base, key, path string) string {
+// file path (a colleague's job), their custom_ids' "phase6_" replaced by
+// rename when it is not empty, and returns its id.
+func colleagueBatch(t *testing.T, base, key, path, rename string) string {
 	t.Helper()
 	b, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if rename != "" {
+		b = bytes.ReplaceAll(b, []byte(`"custom_id":"phase6_`), []byte(`"custom_id":"`+rename))
 	}
 	var body bytes.Buffer
 	body.WriteString(`{"requests":[`)
@@ -163,7 +167,7 @@ func TestLostCreateWithEndedLookalikeDoesNotWaitForEver(t *testing.T) {
 	b.orgs = b.orgs[:1]
 	key := b.sim.Server.Keys()[b.orgs[0].Name][0]
 	other := simtest.Judge(t, t.TempDir(), n, 11)
-	theirs := colleagueBatch(t, b.sim.URL, key, other)
+	theirs := colleagueBatch(t, b.sim.URL, key, other, "colleague_")
 	waitEnded(t, b.sim)
 
 	var failed atomic.Bool
@@ -178,13 +182,20 @@ func TestLostCreateWithEndedLookalikeDoesNotWaitForEver(t *testing.T) {
 		}
 		return next.RoundTrip(req)
 	})
-	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	res, err, dir := b.exec(ctx, "", x)
 	if err != nil || !res.Complete {
 		t.Fatalf("a lost create beside an ended batch of its size: %v (complete %v); want the run complete", err, res != nil && res.Complete)
 	}
 	b.audit(dir)
+	if testing.Verbose() {
+		for _, e := range readEvents(t, dir) {
+			if e.Kind == dispatch.EventBatch {
+				t.Logf("%s: %s", e.Kind, e.Note)
+			}
+		}
+	}
 	if got := reads.Load(); got > 1 {
 		t.Fatalf("the colleague's results were read %d times; want once at most", got)
 	}
@@ -200,13 +211,19 @@ func TestLostCreateWithEndedLookalikeDoesNotWaitForEver(t *testing.T) {
 }
 
 // TestLostCreateAdoptsOursNotColleagues (issue #19 case 3): our create's
-// answer is lost just after a colleague, on the same org, creates a batch
-// of the same size with the same custom_ids (every gen file starts at
-// phase6_000000). We adopt our own batch, never theirs: every result line
+// answer is lost, and just before it a colleague, on the same org,
+// created a batch of the same size with the same custom_ids (every gen
+// file starts at phase6_000000), which ends first. We adopt our own batch, never theirs: every result line
 // comes from ours, and the simulator billed each of our items once.
 func TestLostCreateAdoptsOursNotColleagues(t *testing.T) {
 	const n = 300
-	b := newBench(t, n, 2000, nil)
+	// Each batch takes a minute of API time (0.3 s here): the colleague's
+	// ends well before ours.
+	b := newBench(t, n, 200, func(c *sim.Config) {
+		for i := range c.Orgs {
+			c.Orgs[i].Batch.QueueWaitS, c.Orgs[i].Batch.PerMinute = 5, n
+		}
+	})
 	b.orgs = b.orgs[:1]
 	key := b.sim.Server.Keys()[b.orgs[0].Name][0]
 	other := simtest.Judge(t, t.TempDir(), n, 11) // same custom_ids, other params
@@ -220,15 +237,18 @@ func TestLostCreateAdoptsOursNotColleagues(t *testing.T) {
 		}
 		lost := false
 		once.Do(func() { lost = true })
+		if !lost {
+			return next.RoundTrip(req)
+		}
+		// Just before ours, the colleague creates theirs on the org (so
+		// it is processed first); ours is created, and its answer lost.
+		theirs = colleagueBatch(t, b.sim.URL, key, other, "")
 		resp, err := next.RoundTrip(req)
-		if !lost || err != nil {
+		if err != nil {
 			return resp, err
 		}
-		// Our batch exists; before its answer comes back, the colleague
-		// creates theirs, and our answer is lost.
 		io.Copy(io.Discard, resp.Body)
 		resp.Body.Close()
-		theirs = colleagueBatch(t, b.sim.URL, key, other)
 		return nil, errors.New("connection reset while reading the answer")
 	})
 	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
@@ -236,6 +256,13 @@ func TestLostCreateAdoptsOursNotColleagues(t *testing.T) {
 	res, err, dir := b.exec(ctx, "", x)
 	if err != nil || !res.Complete {
 		t.Fatalf("batch route: %v", err)
+	}
+	if testing.Verbose() {
+		for _, e := range readEvents(t, dir) {
+			if e.Kind == dispatch.EventBatch {
+				t.Logf("%s: %s", e.Kind, e.Note)
+			}
+		}
 	}
 	b.audit(dir)
 	if theirs == "" {
