@@ -483,7 +483,7 @@ func TestBatchPoll404(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err, _ = b2.exec(t.Context(), "", runner.Exec{Route: runner.RouteBatch})
-	if err == nil || !strings.Contains(err.Error(), "has answered 404 not_found_error for") || !strings.Contains(err.Error(), "not sent again") {
+	if !errors.Is(err, batch.ErrNeedsPerson) || !strings.Contains(err.Error(), "has answered 404 not_found_error for") || !strings.Contains(err.Error(), "not sent again") {
 		t.Fatalf("a batch 404 for good: %v; want the run stopped naming it", err)
 	}
 	if req, created := simCreated(b2.sim); created != 3 || req != 300 {

@@ -22,6 +22,8 @@ const (
 	exitRefused    = runner.ExitRefused
 	exitIncomplete = runner.ExitIncomplete
 	exitDataLoss   = runner.ExitDataLoss
+	// exitNeedsPerson: a failure every resume would repeat (design.md §13).
+	exitNeedsPerson = runner.ExitNeedsPerson
 )
 
 // command is one subcommand. run receives the arguments after the command

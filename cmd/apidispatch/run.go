@@ -56,9 +56,15 @@ cheapest mix of both that ends before --deadline. Re-running the same command
 resumes: only unfinished items are sent, and open batches are re-attached.
 The first SIGINT/SIGTERM stops admission and lets in-flight requests finish
 (--grace), leaving batches running on the API; a second abandons in-flight
-requests at once. Exit codes: 0 complete, 1 usage or input error, 2 paused by
-the budget gate, 3 refused (--confirm required, or the run directory in use
-by another process), 4 incomplete (resumable), 5 data-loss check failed.
+requests at once (with --route batch or auto the process exits then: the
+run's state is on disk and the same command resumes). --pilot N sends the
+first N items by sync, at the full price, whatever the route. Exit codes:
+0 complete, 1 usage or input error, 2 paused by the budget gate, 3 refused
+(--confirm required, or the run directory in use by another process),
+4 incomplete (resumable: rerun the same command), 5 data-loss check failed,
+6 needs a person (a failure every resume would repeat: a batch whose results
+hold custom_ids it was not given, a batch unknown to the API for an hour, a
+lost create whose look-alike batches never end; the message says what to do).
 
 flags:`)
 		fs.PrintDefaults()
@@ -157,10 +163,20 @@ flags:`)
 				eng = e
 			case <-sigs:
 				n++
-				if n == 1 {
+				switch {
+				case n == 1:
 					fmt.Fprintln(stderr, "stopping: letting in-flight requests finish, leaving open batches running (signal again to abandon in-flight requests)")
 					stop()
-				} else if eng != nil {
+				case *route != runner.RouteSync:
+					// The batch route has nothing in flight to wait for: its
+					// batches run on the API, and the store, committed after
+					// every step, is the truth the resume reads.
+					if eng != nil {
+						eng.Abort()
+					}
+					fmt.Fprintln(stderr, "abandoning: exiting now; open batches keep running on the API and the same command re-attaches to them")
+					os.Exit(exitIncomplete)
+				case eng != nil:
 					eng.Abort()
 				}
 			}
