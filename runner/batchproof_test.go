@@ -208,6 +208,8 @@ func TestLostCreateWithEndedLookalikeDoesNotWaitForEver(t *testing.T) {
 			t.Fatalf("%s: result from the colleague's batch", id)
 		}
 	}
+	t.Logf("the colleague's ended batch of %d was read %d time(s) and rejected; the lost record was abandoned after %s of API time and its %d items sent in a new batch, each billed once",
+		n, reads.Load(), "5 min", n)
 }
 
 // TestLostCreateAdoptsOursNotColleagues (issue #19 case 3): our create's
@@ -287,6 +289,14 @@ func TestLostCreateAdoptsOursNotColleagues(t *testing.T) {
 		t.Fatalf("batch result %+v: want ours adopted, none created again", res.Batch)
 	}
 	billedOncePerItem(t, b.sim, n, theirs)
+	var theirsBilled int
+	for _, e := range b.sim.Server.Ledger() {
+		if e.BatchID == theirs {
+			theirsBilled++
+		}
+	}
+	t.Logf("ours %s adopted and harvested (%d result lines, all from it); the colleague's %s (same %d custom_ids) rejected; ledger: our %d items billed once each, the colleague's batch %d (theirs)",
+		ours, len(resultBatchIDs(t, dir)), theirs, n, n, theirsBilled)
 }
 
 // TestResultsPastRetentionSentAgain (issue #19 case 4): a run stopped
