@@ -7,15 +7,22 @@
 // processing-queue headroom, polled per org with back-off and harvested into
 // the run's store and results.jsonl exactly once.
 //
-// Never lost, never paid twice: a batch is recorded in the store as
-// submitting, with its items, before its create call. When the answer to a
-// create is lost (a 5xx, a reset, a timeout, or the process died) the route
-// lists that org's batches and adopts the one made for it (created in the
-// window, with the same request count, and whose results hold its
-// custom_ids), instead of creating it again; a record no batch of the org
-// matches, once the API has had time to show it, is abandoned and its items
-// are free again. Harvesting commits each result with the store's guard, so
-// a batch harvested twice (after a crash) writes each line once.
+// Never lost, never paid twice, never someone else's: a batch is recorded
+// in the store as submitting, with its items and a random custom_id prefix
+// made for it alone, before its create call; its requests are sent under
+// that prefix and each item's Seq, and mapped back to the item's own
+// custom_id when harvested. When the answer to a create is lost (a 5xx, a
+// reset, a timeout, a stop mid-upload, or the process died) the route lists
+// that org's batches and adopts a candidate (created in the window, with the
+// same request count) only when its results prove it the record's: exactly
+// the custom_ids the record wrote. It waits for candidates that have not
+// ended, holding the items, until their expiry plus an hour at most; a
+// record no batch of the org proves, once the API has had time to show it,
+// is abandoned and its items are free again. Harvesting commits each result
+// with the store's guard, so a batch harvested twice (after a crash) writes
+// each line once; a batch whose results are past retention sends its items
+// again. Every call to the batch endpoints is paced per org under the org's
+// batch RPM. Failures every resume would repeat wrap ErrNeedsPerson.
 //
 // Per request: succeeded is done; errored with a non-retryable type
 // (invalid_request_error) is terminal with its error; errored with a
