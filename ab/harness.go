@@ -17,6 +17,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/apidispatch/apidispatch/apihttp"
 	"github.com/apidispatch/apidispatch/batch"
 	"github.com/apidispatch/apidispatch/cost"
 	"github.com/apidispatch/apidispatch/dispatch"
@@ -925,7 +926,7 @@ func (h *harness) runLegacy(ctx context.Context, dir, arm string, round int) (*d
 	tr := h.transport(100)
 	defer tr.CloseIdleConnections()
 	leg, err := NewLegacy(LegacyConfig{Org: h.orgs[0], BaseURL: h.baseURL, Speed: h.speed, Prices: h.prices, Events: ev,
-		Client: &http.Client{Transport: tr}})
+		Client: apihttp.NewClient(tr, 0, 0)})
 	if err != nil {
 		return nil, err
 	}
@@ -963,7 +964,7 @@ func (h *harness) runJob(ctx context.Context, dir, arm string, round int, route 
 		// simulator can shut down at once.
 		tr := h.transport(max(256, 2*len(h.orgs)*maxCap(h.caps())))
 		defer tr.CloseIdleConnections()
-		dcfg.Client = &http.Client{Transport: tr}
+		dcfg.Client = apihttp.NewClient(tr, 0, 0)
 	}
 	x := runner.Exec{Route: route, Sync: dcfg}
 	switch route {
@@ -1057,7 +1058,7 @@ func (h *harness) reportArm(a *ArmResult) {
 // transport is an arm's HTTP transport: to the embedded simulator over
 // in-memory connections, else the dispatcher's tuned transport.
 func (h *harness) transport(maxConns int) *http.Transport {
-	tr := dispatch.NewTransport(maxConns)
+	tr := apihttp.NewTransport(maxConns)
 	if h.pipe != nil {
 		tr.DialContext = h.pipe.Dial
 		tr.ForceAttemptHTTP2 = false
