@@ -280,7 +280,7 @@ func newHarness(cfg Config) (*harness, error) {
 		}
 		h.speed = max(cfg.Speed, 1)
 	}
-	if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {
+	if err := os.MkdirAll(cfg.Dir, dispatch.DirPerm); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
 	ev, err := dispatch.OpenEventLog(filepath.Join(cfg.Dir, dispatch.EventsFile))
@@ -624,7 +624,7 @@ func (h *harness) finish(problems []string, dataLoss, incomplete bool) (*Result,
 		if p == "" {
 			continue
 		}
-		if err := dispatch.WriteFileAtomic(p, b, 0o644); err != nil {
+		if err := dispatch.WriteFileAtomic(p, b, dispatch.FilePerm); err != nil {
 			werrs = append(werrs, fmt.Errorf("writing %s: %w", p, err))
 		}
 	}
@@ -862,7 +862,7 @@ func (h *harness) runArm(ctx context.Context, arm string, round int) (*ArmResult
 		a.Note = note
 	}
 	if b, jerr := json.MarshalIndent(a, "", "  "); jerr == nil {
-		dispatch.WriteFileAtomic(filepath.Join(dir, ArmFile), append(b, '\n'), 0o644)
+		dispatch.WriteFileAtomic(filepath.Join(dir, ArmFile), append(b, '\n'), dispatch.FilePerm)
 	}
 	return a, err
 }
@@ -915,7 +915,7 @@ func (h *harness) runLegacy(ctx context.Context, dir, arm string, round int) (*d
 	for _, f := range []string{dispatch.ResultsFile, dispatch.EventsFile, dispatch.SummaryFile, ArmFile} {
 		os.Remove(filepath.Join(dir, f))
 	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	if err := os.MkdirAll(dir, dispatch.DirPerm); err != nil {
 		return nil, err
 	}
 	ev, err := dispatch.OpenEventLog(filepath.Join(dir, dispatch.EventsFile))
@@ -1081,5 +1081,5 @@ func writeSummary(dir string, s *dispatch.Summary) error {
 	if err != nil {
 		return err
 	}
-	return dispatch.WriteFileAtomic(filepath.Join(dir, dispatch.SummaryFile), append(b, '\n'), 0o644)
+	return dispatch.WriteFileAtomic(filepath.Join(dir, dispatch.SummaryFile), append(b, '\n'), dispatch.FilePerm)
 }

@@ -163,7 +163,7 @@ func (l *Legacy) Run(ctx context.Context, inputPath, resultsPath string, n int64
 		return nil, err
 	}
 	defer in.Close()
-	rf, err := os.Create(resultsPath)
+	rf, err := os.OpenFile(resultsPath, os.O_RDWR|os.O_CREATE|os.O_TRUNC, dispatch.FilePerm)
 	if err != nil {
 		return nil, err
 	}

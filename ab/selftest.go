@@ -143,7 +143,7 @@ func RunStormTest(ctx context.Context, st StormTest, base dispatch.Config, dir s
 	if err := os.RemoveAll(dir); err != nil {
 		return res, err
 	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	if err := os.MkdirAll(dir, dispatch.DirPerm); err != nil {
 		return res, err
 	}
 	input := filepath.Join(dir, "requests.jsonl")
