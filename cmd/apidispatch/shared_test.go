@@ -316,7 +316,7 @@ func TestSharedBudgetRedisRestart(t *testing.T) {
 					} `json:"data"`
 				}
 				json.Unmarshal([]byte(line), &e)
-				t.Logf("run %d: %.1f s on a local share; max in flight per lane meanwhile %v", i, e.Data.Outage, e.Data.Max)
+				t.Logf("run %d: %.1f s without Redis; max in flight per lane meanwhile %v", i, e.Data.Outage, e.Data.Max)
 			}
 		}
 	}
