@@ -41,6 +41,7 @@ type Gate struct {
 	mu          sync.Mutex
 	grant       int     // slots this process may fill
 	fair        int     // its fair share of the shared limit
+	laneCap     int     // the lane's cap: the smallest any live process asked for
 	limit       float64 // the shared AIMD limit
 	epoch       uint64  // the shared congestion epoch
 	cuts        int     // cuts of the shared limit, by every process
@@ -306,6 +307,9 @@ func (g *Gate) renew(ctx context.Context) error {
 	want := g.inFlight
 	if now.Sub(g.starvedAt) < 4*g.b.every {
 		want = g.cfg.Cap
+		if g.laneCap > 0 {
+			want = min(want, g.laneCap)
+		}
 	}
 	succ := "0"
 	if g.success {
@@ -350,6 +354,7 @@ func (g *Gate) renew(ctx context.Context) error {
 	g.leaseMono = sent.Add(g.b.ttl - g.b.margin)
 	g.leaseWall = sent.Round(0).Add(g.b.ttl - g.b.margin)
 	g.grant = int(toInt(res[0]))
+	g.laneCap = int(toInt(res[12]))
 	g.limit = toFloat(res[1])
 	g.epoch = uint64(toInt(res[2]))
 	g.cuts = int(toInt(res[3]))
