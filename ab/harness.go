@@ -17,6 +17,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/apidispatch/apidispatch/apihttp"
 	"github.com/apidispatch/apidispatch/batch"
 	"github.com/apidispatch/apidispatch/cost"
 	"github.com/apidispatch/apidispatch/dispatch"
@@ -279,7 +280,7 @@ func newHarness(cfg Config) (*harness, error) {
 		}
 		h.speed = max(cfg.Speed, 1)
 	}
-	if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {
+	if err := os.MkdirAll(cfg.Dir, dispatch.DirPerm); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
 	ev, err := dispatch.OpenEventLog(filepath.Join(cfg.Dir, dispatch.EventsFile))
@@ -623,7 +624,7 @@ func (h *harness) finish(problems []string, dataLoss, incomplete bool) (*Result,
 		if p == "" {
 			continue
 		}
-		if err := dispatch.WriteFileAtomic(p, b, 0o644); err != nil {
+		if err := dispatch.WriteFileAtomic(p, b, dispatch.FilePerm); err != nil {
 			werrs = append(werrs, fmt.Errorf("writing %s: %w", p, err))
 		}
 	}
@@ -861,7 +862,7 @@ func (h *harness) runArm(ctx context.Context, arm string, round int) (*ArmResult
 		a.Note = note
 	}
 	if b, jerr := json.MarshalIndent(a, "", "  "); jerr == nil {
-		dispatch.WriteFileAtomic(filepath.Join(dir, ArmFile), append(b, '\n'), 0o644)
+		dispatch.WriteFileAtomic(filepath.Join(dir, ArmFile), append(b, '\n'), dispatch.FilePerm)
 	}
 	return a, err
 }
@@ -914,7 +915,7 @@ func (h *harness) runLegacy(ctx context.Context, dir, arm string, round int) (*d
 	for _, f := range []string{dispatch.ResultsFile, dispatch.EventsFile, dispatch.SummaryFile, ArmFile} {
 		os.Remove(filepath.Join(dir, f))
 	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	if err := os.MkdirAll(dir, dispatch.DirPerm); err != nil {
 		return nil, err
 	}
 	ev, err := dispatch.OpenEventLog(filepath.Join(dir, dispatch.EventsFile))
@@ -925,7 +926,7 @@ func (h *harness) runLegacy(ctx context.Context, dir, arm string, round int) (*d
 	tr := h.transport(100)
 	defer tr.CloseIdleConnections()
 	leg, err := NewLegacy(LegacyConfig{Org: h.orgs[0], BaseURL: h.baseURL, Speed: h.speed, Prices: h.prices, Events: ev,
-		Client: &http.Client{Transport: tr}})
+		Client: apihttp.NewClient(tr, 0, 0)})
 	if err != nil {
 		return nil, err
 	}
@@ -963,7 +964,7 @@ func (h *harness) runJob(ctx context.Context, dir, arm string, round int, route 
 		// simulator can shut down at once.
 		tr := h.transport(max(256, 2*len(h.orgs)*maxCap(h.caps())))
 		defer tr.CloseIdleConnections()
-		dcfg.Client = &http.Client{Transport: tr}
+		dcfg.Client = apihttp.NewClient(tr, 0, 0)
 	}
 	x := runner.Exec{Route: route, Sync: dcfg}
 	switch route {
@@ -1057,7 +1058,7 @@ func (h *harness) reportArm(a *ArmResult) {
 // transport is an arm's HTTP transport: to the embedded simulator over
 // in-memory connections, else the dispatcher's tuned transport.
 func (h *harness) transport(maxConns int) *http.Transport {
-	tr := dispatch.NewTransport(maxConns)
+	tr := apihttp.NewTransport(maxConns)
 	if h.pipe != nil {
 		tr.DialContext = h.pipe.Dial
 		tr.ForceAttemptHTTP2 = false
@@ -1080,5 +1081,5 @@ func writeSummary(dir string, s *dispatch.Summary) error {
 	if err != nil {
 		return err
 	}
-	return dispatch.WriteFileAtomic(filepath.Join(dir, dispatch.SummaryFile), append(b, '\n'), 0o644)
+	return dispatch.WriteFileAtomic(filepath.Join(dir, dispatch.SummaryFile), append(b, '\n'), dispatch.FilePerm)
 }

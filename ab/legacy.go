@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/apidispatch/apidispatch/anthropic"
+	"github.com/apidispatch/apidispatch/apihttp"
 	"github.com/apidispatch/apidispatch/cost"
 	"github.com/apidispatch/apidispatch/dispatch"
 	"github.com/apidispatch/apidispatch/org"
@@ -127,10 +128,10 @@ func NewLegacy(cfg LegacyConfig) (*Legacy, error) {
 	if cfg.Jitter == nil {
 		cfg.Jitter = rand.Float64
 	}
-	l := &Legacy{cfg: cfg, base: base, client: cfg.Client}
+	l := &Legacy{cfg: cfg, base: base, client: apihttp.Guard(cfg.Client)}
 	if l.client == nil {
-		l.owned = dispatch.NewTransport(100)
-		l.client = &http.Client{Transport: l.owned}
+		l.owned = apihttp.NewTransport(100)
+		l.client = apihttp.NewClient(l.owned, 0, 0)
 	}
 	return l, nil
 }
@@ -162,7 +163,7 @@ func (l *Legacy) Run(ctx context.Context, inputPath, resultsPath string, n int64
 		return nil, err
 	}
 	defer in.Close()
-	rf, err := os.Create(resultsPath)
+	rf, err := os.OpenFile(resultsPath, os.O_RDWR|os.O_CREATE|os.O_TRUNC, dispatch.FilePerm)
 	if err != nil {
 		return nil, err
 	}

@@ -3,12 +3,12 @@ package ab
 import (
 	"context"
 	"fmt"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
 	"time"
 
+	"github.com/apidispatch/apidispatch/apihttp"
 	"github.com/apidispatch/apidispatch/cost"
 	"github.com/apidispatch/apidispatch/dispatch"
 	"github.com/apidispatch/apidispatch/org"
@@ -143,7 +143,7 @@ func RunStormTest(ctx context.Context, st StormTest, base dispatch.Config, dir s
 	if err := os.RemoveAll(dir); err != nil {
 		return res, err
 	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	if err := os.MkdirAll(dir, dispatch.DirPerm); err != nil {
 		return res, err
 	}
 	input := filepath.Join(dir, "requests.jsonl")
@@ -168,9 +168,9 @@ func RunStormTest(ctx context.Context, st StormTest, base dispatch.Config, dir s
 	cfg := base
 	cfg.Orgs = simOrgs(scfg, srv.Server)
 	cfg.BaseURL, cfg.Speed, cfg.Prices = srv.URL, st.Speed, prices
-	tr := dispatch.NewTransport(1024)
+	tr := apihttp.NewTransport(1024)
 	defer tr.CloseIdleConnections()
-	cfg.MaxCost, cfg.MaxSeq, cfg.Client = 0, 0, &http.Client{Transport: tr}
+	cfg.MaxCost, cfg.MaxSeq, cfg.Client = 0, 0, apihttp.NewClient(tr, 0, 0)
 	cfg.Deadline = time.Now().Add(st.Timeout)
 	cfg.SampleEvery = -1
 	if st.Dispatch != nil {

@@ -3,10 +3,13 @@ package anthropic
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"strings"
 	"time"
+
+	"github.com/apidispatch/apidispatch/apihttp"
 )
 
 // Kind is what the dispatcher must do with an attempt's outcome.
@@ -103,7 +106,8 @@ func IsRetryableType(t string) bool { return retryableTypes[t] }
 // Rules (design.md §4): 2xx with a complete message → Success; a 2xx whose
 // body is truncated or not a message → Retryable; 408, 409, 429, 5xx (529
 // included) and transport errors → Retryable; 401, 402 and the monthly
-// spend-cap 429 → LaneFatal for the org; 403 → LaneFatal for the lane; 400
+// spend-cap 429 and a redirect (apihttp.ErrRedirect: never followed) →
+// LaneFatal for the org; 403 → LaneFatal for the lane; 400
 // with the self-set spend-limit message → LaneFatal for the org; other 4xx →
 // Terminal with the API's error kept. x-should-retry is not consulted: a 4xx
 // that the server calls retryable is still a client error here, and a 429 or
@@ -111,6 +115,11 @@ func IsRetryableType(t string) bool { return retryableTypes[t] }
 // error is the one thing this tool must never do.
 func Classify(status int, h http.Header, body []byte, transportErr error, now time.Time) Outcome {
 	if transportErr != nil {
+		if errors.Is(transportErr, apihttp.ErrRedirect) {
+			// The base URL redirects: retrying cannot help, and following
+			// would send the key elsewhere.
+			return Outcome{Kind: LaneFatal, Scope: ScopeOrg, ErrorType: ErrTypeConnection, Reason: oneLine(transportErr.Error())}
+		}
 		return Outcome{Kind: Retryable, ErrorType: ErrTypeConnection, Reason: "transport: " + oneLine(transportErr.Error())}
 	}
 	o := Outcome{Status: status}

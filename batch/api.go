@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/apidispatch/apidispatch/anthropic"
+	"github.com/apidispatch/apidispatch/apihttp"
 	"github.com/apidispatch/apidispatch/org"
 )
 
@@ -62,10 +63,11 @@ func (e *apiError) Error() string {
 }
 
 // certain reports whether the answer proves the call had no effect: a
-// client error other than 408/409 (a 429 included) never creates a batch;
-// a 5xx, a reset or a timeout may have.
+// client error other than 408/409 (a 429 included) never creates a batch,
+// nor does a redirect (never followed); a 5xx, a reset or a timeout may
+// have.
 func (e *apiError) certain() bool {
-	return e.status >= 400 && e.status < 500 && e.status != 408 && e.status != 409
+	return e.status >= 300 && e.status < 500 && e.status != 408 && e.status != 409
 }
 
 // client makes the Message Batches calls for one org, paced by pace.
@@ -97,6 +99,11 @@ func (c *client) do(ctx context.Context, method, u string, body io.Reader) (*htt
 	}
 	resp, err := c.http.Do(req)
 	if err != nil {
+		var re *apihttp.RedirectError
+		if errors.As(err, &re) {
+			// Refused before anything reached the redirect's target.
+			return nil, &apiError{status: re.Status, typ: "redirect", msg: re.Error()}
+		}
 		return nil, &apiError{typ: anthropic.ErrTypeConnection, msg: "transport: " + org.Scrub(err.Error())}
 	}
 	if resp.StatusCode == http.StatusTooManyRequests {

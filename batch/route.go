@@ -41,6 +41,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/apidispatch/apidispatch/apihttp"
 	"github.com/apidispatch/apidispatch/cost"
 	"github.com/apidispatch/apidispatch/dispatch"
 	"github.com/apidispatch/apidispatch/org"
@@ -246,9 +247,10 @@ func New(cfg Config) (*Route, error) {
 	if cfg.PollMax <= 0 {
 		cfg.PollMax = pollMax
 	}
-	hc := cfg.Client
+	// Every client refuses redirects: no key leaves for another host.
+	hc := apihttp.Guard(cfg.Client)
 	if hc == nil {
-		hc = &http.Client{Transport: dispatch.NewTransport(16)}
+		hc = apihttp.NewClient(nil, 16, 0)
 	}
 	if cfg.WrapTransport != nil {
 		c := *hc

@@ -263,7 +263,8 @@ func (r *Route) create(ctx context.Context, o *orgState, items []store.Item, byt
 				o.capSeen = q
 			}
 			return r.abandon(ctx, b, fmt.Sprintf("org %s refused the create with 429 (%s); it rests until %s", o.Name, ae.msg, o.holdUntil.UTC().Format(time.TimeOnly)))
-		case http.StatusUnauthorized, http.StatusForbidden, http.StatusPaymentRequired:
+		case http.StatusUnauthorized, http.StatusForbidden, http.StatusPaymentRequired,
+			http.StatusMovedPermanently, http.StatusFound, http.StatusSeeOther, http.StatusTemporaryRedirect, http.StatusPermanentRedirect:
 			o.disabled = ae.Error()
 			return r.abandon(ctx, b, fmt.Sprintf("org %s cannot create batches: %s", o.Name, ae.Error()))
 		}

@@ -100,6 +100,11 @@ func Open(path string) (*Cache, error) {
 	if err := checkHeader(path); err != nil {
 		return nil, err
 	}
+	// A new cache holds model outputs: only its owner reads it (SQLite
+	// gives its -wal and -shm files the same permissions).
+	if err := createPrivate(path); err != nil {
+		return nil, fmt.Errorf("cache %s: %w", path, err)
+	}
 	q := url.Values{}
 	q.Add("_pragma", fmt.Sprintf("busy_timeout(%d)", busyTimeout.Milliseconds()))
 	q.Add("_pragma", "journal_mode(WAL)")
@@ -146,6 +151,18 @@ func isCorrupt(err error) bool {
 // checkHeader refuses, before SQLite sees it, a file that is not SQLite or
 // is shorter than its own header says (a truncated copy). SQLite would
 // otherwise open it and fail later, or treat missing pages as empty.
+// createPrivate creates path empty with mode 0600 when it does not exist.
+func createPrivate(path string) error {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	if errors.Is(err, os.ErrExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	return f.Close()
+}
+
 func checkHeader(path string) error {
 	f, err := os.Open(path)
 	if errors.Is(err, os.ErrNotExist) {

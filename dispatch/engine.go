@@ -31,6 +31,7 @@ import (
 	"time"
 
 	"github.com/apidispatch/apidispatch/anthropic"
+	"github.com/apidispatch/apidispatch/apihttp"
 	"github.com/apidispatch/apidispatch/cache"
 	"github.com/apidispatch/apidispatch/cost"
 	"github.com/apidispatch/apidispatch/org"
@@ -172,15 +173,9 @@ func CheckBaseURL(raw string) (*url.URL, error) {
 }
 
 // NewTransport returns the tuned transport the engine uses: enough idle
-// connections for every in-flight request, TLS verification always on.
-func NewTransport(maxConns int) *http.Transport {
-	t := http.DefaultTransport.(*http.Transport).Clone()
-	t.MaxIdleConns = maxConns
-	t.MaxIdleConnsPerHost = maxConns
-	t.IdleConnTimeout = 90 * time.Second
-	t.ForceAttemptHTTP2 = true
-	return t
-}
+// connections for every in-flight request, TLS verification always on. It
+// is apihttp.NewTransport.
+func NewTransport(maxConns int) *http.Transport { return apihttp.NewTransport(maxConns) }
 
 // laneRef is one lane's gate with its org.
 type laneRef struct {
@@ -336,7 +331,8 @@ func New(cfg Config) (*Engine, error) {
 	}
 	e := &Engine{cfg: cfg, base: base, log: cfg.Log, lanes: map[anthropic.Pool][]*laneRef{}, ready: map[anthropic.Pool][]*work{},
 		leaders: map[cache.Key]*work{}, followers: map[cache.Key][]*work{}}
-	e.client = cfg.Client
+	// Every client refuses redirects: no key leaves for another host.
+	e.client = apihttp.Guard(cfg.Client)
 	if e.client == nil {
 		conns := 0
 		for _, c := range DefaultCaps {
@@ -345,7 +341,7 @@ func New(cfg Config) (*Engine, error) {
 		for _, c := range cfg.Caps {
 			conns += c
 		}
-		e.client = &http.Client{Transport: NewTransport(max(256, conns*len(cfg.Orgs)))}
+		e.client = apihttp.NewClient(nil, max(256, conns*len(cfg.Orgs)), 0)
 	}
 	if cfg.WrapTransport != nil {
 		c := *e.client

@@ -42,7 +42,7 @@ type EventLog struct {
 
 // OpenEventLog opens (appending) or creates path.
 func OpenEventLog(path string) (*EventLog, error) {
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, FilePerm)
 	if err != nil {
 		return nil, err
 	}

@@ -84,7 +84,7 @@ func OpenJob(ctx context.Context, cfg JobConfig, ws *workload.Summary) (*Job, er
 			return nil, err
 		}
 	}
-	if err := os.MkdirAll(cfg.RunDir, 0o755); err != nil {
+	if err := os.MkdirAll(cfg.RunDir, DirPerm); err != nil {
 		return nil, err
 	}
 	lock, err := lockRunDir(cfg.RunDir)
@@ -205,7 +205,7 @@ func (j *Job) WriteSummary(s any, extra ...string) error {
 		if p == "" {
 			continue
 		}
-		if err := WriteFileAtomic(p, b, 0o644); err != nil {
+		if err := WriteFileAtomic(p, b, FilePerm); err != nil {
 			return err
 		}
 	}
@@ -230,6 +230,14 @@ func (j *Job) Close() error {
 	}
 	return errors.Join(errs...)
 }
+
+// FilePerm and DirPerm are the permissions of what a run writes (results,
+// events, summary, the run store, the cache) and of its directories: they
+// hold model outputs, so only their owner may read them.
+const (
+	FilePerm os.FileMode = 0o600
+	DirPerm  os.FileMode = 0o700
+)
 
 // WriteFileAtomic writes data to a temporary file beside path, syncs it and
 // renames it over path, so readers see the old or the new file, never half.

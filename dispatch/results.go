@@ -26,7 +26,7 @@ type resultsFile struct {
 // openResults opens path, drops a torn last line, checks it against the
 // store and appends the results the store holds beyond it.
 func openResults(ctx context.Context, path string, st store.Store, storeResults int64) (*resultsFile, int64, error) {
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o644)
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, FilePerm)
 	if err != nil {
 		return nil, 0, err
 	}

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/apidispatch/apidispatch/anthropic"
+	"github.com/apidispatch/apidispatch/apihttp"
 	"github.com/apidispatch/apidispatch/org"
 	"github.com/apidispatch/apidispatch/store"
 	"github.com/apidispatch/apidispatch/workload"
@@ -77,7 +78,7 @@ func CountTokens(ctx context.Context, path string, ws *workload.Summary, cfg Cou
 	if base == "" {
 		base = "https://api.anthropic.com"
 	}
-	client := cfg.Client
+	client := apihttp.Guard(cfg.Client)
 	if client == nil {
 		client = newClient()
 		defer client.CloseIdleConnections()

@@ -7,14 +7,16 @@ import (
 	"time"
 
 	"github.com/apidispatch/apidispatch/anthropic"
+	"github.com/apidispatch/apidispatch/apihttp"
 	"github.com/apidispatch/apidispatch/org"
 )
 
 // newClient is the client Probe and CountTokens use when given none: its
 // own transport (closed when they return, so no connection outlives them)
 // and a 60 s timeout.
+// It refuses redirects, as every API client does (apihttp).
 func newClient() *http.Client {
-	return &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone(), Timeout: 60 * time.Second}
+	return apihttp.NewClient(nil, 16, 60*time.Second)
 }
 
 // setHeaders sets the API headers; the key goes into x-api-key only.

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/apidispatch/apidispatch/anthropic"
+	"github.com/apidispatch/apidispatch/apihttp"
 	"github.com/apidispatch/apidispatch/cost"
 	"github.com/apidispatch/apidispatch/org"
 )
@@ -94,7 +95,7 @@ func Probe(ctx context.Context, cfg ProbeConfig) (*Limits, []ProbeCall, error) {
 	if base == "" {
 		base = "https://api.anthropic.com"
 	}
-	client := cfg.Client
+	client := apihttp.Guard(cfg.Client)
 	if client == nil {
 		client = newClient()
 		defer client.CloseIdleConnections()

@@ -45,7 +45,7 @@ func WriteFile(dir, out string) (string, error) {
 		err = cerr
 	}
 	if err == nil {
-		err = os.Chmod(tmp, 0o644)
+		err = os.Chmod(tmp, 0o600) // like the run it reports on: only its owner reads it
 	}
 	if err == nil {
 		err = os.Rename(tmp, out)

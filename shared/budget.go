@@ -10,10 +10,20 @@
 // Each step is one Lua script run atomically on Redis' own clock. Nothing
 // of a key but its fingerprint reaches Redis.
 //
-// When Redis cannot be reached mid-run, each gate keeps going on a local
-// share (the limit divided by the number of processes last seen) and
-// rejoins when Redis answers again; nothing is lost or sent twice, since
-// the items themselves never leave the run's own store.
+// Leases are fenced: a process admits only while its lease is current on
+// its own monotonic clock, less a margin (the lease runs from the moment
+// the renewal was sent, so it ends before Redis' copy does). A process
+// that was paused, or that lost Redis, stops admitting at its lease's end
+// until it renews. The others reclaim a silent process's slots only a
+// grace after its lease ended in Redis, so its requests already in flight
+// have that long to finish before their slots are given away.
+//
+// When Redis cannot be reached mid-run, a process cannot tell whether the
+// others still reach it, so it admits nothing past its lease and rejoins
+// when Redis answers again; nothing is lost or sent twice, since the items
+// themselves never leave the run's own store. Only when Redis is
+// unreachable at start, and the run asked for it (Config.Fallback), does
+// a process run on a local share: a conservative one (see FallbackShare).
 package shared
 
 import (
@@ -23,6 +33,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net/url"
 	"os"
 	"strings"
@@ -42,6 +53,12 @@ const keyPrefix = "apidispatch:v1:lane:"
 // DefaultTTL is how long a process's lease outlives its last renewal.
 const DefaultTTL = 2 * time.Second
 
+// FallbackShare is the part of a lane's start limit a process takes when
+// Redis is unreachable at start and Config.Fallback is set: it cannot know
+// how many others share the key, so it takes a quarter of the start limit
+// (at least the lane's MinLimit), not the whole of it.
+const FallbackShare = 0.25
+
 // ErrUnreachable: Redis could not be reached at start.
 var ErrUnreachable = errors.New("shared: Redis is unreachable")
 
@@ -55,9 +72,16 @@ type Config struct {
 	// Fallback keeps going on a local share when Redis is unreachable at
 	// start (otherwise Open fails with ErrUnreachable).
 	Fallback bool
-	// TTL of a lease (default DefaultTTL): a dead process's slots are free
-	// again at most this long after it died.
+	// TTL of a lease (default DefaultTTL): a process admits on a grant only
+	// until TTL (less a margin of TTL/10) after it sent the renewal that
+	// gave it.
 	TTL time.Duration
+	// Grace (default TTL) is how long after a process's lease ended in
+	// Redis the others wait before they take its slots: its requests in
+	// flight when it went silent have the grace plus the margin to finish.
+	// A dead process's slots are free again at most TTL+Grace after its
+	// last renewal.
+	Grace time.Duration
 	// Orgs are the run's orgs; their keys' fingerprints name the lanes.
 	Orgs   []org.Org
 	Events *dispatch.EventLog
@@ -81,6 +105,8 @@ type Budget struct {
 	host      string
 	proc      string
 	ttl       time.Duration
+	grace     time.Duration
+	margin    time.Duration // the lease ends this much earlier locally
 	every     time.Duration
 	opTimeout time.Duration
 	fps       map[string]string // org name → key fingerprint
@@ -89,8 +115,11 @@ type Budget struct {
 	gates    []*Gate
 	down     bool // Redis is out of reach
 	downFrom time.Time
-	periods  int
-	seen     int
+	// startLocal: Redis was unreachable at start (with Fallback); gates
+	// made before it first answers run on a local share.
+	startLocal bool
+	periods    int
+	seen       int
 
 	trips     atomic.Int64 // script runs, for the benchmark
 	kickC     chan struct{}
@@ -111,11 +140,14 @@ func Open(ctx context.Context, cfg Config) (*Budget, error) {
 	if cfg.TTL <= 0 {
 		cfg.TTL = DefaultTTL
 	}
+	if cfg.Grace <= 0 {
+		cfg.Grace = cfg.TTL
+	}
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
 	b := &Budget{
-		cfg: cfg, host: host, ttl: cfg.TTL,
+		cfg: cfg, host: host, ttl: cfg.TTL, grace: cfg.Grace, margin: cfg.TTL / 10,
 		every:     min(cfg.TTL/4, 250*time.Millisecond),
 		opTimeout: max(cfg.TTL/4, 200*time.Millisecond),
 		fps:       map[string]string{},
@@ -139,8 +171,8 @@ func Open(ctx context.Context, cfg Config) (*Budget, error) {
 			b.rdb.Close()
 			return nil, fmt.Errorf("%w at %s: %v (use --shared-fallback local to run on a local share instead)", ErrUnreachable, host, scrub(err, opt.Password))
 		}
-		b.down, b.downFrom, b.periods = true, time.Now(), 1
-		cfg.Events.Emit(dispatch.EventWarning, "shared budget: Redis at "+host+" is unreachable; running on a local share until it answers", map[string]any{"shared": host})
+		b.down, b.downFrom, b.periods, b.startLocal = true, time.Now(), 1, true
+		cfg.Events.Emit(dispatch.EventWarning, "shared budget: Redis at "+host+" is unreachable; running on a conservative local share until it answers", map[string]any{"shared": host})
 		cfg.Log.Warn("shared budget: Redis unreachable; running on a local share", "host", host)
 	}
 	return b, nil
@@ -190,12 +222,12 @@ func (b *Budget) Host() string { return b.host }
 func (b *Budget) NewGate(lc dispatch.LaneConfig) dispatch.Gate {
 	g := newGate(b, lc, b.fps[lc.Org])
 	b.mu.Lock()
-	if !b.down {
+	if !b.startLocal {
 		// The first renewal comes at once; until then the gate admits
 		// nothing it was not granted.
 		g.local = false
 	} else {
-		g.localLimit = g.limit / float64(max(1, b.seen))
+		g.localLimit = math.Max(g.cfg.MinLimit, math.Floor(g.limit*FallbackShare))
 	}
 	b.gates = append(b.gates, g)
 	b.mu.Unlock()
@@ -241,31 +273,42 @@ func (b *Budget) Start() {
 	}()
 }
 
+// renewAll renews every gate's lease at once (one round trip each, all
+// concurrent, so that many lanes do not lapse one after another on a slow
+// Redis) and waits for them.
 func (b *Budget) renewAll(ctx context.Context) {
 	b.mu.Lock()
 	gates := b.gates
 	b.mu.Unlock()
-	for _, g := range gates {
-		rctx, cancel := context.WithTimeout(ctx, b.opTimeout)
-		err := g.renew(rctx)
-		cancel()
-		if err != nil {
-			if ctx.Err() == nil {
-				b.lost(err)
-			}
-			return
-		}
-		g.mu.Lock()
-		procs := g.procs
-		g.mu.Unlock()
-		b.mu.Lock()
-		b.seen = max(b.seen, procs)
-		b.mu.Unlock()
+	errs := make([]error, len(gates))
+	var wg sync.WaitGroup
+	for i, g := range gates {
+		wg.Go(func() {
+			rctx, cancel := context.WithTimeout(ctx, b.opTimeout)
+			defer cancel()
+			errs[i] = g.renew(rctx)
+		})
 	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		if ctx.Err() == nil {
+			b.lost(err)
+		}
+		return
+	}
+	procs := 0
+	for _, g := range gates {
+		procs = max(procs, g.procsSeen())
+	}
+	b.mu.Lock()
+	b.seen = max(b.seen, procs)
+	b.mu.Unlock()
 	b.rejoined(gates)
 }
 
-// lost switches every gate to a local share once Redis stops answering.
+// lost notes that Redis stopped answering. Each gate goes on admitting on
+// its grant until its lease ends (Redis keeps its slots for it that long
+// and a grace more), then admits nothing until Redis answers again.
 func (b *Budget) lost(err error) {
 	b.mu.Lock()
 	if b.down {
@@ -275,19 +318,13 @@ func (b *Budget) lost(err error) {
 	b.down, b.downFrom = true, time.Now()
 	b.periods++
 	gates := b.gates
-	procs := 1
-	for _, g := range gates {
-		g.mu.Lock()
-		procs = max(procs, g.procs)
-		g.mu.Unlock()
-	}
 	b.mu.Unlock()
 	for _, g := range gates {
-		g.goLocal(procs)
+		g.goDark()
 	}
-	msg := fmt.Sprintf("shared budget: Redis at %s stopped answering (%v); continuing on a local share (the limit ÷ %d processes last seen) until it is back", b.host, err, procs)
-	b.cfg.Events.Emit(dispatch.EventWarning, msg, map[string]any{"shared": b.host, "processes_last_seen": procs})
-	b.cfg.Log.Warn("shared budget: Redis lost; continuing on a local share", "host", b.host, "processes_last_seen", procs)
+	msg := fmt.Sprintf("shared budget: Redis at %s stopped answering (%v); admitting nothing past each lease (%v) until it is back", b.host, err, b.ttl-b.margin)
+	b.cfg.Events.Emit(dispatch.EventWarning, msg, map[string]any{"shared": b.host})
+	b.cfg.Log.Warn("shared budget: Redis lost; admitting nothing past each lease until it is back", "host", b.host)
 }
 
 func (b *Budget) rejoined(gates []*Gate) {
@@ -296,7 +333,7 @@ func (b *Budget) rejoined(gates []*Gate) {
 		b.mu.Unlock()
 		return
 	}
-	b.down = false
+	b.down, b.startLocal = false, false
 	out := time.Since(b.downFrom)
 	b.mu.Unlock()
 	maxIn := map[string]int{}
@@ -305,7 +342,7 @@ func (b *Budget) rejoined(gates []*Gate) {
 		maxIn[g.cfg.Org+"/"+string(g.cfg.Pool)] = g.localMaxInF
 		g.mu.Unlock()
 	}
-	b.cfg.Events.Emit(dispatch.EventLane, fmt.Sprintf("shared budget: rejoined Redis at %s after %.1f s on a local share", b.host, out.Seconds()),
+	b.cfg.Events.Emit(dispatch.EventLane, fmt.Sprintf("shared budget: rejoined Redis at %s after %.1f s without it", b.host, out.Seconds()),
 		map[string]any{"shared": b.host, "rejoined": true, "outage_s": out.Seconds(), "max_in_flight_during_outage": maxIn})
 	b.cfg.Log.Info("shared budget: rejoined Redis", "host", b.host, "outage_s", out.Seconds())
 }

@@ -19,9 +19,17 @@ import (
 //
 // Admission is local and costs no round trip: the process holds a lease of
 // several slots (its grant) and admits while its requests in flight are
-// fewer. The Budget's loop renews the lease a few times a second, and at
-// once when the process has used its grant; a 429 or 529 costs one round
-// trip (the cut and the hold are decided in Redis, once per epoch for all).
+// fewer and the lease is current. The Budget's loop renews the lease a few
+// times a second, and at once when the process has used its grant; a 429
+// or 529 costs one round trip (the cut and the hold are decided in Redis,
+// once per epoch for all).
+//
+// The lease is fenced: it runs from the moment the renewal that granted it
+// was sent, for the TTL less a margin, on this process's monotonic clock
+// (and, against a suspended machine whose monotonic clock stood still, on
+// its wall clock too). Past it the gate admits nothing until a renewal
+// answers, whatever its grant says: a process paused past its lease, or
+// cut off from Redis, does not admit on a grant Redis may have given away.
 type Gate struct {
 	b    *Budget
 	cfg  dispatch.LaneConfig
@@ -33,6 +41,7 @@ type Gate struct {
 	mu          sync.Mutex
 	grant       int     // slots this process may fill
 	fair        int     // its fair share of the shared limit
+	laneCap     int     // the lane's cap: the smallest any live process asked for
 	limit       float64 // the shared AIMD limit
 	epoch       uint64  // the shared congestion epoch
 	cuts        int     // cuts of the shared limit, by every process
@@ -56,10 +65,19 @@ type Gate struct {
 	disabled    string
 	wake        func()
 
-	// Local fallback, while Redis cannot be reached.
-	local       bool
-	localLimit  float64
-	localMaxInF int // most in flight while local
+	// The lease: the gate admits on its grant only before both (the first
+	// with its monotonic reading, the second wall time only).
+	leaseMono time.Time
+	leaseWall time.Time
+	fenced    bool // refused since the lease ended
+
+	// Local fallback, while Redis has not answered since the start.
+	local      bool
+	localLimit float64
+	// dark: Redis stopped answering mid-run; localMaxInF is the most in
+	// flight since (the fence stops admissions at the lease's end).
+	dark        bool
+	localMaxInF int
 }
 
 var (
@@ -73,7 +91,7 @@ func newGate(b *Budget, lc dispatch.LaneConfig, fp string) *Gate {
 	base := keyPrefix + tag
 	g := &Gate{
 		b: b, cfg: lc, fp: fp,
-		keys:    []string{base + ":state", base + ":held", base + ":want", base + ":infl", base + ":exp", base + ":r429"},
+		keys:    []string{base + ":state", base + ":held", base + ":want", base + ":infl", base + ":exp", base + ":r429", base + ":caps"},
 		buckets: dispatch.NewBuckets(lc),
 		share:   1,
 		procs:   1,
@@ -102,12 +120,30 @@ func (g *Gate) available() int {
 	return g.grant
 }
 
-// TryAdmit implements dispatch.Gate.
+// leaseCurrent reports whether the lease is current at now; g.mu is held.
+func (g *Gate) leaseCurrent(now time.Time) bool {
+	return now.Before(g.leaseMono) && now.Round(0).Before(g.leaseWall)
+}
+
+// TryAdmit implements dispatch.Gate. The fence is checked on the gate's
+// own clock as well as at now, since now may have been read before the
+// process was paused.
 func (g *Gate) TryAdmit(now time.Time, d dispatch.Demand) (dispatch.Permit, time.Duration, bool) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.disabled != "" {
 		return dispatch.Permit{}, time.Duration(math.MaxInt64), false
+	}
+	if !g.local {
+		if clock := time.Now(); !g.leaseCurrent(now) || !g.leaseCurrent(clock) {
+			// Fenced: renew at once; the renewal wakes the engine.
+			if !g.fenced {
+				g.fenced = true
+				g.starved = true
+				g.b.kick()
+			}
+			return dispatch.Permit{}, g.b.every, false
+		}
 	}
 	if now.Before(g.holdUntil) {
 		return dispatch.Permit{}, g.holdUntil.Sub(now), false
@@ -138,7 +174,7 @@ func (g *Gate) TryAdmit(now time.Time, d dispatch.Demand) (dispatch.Permit, time
 	g.buckets.Take(now, n)
 	g.inFlight++
 	g.maxInFlight = max(g.maxInFlight, g.inFlight)
-	if g.local {
+	if g.local || g.dark {
 		g.localMaxInF = max(g.localMaxInF, g.inFlight)
 	}
 	if g.inFlight >= g.available() {
@@ -260,6 +296,7 @@ func (g *Gate) renew(ctx context.Context) error {
 	g.renewMu.Lock()
 	defer g.renewMu.Unlock()
 	now := time.Now()
+	sent := now // the lease runs from here, before Redis' copy starts
 	g.mu.Lock()
 	// A process wants the whole cap while it has lately used all it was
 	// granted; otherwise what it has in flight, handing the rest back.
@@ -270,6 +307,9 @@ func (g *Gate) renew(ctx context.Context) error {
 	want := g.inFlight
 	if now.Sub(g.starvedAt) < 4*g.b.every {
 		want = g.cfg.Cap
+		if g.laneCap > 0 {
+			want = min(want, g.laneCap)
+		}
 	}
 	succ := "0"
 	if g.success {
@@ -294,7 +334,8 @@ func (g *Gate) renew(ctx context.Context) error {
 	if disabled {
 		want = 0
 	}
-	ttl := g.b.ttl.Milliseconds()
+	// Redis keeps this process's slots for the lease and the grace.
+	ttl := (g.b.ttl + g.b.grace).Milliseconds()
 	args := []any{g.b.proc, g.cfg.Cap, g.cfg.StartFraction, g.cfg.MinLimit, want, mayHave, ttl,
 		g.cfg.RampPerSecond, g.cfg.IncreasePerSecond, g.cfg.Speed, succ, oth, hdr, age, inFlight}
 	g.b.trips.Add(1)
@@ -302,14 +343,18 @@ func (g *Gate) renew(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if len(res) < 12 {
+	if len(res) < 13 {
 		return fmt.Errorf("unexpected reply %v", res)
 	}
 	now = time.Now()
 	g.mu.Lock()
 	before := g.available()
-	g.local = false
+	wasFenced := g.fenced || g.local
+	g.local, g.dark, g.fenced = false, false, false
+	g.leaseMono = sent.Add(g.b.ttl - g.b.margin)
+	g.leaseWall = sent.Round(0).Add(g.b.ttl - g.b.margin)
 	g.grant = int(toInt(res[0]))
+	g.laneCap = int(toInt(res[12]))
 	g.limit = toFloat(res[1])
 	g.epoch = uint64(toInt(res[2]))
 	g.cuts = int(toInt(res[3]))
@@ -341,7 +386,7 @@ func (g *Gate) renew(ctx context.Context) error {
 		}
 	}
 	wake := g.wake
-	grew := g.available() > before
+	grew := g.available() > before || (wasFenced && g.grant > 0)
 	g.mu.Unlock()
 	if r := toInt(res[8]); r > 0 {
 		g.b.cfg.Events.Emit(dispatch.EventLane, fmt.Sprintf("%s/%s: %d slots of a process whose lease expired are back", g.cfg.Org, g.cfg.Pool, r),
@@ -353,16 +398,16 @@ func (g *Gate) renew(ctx context.Context) error {
 	return nil
 }
 
-// goLocal switches the gate to a local share of procs processes.
-func (g *Gate) goLocal(procs int) {
+// goDark notes that Redis stopped answering: the gate goes on on its grant
+// until its lease ends, then admits nothing until a renewal answers.
+func (g *Gate) goDark() {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if g.local {
+	if g.local || g.dark {
 		return
 	}
-	g.local = true
+	g.dark = true
 	g.localMaxInF = g.inFlight
-	g.localLimit = math.Max(g.cfg.MinLimit, math.Floor(math.Min(g.limit, float64(g.cfg.Cap))/float64(max(1, procs))))
 }
 
 // release hands the slots back (the run is over).
@@ -455,6 +500,12 @@ func (g *Gate) isLocal() bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	return g.local
+}
+
+func (g *Gate) isDark() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.dark
 }
 
 func (g *Gate) procsSeen() int {

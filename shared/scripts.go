@@ -2,7 +2,7 @@ package shared
 
 import "github.com/redis/go-redis/v9"
 
-// The lane state of one (key fingerprint, model pool) lives in six Redis
+// The lane state of one (key fingerprint, model pool) lives in seven Redis
 // keys with one hash tag, so a cluster keeps them on one shard:
 //
 //	KEYS[1] state  hash: limit, gen, cuts, slow, last_grow, bound_at,
@@ -11,17 +11,23 @@ import "github.com/redis/go-redis/v9"
 //	               in-flight count when that is larger)
 //	KEYS[3] want   hash proc → slots it wants
 //	KEYS[4] infl   hash proc → requests it has in flight
-//	KEYS[5] exp    zset proc → lease expiry (ms of Redis time)
+//	KEYS[5] exp    zset proc → when its slots may be reclaimed (ms of Redis
+//	               time): its lease's end plus the grace (see Config.Grace)
 //	KEYS[6] r429   list of recent 429 times (ms), newest first
+//	KEYS[7] caps   hash proc → the cap that process asked for
+//
+// The cap of a lane is the smallest any live process asked for: no process
+// raises it for the others by passing a larger --cap.
 //
 // Every step is one script run on Redis' own clock (TIME): no process's
 // clock is trusted, and no two steps interleave.
 
 // luaPrelude loads the lane state (initialising it on first use) and
-// returns dead leases to the pool. It defines now, limit, gen, cuts, slow,
-// lastGrow, boundAt, holdUntil, nora, othersUntil and reclaimed.
+// returns dead leases to the pool. It defines now, cap (the lane's: the
+// smallest any live process asked for), limit, gen, cuts, slow, lastGrow,
+// boundAt, holdUntil, nora, othersUntil and reclaimed.
 const luaPrelude = `
-local st, held, want, infl, exp, r429 = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local st, held, want, infl, exp, r429, capk = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local proc = ARGV[1]
@@ -44,7 +50,6 @@ else
   nora = tonumber(s[8]) or 0
   othersUntil = tonumber(s[9]) or 0
 end
-if limit > cap then limit = cap end
 local reclaimed = 0
 local dead = redis.call('ZRANGEBYSCORE', exp, '-inf', '(' .. now)
 for _, p in ipairs(dead) do
@@ -53,15 +58,22 @@ for _, p in ipairs(dead) do
     redis.call('HDEL', held, p)
     redis.call('HDEL', want, p)
     redis.call('HDEL', infl, p)
+    redis.call('HDEL', capk, p)
     redis.call('ZREM', exp, p)
   end
 end
+redis.call('HSET', capk, proc, cap)
+for _, p in ipairs(redis.call('ZRANGE', exp, 0, -1)) do
+  local c = tonumber(redis.call('HGET', capk, p))
+  if c and c < cap then cap = c end
+end
+if limit > cap then limit = cap end
 local function save()
   redis.call('HSET', st, 'limit', tostring(limit), 'gen', gen, 'cuts', cuts, 'slow', slow,
     'last_grow', lastGrow, 'bound_at', boundAt, 'hold_until', holdUntil, 'nora', nora,
     'others_until', othersUntil, 'cap', cap)
   -- A key nobody has used for a day leaves nothing behind.
-  for i = 1, 6 do redis.call('PEXPIRE', KEYS[i], 86400000) end
+  for i = 1, 7 do redis.call('PEXPIRE', KEYS[i], 86400000) end
 end
 `
 
@@ -74,10 +86,12 @@ end
 // flight now. The sixth, "in flight", is what the process may have in
 // flight while this call is under way: the larger of its requests in
 // flight and its current grant, so a grant that shrinks is recorded only
-// once the process knows of it.
+// once the process knows of it. The seventh is the lease's TTL plus the
+// grace: the others reclaim this process's slots only that long after this
+// renewal, while the process itself stops admitting at the lease's end.
 //
 // Returns {grant, limit, gen, cuts, hold ms, active, others ms, procs,
-// reclaimed, header snapshot, header age ms, in flight of all}.
+// reclaimed, header snapshot, header age ms, in flight of all, cap}.
 var acquireScript = redis.NewScript(luaPrelude + `
 local wantMe = tonumber(ARGV[5])
 local inflMe = tonumber(ARGV[6])
@@ -121,18 +135,21 @@ local L = math.floor(limit)
 if sumWant >= L then boundAt = now end
 
 -- Fair shares: the limit split evenly over the processes that want
--- slots (procs is sorted by name, so every process computes the same
--- split); a share nobody claims is free for whoever wants it.
+-- slots (sorted by name, so every process computes the same split); a
+-- share nobody claims is free for whoever wants it. The remainder slots
+-- rotate over the processes, one step a second of Redis time, so that no
+-- process always has one more than the others.
 local active = {}
 for _, p in ipairs(procs) do
   if W[p] > 0 then table.insert(active, p) end
 end
 table.sort(active)
 local n = #active
+local turn = math.floor(now / 1000)
 local function fair(rank)
   if n == 0 then return 0 end
   local f = math.floor(L / n)
-  if rank <= L % n then f = f + 1 end
+  if (rank - 1 + turn) % n < L % n then f = f + 1 end
   return f
 end
 local claims = 0
@@ -155,7 +172,7 @@ if othersUntil > now then othMs = othersUntil - now end
 local h = redis.call('HMGET', st, 'hdr', 'hdr_at')
 local hdrAge = -1
 if h[2] then hdrAge = now - tonumber(h[2]) end
-return {grant, tostring(limit), gen, cuts, holdMs, n, othMs, #procs, reclaimed, h[1] or '', hdrAge, sumInfl}
+return {grant, tostring(limit), gen, cuts, holdMs, n, othMs, #procs, reclaimed, h[1] or '', hdrAge, sumInfl, cap}
 `)
 
 // congestionScript applies a 429 (or 529): one multiplicative cut per
@@ -207,5 +224,6 @@ redis.call('HDEL', KEYS[2], ARGV[1])
 redis.call('HDEL', KEYS[3], ARGV[1])
 redis.call('HDEL', KEYS[4], ARGV[1])
 redis.call('ZREM', KEYS[5], ARGV[1])
+redis.call('HDEL', KEYS[7], ARGV[1])
 return 1
 `)

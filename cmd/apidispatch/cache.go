@@ -135,7 +135,7 @@ flags:`)
 	case "export":
 		w := stdout
 		if *out != "" {
-			f, err := os.Create(*out)
+			f, err := os.OpenFile(*out, os.O_RDWR|os.O_CREATE|os.O_TRUNC, dispatch.FilePerm)
 			if err != nil {
 				errf(stderr, "%v", err)
 				return exitUsage

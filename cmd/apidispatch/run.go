@@ -198,6 +198,13 @@ flags:`)
 					f()
 				}
 			}
+			if *route == runner.RouteBatch && shf.url != "" {
+				// The batch route holds no request slots: nothing to share.
+				msg := "--shared is not used by --route batch (the Message Batches API holds no request slots of a key); going on without Redis"
+				fmt.Fprintln(stderr, "note: "+msg)
+				job.Events.Emit(dispatch.EventWarning, msg, nil)
+				shf = sharedFlags{}
+			}
 			sb, err := shf.open(ctx, orgs, job.Events)
 			if err != nil {
 				return nil, err

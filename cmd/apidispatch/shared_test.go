@@ -282,10 +282,11 @@ func TestSharedBudgetKillNine(t *testing.T) {
 }
 
 // TestSharedBudgetRedisRestart kills Redis under three running processes
-// and starts it again (empty) a second later: each process warns and goes
-// on on a local share (the limit ÷ the processes last seen), rejoins when
-// Redis is back, and writes every custom_id once. The simulator's highest
-// count in flight per key during the whole run is logged.
+// and starts it again (empty) a second later: each process warns, admits
+// on its grant until its lease ends and then nothing (issue 20's fence),
+// rejoins when Redis is back, and writes every custom_id once. The
+// simulator's highest count in flight per key during the whole run is
+// logged.
 func TestSharedBudgetRedisRestart(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts processes")
@@ -316,7 +317,7 @@ func TestSharedBudgetRedisRestart(t *testing.T) {
 					} `json:"data"`
 				}
 				json.Unmarshal([]byte(line), &e)
-				t.Logf("run %d: %.1f s on a local share; max in flight per lane meanwhile %v", i, e.Data.Outage, e.Data.Max)
+				t.Logf("run %d: %.1f s without Redis; max in flight per lane meanwhile %v", i, e.Data.Outage, e.Data.Max)
 			}
 		}
 	}

@@ -63,6 +63,7 @@ import (
 	"fmt"
 	"maps"
 	"net/url"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -159,6 +160,13 @@ func open(path string, cfg config) (*Store, error) {
 	}
 	ctx := context.Background()
 	s := &Store{path: path}
+	// A new store holds model outputs: only its owner reads it (SQLite
+	// gives its -wal and -shm files the same permissions).
+	if f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600); err == nil {
+		f.Close()
+	} else if !errors.Is(err, os.ErrExist) {
+		return nil, fmt.Errorf("sqlite: open %s: %w", path, err)
+	}
 
 	w, err := sql.Open("sqlite", dsn(path, cfg, false))
 	if err != nil {

@@ -1,0 +1,195 @@
+package shared
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/apidispatch/apidispatch/anthropic"
+	"github.com/apidispatch/apidispatch/dispatch"
+	"github.com/apidispatch/apidispatch/internal/netproxy"
+	"github.com/apidispatch/apidispatch/internal/testredis"
+	"github.com/apidispatch/apidispatch/org"
+)
+
+var ok200 = dispatch.Feedback{Outcome: anthropic.Outcome{Kind: anthropic.Success, Status: 200}}
+
+// openIdle opens a budget whose renewal loop is not started: the test
+// renews by hand, and a process that stops renewing is one that is paused
+// or cut off from Redis.
+func openIdle(t *testing.T, url string, orgs []org.Org) *Budget {
+	t.Helper()
+	b, err := Open(context.Background(), Config{URL: url, Orgs: orgs, TTL: 500 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	return b
+}
+
+// Issue 20, case 1: a process paused past its lease comes back and must
+// not admit on its old grant before it renews (another process may have
+// the whole cap by then).
+func TestSharedPausedProcessAdmitsNothingPastItsLease(t *testing.T) {
+	url := testredis.URL(t)
+	o := freshOrg("a")
+	a := openIdle(t, url, []org.Org{o})
+	ga := a.NewGate(lane(100))
+	a.renewAll(context.Background())
+	ps := fill(ga)
+	if len(ps) != 100 {
+		t.Fatalf("admitted %d, want 100", len(ps))
+	}
+	for _, p := range ps {
+		ga.Done(time.Now(), p, ok200)
+	}
+	// Paused: no renewal for longer than the lease.
+	time.Sleep(a.ttl)
+	if n := len(fill(ga)); n != 0 {
+		t.Fatalf("admitted %d on a lease that ended %v ago", n, a.margin)
+	}
+	a.renewAll(context.Background())
+	if n := len(fill(ga)); n != 100 {
+		t.Fatalf("after renewing: admitted %d, want 100", n)
+	}
+}
+
+// Issue 20, case 2: a process cut off from Redis (but not from the API)
+// stops admitting at its lease's end, and the other process takes its
+// slots only a grace after that: at no moment do the two have more than
+// the cap in flight, counting the cut-off process's requests that were
+// already in flight (which end within their latency, here a quarter of
+// the lease).
+func TestSharedCutOffProcessNeverAddsToReclaimedSlots(t *testing.T) {
+	srv := testredis.URL(t)
+	o := freshOrg("a")
+	px := netproxy.Start(t, srv[len("redis://"):len(srv)-len("/0")])
+	a := process(t, "redis://"+px.Addr+"/0", []org.Org{o})
+	b := process(t, srv, []org.Org{o})
+	ga, gb := a.NewGate(lane(100)), b.NewGate(lane(100))
+	var pa, pb []dispatch.Permit
+	eventually(t, "both hold a share", func() bool {
+		pa = append(pa, fill(ga)...)
+		pb = append(pb, fill(gb)...)
+		return len(pa) > 20 && len(pb) > 20
+	}, a, b)
+	px.BlackHole(true)
+	cut := time.Now()
+	latency := a.ttl / 4
+	newA, maxSum := 0, 0
+	for time.Since(cut) < a.ttl+a.grace+time.Second {
+		if time.Since(cut) > latency && len(pa) > 0 {
+			for _, p := range pa {
+				ga.Done(time.Now(), p, ok200)
+			}
+			pa = nil
+		}
+		got := fill(ga)
+		if time.Since(cut) > a.ttl {
+			newA += len(got)
+		}
+		pa = append(pa, got...)
+		pb = append(pb, fill(gb)...)
+		maxSum = max(maxSum, len(pa)+len(pb))
+		if len(pa)+len(pb) > 100 {
+			t.Fatalf("%v after the cut: %d + %d in flight, cap 100", time.Since(cut).Round(time.Millisecond), len(pa), len(pb))
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if newA != 0 {
+		t.Fatalf("the cut-off process admitted %d after its lease", newA)
+	}
+	if len(pb) != 100 {
+		t.Fatalf("the connected process has %d in flight after the grace, want the whole cap", len(pb))
+	}
+	px.BlackHole(false)
+	t.Logf("max in flight of both %d (cap 100)", maxSum)
+}
+
+// Issue 20: the cap of a key is the smallest any live process asked for;
+// a process with a larger --cap does not raise it for the others.
+func TestSharedCapIsTheSmallestAnyProcessAsked(t *testing.T) {
+	url := testredis.URL(t)
+	o := freshOrg("a")
+	big, small := process(t, url, []org.Org{o}), process(t, url, []org.Org{o})
+	gb := big.NewGate(lane(100))
+	big.renewAll(context.Background())
+	gs := small.NewGate(lane(40))
+	var ps, pb []dispatch.Permit
+	for range 50 {
+		small.renewAll(context.Background())
+		big.renewAll(context.Background())
+		time.Sleep(10 * time.Millisecond)
+		ps = append(ps, fill(gs)...)
+		pb = append(pb, fill(gb)...)
+		if n := len(ps) + len(pb); n > 40 {
+			t.Fatalf("%d in flight on a key whose smallest cap is 40 (%d + %d)", n, len(ps), len(pb))
+		}
+		for _, p := range ps[:len(ps)/2] {
+			gs.Done(time.Now(), p, ok200)
+		}
+		ps = ps[len(ps)/2:]
+	}
+	if l := gb.Snapshot(time.Now()).Limit; l > 40 {
+		t.Fatalf("the larger-cap process sees a limit of %v, want at most 40", l)
+	}
+}
+
+// Issue 20: the remainder slots of a split rotate instead of always going
+// to the processes whose names sort first.
+func TestSharedRemainderSlotsRotate(t *testing.T) {
+	url := testredis.URL(t)
+	o := freshOrg("a")
+	var bs []*Budget
+	var gs []dispatch.Gate
+	for range 3 {
+		b := openIdle(t, url, []org.Org{o})
+		bs = append(bs, b)
+		gs = append(gs, b.NewGate(lane(100)))
+	}
+	extra := map[int]bool{}
+	deadline := time.Now().Add(3500 * time.Millisecond)
+	for time.Now().Before(deadline) {
+		for i, b := range bs {
+			b.renewAll(context.Background())
+			ps := fill(gs[i])
+			if len(ps) == 34 {
+				extra[i] = true
+			}
+			for _, p := range ps {
+				gs[i].Done(time.Now(), p, ok200)
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if len(extra) < 2 {
+		t.Fatalf("the 100th slot of a 34/33/33 split went only to process(es) %v in 3.5 s", extra)
+	}
+}
+
+// Issue 20: renewals of many lanes run concurrently, so that on a slow
+// Redis the last lane's renewal is not a dozen round trips late.
+func TestSharedRenewalsOfManyLanesRunConcurrently(t *testing.T) {
+	srv := testredis.URL(t)
+	px := netproxy.Start(t, srv[len("redis://"):len(srv)-len("/0")])
+	var orgs []org.Org
+	for i := range 12 {
+		orgs = append(orgs, freshOrg(string(rune('a'+i))))
+	}
+	b := openIdle(t, "redis://"+px.Addr+"/0", orgs)
+	for _, o := range orgs {
+		lc := lane(10)
+		lc.Org = o.Name
+		b.NewGate(lc)
+	}
+	b.renewAll(context.Background()) // scripts loaded, connections open
+	const delay = 40 * time.Millisecond
+	px.SetDelay(delay)
+	t0 := time.Now()
+	b.renewAll(context.Background())
+	took := time.Since(t0)
+	if took > 6*delay {
+		t.Fatalf("renewing 12 lanes with %v per round trip took %v: one after another", delay, took)
+	}
+	t.Logf("12 renewals, %v per round trip: %v", delay, took)
+}
