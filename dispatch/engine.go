@@ -35,6 +35,7 @@ import (
 	"github.com/apidispatch/apidispatch/cost"
 	"github.com/apidispatch/apidispatch/org"
 	"github.com/apidispatch/apidispatch/ratelimit"
+	"github.com/apidispatch/apidispatch/spend"
 	"github.com/apidispatch/apidispatch/store"
 )
 
@@ -81,7 +82,15 @@ type Config struct {
 	Events     *EventLog
 	// MaxCost stops admission when spent plus the worst case of in-flight
 	// requests would pass it (0: no cap). It covers the whole run directory.
+	// Without Spend, Run makes the gate that keeps it (seeded with what the
+	// store says was spent).
 	MaxCost cost.Nanos
+	// Spend, when set, is the run's one spend gate, shared with every other
+	// route and engine of the run (the batch route, auto's later engines, a
+	// pilot): each request reserves its worst case there before it is sent
+	// and settles it from usage. Its cap is the run's --max-cost, and
+	// MaxCost is then not read.
+	Spend *spend.Gate
 	// MaxSeq, when positive, limits this Run to items 1..MaxSeq of the input
 	// (a pilot); the rest stay pending for a later Run.
 	MaxSeq int64
@@ -220,7 +229,7 @@ type attempt struct {
 	body     []byte
 	reqID    string
 	costN    cost.Nanos
-	worst    cost.Nanos
+	res      *spend.Reservation // its worst case, in the spend gate
 	usage    anthropic.Usage
 	readErr  error
 	orgIDHdr string
@@ -260,8 +269,8 @@ type Engine struct {
 
 	inflight    int
 	inflightPub atomic.Int64
-	inflightW   cost.Nanos
-	spent       cost.Nanos // committed before this run + completed in this run
+	gate        *spend.Gate     // the run's spend gate (Config.Spend, or this Run's own)
+	costWait    <-chan struct{} // the gate's Changed while admission waits for room another route holds
 	results     chan *attempt
 	wake        chan struct{}
 	stopReason  string
@@ -471,7 +480,9 @@ func (e *Engine) Run(ctx context.Context) (*Result, error) {
 		}
 	}
 	e.doneStart = agg.Succeeded + agg.Errored
-	e.spent = cost.Nanos(agg.CostNanos)
+	if e.gate = e.cfg.Spend; e.gate == nil {
+		e.gate = spend.New("--max-cost", e.cfg.MaxCost, cost.Nanos(agg.CostNanos))
+	}
 	sink := e.cfg.Sink
 	if sink == nil {
 		if sink, err = OpenSink(ctx, e.cfg.ResultsPath, st); err != nil {
@@ -676,6 +687,7 @@ func (e *Engine) schedule(ctx context.Context, feed chan []fed, com *committer, 
 			}
 		}
 		next := time.Duration(math.MaxInt64)
+		e.costWait = nil
 		if !stopping {
 			next = e.admit(now, workers)
 		}
@@ -691,7 +703,7 @@ func (e *Engine) schedule(ctx context.Context, feed chan []fed, com *committer, 
 		if (feedDone || stopping) && e.held == 0 && e.inflight == 0 {
 			return nil
 		}
-		if !wantFeed && e.nready > 0 && e.inflight == 0 && next == time.Duration(math.MaxInt64) && !stopping {
+		if !wantFeed && e.nready > 0 && e.inflight == 0 && next == time.Duration(math.MaxInt64) && !stopping && e.costWait == nil {
 			// Work, nothing in flight, and no lane will ever admit: every lane
 			// of these pools is disabled.
 			e.stopReason = "no usable lane: " + e.laneReasons()
@@ -708,6 +720,7 @@ func (e *Engine) schedule(ctx context.Context, feed chan []fed, com *committer, 
 		}
 		select {
 		case <-e.wake:
+		case <-e.costWait:
 		case <-timer.C:
 		case <-ctx.Done():
 		case <-graceC:
@@ -854,18 +867,14 @@ func (e *Engine) admit(now time.Time, workers *sync.WaitGroup) time.Duration {
 					continue
 				}
 				w := q[0]
-				if e.cfg.MaxCost > 0 {
-					worst := e.worstCase(w)
-					if e.spent+e.inflightW+worst > e.cfg.MaxCost {
-						if e.inflight == 0 {
-							e.stopReasonCost()
-						}
-						e.ready[pool] = q
-						return next
-					}
+				res, err := e.reserve(w)
+				if err != nil {
+					e.ready[pool] = q
+					return next
 				}
 				p, wait, ok := l.TryAdmit(now, Demand{EstInput: w.it.EstInput, MaxTokens: w.it.MaxTokens})
 				if !ok {
+					res.Release()
 					blocked[i] = true
 					if wait > 0 {
 						next = min(next, wait)
@@ -874,7 +883,7 @@ func (e *Engine) admit(now time.Time, workers *sync.WaitGroup) time.Duration {
 				}
 				q = q[1:]
 				e.nready--
-				e.start1(w, l, p, workers)
+				e.start1(w, l, p, res, workers)
 				progressed = true
 			}
 			if !progressed {
@@ -886,9 +895,35 @@ func (e *Engine) admit(now time.Time, workers *sync.WaitGroup) time.Duration {
 	return next
 }
 
-func (e *Engine) stopReasonCost() {
+// reserve reserves w's worst case in the spend gate. When the cap has no
+// room for it, admission waits: for this engine's requests in flight, or
+// for the gate's room (costWait) while another route holds some of it
+// (open batches, another engine); with nothing held anywhere, nothing
+// will free room, and the run stops.
+func (e *Engine) reserve(w *work) (*spend.Reservation, error) {
+	worst := e.worstCase(w)
+	res, err := e.gate.Reserve(worst)
+	if err == nil {
+		return res, nil
+	}
+	// Take the channel before looking again, so no release is missed.
+	ch := e.gate.Changed()
+	if res, err = e.gate.Reserve(worst); err == nil {
+		return res, nil
+	}
+	switch {
+	case e.inflight > 0:
+	case e.gate.Open() > 0:
+		e.costWait = ch
+	default:
+		e.stopReasonCost(err)
+	}
+	return nil, err
+}
+
+func (e *Engine) stopReasonCost(err error) {
 	if e.stopReason == "" {
-		e.stopReason = fmt.Sprintf("--max-cost %s reached (spent %s)", e.cfg.MaxCost, e.spent)
+		e.stopReason = err.Error()
 	}
 	// Wake the loop so it notices via costStop.
 	e.costStop = true
@@ -904,17 +939,13 @@ func (e *Engine) worstCase(w *work) cost.Nanos {
 	return n
 }
 
-func (e *Engine) start1(w *work, l *laneRef, p Permit, workers *sync.WaitGroup) {
+func (e *Engine) start1(w *work, l *laneRef, p Permit, res *spend.Reservation, workers *sync.WaitGroup) {
 	e.inflight++
 	e.inflightPub.Store(int64(e.inflight))
 	w.sending = true
 	w.attempts++
 	e.c.attempts.Add(1)
-	a := &attempt{w: w, lane: l, permit: p}
-	if e.cfg.MaxCost > 0 {
-		a.worst = e.worstCase(w)
-		e.inflightW += a.worst
-	}
+	a := &attempt{w: w, lane: l, permit: p, res: res}
 	workers.Go(func() {
 		e.send(a)
 		e.results <- a
@@ -1007,7 +1038,6 @@ func (e *Engine) send(a *attempt) {
 func (e *Engine) handle(a *attempt, com *committer, stopping bool) {
 	e.inflight--
 	e.inflightPub.Store(int64(e.inflight))
-	e.inflightW -= a.worst
 	now := time.Now()
 	defer e.signal()
 	w, l, o := a.w, a.lane, a.outcome
@@ -1016,6 +1046,7 @@ func (e *Engine) handle(a *attempt, com *committer, stopping bool) {
 	if a.orgIDHdr != "" {
 		e.noteOrgID(l.org, a.orgIDHdr)
 	}
+	e.settle(a)
 	if a.readErr != nil {
 		// The input file cannot be read: stop, nothing is lost.
 		e.held--
@@ -1027,7 +1058,6 @@ func (e *Engine) handle(a *attempt, com *committer, stopping bool) {
 	}
 	switch o.Kind {
 	case anthropic.Success:
-		e.spent += a.costN
 		e.held--
 		l.org.completed.Add(1)
 		q := queued{Outcome: e.outcome(a, store.Succeeded)}
@@ -1081,6 +1111,24 @@ func (e *Engine) handle(a *attempt, com *committer, stopping bool) {
 		return
 	}
 	heap.Push(&e.delayed, w)
+}
+
+// settle ends a's reservation in the spend gate: a success costs its
+// usage; an answer that may have been billed although none came back (a
+// connection lost after the request went out, a truncated 2xx) keeps its
+// worst case counted, since its cost cannot be known; any other answer
+// bills nothing.
+func (e *Engine) settle(a *attempt) {
+	switch {
+	case a.readErr != nil:
+		a.res.Release()
+	case a.outcome.Kind == anthropic.Success:
+		a.res.Settle(a.costN)
+	case a.maybeBilled:
+		a.res.Keep()
+	default:
+		a.res.Release()
+	}
 }
 
 func (e *Engine) disableOrg(o *orgState, reason string) {
