@@ -42,8 +42,11 @@ func (e *CapError) Error() string {
 	if e.Name != "" {
 		who = e.Name
 	}
-	return fmt.Sprintf("%s %s reached: spent %s, %s held for work whose cost is not known yet; a worst case of %s more would pass it",
-		who, e.Cap, e.Spent, e.Held+e.Reserved, e.Want)
+	held := ""
+	if h := e.Held + e.Reserved; h > 0 {
+		held = fmt.Sprintf(", %s held for requests and batches whose cost is not known yet", h)
+	}
+	return fmt.Sprintf("%s %s reached: spent %s%s; a worst case of %s more would pass it", who, e.Cap, e.Spent, held, e.Want)
 }
 
 // Is makes a CapError match ErrCapReached.
@@ -181,12 +184,29 @@ func (g *Gate) Reserve(worst cost.Nanos) (*Reservation, error) {
 	gs := g.chain()
 	lockAll(gs)
 	defer unlockAll(gs)
-	for _, x := range gs {
-		if x.cap > 0 && x.spent+x.held+x.reserved+worst > x.cap {
-			return nil, &CapError{Name: x.name, Cap: x.cap, Spent: x.spent, Held: x.held, Reserved: x.reserved, Want: worst}
-		}
+	if err := checkLocked(gs, worst); err != nil {
+		return nil, err
 	}
 	return g.reserveLocked(gs, worst), nil
+}
+
+// Check returns the error Reserve(worst) would return now, reserving
+// nothing: nil when there is room. Another goroutine may take the room
+// before a Reserve that follows; Reserve decides.
+func (g *Gate) Check(worst cost.Nanos) error {
+	gs := g.chain()
+	lockAll(gs)
+	defer unlockAll(gs)
+	return checkLocked(gs, max(worst, 0))
+}
+
+func checkLocked(gs []*Gate, worst cost.Nanos) error {
+	for _, x := range gs {
+		if x.cap > 0 && x.spent+x.held+x.reserved+worst > x.cap {
+			return &CapError{Name: x.name, Cap: x.cap, Spent: x.spent, Held: x.held, Reserved: x.reserved, Want: worst}
+		}
+	}
+	return nil
 }
 
 // Hold reserves worst whatever the cap says, for work already sent that

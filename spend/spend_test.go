@@ -241,3 +241,16 @@ func ExampleGate() {
 	// true
 	// <nil> $0.000150
 }
+
+func TestGateCheckReservesNothing(t *testing.T) {
+	g := spend.New("", 100, 0).Child("", 0, 0)
+	if err := g.Check(100); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Check(101); !errors.Is(err, spend.ErrCapReached) {
+		t.Fatalf("check past the parent's cap: %v", err)
+	}
+	if g.Reserved() != 0 || g.Open() != 0 {
+		t.Fatal("Check reserved")
+	}
+}
