@@ -451,19 +451,19 @@ func (r *Route) Run(ctx context.Context) (*Result, error) {
 	return r.result(), nil
 }
 
-// waitRoom is submit's answer to a spend gate without room for the next
-// batch, whose first request's worst case is need: wait while anything the
-// gate holds may yet free room (an open batch of this route, another
-// route's requests in flight); stop creating, with the cap's figures, when
-// nothing can.
-func (r *Route) waitRoom(need cost.Nanos) {
+// waitRoom is submit's answer to a spend gate without room for the least
+// batch it would create (its first n requests, whose worst case is need):
+// wait while anything the gate holds may yet free room (an open batch of
+// this route, another route's requests in flight); stop creating, with the
+// cap's figures, when nothing can.
+func (r *Route) waitRoom(need cost.Nanos, n int) {
 	ch := r.gate.Changed()
 	err := r.gate.Check(need)
 	switch {
 	case err == nil:
 		r.costWait, r.costNeed = closedWait, need // room came free: look again at once
 	case r.gate.Open() == 0:
-		r.closeSubmit(fmt.Sprintf("%v (the next batch's first request)", err))
+		r.closeSubmit(fmt.Sprintf("%v (the next batch's first %d requests)", err, n))
 	default:
 		r.costWait, r.costNeed = ch, need
 	}

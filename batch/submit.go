@@ -127,7 +127,7 @@ func (r *Route) submit(ctx context.Context) error {
 		// Cut by count, bytes and cost.
 		var bytes int64 = 16
 		var worst cost.Nanos
-		k := 0
+		k, least := 0, (int(n)+3)/4
 		for k < int(n) {
 			it := cands[k]
 			b := itemBytes(it)
@@ -136,6 +136,13 @@ func (r *Route) submit(ctx context.Context) error {
 			}
 			w := r.worstCase(it)
 			if r.gate.Check(worst+w) != nil {
+				// The spend gate's room ends here. A batch it would cut to
+				// less than a quarter of its size waits for more (or ends
+				// creating): the cap is binding, and slivers would only
+				// queue behind each other.
+				if k < least {
+					k = 0
+				}
 				break
 			}
 			bytes += b
@@ -153,7 +160,11 @@ func (r *Route) submit(ctx context.Context) error {
 			if itemBytes(it)+16 > r.cfg.MaxBytes {
 				return fmt.Errorf("line %d (custom_id %s): the request is %d bytes, more than a batch may hold (%d)", it.Line, it.CustomID, it.Length, r.cfg.MaxBytes)
 			}
-			r.waitRoom(r.worstCase(it))
+			var need cost.Nanos
+			for _, it := range cands[:least] {
+				need += r.worstCase(it)
+			}
+			r.waitRoom(need, least)
 			return nil
 		}
 		cut := cands[:k]
