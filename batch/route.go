@@ -463,7 +463,11 @@ func (r *Route) waitRoom(need cost.Nanos, n int) {
 	case err == nil:
 		r.costWait, r.costNeed = closedWait, need // room came free: look again at once
 	case r.gate.Open() == 0:
-		r.closeSubmit(fmt.Sprintf("%v (the next batch's first %d requests)", err, n))
+		what := "the next batch's first request"
+		if n > 1 {
+			what = fmt.Sprintf("the next batch's first %d requests", n)
+		}
+		r.closeSubmit(fmt.Sprintf("%v (%s)", err, what))
 	default:
 		r.costWait, r.costNeed = ch, need
 	}

@@ -136,11 +136,12 @@ func (r *Route) submit(ctx context.Context) error {
 			}
 			w := r.worstCase(it)
 			if r.gate.Check(worst+w) != nil {
-				// The spend gate's room ends here. A batch it would cut to
-				// less than a quarter of its size waits for more (or ends
-				// creating): the cap is binding, and slivers would only
-				// queue behind each other.
-				if k < least {
+				// The spend gate's room ends here. While another route
+				// holds room that comes free a request at a time (a sync
+				// engine's requests in flight), a batch cut to less than a
+				// quarter of its size waits for more rather than make
+				// slivers that queue behind each other.
+				if k < least && r.gate.Open() > r.openCount() {
 					k = 0
 				}
 				break
@@ -160,11 +161,15 @@ func (r *Route) submit(ctx context.Context) error {
 			if itemBytes(it)+16 > r.cfg.MaxBytes {
 				return fmt.Errorf("line %d (custom_id %s): the request is %d bytes, more than a batch may hold (%d)", it.Line, it.CustomID, it.Length, r.cfg.MaxBytes)
 			}
+			m := 1
+			if r.gate.Open() > r.openCount() {
+				m = least
+			}
 			var need cost.Nanos
-			for _, it := range cands[:least] {
+			for _, it := range cands[:m] {
 				need += r.worstCase(it)
 			}
-			r.waitRoom(need, least)
+			r.waitRoom(need, m)
 			return nil
 		}
 		cut := cands[:k]

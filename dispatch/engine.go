@@ -271,6 +271,7 @@ type Engine struct {
 	inflightPub atomic.Int64
 	gate        *spend.Gate     // the run's spend gate (Config.Spend, or this Run's own)
 	costWait    <-chan struct{} // the gate's Changed while admission waits for room another route holds
+	costErr     error           // the spend gate's refusal, when it is the stop reason
 	results     chan *attempt
 	wake        chan struct{}
 	stopReason  string
@@ -630,6 +631,10 @@ func (e *Engine) Run(ctx context.Context) (*Result, error) {
 			kind = EventProgress
 		}
 		e.cfg.Events.Emit(kind, res.StopReason, sum)
+		if e.costErr != nil {
+			// Callers tell a --max-cost stop by spend.ErrCapReached.
+			return res, fmt.Errorf("%w: %w", ErrIncomplete, e.costErr)
+		}
 		return res, fmt.Errorf("%w: %s", ErrIncomplete, res.StopReason)
 	}
 	e.cfg.Events.Emit(EventCompleted, fmt.Sprintf("%d succeeded, %d errored", sum.Succeeded, sum.Errored), sum)
@@ -703,7 +708,7 @@ func (e *Engine) schedule(ctx context.Context, feed chan []fed, com *committer, 
 		if (feedDone || stopping) && e.held == 0 && e.inflight == 0 {
 			return nil
 		}
-		if !wantFeed && e.nready > 0 && e.inflight == 0 && next == time.Duration(math.MaxInt64) && !stopping && e.costWait == nil {
+		if !wantFeed && e.nready > 0 && e.inflight == 0 && next == time.Duration(math.MaxInt64) && !stopping && e.costWait == nil && !e.costStop {
 			// Work, nothing in flight, and no lane will ever admit: every lane
 			// of these pools is disabled.
 			e.stopReason = "no usable lane: " + e.laneReasons()
@@ -923,7 +928,7 @@ func (e *Engine) reserve(w *work) (*spend.Reservation, error) {
 
 func (e *Engine) stopReasonCost(err error) {
 	if e.stopReason == "" {
-		e.stopReason = err.Error()
+		e.stopReason, e.costErr = err.Error(), err
 	}
 	// Wake the loop so it notices via costStop.
 	e.costStop = true

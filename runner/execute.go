@@ -353,7 +353,11 @@ func (ex *execution) auto(ctx context.Context) error {
 		}
 	}
 	if !finished {
-		if ctx.Err() != nil || syncErr != nil || ex.stopped() != "" {
+		// A --max-cost stop of the sync engine leaves the batch route to
+		// harvest its open batches (paid for, or reserved, already) and
+		// to stop creating by the same gate; any other stop stops it.
+		capped := errors.Is(syncErr, spend.ErrCapReached)
+		if ctx.Err() != nil || syncErr != nil && !capped || ex.stopped() != "" && !capped {
 			bstop()
 		}
 		bErr = <-batchDone

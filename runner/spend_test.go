@@ -33,6 +33,14 @@ func (b *bench) projectedAllSync(t *testing.T, limits *plan.Limits) cost.Nanos {
 	return p.ExpectedCost
 }
 
+// fastBatches makes the simulator's batches start 5 API s after their
+// create and process 30,000 requests a minute per org.
+func fastBatches(c *sim.Config) {
+	for i := range c.Orgs {
+		c.Orgs[i].Batch.QueueWaitS, c.Orgs[i].Batch.PerMinute, c.Orgs[i].Batch.CancelS = 5, 30000, 1
+	}
+}
+
 // ledgerAudit sums the simulator's ledger (sync and batch requests alike)
 // and counts the requests billed more than once, by their params' hash
 // (the prompt: the same for an item by sync and in a batch).
@@ -58,17 +66,13 @@ func ledgerAudit(r *sim.Running) (billed cost.Nanos, requests, twice int) {
 // without the cap ends every item exactly once, nothing billed twice.
 func TestAutoMaxCostHoldsWithBothRoutes(t *testing.T) {
 	const n, k = 3000, 10
-	// The planner is told batches start 30 API s after their create and
-	// process 3,000 requests a minute (so a 60 API s deadline splits the
+	// The planner is told batches start 120 API s after their create and
+	// process 600 requests a minute (so a deadline of 200 API s splits the
 	// items between the routes); the simulator's batches start after 5 s
-	// and run ten times faster, so that the cap, not the deadline, ends
+	// and run fifty times faster, so that the cap, not the deadline, ends
 	// the run.
-	b := newBench(t, n, k, func(c *sim.Config) {
-		for i := range c.Orgs {
-			c.Orgs[i].Batch.QueueWaitS, c.Orgs[i].Batch.PerMinute, c.Orgs[i].Batch.CancelS = 5, 30000, 1
-		}
-	})
-	limits := &plan.Limits{Batch: &plan.BatchModel{QueueWaitS: 30, PerMinute: 3000, PollS: 10}}
+	b := newBench(t, n, k, fastBatches)
+	limits := &plan.Limits{Batch: &plan.BatchModel{QueueWaitS: 120, PerMinute: 600, PollS: 10}}
 	maxCost := b.projectedAllSync(t, limits) * 45 / 100
 	dir := filepath.Join(t.TempDir(), "run")
 	run := func(maxCost cost.Nanos, deadline time.Duration) runner.Outcome {
@@ -80,7 +84,7 @@ func TestAutoMaxCostHoldsWithBothRoutes(t *testing.T) {
 		t.Logf("run (--max-cost %s, --deadline %s): exit %d, %v\n%s", maxCost, deadline, out.Code, out.Err, log.String())
 		return out
 	}
-	first := run(maxCost, 6*time.Second)
+	first := run(maxCost, 20*time.Second)
 	billed, requests, _ := ledgerAudit(b.sim)
 	s := first.Summary
 	if s == nil {
@@ -106,6 +110,12 @@ func TestAutoMaxCostHoldsWithBothRoutes(t *testing.T) {
 	if t.Failed() {
 		return
 	}
+	// The same command again: the gate is seeded with what the run spent,
+	// so it goes on against the same cap and stops at once.
+	again := run(maxCost, 20*time.Second)
+	if billed, _, _ := ledgerAudit(b.sim); billed > maxCost || again.Code != runner.ExitIncomplete || again.Summary == nil || !strings.Contains(again.Summary.StopReason, "--max-cost") {
+		t.Fatalf("resumed with the same cap: exit %d, ledger %s (cap %s), %v", again.Code, billed, maxCost, again.Err)
+	}
 	// Resume without the cap (and without a deadline: every free item by
 	// batch).
 	out := run(0, 0)
@@ -121,4 +131,50 @@ func TestAutoMaxCostHoldsWithBothRoutes(t *testing.T) {
 		t.Fatalf("summary cost %d nanos, ledger %d", out.Summary.Cost.TotalNanos, total)
 	}
 	t.Logf("resume: %d items each billed once, ledger %s = summary", n, total)
+}
+
+// TestPilotMaxCostOneGate: --pilot spends by sync before the routes run;
+// its spend counts against the same --max-cost as every route after it.
+// A cap below the pilot's cost stops the pilot itself; a cap above it
+// leaves the batch route only the rest. Either way the simulator's ledger
+// stays within the cap and the run stops resumable, saying why.
+func TestPilotMaxCostOneGate(t *testing.T) {
+	const n, k, pilot = 1500, 20, 300
+	for _, tc := range []struct {
+		name string
+		frac int64 // the cap, in % of the projected all-sync cost
+	}{{"cap below the pilot", 5}, {"cap past the pilot", 30}} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := newBench(t, n, k, fastBatches)
+			maxCost := b.projectedAllSync(t, nil) * cost.Nanos(tc.frac) / 100
+			var log bytes.Buffer
+			out := runner.Run(t.Context(), runner.Config{
+				Input: b.input, RunDir: filepath.Join(t.TempDir(), "run"), Prices: cost.Default(), Route: runner.RouteBatch, Pilot: pilot, Stderr: &log,
+				Sync: dispatch.Config{Orgs: b.orgs, BaseURL: b.sim.URL, Speed: b.speed, Prices: cost.Default(), SampleEvery: -1, MaxCost: maxCost},
+			})
+			t.Logf("exit %d, %v\n%s", out.Code, out.Err, log.String())
+			billed, requests, twice := ledgerAudit(b.sim)
+			s := out.Summary
+			if s == nil {
+				t.Fatalf("no summary: %v", out.Err)
+			}
+			sr := s.ByRoute[store.RouteSync]
+			t.Logf("cap %s: ledger %s for %d requests (%.1f%% of the cap), %d by sync (the pilot), batches %+v; stop: %s",
+				maxCost, billed, requests, 100*float64(billed)/float64(maxCost), sr.Items, s.Batches, s.StopReason)
+			if billed > maxCost || twice != 0 {
+				t.Fatalf("the simulator billed %s (%d twice) under --max-cost %s", billed, twice, maxCost)
+			}
+			if out.Code != runner.ExitIncomplete || !strings.Contains(s.StopReason, "--max-cost") {
+				t.Fatalf("exit %d, stop %q: want 4, stopped by --max-cost", out.Code, s.StopReason)
+			}
+			_, created := simCreated(b.sim)
+			pilotDone := sr != nil && sr.Items == pilot
+			if pilotDone == (created == 0) {
+				t.Fatalf("pilot done %v (by sync %+v), %d batches created: batches come only after a whole pilot", pilotDone, sr, created)
+			}
+			if tc.frac == 5 && pilotDone || tc.frac == 30 && !pilotDone {
+				t.Fatalf("a cap of %d%% of the all-sync cost: the pilot of %d of %d items done %v", tc.frac, pilot, n, pilotDone)
+			}
+		})
+	}
 }
