@@ -906,7 +906,10 @@ func (e *Engine) admit(now time.Time, workers *sync.WaitGroup) time.Duration {
 // (open batches, another engine); with nothing held anywhere, nothing
 // will free room, and the run stops.
 func (e *Engine) reserve(w *work) (*spend.Reservation, error) {
-	worst := e.worstCase(w)
+	var worst cost.Nanos
+	if e.gate.Capped() {
+		worst = e.worstCase(w)
+	}
 	res, err := e.gate.Reserve(worst)
 	if err == nil {
 		return res, nil
