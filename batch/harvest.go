@@ -478,6 +478,9 @@ func (r *Route) pastRetention(ctx context.Context, b *rec, at time.Time) error {
 			back++
 		}
 	}
+	// What the batch billed for the results that cannot be read is not
+	// known: its worst case stays counted in the spend gate.
+	b.hold.Keep()
 	b.Status, b.HarvestedAt = store.BatchHarvested, now.UTC()
 	if b.EndedAt.IsZero() {
 		b.EndedAt = now.UTC()

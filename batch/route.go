@@ -45,6 +45,7 @@ import (
 	"github.com/apidispatch/apidispatch/cost"
 	"github.com/apidispatch/apidispatch/dispatch"
 	"github.com/apidispatch/apidispatch/org"
+	"github.com/apidispatch/apidispatch/spend"
 	"github.com/apidispatch/apidispatch/store"
 )
 
@@ -108,7 +109,15 @@ type Config struct {
 	// only when spent plus the worst case of every open batch and of it
 	// stays within it, so the cap holds even if every request used its
 	// max_tokens. It covers the whole run directory, as the sync route's.
+	// Without Spend, the route makes the gate that keeps it (seeded with
+	// what the store says was spent).
 	MaxCost cost.Nanos
+	// Spend, when set, is the run's one spend gate, shared with the sync
+	// engines of the run (MaxCost is then not read): each batch's worst
+	// case is reserved there before its create and settled as its results
+	// are harvested; the reservation of a batch whose billing cannot be
+	// known (left running when Run returns, or given up on) stays counted.
+	Spend *spend.Gate
 	// Take selects the pending items this route carries (nil: all).
 	Take func(it store.Item) bool
 	// SubmitOnce: after the first pass that placed everything Take selects
@@ -190,6 +199,8 @@ type rec struct {
 	// candidates that have not ended was announced.
 	rejected  map[string]bool
 	waitNoted bool
+	// hold is the batch's worst case in the spend gate.
+	hold *spend.Reservation
 }
 
 // Route runs the batch route of one run. Use New, then Run once.
@@ -205,6 +216,9 @@ type Route struct {
 	// known maps the API id of every batch of the run (open or settled)
 	// to its record.
 	known      map[string]int64
+	gate       *spend.Gate     // the run's spend gate (Config.Spend, or the route's own)
+	costWait   <-chan struct{} // the gate's Changed while creating waits for room for costNeed
+	costNeed   cost.Nanos
 	changed    chan struct{}
 	submitDone chan struct{}
 	closedSub  bool
@@ -342,6 +356,13 @@ func (r *Route) load(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("reading the run's batches: %w", err)
 	}
+	if r.gate = r.cfg.Spend; r.gate == nil {
+		agg, err := r.cfg.Store.Aggregate(ctx)
+		if err != nil {
+			return err
+		}
+		r.gate = spend.New("--max-cost", r.cfg.MaxCost, cost.Nanos(agg.CostNanos))
+	}
 	now := time.Now()
 	for _, b := range recs {
 		if b.ID != "" {
@@ -363,7 +384,9 @@ func (r *Route) load(ctx context.Context) error {
 			r.held[it.Seq] = b.Local
 		}
 		r.mu.Unlock()
-		r.recs = append(r.recs, &rec{BatchRecord: b, org: o, next: now, wait: r.api(pollMin)})
+		// Created by an earlier process: its worst case is held whatever
+		// the cap says, since it may be billed.
+		r.recs = append(r.recs, &rec{BatchRecord: b, org: o, next: now, wait: r.api(pollMin), hold: r.gate.Hold(cost.Nanos(b.WorstNanos))})
 		r.emit(fmt.Sprintf("batch %d (%s, org %s, %d requests, %s): re-attached", b.Local, cmp.Or(b.ID, "id not known yet"), b.Org, b.N, b.Status), recData(&b))
 	}
 	return nil
@@ -383,6 +406,7 @@ func (r *Route) Run(ctx context.Context) (*Result, error) {
 	if err := r.Load(ctx); err != nil {
 		return nil, err
 	}
+	defer r.keepOpen()
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	for {
@@ -397,7 +421,7 @@ func (r *Route) Run(ctx context.Context) (*Result, error) {
 		if r.cfg.Cancel {
 			r.cancelAll(ctx)
 		}
-		if !r.closedSub {
+		if !r.closedSub && r.mayHaveRoom() {
 			if err := r.submit(ctx); err != nil {
 				if ctx.Err() != nil {
 					continue // the stop, not a failure: the loop's top ends it
@@ -452,9 +476,75 @@ func (r *Route) Run(ctx context.Context) (*Result, error) {
 		select {
 		case <-ctx.Done():
 		case <-timer.C:
+		case <-r.costWait:
 		}
 	}
 	return r.result(), nil
+}
+
+// waitRoom is submit's answer to a spend gate without room for the least
+// batch it would create (its first n requests, whose worst case is need):
+// wait while anything the gate holds may yet free room (an open batch of
+// this route, another route's requests in flight); stop creating, with the
+// cap's figures, when nothing can.
+func (r *Route) waitRoom(need cost.Nanos, n int) {
+	ch := r.gate.Changed()
+	err := r.gate.Check(need)
+	switch {
+	case err == nil:
+		r.costWait, r.costNeed = closedWait, need // room came free: look again at once
+	case r.gate.Open() == 0:
+		what := "the next batch's first request"
+		if n > 1 {
+			what = fmt.Sprintf("the next batch's first %d requests", n)
+		}
+		r.closeSubmit(fmt.Sprintf("%v (%s)", err, what))
+	default:
+		r.costWait, r.costNeed = ch, need
+	}
+}
+
+// closedWait is a closed channel: a wait that is over.
+var closedWait = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
+
+// mayHaveRoom reports whether submit may find room in the spend gate: it
+// is not waiting for room, or room has come free for the batch it waits
+// to create, or no reservation is left that could free any (then submit
+// stops creating). While it waits, costWait is renewed.
+func (r *Route) mayHaveRoom() bool {
+	if r.costWait == nil {
+		return true
+	}
+	ch := r.gate.Changed()
+	if r.gate.Check(r.costNeed) == nil || r.gate.Open() == 0 {
+		r.costWait = nil
+		return true
+	}
+	r.costWait = ch
+	return false
+}
+
+// keepOpen keeps counted, for good, the worst case of every batch still
+// open when Run returns: it runs on (or may) and its billing is not known.
+func (r *Route) keepOpen() {
+	for _, b := range r.recs {
+		if b.Status.Open() {
+			b.hold.Keep()
+		}
+	}
+}
+
+// harvestSpend harvests b and charges what its results cost to its
+// reservation in the spend gate; once every result is read, the rest of
+// its worst case is free again.
+func (r *Route) harvestSpend(ctx context.Context, b *rec) error {
+	before := r.res.CostNanos
+	err := r.harvest(ctx, b)
+	b.hold.Charge(cost.Nanos(r.res.CostNanos - before))
+	if b.Status == store.BatchHarvested {
+		b.hold.Release()
+	}
+	return err
 }
 
 func (r *Route) result() *Result {
@@ -482,7 +572,7 @@ func (r *Route) step(ctx context.Context, b *rec) error {
 		return r.reconcile(ctx, b)
 	}
 	if b.ended {
-		return r.harvest(ctx, b)
+		return r.harvestSpend(ctx, b)
 	}
 	return r.poll(ctx, b)
 }
@@ -527,7 +617,7 @@ func (r *Route) poll(ctx context.Context, b *rec) error {
 		if ab.ArchivedAt != nil {
 			return r.pastRetention(ctx, b, *ab.ArchivedAt)
 		}
-		return r.harvest(ctx, b)
+		return r.harvestSpend(ctx, b)
 	}
 	var lateAt time.Time
 	if r.cfg.LateAt != nil && !b.CancelRequested && !b.lateDone {
@@ -621,6 +711,10 @@ func (r *Route) release(ctx context.Context, b *rec) error {
 
 // abandon records that b's create made no batch and frees its items.
 func (r *Route) abandon(ctx context.Context, b *rec, why string) error {
+	// A create refused for certain released its reservation already; one
+	// whose batch was not found may yet be billed somewhere: its worst
+	// case stays counted.
+	b.hold.Keep()
 	b.Status, b.Note = store.BatchAbandoned, why
 	if err := r.cfg.Store.UpdateBatch(context.WithoutCancel(ctx), b.BatchRecord); err != nil {
 		return fmt.Errorf("recording batch %d as abandoned: %w", b.Local, err)
@@ -688,15 +782,4 @@ func (r *Route) capOf(o *orgState) int64 {
 		c = min(c, o.capSeen)
 	}
 	return c
-}
-
-// reserved is the worst case of every open batch, held against MaxCost.
-func (r *Route) reserved() cost.Nanos {
-	var w cost.Nanos
-	for _, b := range r.recs {
-		if b.Status.Open() {
-			w += cost.Nanos(b.WorstNanos)
-		}
-	}
-	return w
 }

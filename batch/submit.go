@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/apidispatch/apidispatch/cost"
+	"github.com/apidispatch/apidispatch/spend"
 	"github.com/apidispatch/apidispatch/store"
 )
 
@@ -101,14 +102,6 @@ func (r *Route) submit(ctx context.Context) error {
 		}
 		return nil
 	}
-	var spent cost.Nanos
-	if r.cfg.MaxCost > 0 {
-		agg, err := r.cfg.Store.Aggregate(ctx)
-		if err != nil {
-			return err
-		}
-		spent = cost.Nanos(agg.CostNanos)
-	}
 	now := time.Now()
 	usable := r.usable(now)
 	if len(usable) == 0 {
@@ -134,7 +127,7 @@ func (r *Route) submit(ctx context.Context) error {
 		// Cut by count, bytes and cost.
 		var bytes int64 = 16
 		var worst cost.Nanos
-		k := 0
+		k, least := 0, (int(n)+3)/4
 		for k < int(n) {
 			it := cands[k]
 			b := itemBytes(it)
@@ -142,26 +135,46 @@ func (r *Route) submit(ctx context.Context) error {
 				break
 			}
 			w := r.worstCase(it)
-			if r.cfg.MaxCost > 0 && spent+r.reserved()+worst+w > r.cfg.MaxCost {
+			if r.gate.Check(worst+w) != nil {
+				// The spend gate's room ends here. While another route
+				// holds room that comes free a request at a time (a sync
+				// engine's requests in flight), a batch cut to less than a
+				// quarter of its size waits for more rather than make
+				// slivers that queue behind each other.
+				if k < least && r.gate.Open() > r.openCount() {
+					k = 0
+				}
 				break
 			}
 			bytes += b
 			worst += w
 			k++
 		}
+		var hold *spend.Reservation
+		if k > 0 {
+			if hold, err = r.gate.Reserve(worst); err != nil {
+				k = 0 // another route took the room meanwhile
+			}
+		}
 		if k == 0 {
 			it := cands[0]
 			if itemBytes(it)+16 > r.cfg.MaxBytes {
 				return fmt.Errorf("line %d (custom_id %s): the request is %d bytes, more than a batch may hold (%d)", it.Line, it.CustomID, it.Length, r.cfg.MaxBytes)
 			}
-			if r.openCount() == 0 {
-				r.closeSubmit(fmt.Sprintf("--max-cost %s reached: spent %s, and the next batch's worst case (%s for its first request) would pass it", r.cfg.MaxCost, spent, r.worstCase(it)))
+			m := 1
+			if r.gate.Open() > r.openCount() {
+				m = least
 			}
-			return nil // wait for an open batch to settle its reserve
+			var need cost.Nanos
+			for _, it := range cands[:m] {
+				need += r.worstCase(it)
+			}
+			r.waitRoom(need, m)
+			return nil
 		}
 		cut := cands[:k]
 		cands = cands[k:]
-		if err := r.create(ctx, best, cut, bytes, worst); err != nil {
+		if err := r.create(ctx, best, cut, bytes, worst, hold); err != nil {
 			return err
 		}
 	}
@@ -194,16 +207,17 @@ func (r *Route) disabledReasons() string {
 }
 
 // create records a batch of items as submitting, then makes its create
-// call on org o.
-func (r *Route) create(ctx context.Context, o *orgState, items []store.Item, bytes int64, worst cost.Nanos) error {
+// call on org o. hold is its worst case, reserved in the spend gate.
+func (r *Route) create(ctx context.Context, o *orgState, items []store.Item, bytes int64, worst cost.Nanos, hold *spend.Reservation) error {
 	seqs := make([]int64, len(items))
 	for i, it := range items {
 		seqs[i] = it.Seq
 	}
 	b := &rec{BatchRecord: store.BatchRecord{Org: o.Name, Status: store.BatchSubmitting, N: int64(len(items)), Bytes: bytes,
-		WorstNanos: int64(worst), CreatedAt: time.Now().UTC(), Prefix: newPrefix()}, org: o}
+		WorstNanos: int64(worst), CreatedAt: time.Now().UTC(), Prefix: newPrefix()}, org: o, hold: hold}
 	local, err := r.cfg.Store.AddBatch(ctx, b.BatchRecord, seqs)
 	if err != nil {
+		hold.Release() // nothing was sent
 		return fmt.Errorf("recording a batch before its create: %w", err)
 	}
 	b.Local = local
@@ -250,10 +264,12 @@ func (r *Route) create(ctx context.Context, o *orgState, items []store.Item, byt
 	}
 	if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
 		// Stopped while the create waited for its turn: nothing was sent.
+		b.hold.Release()
 		return r.abandon(ctx, b, "stopped before its create was sent")
 	}
 	var ae *apiError
 	if errors.As(err, &ae) && ae.certain() {
+		b.hold.Release() // no batch was made: nothing is billed
 		switch ae.status {
 		case http.StatusTooManyRequests:
 			// The queue cap or the batch endpoints' rate: this org rests,

@@ -36,6 +36,7 @@ import (
 	"github.com/apidispatch/apidispatch/cost"
 	"github.com/apidispatch/apidispatch/org"
 	"github.com/apidispatch/apidispatch/ratelimit"
+	"github.com/apidispatch/apidispatch/spend"
 	"github.com/apidispatch/apidispatch/store"
 )
 
@@ -82,7 +83,15 @@ type Config struct {
 	Events     *EventLog
 	// MaxCost stops admission when spent plus the worst case of in-flight
 	// requests would pass it (0: no cap). It covers the whole run directory.
+	// Without Spend, Run makes the gate that keeps it (seeded with what the
+	// store says was spent).
 	MaxCost cost.Nanos
+	// Spend, when set, is the run's one spend gate, shared with every other
+	// route and engine of the run (the batch route, auto's later engines, a
+	// pilot): each request reserves its worst case there before it is sent
+	// and settles it from usage. Its cap is the run's --max-cost, and
+	// MaxCost is then not read.
+	Spend *spend.Gate
 	// MaxSeq, when positive, limits this Run to items 1..MaxSeq of the input
 	// (a pilot); the rest stay pending for a later Run.
 	MaxSeq int64
@@ -215,7 +224,7 @@ type attempt struct {
 	body     []byte
 	reqID    string
 	costN    cost.Nanos
-	worst    cost.Nanos
+	res      *spend.Reservation // its worst case, in the spend gate
 	usage    anthropic.Usage
 	readErr  error
 	orgIDHdr string
@@ -255,8 +264,9 @@ type Engine struct {
 
 	inflight    int
 	inflightPub atomic.Int64
-	inflightW   cost.Nanos
-	spent       cost.Nanos // committed before this run + completed in this run
+	gate        *spend.Gate     // the run's spend gate (Config.Spend, or this Run's own)
+	costWait    <-chan struct{} // the gate's Changed while admission waits for room another route holds
+	costErr     error           // the spend gate's refusal, when it is the stop reason
 	results     chan *attempt
 	wake        chan struct{}
 	stopReason  string
@@ -467,7 +477,9 @@ func (e *Engine) Run(ctx context.Context) (*Result, error) {
 		}
 	}
 	e.doneStart = agg.Succeeded + agg.Errored
-	e.spent = cost.Nanos(agg.CostNanos)
+	if e.gate = e.cfg.Spend; e.gate == nil {
+		e.gate = spend.New("--max-cost", e.cfg.MaxCost, cost.Nanos(agg.CostNanos))
+	}
 	sink := e.cfg.Sink
 	if sink == nil {
 		if sink, err = OpenSink(ctx, e.cfg.ResultsPath, st); err != nil {
@@ -615,6 +627,10 @@ func (e *Engine) Run(ctx context.Context) (*Result, error) {
 			kind = EventProgress
 		}
 		e.cfg.Events.Emit(kind, res.StopReason, sum)
+		if e.costErr != nil {
+			// Callers tell a --max-cost stop by spend.ErrCapReached.
+			return res, fmt.Errorf("%w: %w", ErrIncomplete, e.costErr)
+		}
 		return res, fmt.Errorf("%w: %s", ErrIncomplete, res.StopReason)
 	}
 	e.cfg.Events.Emit(EventCompleted, fmt.Sprintf("%d succeeded, %d errored", sum.Succeeded, sum.Errored), sum)
@@ -672,6 +688,7 @@ func (e *Engine) schedule(ctx context.Context, feed chan []fed, com *committer, 
 			}
 		}
 		next := time.Duration(math.MaxInt64)
+		e.costWait = nil
 		if !stopping {
 			next = e.admit(now, workers)
 		}
@@ -687,7 +704,7 @@ func (e *Engine) schedule(ctx context.Context, feed chan []fed, com *committer, 
 		if (feedDone || stopping) && e.held == 0 && e.inflight == 0 {
 			return nil
 		}
-		if !wantFeed && e.nready > 0 && e.inflight == 0 && next == time.Duration(math.MaxInt64) && !stopping {
+		if !wantFeed && e.nready > 0 && e.inflight == 0 && next == time.Duration(math.MaxInt64) && !stopping && e.costWait == nil && !e.costStop {
 			// Work, nothing in flight, and no lane will ever admit: every lane
 			// of these pools is disabled.
 			e.stopReason = "no usable lane: " + e.laneReasons()
@@ -704,6 +721,7 @@ func (e *Engine) schedule(ctx context.Context, feed chan []fed, com *committer, 
 		}
 		select {
 		case <-e.wake:
+		case <-e.costWait:
 		case <-timer.C:
 		case <-ctx.Done():
 		case <-graceC:
@@ -850,18 +868,14 @@ func (e *Engine) admit(now time.Time, workers *sync.WaitGroup) time.Duration {
 					continue
 				}
 				w := q[0]
-				if e.cfg.MaxCost > 0 {
-					worst := e.worstCase(w)
-					if e.spent+e.inflightW+worst > e.cfg.MaxCost {
-						if e.inflight == 0 {
-							e.stopReasonCost()
-						}
-						e.ready[pool] = q
-						return next
-					}
+				res, err := e.reserve(w)
+				if err != nil {
+					e.ready[pool] = q
+					return next
 				}
 				p, wait, ok := l.TryAdmit(now, Demand{EstInput: w.it.EstInput, MaxTokens: w.it.MaxTokens})
 				if !ok {
+					res.Release()
 					blocked[i] = true
 					if wait > 0 {
 						next = min(next, wait)
@@ -870,7 +884,7 @@ func (e *Engine) admit(now time.Time, workers *sync.WaitGroup) time.Duration {
 				}
 				q = q[1:]
 				e.nready--
-				e.start1(w, l, p, workers)
+				e.start1(w, l, p, res, workers)
 				progressed = true
 			}
 			if !progressed {
@@ -882,9 +896,38 @@ func (e *Engine) admit(now time.Time, workers *sync.WaitGroup) time.Duration {
 	return next
 }
 
-func (e *Engine) stopReasonCost() {
+// reserve reserves w's worst case in the spend gate. When the cap has no
+// room for it, admission waits: for this engine's requests in flight, or
+// for the gate's room (costWait) while another route holds some of it
+// (open batches, another engine); with nothing held anywhere, nothing
+// will free room, and the run stops.
+func (e *Engine) reserve(w *work) (*spend.Reservation, error) {
+	var worst cost.Nanos
+	if e.gate.Capped() {
+		worst = e.worstCase(w)
+	}
+	res, err := e.gate.Reserve(worst)
+	if err == nil {
+		return res, nil
+	}
+	// Take the channel before looking again, so no release is missed.
+	ch := e.gate.Changed()
+	if res, err = e.gate.Reserve(worst); err == nil {
+		return res, nil
+	}
+	switch {
+	case e.inflight > 0:
+	case e.gate.Open() > 0:
+		e.costWait = ch
+	default:
+		e.stopReasonCost(err)
+	}
+	return nil, err
+}
+
+func (e *Engine) stopReasonCost(err error) {
 	if e.stopReason == "" {
-		e.stopReason = fmt.Sprintf("--max-cost %s reached (spent %s)", e.cfg.MaxCost, e.spent)
+		e.stopReason, e.costErr = err.Error(), err
 	}
 	// Wake the loop so it notices via costStop.
 	e.costStop = true
@@ -900,17 +943,13 @@ func (e *Engine) worstCase(w *work) cost.Nanos {
 	return n
 }
 
-func (e *Engine) start1(w *work, l *laneRef, p Permit, workers *sync.WaitGroup) {
+func (e *Engine) start1(w *work, l *laneRef, p Permit, res *spend.Reservation, workers *sync.WaitGroup) {
 	e.inflight++
 	e.inflightPub.Store(int64(e.inflight))
 	w.sending = true
 	w.attempts++
 	e.c.attempts.Add(1)
-	a := &attempt{w: w, lane: l, permit: p}
-	if e.cfg.MaxCost > 0 {
-		a.worst = e.worstCase(w)
-		e.inflightW += a.worst
-	}
+	a := &attempt{w: w, lane: l, permit: p, res: res}
 	workers.Go(func() {
 		e.send(a)
 		e.results <- a
@@ -1003,7 +1042,6 @@ func (e *Engine) send(a *attempt) {
 func (e *Engine) handle(a *attempt, com *committer, stopping bool) {
 	e.inflight--
 	e.inflightPub.Store(int64(e.inflight))
-	e.inflightW -= a.worst
 	now := time.Now()
 	defer e.signal()
 	w, l, o := a.w, a.lane, a.outcome
@@ -1012,6 +1050,7 @@ func (e *Engine) handle(a *attempt, com *committer, stopping bool) {
 	if a.orgIDHdr != "" {
 		e.noteOrgID(l.org, a.orgIDHdr)
 	}
+	e.settle(a)
 	if a.readErr != nil {
 		// The input file cannot be read: stop, nothing is lost.
 		e.held--
@@ -1023,7 +1062,6 @@ func (e *Engine) handle(a *attempt, com *committer, stopping bool) {
 	}
 	switch o.Kind {
 	case anthropic.Success:
-		e.spent += a.costN
 		e.held--
 		l.org.completed.Add(1)
 		q := queued{Outcome: e.outcome(a, store.Succeeded)}
@@ -1077,6 +1115,24 @@ func (e *Engine) handle(a *attempt, com *committer, stopping bool) {
 		return
 	}
 	heap.Push(&e.delayed, w)
+}
+
+// settle ends a's reservation in the spend gate: a success costs its
+// usage; an answer that may have been billed although none came back (a
+// connection lost after the request went out, a truncated 2xx) keeps its
+// worst case counted, since its cost cannot be known; any other answer
+// bills nothing.
+func (e *Engine) settle(a *attempt) {
+	switch {
+	case a.readErr != nil:
+		a.res.Release()
+	case a.outcome.Kind == anthropic.Success:
+		a.res.Settle(a.costN)
+	case a.maybeBilled:
+		a.res.Keep()
+	default:
+		a.res.Release()
+	}
 }
 
 func (e *Engine) disableOrg(o *orgState, reason string) {

@@ -8,7 +8,9 @@ import (
 	"time"
 
 	"github.com/apidispatch/apidispatch/batch"
+	"github.com/apidispatch/apidispatch/cost"
 	"github.com/apidispatch/apidispatch/dispatch"
+	"github.com/apidispatch/apidispatch/spend"
 	"github.com/apidispatch/apidispatch/store"
 )
 
@@ -27,7 +29,10 @@ type Exec struct {
 	// Route is RouteSync (the default), RouteBatch or RouteAuto.
 	Route string
 	// Sync configures the sync route (the engine); the job fills in its
-	// store, input and results. Its Deadline stops admission.
+	// store, input and results. Its Deadline stops admission. Its Spend is
+	// the run's one spend gate, given to every engine and to the batch
+	// route (nil: Execute makes one from MaxCost and what the store says
+	// was spent).
 	Sync dispatch.Config
 	// Batch configures the batch route: its size, bytes, queue caps,
 	// Cancel. Orgs, BaseURL, Speed, Prices, MaxCost and transport come
@@ -70,6 +75,9 @@ func Execute(ctx context.Context, job *dispatch.Job, x Exec) (*Result, error) {
 	}
 	if sink.Rebuilt > 0 {
 		job.Events.Emit(dispatch.EventWarning, fmt.Sprintf("results file was %d lines short of the run's state; rebuilt them", sink.Rebuilt), map[string]any{"rebuilt": sink.Rebuilt})
+	}
+	if x.Sync.Spend == nil {
+		x.Sync.Spend = spend.New("--max-cost", x.Sync.MaxCost, cost.Nanos(agg0.CostNanos))
 	}
 	if x.Route == RouteBatch || x.Route == RouteAuto {
 		if err := batch.CheckItems(ctx, job.Store, x.Batch.MaxBytes); err != nil {
@@ -248,6 +256,7 @@ func (ex *execution) batchConfig() batch.Config {
 	s := ex.x.Sync
 	c.Orgs, c.BaseURL, c.Speed, c.Prices, c.MaxCost, c.Log, c.Deadline = s.Orgs, s.BaseURL, s.Speed, s.Prices, s.MaxCost, s.Log, s.Deadline
 	c.WrapTransport = s.WrapTransport
+	c.Spend = s.Spend // one gate for every route of the run
 	if c.Client == nil {
 		c.Client = s.Client
 	}
@@ -344,7 +353,11 @@ func (ex *execution) auto(ctx context.Context) error {
 		}
 	}
 	if !finished {
-		if ctx.Err() != nil || syncErr != nil || ex.stopped() != "" {
+		// A --max-cost stop of the sync engine leaves the batch route to
+		// harvest its open batches (paid for, or reserved, already) and
+		// to stop creating by the same gate; any other stop stops it.
+		capped := errors.Is(syncErr, spend.ErrCapReached)
+		if ctx.Err() != nil || syncErr != nil && !capped || ex.stopped() != "" && !capped {
 			bstop()
 		}
 		bErr = <-batchDone

@@ -14,6 +14,7 @@ import (
 	"github.com/apidispatch/apidispatch/org"
 	"github.com/apidispatch/apidispatch/plan"
 	"github.com/apidispatch/apidispatch/report"
+	"github.com/apidispatch/apidispatch/spend"
 	"github.com/apidispatch/apidispatch/store"
 )
 
@@ -166,6 +167,17 @@ func Run(ctx context.Context, cfg Config) Outcome {
 			out.Code, out.Err = ExitUsage, err
 			return out
 		}
+	}
+	if cfg.Sync.Spend == nil {
+		// One spend gate for the whole run (the pilot and every route),
+		// seeded with what the run directory spent before: a resume goes
+		// on against the same cap.
+		agg, err := job.Store.Aggregate(ctx)
+		if err != nil {
+			out.Code, out.Err = ExitIncomplete, fmt.Errorf("reading what the run spent: %w", err)
+			return out
+		}
+		cfg.Sync.Spend = spend.New("--max-cost", cfg.Sync.MaxCost, cost.Nanos(agg.CostNanos))
 	}
 	start := time.Now()
 	if cfg.Deadline > 0 {

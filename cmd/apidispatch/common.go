@@ -43,7 +43,7 @@ func (s *sendFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&s.runDir, "run-dir", "", "run `DIR` for state, results, events, summary and report (default runs/<input-stem>)")
 	fs.StringVar(&s.out, "out", "", "results JSONL `FILE` (default RUN_DIR/results.jsonl)")
 	fs.Var(&s.caps, "cap", "polite per-key concurrency caps `FAMILY=N,...` (default sonnet=100,haiku=120,opus=40,other=40)")
-	fs.StringVar(&s.maxCost, "max-cost", "", "hard spend cap in `USD` for the run directory; admission stops before it could be passed")
+	fs.StringVar(&s.maxCost, "max-cost", "", "hard spend cap in `USD` for the run directory, one gate over every route (sync, batch, the pilot, a resume); admission stops before it could be passed")
 	fs.StringVar(&s.budget, "budget", "", "pre-flight gate in `USD`: refuse when the projected cost exceeds budget×(1+tolerance)")
 	fs.Float64Var(&s.tolerance, "tolerance", 0.5, "tolerance `F` of the budget gate")
 	fs.BoolVar(&s.confirm, "confirm", false, "required when the projected cost is ≥ $100 or N ≥ 50,000")
