@@ -61,8 +61,11 @@ func TestRunTwiceWithOneCache(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &p); err != nil {
 		t.Fatalf("plan --json: %v\n%s", err, out)
 	}
-	if p.N != 0 || p.Cache.Hits != n || p.Cost.Expected != 0 {
-		t.Fatalf("plan of a cached input: %s", out)
+	if p.N != 0 || p.Cache.Hits != n || p.Cost.Expected != 0 || p.Cache.SavedUSD != first.Cost.Total {
+		t.Fatalf("plan of a cached input (first run cost $%v): %s", first.Cost.Total, out)
+	}
+	if c := first.Cache; c == nil || c.Hits != 0 || c.Misses != n || c.SavedUSD != 0 {
+		t.Fatalf("first run's cache summary: %+v", c)
 	}
 
 	run(runDir + "2")
@@ -70,7 +73,8 @@ func TestRunTwiceWithOneCache(t *testing.T) {
 		t.Fatalf("second run sent %d requests", d)
 	}
 	s := readSummary(t, runDir+"2")
-	if s.Cost.TotalNanos != 0 || s.Cache == nil || s.Cache.Hits != n || s.Cache.SavedUSD != first.Cost.Total || !s.DataLoss.Passed {
+	if s.Cost.TotalNanos != 0 || s.Cache == nil || s.Cache.Hits != n || s.Cache.Misses != 0 || s.Cache.InputDuplicates != 0 ||
+		s.Cache.SavedUSD != first.Cost.Total || !s.DataLoss.Passed {
 		t.Fatalf("second run's summary: cost %v, cache %+v, first cost %v", s.Cost, s.Cache, first.Cost.Total)
 	}
 
@@ -79,8 +83,8 @@ func TestRunTwiceWithOneCache(t *testing.T) {
 		Entries int64   `json:"entries"`
 		CostUSD float64 `json:"cost_usd"`
 	}
-	if code != exitOK || json.Unmarshal([]byte(out), &st) != nil || st.Entries != n {
-		t.Fatalf("cache stats: exit %d %s %s", code, out, errOut)
+	if code != exitOK || json.Unmarshal([]byte(out), &st) != nil || st.Entries != n || st.CostUSD != first.Cost.Total {
+		t.Fatalf("cache stats (first run cost $%v): exit %d %s %s", first.Cost.Total, code, out, errOut)
 	}
 	exp := filepath.Join(t.TempDir(), "export.jsonl")
 	if code, _, errOut := runCLI("cache", "export", "--cache", cachePath, "--out", exp); code != exitOK {
