@@ -61,7 +61,7 @@ func BenchmarkGetHits(b *testing.B) {
 	looked := 0
 	for i := 0; b.Loop(); i++ {
 		off := (i * 1024) % (n - 1024)
-		hits, _, err := c.Get(ctx, keys[off:off+1024])
+		hits, _, _, err := c.Get(ctx, keys[off:off+1024], "")
 		if err != nil || len(hits) != 1024 {
 			b.Fatalf("%d hits, %v", len(hits), err)
 		}

@@ -50,9 +50,10 @@ func (c *cacheFlags) open(create bool) (*cache.Cache, cache.Mode, error) {
 	return cc, mode, err
 }
 
-// project narrows a projection's input to what the cache does not answer.
-func (c *cacheFlags) project(ctx context.Context, cc *cache.Cache, mode cache.Mode, input string, in *plan.Input) error {
-	return runner.ProjectCache(ctx, input, in, cc, mode, c.sampled)
+// project narrows a projection's input to what the cache does not answer
+// for a run against baseURL (only that API's answers are hits).
+func (c *cacheFlags) project(ctx context.Context, cc *cache.Cache, mode cache.Mode, input string, in *plan.Input, baseURL string) error {
+	return runner.ProjectCache(ctx, input, in, cc, mode, c.sampled, baseURL)
 }
 
 // wire sets a dispatcher's cache.

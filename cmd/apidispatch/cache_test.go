@@ -44,7 +44,7 @@ func TestRunTwiceWithOneCache(t *testing.T) {
 	sent := r.Server.LedgerTotals().Requests
 	first := readSummary(t, runDir+"1")
 
-	code, out, errOut := runCLI("plan", input, "--json", "--cache", cachePath)
+	code, out, errOut := runCLI("plan", input, "--json", "--cache", cachePath, "--base-url", r.URL)
 	if code != exitOK {
 		t.Fatalf("plan: exit %d: %s", code, errOut)
 	}
