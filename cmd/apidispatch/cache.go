@@ -33,6 +33,24 @@ func (c *cacheFlags) register(fs *flag.FlagSet) {
 	fs.BoolVar(&c.sampled, "cache-sampled", false, "also cache requests with temperature above 0 or unset (the API's default is 1.0): their answer is one sample of many")
 }
 
+// forRoute drops a cache that only the environment (APIDISPATCH_CACHE)
+// asked for when the run's route is not sync, with a one-line note: the
+// cache serves the sync route only, and a default from the environment
+// should not refuse a route the user chose. A --cache given on the command
+// line with another route is still refused (by runner.Run).
+func (c *cacheFlags) forRoute(fs *flag.FlagSet, route string, stderr io.Writer) {
+	if route == runner.RouteSync || c.path == "" {
+		return
+	}
+	given := false
+	fs.Visit(func(f *flag.Flag) { given = given || f.Name == "cache" })
+	if given {
+		return
+	}
+	fmt.Fprintf(stderr, "note: APIDISPATCH_CACHE=%s is not used: the result cache serves --route sync only, and this run is --route %s\n", c.path, route)
+	c.path = ""
+}
+
 // open opens the cache the flags name; nil when there is none or it is
 // off, or (unless create) when the file does not exist yet.
 func (c *cacheFlags) open(create bool) (*cache.Cache, cache.Mode, error) {

@@ -155,3 +155,32 @@ func TestRunRefusesABadCacheFile(t *testing.T) {
 		t.Fatalf("%d requests sent", got)
 	}
 }
+
+// TestEnvCacheIsIgnoredOnTheBatchRoute pins issue #19's small item:
+// APIDISPATCH_CACHE in the environment made --route batch fail with a
+// message about --cache, a flag the user never passed. The environment's
+// cache is now left out of a batch run with a one-line note; a --cache
+// given on the command line is still refused, naming the flag.
+func TestEnvCacheIsIgnoredOnTheBatchRoute(t *testing.T) {
+	t.Parallel()
+	const n = 20
+	r, input, runDir := simAndInput(t, 200, n)
+	cachePath := filepath.Join(t.TempDir(), "cache.db")
+	c := cliCmd(r, "run", input, "--route", "batch", "--run-dir", runDir, "--base-url", r.URL, "--speed", "200", "--quiet")
+	c.Env = append(c.Env, "APIDISPATCH_CACHE="+cachePath)
+	out, err := c.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "APIDISPATCH_CACHE="+cachePath+" is not used") || strings.Contains(string(out), "--cache answers") {
+		t.Fatalf("batch run with APIDISPATCH_CACHE: %v\n%s", err, out)
+	}
+	if s := readSummary(t, runDir); s.Succeeded != n || s.Cache != nil {
+		t.Fatalf("batch run: %d succeeded, cache %+v", s.Succeeded, s.Cache)
+	}
+	if _, err := os.Stat(cachePath); err == nil {
+		t.Fatalf("the batch run created the environment's cache file")
+	}
+	c = cliCmd(r, "run", input, "--route", "batch", "--run-dir", runDir+"2", "--base-url", r.URL, "--speed", "200", "--quiet", "--cache", cachePath)
+	out, _ = c.CombinedOutput()
+	if c.ProcessState.ExitCode() != exitUsage || !strings.Contains(string(out), "--cache") {
+		t.Fatalf("batch run with --cache: exit %d\n%s", c.ProcessState.ExitCode(), out)
+	}
+}

@@ -117,6 +117,7 @@ flags:`)
 			return exitUsage
 		}
 	}
+	cf.forRoute(fs, *route, stderr)
 	rc, cmode, err := cf.open(true)
 	if err != nil {
 		errf(stderr, "%v", err)
