@@ -23,7 +23,6 @@ import (
 	"io"
 	"net/url"
 	"os"
-	"slices"
 	"strings"
 	"time"
 
@@ -353,30 +352,27 @@ type Elsewhere struct {
 func (c *Cache) Get(ctx context.Context, keys []Key, origin string) (map[Key]Entry, []Bad, []Elsewhere, error) {
 	hits := make(map[Key]Entry, len(keys))
 	var bad []Bad
-	other := map[Key]Elsewhere{}
+	var missed []Key
 	for len(keys) > 0 {
 		n := min(len(keys), lookupChunk)
 		chunk := keys[:n]
 		keys = keys[n:]
-		args := make([]any, 0, n+3)
-		args = append(args, origin, origin, origin)
+		args := make([]any, 0, n+1)
+		args = append(args, origin)
 		for i := range chunk {
 			args = append(args, chunk[i][:])
 		}
-		// Another origin's rows are read without their bodies.
-		rows, err := c.db.QueryContext(ctx, `SELECT key, origin, simulated, model,
-			CASE WHEN origin = ? THEN body END, CASE WHEN origin = ? THEN body_sum END,
-			cost_nanos, input_tok, output_tok, cache_read, cache_write, org, request_id, created_ms, origin = ?
-			FROM entries WHERE key IN (?`+strings.Repeat(",?", n-1)+`)`, args...)
+		rows, err := c.db.QueryContext(ctx, `SELECT key, model, body, body_sum, cost_nanos, input_tok, output_tok, cache_read, cache_write, org, request_id, created_ms, simulated
+			FROM entries WHERE origin = ? AND key IN (?`+strings.Repeat(",?", n-1)+`)`, args...)
 		if err != nil {
 			return nil, nil, nil, c.errorf(err, "lookup")
 		}
+		found := 0
 		for rows.Next() {
-			var e Entry
+			e := Entry{Origin: origin}
 			var k, sum []byte
 			var ms int64
-			var ours bool
-			if err := rows.Scan(&k, &e.Origin, &e.Simulated, &e.Model, &e.Body, &sum, &e.CostNanos, &e.InputTok, &e.OutputTok, &e.CacheRead, &e.CacheWrite, &e.Org, &e.RequestID, &ms, &ours); err != nil {
+			if err := rows.Scan(&k, &e.Model, &e.Body, &sum, &e.CostNanos, &e.InputTok, &e.OutputTok, &e.CacheRead, &e.CacheWrite, &e.Org, &e.RequestID, &ms, &e.Simulated); err != nil {
 				rows.Close()
 				return nil, nil, nil, c.errorf(err, "lookup")
 			}
@@ -384,12 +380,7 @@ func (c *Cache) Get(ctx context.Context, keys []Key, origin string) (map[Key]Ent
 				continue // not a key this package wrote: no request can hash to it
 			}
 			copy(e.Key[:], k)
-			if !ours {
-				if _, seen := other[e.Key]; !seen {
-					other[e.Key] = Elsewhere{Key: e.Key, Origin: e.Origin, Simulated: e.Simulated}
-				}
-				continue
-			}
+			found++
 			if got := sha256.Sum256(e.Body); !bytes.Equal(got[:], sum) {
 				bad = append(bad, Bad{Key: e.Key, Reason: "response body does not match its checksum"})
 				continue
@@ -402,14 +393,64 @@ func (c *Cache) Get(ctx context.Context, keys []Key, origin string) (map[Key]Ent
 		if err != nil {
 			return nil, nil, nil, c.errorf(err, "lookup")
 		}
-	}
-	var elsewhere []Elsewhere
-	for k, o := range other {
-		if _, hit := hits[k]; !hit && !slices.ContainsFunc(bad, func(b Bad) bool { return b.Key == k }) {
-			elsewhere = append(elsewhere, o)
+		if found < n {
+			for _, k := range chunk {
+				if _, hit := hits[k]; !hit {
+					missed = append(missed, k)
+				}
+			}
 		}
 	}
+	elsewhere, err := c.elsewhere(ctx, missed, origin, bad)
+	if err != nil {
+		return nil, nil, nil, err
+	}
 	return hits, bad, elsewhere, nil
+}
+
+// elsewhere returns, of keys this origin did not answer, those another
+// origin did (one of them each), without reading their bodies. Damaged
+// entries of this origin are left out: they are reported as such.
+func (c *Cache) elsewhere(ctx context.Context, keys []Key, origin string, bad []Bad) ([]Elsewhere, error) {
+	damaged := make(map[Key]bool, len(bad))
+	for _, b := range bad {
+		damaged[b.Key] = true
+	}
+	seen := map[Key]bool{}
+	var out []Elsewhere
+	for len(keys) > 0 {
+		n := min(len(keys), lookupChunk)
+		chunk := keys[:n]
+		keys = keys[n:]
+		args := make([]any, 0, n+1)
+		args = append(args, origin)
+		for i := range chunk {
+			args = append(args, chunk[i][:])
+		}
+		rows, err := c.db.QueryContext(ctx, `SELECT key, origin, simulated FROM entries WHERE origin != ? AND key IN (?`+strings.Repeat(",?", n-1)+`)`, args...)
+		if err != nil {
+			return nil, c.errorf(err, "lookup")
+		}
+		for rows.Next() {
+			var e Elsewhere
+			var k []byte
+			if err := rows.Scan(&k, &e.Origin, &e.Simulated); err != nil {
+				rows.Close()
+				return nil, c.errorf(err, "lookup")
+			}
+			if copy(e.Key[:], k) != len(e.Key) || seen[e.Key] || damaged[e.Key] {
+				continue
+			}
+			seen[e.Key] = true
+			out = append(out, e)
+		}
+		err = rows.Err()
+		rows.Close()
+		if err != nil {
+			return nil, c.errorf(err, "lookup")
+		}
+	}
+	return out, nil
 }
 
 // Put stores entries in one transaction: all of them or, on error, none. A

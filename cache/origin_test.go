@@ -22,7 +22,7 @@ PRAGMA application_id = 1634755683;
 PRAGMA user_version = 1;`
 
 // writeFormat1 writes a format 1 file holding entries 1..n.
-func writeFormat1(t *testing.T, path string, n int) {
+func writeFormat1(t testing.TB, path string, n int) {
 	t.Helper()
 	db, err := sql.Open("sqlite", path)
 	if err != nil {
