@@ -63,13 +63,12 @@ type CacheSummary struct {
 // only with another origin's answer: they are misses, and the run says so
 // once, with the count.
 type elsewhere struct {
-	mu     sync.Mutex
-	n      int64
-	by     map[string]int64 // by cache.Describe of the origin
-	logged bool
+	mu sync.Mutex
+	n  int64
+	by map[string]int64 // by cache.Describe of the origin
 }
 
-func (w *elsewhere) add(es []cache.Elsewhere) (first bool) {
+func (w *elsewhere) add(es []cache.Elsewhere) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.by == nil {
@@ -79,9 +78,6 @@ func (w *elsewhere) add(es []cache.Elsewhere) (first bool) {
 		w.n++
 		w.by[cache.Describe(e.Origin, e.Simulated)]++
 	}
-	first = !w.logged && w.n > 0
-	w.logged = w.logged || first
-	return first
 }
 
 // total is the count and what it is made of, most first.
@@ -163,10 +159,9 @@ func (e *Engine) keyItems(ctx context.Context, items []store.Item, com *committe
 	if err != nil {
 		return nil, err
 	}
-	if e.c.cacheElsewhere.add(other) {
-		// The count and its make-up are in the warning at the run's end.
-		e.log.Warn("the cache holds answers from another origin; they are misses, and those items are sent", "cache", e.cfg.Cache.Path(), "origin", e.origin())
-	}
+	// Counted here, said once with the count when the engine ends
+	// (cacheSummary).
+	e.c.cacheElsewhere.add(other)
 	for _, b := range bad {
 		e.c.cacheDamaged.Add(1)
 		e.log.Warn("a damaged cache entry is treated as a miss", "cache", e.cfg.Cache.Path(), "key", b.Key.String(), "reason", b.Reason)

@@ -6,7 +6,9 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -92,9 +94,13 @@ func cacheCmd(args []string, stdout, stderr io.Writer) int {
        apidispatch cache export [--cache FILE] [--out FILE]
        apidispatch cache prune  [--cache FILE] --older-than D
 
-stats prints the file's entries (by model), sizes, what the stored requests
-cost and the oldest and newest entry. export writes every entry as one JSON
-line (key, model, org, request_id, cost_usd, tokens, created_at, response).
+stats prints the file's entries (by model and by origin), sizes, what the
+stored requests cost and the oldest and newest entry. An entry records its
+origin, the scheme and host of the API that answered ("sim:" before the
+simulator's; "unknown" for entries stored before origins were recorded):
+a run is answered only by its own origin's entries. export writes every
+entry as one JSON line (key, model, origin, simulated, org, request_id,
+cost_usd, tokens, created_at, response).
 prune deletes entries older than D (e.g. 720h or 30d).
 
 flags:`)
@@ -147,6 +153,10 @@ flags:`)
 		fmt.Fprintf(stdout, "%s: format %d, %d entries, %d bytes of responses, %d bytes on disk, stored requests cost $%.6f\n", s.Path, s.Format, s.Entries, s.BodyBytes, s.FileBytes, s.CostUSD)
 		for m, n := range s.ByModel {
 			fmt.Fprintf(stdout, "  %-36s %d\n", m, n)
+		}
+		fmt.Fprintln(stdout, "by origin (a run is answered only by its own origin's entries):")
+		for _, o := range slices.Sorted(maps.Keys(s.ByOrigin)) {
+			fmt.Fprintf(stdout, "  %-36s %d\n", o, s.ByOrigin[o])
 		}
 		if s.Oldest != nil {
 			fmt.Fprintf(stdout, "oldest %s, newest %s\n", s.Oldest.Format(time.RFC3339), s.Newest.Format(time.RFC3339))
