@@ -30,7 +30,7 @@ type cacheFlags struct {
 }
 
 func (c *cacheFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&c.path, "cache", os.Getenv("APIDISPATCH_CACHE"), "result cache `FILE` (SQLite) shared across runs and processes: a request answered before is not sent again (env APIDISPATCH_CACHE)")
+	fs.StringVar(&c.path, "cache", os.Getenv("APIDISPATCH_CACHE"), "result cache `FILE` (SQLite) shared across runs and processes: a request answered before by the same API (origin) is not sent again; sync route only (env APIDISPATCH_CACHE, which a batch or auto run leaves out with a note)")
 	fs.StringVar(&c.mode, "cache-mode", "readwrite", "`MODE` of --cache: readwrite, read (answer hits, store nothing), write (store successes, answer nothing) or off")
 	fs.BoolVar(&c.sampled, "cache-sampled", false, "also cache requests with temperature above 0 or unset (the API's default is 1.0): their answer is one sample of many")
 }
