@@ -524,11 +524,12 @@ func erroredResult(o anthropic.Outcome) []byte {
 func resultLine(customID string, result []byte, orgName string, attempts, latencyMs int64, c cost.Nanos, reqID string) []byte {
 	d, _ := json.Marshal(struct {
 		Org       string  `json:"org"`
+		Route     string  `json:"route"`
 		Attempts  int64   `json:"attempts"`
 		LatencyMs int64   `json:"latency_ms"`
 		CostUSD   float64 `json:"cost_usd"`
 		RequestID string  `json:"request_id,omitempty"`
-	}{orgName, attempts, latencyMs, c.USD(), reqID})
+	}{orgName, store.RouteSync, attempts, latencyMs, c.USD(), reqID})
 	id, _ := json.Marshal(customID)
 	line := make([]byte, 0, len(result)+len(d)+len(id)+40)
 	line = append(line, `{"custom_id":`...)

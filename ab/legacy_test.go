@@ -250,3 +250,17 @@ func TestLegacyRetriesTransientErrors(t *testing.T) {
 		t.Fatalf("ledger %d, usage %d", led.CostNanos, s.Cost.TotalNanos)
 	}
 }
+
+// The legacy arm's result lines name their route as the dispatcher's do
+// (design.md §12; issue #19).
+func TestLegacyResultLineCarriesItsRoute(t *testing.T) {
+	line := resultLine("id_1", []byte(`{"type":"succeeded","message":{}}`), "a", 1, 10, 0, "req_1")
+	var r struct {
+		Dispatch struct {
+			Route string `json:"route"`
+		} `json:"dispatch"`
+	}
+	if err := json.Unmarshal(line, &r); err != nil || r.Dispatch.Route != "sync" {
+		t.Fatalf("legacy result line: %v\n%s", err, line)
+	}
+}

@@ -17,6 +17,10 @@ type Stats struct {
 	Format  int              `json:"format"`
 	Entries int64            `json:"entries"`
 	ByModel map[string]int64 `json:"by_model"`
+	// ByOrigin counts entries by the API that answered them: its origin,
+	// "sim:" before a simulator's, "unknown" for entries stored before
+	// origins were recorded (they answer no run).
+	ByOrigin map[string]int64 `json:"by_origin"`
 	// BodyBytes is the sum of the stored response bodies; FileBytes the
 	// file on disk (with its WAL).
 	BodyBytes int64 `json:"body_bytes"`
@@ -30,7 +34,26 @@ type Stats struct {
 
 // Stats reads the file's figures.
 func (c *Cache) Stats(ctx context.Context) (Stats, error) {
-	s := Stats{Path: c.path, Format: Format, ByModel: map[string]int64{}}
+	s := Stats{Path: c.path, Format: Format, ByModel: map[string]int64{}, ByOrigin: map[string]int64{}}
+	orows, err := c.db.QueryContext(ctx, `SELECT origin, simulated, count(*) FROM entries GROUP BY origin, simulated`)
+	if err != nil {
+		return s, c.errorf(err, "stats")
+	}
+	for orows.Next() {
+		var origin string
+		var sim bool
+		var n int64
+		if err := orows.Scan(&origin, &sim, &n); err != nil {
+			orows.Close()
+			return s, c.errorf(err, "stats")
+		}
+		s.ByOrigin[OriginLabel(origin, sim)] += n
+	}
+	err = orows.Err()
+	orows.Close()
+	if err != nil {
+		return s, c.errorf(err, "stats")
+	}
 	rows, err := c.db.QueryContext(ctx, `SELECT model, count(*), coalesce(sum(length(body)), 0), coalesce(sum(cost_nanos), 0), min(created_ms), max(created_ms) FROM entries GROUP BY model`)
 	if err != nil {
 		return s, c.errorf(err, "stats")
@@ -67,10 +90,25 @@ func (c *Cache) Stats(ctx context.Context) (Stats, error) {
 	return s, nil
 }
 
+// OriginLabel is how stats and export name an entry's origin: the origin,
+// "sim:" and the origin for a simulator's answer, "unknown" when it was
+// not recorded.
+func OriginLabel(origin string, simulated bool) string {
+	switch {
+	case origin == OriginUnknown:
+		return "unknown"
+	case simulated:
+		return "sim:" + origin
+	}
+	return origin
+}
+
 // exported is one line of Export.
 type exported struct {
 	Key        string          `json:"key"`
 	Model      string          `json:"model"`
+	Origin     string          `json:"origin"`
+	Simulated  bool            `json:"simulated"`
 	Org        string          `json:"org"`
 	RequestID  string          `json:"request_id"`
 	CostUSD    float64         `json:"cost_usd"`
@@ -88,7 +126,7 @@ type exported struct {
 // Export writes every entry as one JSON line, oldest first, streaming.
 // It returns how many it wrote.
 func (c *Cache) Export(ctx context.Context, w io.Writer) (int64, error) {
-	rows, err := c.db.QueryContext(ctx, `SELECT key, model, body, body_sum, cost_nanos, input_tok, output_tok, cache_read, cache_write, org, request_id, created_ms FROM entries ORDER BY created_ms, key`)
+	rows, err := c.db.QueryContext(ctx, `SELECT key, origin, simulated, model, body, body_sum, cost_nanos, input_tok, output_tok, cache_read, cache_write, org, request_id, created_ms FROM entries ORDER BY created_ms, key, origin`)
 	if err != nil {
 		return 0, c.errorf(err, "export")
 	}
@@ -101,7 +139,7 @@ func (c *Cache) Export(ctx context.Context, w io.Writer) (int64, error) {
 		var k, body, sum []byte
 		var e exported
 		var cn, ms int64
-		if err := rows.Scan(&k, &e.Model, &body, &sum, &cn, &e.InputTok, &e.OutputTok, &e.CacheRead, &e.CacheWrite, &e.Org, &e.RequestID, &ms); err != nil {
+		if err := rows.Scan(&k, &e.Origin, &e.Simulated, &e.Model, &body, &sum, &cn, &e.InputTok, &e.OutputTok, &e.CacheRead, &e.CacheWrite, &e.Org, &e.RequestID, &ms); err != nil {
 			return n, c.errorf(err, "export")
 		}
 		var key Key

@@ -31,8 +31,10 @@ import (
 
 // Format is the version of the file format this package writes (SQLite's
 // user_version); applicationID marks the file as an apidispatch cache.
+// Format 2 records each entry's origin; a format 1 file is upgraded when
+// opened, its entries of unknown origin (see OriginUnknown).
 const (
-	Format        = 1
+	Format        = 2
 	applicationID = 0x61706463 // "apdc"
 )
 
@@ -61,6 +63,48 @@ type Entry struct {
 	Org        string // org that served it
 	RequestID  string
 	CreatedAt  time.Time
+	// Origin is the API that answered: the scheme and host of the run's
+	// base URL (OriginOf); OriginUnknown for an entry stored before
+	// origins were recorded. Simulated: the answer came from apidispatch's
+	// simulator (its response carried SimulatorHeader).
+	Origin    string
+	Simulated bool
+}
+
+// OriginUnknown is the origin of entries stored by an apidispatch that did
+// not record it (format 1): they answer no run.
+const OriginUnknown = ""
+
+// SimulatorHeader is the header apidispatch's simulator sets on every
+// response (its speed factor K; see package sim): a response that carries
+// it is a simulation, whatever the URL it came from.
+const SimulatorHeader = "X-Sim-Speed-Factor"
+
+// OriginOf is the origin of an API root: its scheme and host, lower-cased,
+// with the scheme's default port left out
+// ("https://api.anthropic.com", "http://127.0.0.1:8080"). The path is not
+// part of it.
+func OriginOf(u *url.URL) string {
+	scheme, host := strings.ToLower(u.Scheme), strings.ToLower(u.Host)
+	if p := u.Port(); scheme == "https" && p == "443" || scheme == "http" && p == "80" {
+		host = strings.ToLower(u.Hostname())
+		if strings.Contains(host, ":") {
+			host = "[" + host + "]"
+		}
+	}
+	return scheme + "://" + host
+}
+
+// Describe names an origin for a message: the URL, "a simulator at" it, or
+// "an unknown origin".
+func Describe(origin string, simulated bool) string {
+	switch {
+	case origin == OriginUnknown:
+		return "an unknown origin (stored before apidispatch recorded origins)"
+	case simulated:
+		return "the simulator at " + origin
+	}
+	return origin
 }
 
 // Cache is an open cache file. It is safe for concurrent use, and several
@@ -76,7 +120,9 @@ CREATE TABLE IF NOT EXISTS entries (
 	-- and only the small key index takes random inserts (a WITHOUT ROWID
 	-- table keyed by a hash split pages on every insert: 9k puts/s).
 	id          INTEGER PRIMARY KEY,
-	key         BLOB NOT NULL UNIQUE, -- 32-byte SHA-256 of the canonical request
+	key         BLOB NOT NULL,     -- 32-byte SHA-256 of the canonical request
+	origin      TEXT NOT NULL,     -- scheme://host of the API that answered; '' unknown
+	simulated   INTEGER NOT NULL,  -- 1: the simulator answered
 	model       TEXT NOT NULL,
 	body        BLOB NOT NULL,     -- the API's response body
 	body_sum    BLOB NOT NULL,     -- SHA-256 of body: a damaged entry is a miss
@@ -87,9 +133,21 @@ CREATE TABLE IF NOT EXISTS entries (
 	cache_write INTEGER NOT NULL,
 	org         TEXT NOT NULL,
 	request_id  TEXT NOT NULL,
-	created_ms  INTEGER NOT NULL   -- unix milliseconds
+	created_ms  INTEGER NOT NULL,  -- unix milliseconds
+	UNIQUE (key, origin)           -- one answer per request and API
 );
 CREATE INDEX IF NOT EXISTS entries_created ON entries(created_ms);
+`
+
+// upgrade1 turns a format 1 file into format 2: the table is rebuilt
+// (format 1 made key alone unique), its entries of unknown origin.
+const upgrade1 = `
+ALTER TABLE entries RENAME TO entries_v1;
+DROP INDEX IF EXISTS entries_created;
+` + schema + `
+INSERT INTO entries (id, key, origin, simulated, model, body, body_sum, cost_nanos, input_tok, output_tok, cache_read, cache_write, org, request_id, created_ms)
+	SELECT id, key, '', 0, model, body, body_sum, cost_nanos, input_tok, output_tok, cache_read, cache_write, org, request_id, created_ms FROM entries_v1;
+DROP TABLE entries_v1;
 `
 
 // busyTimeout is how long a statement waits for another process's write lock.
@@ -224,6 +282,10 @@ func (c *Cache) init() error {
 		if err := c.create(ctx); err != nil {
 			return err
 		}
+	case ver < Format:
+		if err := c.upgrade(ctx); err != nil {
+			return err
+		}
 	}
 	var res string
 	if err := c.db.QueryRowContext(ctx, `PRAGMA quick_check`).Scan(&res); err != nil {
@@ -251,6 +313,33 @@ func (c *Cache) create(ctx context.Context) error {
 	return c.errorf(tx.Commit(), "creating it")
 }
 
+// upgrade brings an older file to Format in one transaction; a process
+// that raced us to it finds the new version inside its own (the write
+// lock is taken at BEGIN) and does nothing.
+func (c *Cache) upgrade(ctx context.Context) error {
+	tx, err := c.db.BeginTx(ctx, nil)
+	if err != nil {
+		return c.errorf(err, "upgrading it")
+	}
+	defer tx.Rollback()
+	var ver int64
+	if err := tx.QueryRowContext(ctx, `PRAGMA user_version`).Scan(&ver); err != nil {
+		return c.errorf(err, "upgrading it")
+	}
+	if ver >= Format {
+		return nil
+	}
+	if ver != 1 {
+		return fmt.Errorf("cache %s: %w (format %d is not one this apidispatch upgrades)", c.path, ErrNotCache, ver)
+	}
+	for _, s := range []string{upgrade1, fmt.Sprintf("PRAGMA user_version = %d", Format)} {
+		if _, err := tx.ExecContext(ctx, s); err != nil {
+			return c.errorf(err, "upgrading it from format 1")
+		}
+	}
+	return c.errorf(tx.Commit(), "upgrading it from format 1")
+}
+
 // Close closes the file.
 func (c *Cache) Close() error { return c.db.Close() }
 
@@ -263,37 +352,52 @@ type Bad struct {
 // lookupChunk bounds the keys of one SELECT … IN (…).
 const lookupChunk = 256
 
-// Get looks keys up. It returns the hits, and the entries that were found
-// but damaged (a miss each, for the caller to warn about). An error means
-// the file could not be read; nothing of the call should be used then.
-func (c *Cache) Get(ctx context.Context, keys []Key) (map[Key]Entry, []Bad, error) {
+// Elsewhere is a key found only with another origin's answer: a miss for
+// this run.
+type Elsewhere struct {
+	Key       Key
+	Origin    string
+	Simulated bool
+}
+
+// Get looks keys up for a run against origin (OriginOf its base URL): only
+// entries that origin answered are hits. It returns the hits, the entries
+// that were found but damaged (a miss each, for the caller to warn about),
+// and the keys found only with other origins' answers (a miss each; the
+// caller says why). An error means the file could not be read; nothing of
+// the call should be used then.
+func (c *Cache) Get(ctx context.Context, keys []Key, origin string) (map[Key]Entry, []Bad, []Elsewhere, error) {
 	hits := make(map[Key]Entry, len(keys))
 	var bad []Bad
+	var missed []Key
 	for len(keys) > 0 {
 		n := min(len(keys), lookupChunk)
 		chunk := keys[:n]
 		keys = keys[n:]
-		args := make([]any, n)
+		args := make([]any, 0, n+1)
+		args = append(args, origin)
 		for i := range chunk {
-			args[i] = chunk[i][:]
+			args = append(args, chunk[i][:])
 		}
-		rows, err := c.db.QueryContext(ctx, `SELECT key, model, body, body_sum, cost_nanos, input_tok, output_tok, cache_read, cache_write, org, request_id, created_ms
-			FROM entries WHERE key IN (?`+strings.Repeat(",?", n-1)+`)`, args...)
+		rows, err := c.db.QueryContext(ctx, `SELECT key, model, body, body_sum, cost_nanos, input_tok, output_tok, cache_read, cache_write, org, request_id, created_ms, simulated
+			FROM entries WHERE origin = ? AND key IN (?`+strings.Repeat(",?", n-1)+`)`, args...)
 		if err != nil {
-			return nil, nil, c.errorf(err, "lookup")
+			return nil, nil, nil, c.errorf(err, "lookup")
 		}
+		found := 0
 		for rows.Next() {
-			var e Entry
+			e := Entry{Origin: origin}
 			var k, sum []byte
 			var ms int64
-			if err := rows.Scan(&k, &e.Model, &e.Body, &sum, &e.CostNanos, &e.InputTok, &e.OutputTok, &e.CacheRead, &e.CacheWrite, &e.Org, &e.RequestID, &ms); err != nil {
+			if err := rows.Scan(&k, &e.Model, &e.Body, &sum, &e.CostNanos, &e.InputTok, &e.OutputTok, &e.CacheRead, &e.CacheWrite, &e.Org, &e.RequestID, &ms, &e.Simulated); err != nil {
 				rows.Close()
-				return nil, nil, c.errorf(err, "lookup")
+				return nil, nil, nil, c.errorf(err, "lookup")
 			}
 			if len(k) != len(e.Key) {
 				continue // not a key this package wrote: no request can hash to it
 			}
 			copy(e.Key[:], k)
+			found++
 			if got := sha256.Sum256(e.Body); !bytes.Equal(got[:], sum) {
 				bad = append(bad, Bad{Key: e.Key, Reason: "response body does not match its checksum"})
 				continue
@@ -304,15 +408,72 @@ func (c *Cache) Get(ctx context.Context, keys []Key) (map[Key]Entry, []Bad, erro
 		err = rows.Err()
 		rows.Close()
 		if err != nil {
-			return nil, nil, c.errorf(err, "lookup")
+			return nil, nil, nil, c.errorf(err, "lookup")
+		}
+		if found < n {
+			for _, k := range chunk {
+				if _, hit := hits[k]; !hit {
+					missed = append(missed, k)
+				}
+			}
 		}
 	}
-	return hits, bad, nil
+	elsewhere, err := c.elsewhere(ctx, missed, origin, bad)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	return hits, bad, elsewhere, nil
+}
+
+// elsewhere returns, of keys this origin did not answer, those another
+// origin did (one of them each), without reading their bodies. Damaged
+// entries of this origin are left out: they are reported as such.
+func (c *Cache) elsewhere(ctx context.Context, keys []Key, origin string, bad []Bad) ([]Elsewhere, error) {
+	damaged := make(map[Key]bool, len(bad))
+	for _, b := range bad {
+		damaged[b.Key] = true
+	}
+	seen := map[Key]bool{}
+	var out []Elsewhere
+	for len(keys) > 0 {
+		n := min(len(keys), lookupChunk)
+		chunk := keys[:n]
+		keys = keys[n:]
+		args := make([]any, 0, n+1)
+		args = append(args, origin)
+		for i := range chunk {
+			args = append(args, chunk[i][:])
+		}
+		rows, err := c.db.QueryContext(ctx, `SELECT key, origin, simulated FROM entries WHERE origin != ? AND key IN (?`+strings.Repeat(",?", n-1)+`)`, args...)
+		if err != nil {
+			return nil, c.errorf(err, "lookup")
+		}
+		for rows.Next() {
+			var e Elsewhere
+			var k []byte
+			if err := rows.Scan(&k, &e.Origin, &e.Simulated); err != nil {
+				rows.Close()
+				return nil, c.errorf(err, "lookup")
+			}
+			if copy(e.Key[:], k) != len(e.Key) || seen[e.Key] || damaged[e.Key] {
+				continue
+			}
+			seen[e.Key] = true
+			out = append(out, e)
+		}
+		err = rows.Err()
+		rows.Close()
+		if err != nil {
+			return nil, c.errorf(err, "lookup")
+		}
+	}
+	return out, nil
 }
 
 // Put stores entries in one transaction: all of them or, on error, none. A
-// key already present keeps its first entry (so two processes filling one
-// file never duplicate or overwrite). It returns how many were new.
+// key already present for the same origin keeps its first entry (so two
+// processes filling one file never duplicate or overwrite); each origin
+// keeps its own answer. It returns how many were new.
 func (c *Cache) Put(ctx context.Context, entries []Entry) (added int64, err error) {
 	if len(entries) == 0 {
 		return 0, nil
@@ -322,8 +483,8 @@ func (c *Cache) Put(ctx context.Context, entries []Entry) (added int64, err erro
 		return 0, c.errorf(err, "write")
 	}
 	defer tx.Rollback()
-	st, err := tx.PrepareContext(ctx, `INSERT OR IGNORE INTO entries (key, model, body, body_sum, cost_nanos, input_tok, output_tok, cache_read, cache_write, org, request_id, created_ms)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`)
+	st, err := tx.PrepareContext(ctx, `INSERT OR IGNORE INTO entries (key, origin, simulated, model, body, body_sum, cost_nanos, input_tok, output_tok, cache_read, cache_write, org, request_id, created_ms)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`)
 	if err != nil {
 		return 0, c.errorf(err, "write")
 	}
@@ -334,7 +495,7 @@ func (c *Cache) Put(ctx context.Context, entries []Entry) (added int64, err erro
 		if created.IsZero() {
 			created = time.Now()
 		}
-		r, err := st.ExecContext(ctx, e.Key[:], e.Model, e.Body, sum[:], e.CostNanos, e.InputTok, e.OutputTok, e.CacheRead, e.CacheWrite, e.Org, e.RequestID, created.UnixMilli())
+		r, err := st.ExecContext(ctx, e.Key[:], e.Origin, e.Simulated, e.Model, e.Body, sum[:], e.CostNanos, e.InputTok, e.OutputTok, e.CacheRead, e.CacheWrite, e.Org, e.RequestID, created.UnixMilli())
 		if err != nil {
 			return 0, c.errorf(err, "write")
 		}
@@ -347,20 +508,22 @@ func (c *Cache) Put(ctx context.Context, entries []Entry) (added int64, err erro
 	return added, nil
 }
 
-// Costs returns, for the keys present, what each stored request cost,
-// without reading the bodies (for projections; a damaged entry counts as
-// present here and is a miss when a run reads it with Get).
-func (c *Cache) Costs(ctx context.Context, keys []Key) (map[Key]int64, error) {
+// Costs returns, for the keys present with origin's answer (as Get), what
+// each stored request cost, without reading the bodies (for projections; a
+// damaged entry counts as present here and is a miss when a run reads it
+// with Get).
+func (c *Cache) Costs(ctx context.Context, keys []Key, origin string) (map[Key]int64, error) {
 	out := make(map[Key]int64, len(keys))
 	for len(keys) > 0 {
 		n := min(len(keys), lookupChunk)
 		chunk := keys[:n]
 		keys = keys[n:]
-		args := make([]any, n)
+		args := make([]any, 0, n+1)
+		args = append(args, origin)
 		for i := range chunk {
-			args[i] = chunk[i][:]
+			args = append(args, chunk[i][:])
 		}
-		rows, err := c.db.QueryContext(ctx, `SELECT key, cost_nanos FROM entries WHERE key IN (?`+strings.Repeat(",?", n-1)+`)`, args...)
+		rows, err := c.db.QueryContext(ctx, `SELECT key, cost_nanos FROM entries WHERE origin = ? AND key IN (?`+strings.Repeat(",?", n-1)+`)`, args...)
 		if err != nil {
 			return nil, c.errorf(err, "lookup")
 		}

@@ -108,7 +108,7 @@ func TestPutGetRoundTrip(t *testing.T) {
 	}
 	defer c.Close()
 	miss := entry(t, 3).Key
-	hits, bad, err := c.Get(ctx, []Key{e1.Key, e2.Key, miss})
+	hits, bad, _, err := c.Get(ctx, []Key{e1.Key, e2.Key, miss}, "")
 	if err != nil || len(bad) != 0 || len(hits) != 2 {
 		t.Fatalf("Get = %d hits, %v bad, %v", len(hits), bad, err)
 	}
@@ -145,7 +145,7 @@ func TestDamagedEntryIsAMiss(t *testing.T) {
 	if _, err := c.db.Exec(`UPDATE entries SET body = CAST('{"id":"msg_x"}' AS BLOB) WHERE key = ?`, e1.Key[:]); err != nil {
 		t.Fatal(err)
 	}
-	hits, bad, err := c.Get(ctx, []Key{e1.Key, e2.Key})
+	hits, bad, _, err := c.Get(ctx, []Key{e1.Key, e2.Key}, "")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -160,7 +160,7 @@ func TestCacheHalfOverlapSendsTheOtherHalf(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ph, err := dispatch.ProjectCache(context.Background(), b, ws, c, cache.ModeReadWrite, false)
+	ph, err := dispatch.ProjectCache(context.Background(), b, ws, c, cache.ModeReadWrite, false, mustOrigin(t, h.sim.URL))
 	if err != nil || ph.Hits != 200 || ph.Misses.N != 200 || ph.Misses.Models[workload.DefaultModel].N != 200 || ph.Saved <= 0 {
 		t.Fatalf("ProjectCache: %+v, %v", ph, err)
 	}
@@ -220,7 +220,7 @@ func TestCacheDuplicatesInOneInputAreSentOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ph, err := dispatch.ProjectCache(context.Background(), in, ws, c, cache.ModeReadWrite, false); err != nil || ph.Misses.N != n || ph.InputDuplicates != n {
+	if ph, err := dispatch.ProjectCache(context.Background(), in, ws, c, cache.ModeReadWrite, false, mustOrigin(t, h.sim.URL)); err != nil || ph.Misses.N != n || ph.InputDuplicates != n {
 		t.Fatalf("ProjectCache of the duplicates: %+v, %v", ph, err)
 	}
 	s := h.runInto(in, "dups", c, nil)
@@ -318,4 +318,14 @@ func TestCacheDamagedEntryIsSentAgain(t *testing.T) {
 	if err != nil || !bytes.Contains(ev, []byte("is damaged")) {
 		t.Fatalf("no warning in the events: %v", err)
 	}
+}
+
+// mustOrigin is the cache's origin of a run against baseURL.
+func mustOrigin(t testing.TB, baseURL string) string {
+	t.Helper()
+	o, err := dispatch.CacheOrigin(baseURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return o
 }

@@ -2,12 +2,15 @@ package dispatch
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
 	"maps"
 	"os"
 	"runtime"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -47,7 +50,67 @@ type CacheSummary struct {
 	SavedUSD float64 `json:"saved_usd"`
 	// Damaged counts entries found but refused (checksum), each a miss.
 	Damaged int64 `json:"damaged,omitempty"`
+	// Origin is the API this run asks (cache.OriginOf its base URL): only
+	// answers it gave are hits. OtherOrigin counts the items whose request
+	// the cache holds only with another origin's answer (a simulator's,
+	// another host's, or one stored before origins were recorded), each
+	// a miss.
+	Origin      string `json:"origin"`
+	OtherOrigin int64  `json:"other_origin,omitempty"`
 }
+
+// elsewhere counts, per engine, the items whose request the cache holds
+// only with another origin's answer: they are misses, and the run says so
+// once, with the count.
+type elsewhere struct {
+	mu sync.Mutex
+	n  int64
+	by map[string]int64 // by cache.Describe of the origin
+}
+
+func (w *elsewhere) add(es []cache.Elsewhere) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.by == nil {
+		w.by = map[string]int64{}
+	}
+	for _, e := range es {
+		w.n++
+		w.by[cache.Describe(e.Origin, e.Simulated)]++
+	}
+}
+
+// total is the count and what it is made of, most first.
+func (w *elsewhere) total() (int64, string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	names := slices.Collect(maps.Keys(w.by))
+	slices.SortFunc(names, func(a, b string) int {
+		if c := cmp.Compare(w.by[b], w.by[a]); c != 0 {
+			return c
+		}
+		return strings.Compare(a, b)
+	})
+	parts := make([]string, len(names))
+	for i, n := range names {
+		parts[i] = fmt.Sprintf("%d from %s", w.by[n], n)
+	}
+	return w.n, strings.Join(parts, ", ")
+}
+
+// CacheOrigin is the cache's origin of a run against baseURL (""
+// meaning DefaultBaseURL): what 'plan' and the projection look answers up
+// by, as the engine does.
+func CacheOrigin(baseURL string) (string, error) {
+	u, err := ResolveBaseURL(baseURL)
+	if err != nil {
+		return "", err
+	}
+	return cache.OriginOf(u), nil
+}
+
+// origin is the API this engine asks, as the cache records it.
+func (e *Engine) origin() string { return cache.OriginOf(e.base) }
 
 // fed is one pending item as the feeder hands it to the scheduler.
 type fed struct {
@@ -92,10 +155,13 @@ func (e *Engine) keyItems(ctx context.Context, items []store.Item, com *committe
 	if len(keys) == 0 || !e.cfg.CacheMode.Reads() {
 		return out, nil
 	}
-	hits, bad, err := e.cfg.Cache.Get(ctx, keys)
+	hits, bad, other, err := e.cfg.Cache.Get(ctx, keys, e.origin())
 	if err != nil {
 		return nil, err
 	}
+	// Counted here, said once with the count when the engine ends
+	// (cacheSummary).
+	e.c.cacheElsewhere.add(other)
 	for _, b := range bad {
 		e.c.cacheDamaged.Add(1)
 		e.log.Warn("a damaged cache entry is treated as a miss", "cache", e.cfg.Cache.Path(), "key", b.Key.String(), "reason", b.Reason)
@@ -114,12 +180,13 @@ func (e *Engine) keyItems(ctx context.Context, items []store.Item, com *committe
 }
 
 // cacheEntry is what a success stores in the cache.
-func cacheEntry(a *attempt, now time.Time) *cache.Entry {
+func (e *Engine) cacheEntry(a *attempt, now time.Time) *cache.Entry {
 	return &cache.Entry{
 		Key: a.w.key, Model: a.w.it.Model, Body: a.body, CostNanos: int64(a.costN),
 		InputTok: a.usage.InputTokens, OutputTok: a.usage.OutputTokens,
 		CacheRead: a.usage.CacheReadInputTokens, CacheWrite: a.usage.CacheCreationInputTokens,
 		Org: a.lane.org.Name, RequestID: a.reqID, CreatedAt: now,
+		Origin: e.origin(), Simulated: a.simulated,
 	}
 }
 
@@ -142,13 +209,14 @@ func hitOutcome(it store.Item, a answer) store.Outcome {
 	}
 	d, _ := json.Marshal(struct {
 		Org        string  `json:"org"`
+		Route      string  `json:"route"`
 		Attempts   int64   `json:"attempts"`
 		LatencyMs  int64   `json:"latency_ms"`
 		CostUSD    float64 `json:"cost_usd"`
 		RequestID  string  `json:"request_id,omitempty"`
 		Cached     bool    `json:"cached"`
 		ChargedUSD float64 `json:"charged_usd"`
-	}{a.org, 0, 0, a.costN.USD(), a.requestID, true, 0})
+	}{a.org, store.RouteSync, 0, 0, a.costN.USD(), a.requestID, true, 0})
 	id, _ := json.Marshal(it.CustomID)
 	line := make([]byte, 0, buf.Len()+len(d)+len(id)+80)
 	line = append(line, `{"custom_id":`...)
@@ -237,10 +305,18 @@ func (e *Engine) cacheSummary(agg store.Aggregate) *CacheSummary {
 		return nil
 	}
 	hits := agg.Counters[CounterCacheHits]
+	other, from := e.c.cacheElsewhere.total()
+	if other > 0 {
+		msg := fmt.Sprintf("cache %s: %d items were sent although the cache holds their request, answered by another API than this run's %s (%s): "+
+			"an answer is reused only from the origin that gave it, so a simulator's never answers a real run",
+			e.cfg.Cache.Path(), other, e.origin(), from)
+		e.log.Warn(msg)
+		e.cfg.Events.Emit(EventWarning, msg, map[string]any{"other_origin": other, "origin": e.origin()})
+	}
 	return &CacheSummary{
 		Mode: string(e.cfg.CacheMode), Hits: hits, InputDuplicates: agg.Counters[CounterCacheDuplicates],
 		Misses: agg.Succeeded + agg.Errored - hits, SavedUSD: cost.Nanos(agg.Counters[CounterCacheSavedNanos]).USD(),
-		Damaged: e.c.cacheDamaged.Load(),
+		Damaged: e.c.cacheDamaged.Load(), Origin: e.origin(), OtherOrigin: other,
 	}
 }
 
@@ -261,7 +337,10 @@ type CacheHits struct {
 // misses are projected. It reads the cache, never writes it. Batches of
 // items are keyed and looked up on every core (it runs before anything is
 // sent); the counts do not depend on the order they finish in.
-func ProjectCache(ctx context.Context, path string, ws *workload.Summary, c *cache.Cache, mode cache.Mode, sampled bool) (*CacheHits, error) {
+//
+// origin is the API the run would ask (cache.OriginOf its base URL): only
+// that origin's answers count as hits, as in the run.
+func ProjectCache(ctx context.Context, path string, ws *workload.Summary, c *cache.Cache, mode cache.Mode, sampled bool, origin string) (*CacheHits, error) {
 	out := &CacheHits{Misses: &workload.Summary{N: ws.N, Lines: ws.Lines, Bytes: ws.Bytes, Hash: ws.Hash, LongestLine: ws.LongestLine, Models: maps.Clone(ws.Models)}}
 	if c == nil || mode == cache.ModeOff {
 		return out, nil
@@ -311,7 +390,7 @@ func ProjectCache(ctx context.Context, path string, ws *workload.Summary, c *cac
 					ks, keys = append(ks, keyed{it: it, key: k}), append(keys, k)
 				}
 				if mode.Reads() && len(keys) > 0 {
-					costs, err := c.Costs(ctx, keys)
+					costs, err := c.Costs(ctx, keys, origin)
 					if err != nil {
 						setErr(err)
 						return

@@ -126,6 +126,10 @@ func (m *committer) run() {
 			}
 		}
 		m.commit(batch)
+		// Committed: the input closing next must not commit it again (its
+		// outcomes would be skipped, but it once added the cache's
+		// figures a second time).
+		batch = batch[:0]
 	}
 }
 
@@ -142,11 +146,13 @@ func (m *committer) commit(qs []queued) {
 	for i, q := range qs {
 		batch[i] = q.Outcome
 		if q.hit {
-			ctr[CounterCacheHits]++
-			ctr[CounterCacheSavedNanos] += int64(q.saved)
+			// Counted by the store with the outcome, only when it takes
+			// it: once per item, whatever submits it again.
+			c := map[string]int64{CounterCacheHits: 1, CounterCacheSavedNanos: int64(q.saved)}
 			if q.dup {
-				ctr[CounterCacheDuplicates]++
+				c[CounterCacheDuplicates] = 1
 			}
+			batch[i].Counters = c
 		}
 		if q.put != nil && m.cache != nil {
 			puts = append(puts, *q.put)

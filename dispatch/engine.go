@@ -236,6 +236,8 @@ type attempt struct {
 	// reached: the request reached the API (it was written whole, or an
 	// answer came back).
 	reached bool
+	// simulated: the answer came from apidispatch's simulator (cache.go).
+	simulated bool
 }
 
 // Engine runs one dispatch. Use New, then Run once.
@@ -299,6 +301,7 @@ type counters struct {
 	succeeded, errored                              atomic.Int64 // this run, committed
 	costN                                           atomic.Int64 // this run, committed
 	cacheDamaged, cachePutFailed                    atomic.Int64 // damaged cache entries seen; entries not written
+	cacheElsewhere                                  elsewhere    // cache entries of other origins (cached.go)
 	cacheHits, cacheSaved                           atomic.Int64 // this run, committed
 	lastAttempts, lastRL, lastOL, lastOther, lastMB int64        // flushed to the store
 }
@@ -1025,6 +1028,7 @@ func (e *Engine) send(a *attempt) {
 	if hdr != nil {
 		fb.Limits = anthropic.ParseRateLimits(hdr)
 		a.reqID = hdr.Get(anthropic.HeaderRequestID)
+		a.simulated = hdr.Get(cache.SimulatorHeader) != ""
 		a.orgIDHdr = fb.Limits.OrganizationID
 	}
 	if m := a.outcome.Message; m != nil {
@@ -1066,7 +1070,7 @@ func (e *Engine) handle(a *attempt, com *committer, stopping bool) {
 		l.org.completed.Add(1)
 		q := queued{Outcome: e.outcome(a, store.Succeeded)}
 		if w.keyed {
-			q.put = cacheEntry(a, now)
+			q.put = e.cacheEntry(a, now)
 		}
 		com.submitQ(q)
 		e.settleKey(a, true, stopping, com)

@@ -128,7 +128,7 @@ func Run(ctx context.Context, cfg Config) Outcome {
 	}
 	pin := plan.Input{Workload: ws, Prices: prices, Orgs: orgNames, Caps: cfg.Sync.Caps, Limits: cfg.Limits,
 		ExpectOutput: cfg.ExpectOutput, Speed: cfg.Sync.Speed}
-	if err := ProjectCache(ctx, cfg.Input, &pin, cfg.Sync.Cache, cfg.Sync.CacheMode, cfg.Sync.CacheSampled); err != nil {
+	if err := ProjectCache(ctx, cfg.Input, &pin, cfg.Sync.Cache, cfg.Sync.CacheMode, cfg.Sync.CacheSampled, cfg.Sync.BaseURL); err != nil {
 		return fail(ExitUsage, "%w", err)
 	}
 	gcfg := plan.GateConfig{Budget: cfg.Budget, Tolerance: cfg.Tolerance, Confirm: cfg.Confirm}
@@ -418,12 +418,16 @@ func (cfg *Config) finish(job *dispatch.Job, out Outcome, res *Result, runErr er
 
 // ProjectCache narrows a projection's input to what the result cache cc
 // does not answer (nothing to do without a cache): 'plan' and 'run' project
-// only the misses.
-func ProjectCache(ctx context.Context, input string, in *plan.Input, cc *cache.Cache, mode cache.Mode, sampled bool) error {
+// only the misses. baseURL is the API the run asks: only its answers count.
+func ProjectCache(ctx context.Context, input string, in *plan.Input, cc *cache.Cache, mode cache.Mode, sampled bool, baseURL string) error {
 	if cc == nil {
 		return nil
 	}
-	ch, err := dispatch.ProjectCache(ctx, input, in.Workload, cc, mode, sampled)
+	origin, err := dispatch.CacheOrigin(baseURL)
+	if err != nil {
+		return err
+	}
+	ch, err := dispatch.ProjectCache(ctx, input, in.Workload, cc, mode, sampled, origin)
 	if err != nil {
 		return fmt.Errorf("looking the input up in the cache: %w", err)
 	}

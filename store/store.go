@@ -82,6 +82,11 @@ type Outcome struct {
 	Route string
 	// Line is the complete results.jsonl line for this item, without newline.
 	Line []byte
+	// Counters are added to the store's named counters in the same
+	// transaction, and only when this outcome is taken (its item was
+	// pending): a figure about the item (a cache hit, what it saved) is
+	// counted once however often its outcome is submitted.
+	Counters map[string]int64
 }
 
 // Routes an outcome can come by.

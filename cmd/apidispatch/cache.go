@@ -6,7 +6,9 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -28,9 +30,27 @@ type cacheFlags struct {
 }
 
 func (c *cacheFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&c.path, "cache", os.Getenv("APIDISPATCH_CACHE"), "result cache `FILE` (SQLite) shared across runs and processes: a request answered before is not sent again (env APIDISPATCH_CACHE)")
+	fs.StringVar(&c.path, "cache", os.Getenv("APIDISPATCH_CACHE"), "result cache `FILE` (SQLite) shared across runs and processes: a request answered before by the same API (origin) is not sent again; sync route only (env APIDISPATCH_CACHE, which a batch or auto run leaves out with a note)")
 	fs.StringVar(&c.mode, "cache-mode", "readwrite", "`MODE` of --cache: readwrite, read (answer hits, store nothing), write (store successes, answer nothing) or off")
 	fs.BoolVar(&c.sampled, "cache-sampled", false, "also cache requests with temperature above 0 or unset (the API's default is 1.0): their answer is one sample of many")
+}
+
+// forRoute drops a cache that only the environment (APIDISPATCH_CACHE)
+// asked for when the run's route is not sync, with a one-line note: the
+// cache serves the sync route only, and a default from the environment
+// should not refuse a route the user chose. A --cache given on the command
+// line with another route is still refused (by runner.Run).
+func (c *cacheFlags) forRoute(fs *flag.FlagSet, route string, stderr io.Writer) {
+	if route == runner.RouteSync || c.path == "" {
+		return
+	}
+	given := false
+	fs.Visit(func(f *flag.Flag) { given = given || f.Name == "cache" })
+	if given {
+		return
+	}
+	fmt.Fprintf(stderr, "note: APIDISPATCH_CACHE=%s is not used: the result cache serves --route sync only, and this run is --route %s\n", c.path, route)
+	c.path = ""
 }
 
 // open opens the cache the flags name; nil when there is none or it is
@@ -50,9 +70,10 @@ func (c *cacheFlags) open(create bool) (*cache.Cache, cache.Mode, error) {
 	return cc, mode, err
 }
 
-// project narrows a projection's input to what the cache does not answer.
-func (c *cacheFlags) project(ctx context.Context, cc *cache.Cache, mode cache.Mode, input string, in *plan.Input) error {
-	return runner.ProjectCache(ctx, input, in, cc, mode, c.sampled)
+// project narrows a projection's input to what the cache does not answer
+// for a run against baseURL (only that API's answers are hits).
+func (c *cacheFlags) project(ctx context.Context, cc *cache.Cache, mode cache.Mode, input string, in *plan.Input, baseURL string) error {
+	return runner.ProjectCache(ctx, input, in, cc, mode, c.sampled, baseURL)
 }
 
 // wire sets a dispatcher's cache.
@@ -73,9 +94,13 @@ func cacheCmd(args []string, stdout, stderr io.Writer) int {
        apidispatch cache export [--cache FILE] [--out FILE]
        apidispatch cache prune  [--cache FILE] --older-than D
 
-stats prints the file's entries (by model), sizes, what the stored requests
-cost and the oldest and newest entry. export writes every entry as one JSON
-line (key, model, org, request_id, cost_usd, tokens, created_at, response).
+stats prints the file's entries (by model and by origin), sizes, what the
+stored requests cost and the oldest and newest entry. An entry records its
+origin, the scheme and host of the API that answered ("sim:" before the
+simulator's; "unknown" for entries stored before origins were recorded):
+a run is answered only by its own origin's entries. export writes every
+entry as one JSON line (key, model, origin, simulated, org, request_id,
+cost_usd, tokens, created_at, response).
 prune deletes entries older than D (e.g. 720h or 30d).
 
 flags:`)
@@ -128,6 +153,10 @@ flags:`)
 		fmt.Fprintf(stdout, "%s: format %d, %d entries, %d bytes of responses, %d bytes on disk, stored requests cost $%.6f\n", s.Path, s.Format, s.Entries, s.BodyBytes, s.FileBytes, s.CostUSD)
 		for m, n := range s.ByModel {
 			fmt.Fprintf(stdout, "  %-36s %d\n", m, n)
+		}
+		fmt.Fprintln(stdout, "by origin (a run is answered only by its own origin's entries):")
+		for _, o := range slices.Sorted(maps.Keys(s.ByOrigin)) {
+			fmt.Fprintf(stdout, "  %-36s %d\n", o, s.ByOrigin[o])
 		}
 		if s.Oldest != nil {
 			fmt.Fprintf(stdout, "oldest %s, newest %s\n", s.Oldest.Format(time.RFC3339), s.Newest.Format(time.RFC3339))

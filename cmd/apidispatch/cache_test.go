@@ -44,7 +44,7 @@ func TestRunTwiceWithOneCache(t *testing.T) {
 	sent := r.Server.LedgerTotals().Requests
 	first := readSummary(t, runDir+"1")
 
-	code, out, errOut := runCLI("plan", input, "--json", "--cache", cachePath)
+	code, out, errOut := runCLI("plan", input, "--json", "--cache", cachePath, "--base-url", r.URL)
 	if code != exitOK {
 		t.Fatalf("plan: exit %d: %s", code, errOut)
 	}
@@ -61,8 +61,11 @@ func TestRunTwiceWithOneCache(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &p); err != nil {
 		t.Fatalf("plan --json: %v\n%s", err, out)
 	}
-	if p.N != 0 || p.Cache.Hits != n || p.Cost.Expected != 0 {
-		t.Fatalf("plan of a cached input: %s", out)
+	if p.N != 0 || p.Cache.Hits != n || p.Cost.Expected != 0 || p.Cache.SavedUSD != first.Cost.Total {
+		t.Fatalf("plan of a cached input (first run cost $%v): %s", first.Cost.Total, out)
+	}
+	if c := first.Cache; c == nil || c.Hits != 0 || c.Misses != n || c.SavedUSD != 0 {
+		t.Fatalf("first run's cache summary: %+v", c)
 	}
 
 	run(runDir + "2")
@@ -70,7 +73,8 @@ func TestRunTwiceWithOneCache(t *testing.T) {
 		t.Fatalf("second run sent %d requests", d)
 	}
 	s := readSummary(t, runDir+"2")
-	if s.Cost.TotalNanos != 0 || s.Cache == nil || s.Cache.Hits != n || s.Cache.SavedUSD != first.Cost.Total || !s.DataLoss.Passed {
+	if s.Cost.TotalNanos != 0 || s.Cache == nil || s.Cache.Hits != n || s.Cache.Misses != 0 || s.Cache.InputDuplicates != 0 ||
+		s.Cache.SavedUSD != first.Cost.Total || !s.DataLoss.Passed {
 		t.Fatalf("second run's summary: cost %v, cache %+v, first cost %v", s.Cost, s.Cache, first.Cost.Total)
 	}
 
@@ -79,8 +83,8 @@ func TestRunTwiceWithOneCache(t *testing.T) {
 		Entries int64   `json:"entries"`
 		CostUSD float64 `json:"cost_usd"`
 	}
-	if code != exitOK || json.Unmarshal([]byte(out), &st) != nil || st.Entries != n {
-		t.Fatalf("cache stats: exit %d %s %s", code, out, errOut)
+	if code != exitOK || json.Unmarshal([]byte(out), &st) != nil || st.Entries != n || st.CostUSD != first.Cost.Total {
+		t.Fatalf("cache stats (first run cost $%v): exit %d %s %s", first.Cost.Total, code, out, errOut)
 	}
 	exp := filepath.Join(t.TempDir(), "export.jsonl")
 	if code, _, errOut := runCLI("cache", "export", "--cache", cachePath, "--out", exp); code != exitOK {
@@ -149,5 +153,34 @@ func TestRunRefusesABadCacheFile(t *testing.T) {
 	}
 	if got := r.Server.LedgerTotals().Requests; got != 0 {
 		t.Fatalf("%d requests sent", got)
+	}
+}
+
+// TestEnvCacheIsIgnoredOnTheBatchRoute pins issue #19's small item:
+// APIDISPATCH_CACHE in the environment made --route batch fail with a
+// message about --cache, a flag the user never passed. The environment's
+// cache is now left out of a batch run with a one-line note; a --cache
+// given on the command line is still refused, naming the flag.
+func TestEnvCacheIsIgnoredOnTheBatchRoute(t *testing.T) {
+	t.Parallel()
+	const n = 20
+	r, input, runDir := simAndInput(t, 200, n)
+	cachePath := filepath.Join(t.TempDir(), "cache.db")
+	c := cliCmd(r, "run", input, "--route", "batch", "--run-dir", runDir, "--base-url", r.URL, "--speed", "200", "--quiet")
+	c.Env = append(c.Env, "APIDISPATCH_CACHE="+cachePath)
+	out, err := c.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "APIDISPATCH_CACHE="+cachePath+" is not used") || strings.Contains(string(out), "--cache answers") {
+		t.Fatalf("batch run with APIDISPATCH_CACHE: %v\n%s", err, out)
+	}
+	if s := readSummary(t, runDir); s.Succeeded != n || s.Cache != nil {
+		t.Fatalf("batch run: %d succeeded, cache %+v", s.Succeeded, s.Cache)
+	}
+	if _, err := os.Stat(cachePath); err == nil {
+		t.Fatalf("the batch run created the environment's cache file")
+	}
+	c = cliCmd(r, "run", input, "--route", "batch", "--run-dir", runDir+"2", "--base-url", r.URL, "--speed", "200", "--quiet", "--cache", cachePath)
+	out, _ = c.CombinedOutput()
+	if c.ProcessState.ExitCode() != exitUsage || !strings.Contains(string(out), "--cache") {
+		t.Fatalf("batch run with --cache: exit %d\n%s", c.ProcessState.ExitCode(), out)
 	}
 }

@@ -27,7 +27,7 @@ func planCmd(args []string, stdout, stderr io.Writer) int {
 	var cf cacheFlags
 	cf.register(fs)
 	fs.StringVar(&sf.orgsFile, "orgs", "", "TOML file of orgs (`FILE`); without it, orgs come from the environment (only their names are used, except by --count-tokens)")
-	fs.StringVar(&sf.baseURL, "base-url", os.Getenv("ANTHROPIC_BASE_URL"), "API root `URL` for --count-tokens (env ANTHROPIC_BASE_URL; default https://api.anthropic.com)")
+	fs.StringVar(&sf.baseURL, "base-url", os.Getenv("ANTHROPIC_BASE_URL"), "API root `URL` for --count-tokens, and whose answers in --cache count as hits (env ANTHROPIC_BASE_URL; default https://api.anthropic.com)")
 	fs.Var(&sf.caps, "cap", "polite per-key concurrency caps `FAMILY=N,...` (default sonnet=100,haiku=120,opus=40,other=40)")
 	fs.StringVar(&sf.budget, "budget", "", "budget gate in `USD`: pause (exit 2) when the expected cost exceeds budget×(1+tolerance)")
 	fs.Float64Var(&sf.tolerance, "tolerance", 0.5, "tolerance `F` of the budget gate")
@@ -173,7 +173,7 @@ flags:`)
 		if rc != nil {
 			defer rc.Close()
 		}
-		if err := cf.project(ctx, rc, cmode, input, &in); err != nil {
+		if err := cf.project(ctx, rc, cmode, input, &in, sf.baseURL); err != nil {
 			errf(stderr, "%v", err)
 			return exitUsage
 		}

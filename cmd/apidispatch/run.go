@@ -123,6 +123,7 @@ flags:`)
 			return exitUsage
 		}
 	}
+	cf.forRoute(fs, *route, stderr)
 	rc, cmode, err := cf.open(true)
 	if err != nil {
 		errf(stderr, "%v", err)

@@ -688,12 +688,28 @@ func (s *Store) Commit(ctx context.Context, b store.Batch) (store.Committed, err
 	if err := s.addTotals(ctx, tx, b.Outcomes, got.RSeq); err != nil {
 		return store.Committed{}, fmt.Errorf("sqlite: commit: totals: %w", err)
 	}
-	if len(b.Counters) > 0 {
+	// An outcome's own counters count only when it was taken.
+	counters, own := b.Counters, false
+	for _, i := range taken {
+		if len(b.Outcomes[i].Counters) == 0 {
+			continue
+		}
+		if !own {
+			counters, own = maps.Clone(b.Counters), true
+			if counters == nil {
+				counters = map[string]int64{}
+			}
+		}
+		for name, v := range b.Outcomes[i].Counters {
+			counters[name] += v
+		}
+	}
+	if len(counters) > 0 {
 		add := tx.StmtContext(ctx, s.addCounter)
 		// Sorted, so concurrent processes (or a Postgres store) would take
 		// row locks in one order.
-		for _, name := range slices.Sorted(maps.Keys(b.Counters)) {
-			if _, err := add.ExecContext(ctx, name, b.Counters[name]); err != nil {
+		for _, name := range slices.Sorted(maps.Keys(counters)) {
+			if _, err := add.ExecContext(ctx, name, counters[name]); err != nil {
 				return store.Committed{}, fmt.Errorf("sqlite: commit: counter %q: %w", name, err)
 			}
 		}

@@ -57,6 +57,7 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 		{"CommitGuard", testCommitGuard},
 		{"CommitRSeqConsecutive", testRSeqConsecutive},
 		{"CommitCounters", testCounters},
+		{"CommitOutcomeCountersOnlyWhenTaken", testOutcomeCounters},
 		{"CommitInvalidIsAtomic", testCommitInvalid},
 		{"CommitCancelled", testCommitCancelled},
 		{"CommitRacingCommitters", testRacingCommitters},
@@ -505,6 +506,25 @@ func testCounters(t *testing.T, open func(t *testing.T) store.Store) {
 	}
 	if a.Results != 1 {
 		t.Fatalf("Results = %d, want 1", a.Results)
+	}
+}
+
+// An outcome's own counters are added only when the outcome is taken:
+// never for an item already terminal, nor for a seq repeated in a batch.
+func testOutcomeCounters(t *testing.T, open func(t *testing.T) store.Store) {
+	s := fresh(t, open)
+	add(t, s, 1, 10)
+	with := func(seq int64) store.Outcome {
+		o := ok(seq)
+		o.Counters = map[string]int64{"cache_hits": 1, "cache_saved_nanos": 100}
+		return o
+	}
+	commit(t, s, store.Batch{Outcomes: []store.Outcome{with(1), with(2), with(2)}, Counters: map[string]int64{"attempts": 1}})
+	commit(t, s, store.Batch{Outcomes: []store.Outcome{with(1), with(3)}})
+	commit(t, s, store.Batch{Outcomes: []store.Outcome{with(3)}})
+	want := map[string]int64{"attempts": 1, "cache_hits": 3, "cache_saved_nanos": 300}
+	if a := aggregate(t, s); !maps.Equal(a.Counters, want) || a.Results != 3 {
+		t.Fatalf("Counters = %v, %d results; want %v, 3", a.Counters, a.Results, want)
 	}
 }
 
