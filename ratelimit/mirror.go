@@ -36,6 +36,10 @@ type MirrorConfig struct {
 	// kept: a late response looks like someone else's draw until the next
 	// ones cancel it. Default Window/4.
 	Confirm time.Duration
+	// Margin is the share of the refill left to us that the pace keeps
+	// back (the mirror refills at (limit/60 − others) × (1 − Margin)).
+	// Default 0.03.
+	Margin float64
 }
 
 func (c *MirrorConfig) defaults() {
@@ -51,10 +55,33 @@ func (c *MirrorConfig) defaults() {
 	if c.Confirm == 0 {
 		c.Confirm = c.Window / 4
 	}
+	if c.Margin == 0 {
+		c.Margin = 0.03
+	}
 }
 
-// transitMargin is kept free above the reserve (as a share of the bucket).
+// transitMargin is kept free above the reserve (as a share of the bucket),
+// and is the floor kept free at all times: a colleague not yet seen, or
+// between two sightings, draws lumps of about 1 % of the bucket, and the
+// first of them comes before we can tell it from our own draws.
 const transitMargin = 0.05
+
+// nearlyFull: a bucket above this share of its size is not binding, and
+// an interval that ends or starts there says nothing of the others' rate.
+const nearlyFull = 0.8
+
+// priorOthers is the share of a limit others are assumed to draw before
+// the mirror has watched the bucket bind (see SyncSince).
+const priorOthers = 0.5
+
+// sent is one admission of ours: what it drew and when.
+type sent struct {
+	at time.Time
+	n  Need
+}
+
+// maxSent bounds the admissions a mirror remembers for SyncSince.
+const maxSent = 4096
 
 // Mirror mirrors an org's three buckets for one model pool and decides
 // whether a request fits. The zero value is not usable; call NewMirror.
@@ -62,13 +89,22 @@ type Mirror struct {
 	cfg                     MirrorConfig
 	Requests, Input, Output Bucket
 	// unexplained consumption per dimension, exponentially decayed
-	unexp   [3]float64
+	unexp [3]float64
+	// pace: the same, only over intervals in which the bucket was not
+	// nearly full (a full bucket spills refill, which would look like
+	// someone else drawing), for the others' rate.
+	pace    [3]float64
+	paceT   [3]float64 // the decayed length of those intervals, seconds
+	full    [3]bool    // the bucket was nearly full at the last sync
+	primed  [3]bool    // the prior is in the sums
 	unexpAt time.Time
 	above   [3]int       // consecutive syncs with the rate above the threshold
 	since   [3]time.Time // when the current run of such syncs began
 	// othersUntil: the reserve is kept until this time.
 	othersUntil time.Time
 	othersSeen  int // number of times others were detected
+	// sent are our recent admissions, oldest first, for SyncSince.
+	sent []sent
 }
 
 // NewMirror returns an empty mirror (unknown limits: everything fits until
@@ -84,11 +120,39 @@ func NewMirror(cfg MirrorConfig) *Mirror {
 	return m
 }
 
-// Take reserves need at admission; a negative need gives back.
+// Take reserves need at admission; a negative need gives back. An
+// admission (a positive request count) is remembered for SyncSince.
 func (m *Mirror) Take(now time.Time, n Need) {
 	m.Requests.Take(now, n.Requests)
 	m.Input.Take(now, n.Input)
 	m.Output.Take(now, n.Output)
+	if n.Requests > 0 {
+		if len(m.sent) >= maxSent {
+			m.sent = append(m.sent[:0], m.sent[maxSent/2:]...)
+		}
+		m.sent = append(m.sent, sent{now, n})
+	}
+}
+
+// inTransit sums our admissions after since (zero since: none), and
+// forgets those at or before forget.
+func (m *Mirror) inTransit(since, forget time.Time) Need {
+	i := 0
+	for i < len(m.sent) && !m.sent[i].at.After(forget) {
+		i++
+	}
+	if i > 0 {
+		m.sent = append(m.sent[:0], m.sent[i:]...)
+	}
+	var t Need
+	if since.IsZero() {
+		return t
+	}
+	for j := len(m.sent) - 1; j >= 0 && m.sent[j].at.After(since); j-- {
+		t.Requests += m.sent[j].n.Requests
+		t.Input += m.sent[j].n.Input
+	}
+	return t
 }
 
 // Correct replaces an earlier reservation by the actual draw, once known.
@@ -106,12 +170,25 @@ func (m *Mirror) Correct(now time.Time, reserved, actual Need) {
 // server at admission, so nothing is outstanding for them). It reports
 // whether others are (still) seen drawing on the org.
 func (m *Mirror) Sync(now time.Time, rl anthropic.RateLimits, outstandingOutput float64) bool {
+	return m.SyncSince(now, time.Time{}, rl, outstandingOutput)
+}
+
+// SyncSince is Sync for the answer to a request admitted at sentAt (zero:
+// unknown). The server stamped the headers some time after sentAt, and
+// our admissions after sentAt may not be in them yet: they are taken as
+// still on their way, so the mirror never believes the bucket holds more
+// than it does. (Those the server had already charged make the mirror
+// low by a request or two until the next answer; the draws of others
+// estimated from successive answers telescope, so this cancels out.)
+func (m *Mirror) SyncSince(now, sentAt time.Time, rl anthropic.RateLimits, outstandingOutput float64) bool {
+	// Admissions older than a window are in every header by now.
+	t := m.inTransit(sentAt, now.Add(-m.cfg.Window))
 	var u [3]float64
 	if rl.Requests.Present {
-		u[0] = m.Requests.Sync(now, rl.Requests.Limit, rl.Requests.Remaining, 0)
+		u[0] = m.Requests.Sync(now, rl.Requests.Limit, rl.Requests.Remaining, t.Requests)
 	}
 	if rl.Input.Present {
-		u[1] = m.Input.Sync(now, rl.Input.Limit, rl.Input.Remaining, 0)
+		u[1] = m.Input.Sync(now, rl.Input.Limit, rl.Input.Remaining, t.Input)
 	}
 	if rl.Output.Present {
 		u[2] = m.Output.Sync(now, rl.Output.Limit, rl.Output.Remaining, outstandingOutput)
@@ -119,9 +196,10 @@ func (m *Mirror) Sync(now time.Time, rl anthropic.RateLimits, outstandingOutput 
 	// Decay the running sums, then add this sync's surprise. The sums
 	// telescope, so header rounding cancels out over a window and what
 	// remains is the others' real draw.
-	decay := 1.0
+	decay, dt := 1.0, 0.0
 	if !m.unexpAt.IsZero() {
-		decay = math.Exp(-now.Sub(m.unexpAt).Seconds() / m.cfg.Window.Seconds())
+		dt = now.Sub(m.unexpAt).Seconds()
+		decay = math.Exp(-dt / m.cfg.Window.Seconds())
 	}
 	m.unexpAt = now
 	limits := [3]float64{m.Requests.Limit(), m.Input.Limit(), m.Output.Limit()}
@@ -131,9 +209,40 @@ func (m *Mirror) Sync(now time.Time, rl anthropic.RateLimits, outstandingOutput 
 	// still on its way to us shows up as a surprise, which a busy client
 	// cannot tell from a colleague. Anyone sharing the org also sends
 	// requests, so the first two dimensions see them.
-	for i := range 2 {
+	buckets := [3]*Bucket{&m.Requests, &m.Input, &m.Output}
+	rem := [3]anthropic.Limit{rl.Requests, rl.Input, rl.Output}
+	for i := range 3 {
 		m.unexp[i] = m.unexp[i]*decay + u[i]
+		m.pace[i] *= decay
+		m.paceT[i] *= decay
+		full := rem[i].Present && float64(rem[i].Remaining) >= nearlyFull*buckets[i].Capacity()
+		if !full && !m.full[i] && rem[i].Present {
+			m.pace[i] += u[i]
+			m.paceT[i] += dt
+		}
+		if rem[i].Present {
+			m.full[i] = full
+		}
 		if limits[i] <= 0 {
+			continue
+		}
+		// The pace: the refill left to us is the limit's less what others
+		// drew over the window (a decayed sum telescopes, so our own
+		// rounding cancels), less the margin. The rate is over the
+		// (decayed) time the sum covers, so it is right from the first
+		// intervals and across those left out.
+		if !m.primed[i] {
+			// Until the sum covers some time, a prior of others drawing
+			// half the limit (worth half a window, and decaying like the
+			// rest) keeps the mirror from running ahead of a bucket it
+			// has not watched yet.
+			m.primed[i] = true
+			t0 := m.cfg.Window.Seconds() / 2
+			m.pace[i], m.paceT[i] = priorOthers*limits[i]/60*t0, t0
+		}
+		others := math.Min(limits[i]/60, math.Max(0, m.pace[i]/m.paceT[i]))
+		buckets[i].SetOthers(now, others+m.cfg.Margin*math.Max(0, limits[i]/60-others))
+		if i == 2 {
 			continue
 		}
 		// rate ≈ sum / window; compare with threshold × limit per minute.
@@ -186,7 +295,7 @@ func (m *Mirror) OthersSeen() int { return m.othersSeen }
 // Wait returns how long until n fits (0: now), keeping the reserve free
 // while others are present.
 func (m *Mirror) Wait(now time.Time, n Need) time.Duration {
-	r := 0.0
+	r := transitMargin
 	if m.Others(now) {
 		// Requests on their way to the server are not in its remaining
 		// yet, and a colleague draws in lumps: keep a margin (5% of the bucket) on top

@@ -37,7 +37,7 @@ func (s *Server) batchRoute(c *call) {
 	o := ks.org
 	ob := s.orgBatches(o)
 	if ob.rpm != nil {
-		refused, wait, view := ob.rpm.admit(time.Since(s.start), 0, 0, 0)
+		refused, wait, view := ob.rpm.admit(time.Since(s.start), load{}, 0, 0)
 		if refused != dimNone {
 			s.rateHeaders(c.h, view)
 			s.rateLimited(c, o, true, wait, fmt.Sprintf("This request would exceed your organization's rate limit of %s requests per minute for the Message Batches API (org: %s). For details, refer to: https://docs.claude.com/en/api/rate-limits. Please reduce the rate of requests, or try again later.", commas(ob.lim.RPM), o.id))
