@@ -189,6 +189,19 @@ type laneRef struct {
 	org  *orgState
 	pool anthropic.Pool
 	key  string // lane key "org/pool"
+	// attempts and rateLimited count this invocation's attempts through
+	// the lane and the 429s among them.
+	attempts, rateLimited atomic.Int64
+}
+
+// Snapshot is the gate's snapshot with the lane's attempts and 429s.
+func (l *laneRef) Snapshot(now time.Time) LaneSnapshot {
+	s := l.Gate.Snapshot(now)
+	s.Attempts, s.RateLimited429 = l.attempts.Load(), l.rateLimited.Load()
+	if s.Attempts > 0 {
+		s.Rate429 = float64(s.RateLimited429) / float64(s.Attempts)
+	}
+	return s
 }
 
 type orgState struct {
@@ -910,6 +923,7 @@ func (e *Engine) start1(w *work, l *laneRef, p Permit, workers *sync.WaitGroup) 
 	w.sending = true
 	w.attempts++
 	e.c.attempts.Add(1)
+	l.attempts.Add(1)
 	a := &attempt{w: w, lane: l, permit: p}
 	if e.cfg.MaxCost > 0 {
 		a.worst = e.worstCase(w)
@@ -1057,6 +1071,7 @@ func (e *Engine) handle(a *attempt, com *committer, stopping bool) {
 		switch {
 		case o.RateLimited:
 			e.c.rateLimited.Add(1)
+			a.lane.rateLimited.Add(1)
 		case o.Overloaded:
 			e.c.overloaded.Add(1)
 		default:

@@ -90,6 +90,12 @@ type LaneSnapshot struct {
 	// BucketLim is the limit per API minute each mirrors, for comparison.
 	Pace      [3]float64 `json:"pace_per_min"`
 	BucketLim [3]float64 `json:"limit_per_min"`
+	// Attempts and RateLimited429 count this invocation's attempts through
+	// the lane and the 429s among them; Rate429 is their ratio. The
+	// engine fills them in (a gate leaves them zero).
+	Attempts       int64   `json:"attempts"`
+	RateLimited429 int64   `json:"rate_limited_429"`
+	Rate429        float64 `json:"rate_429"`
 }
 
 // LaneConfig tunes a lane controller. Zero fields take the defaults noted.
@@ -181,6 +187,7 @@ type Lane struct {
 	noRAStreak  int // consecutive congestion epochs of 429s without retry-after
 	buckets     *Buckets
 	disabled    string
+	answered    bool // an answer has come back (the mirrors know the limits if the API sends them)
 }
 
 // NewLane returns a lane controller.
@@ -333,6 +340,12 @@ func (l *Lane) TryAdmit(now time.Time, d Demand) (Permit, time.Duration, bool) {
 		l.boundAt = now
 		return Permit{}, 0, false
 	}
+	if !l.answered && l.inFlight > 0 {
+		// One request alone until an answer tells the limits and what
+		// remains: a burst sent blind can drain a small bucket before
+		// the first answer comes back, 429s for us and the colleague.
+		return Permit{}, 0, false
+	}
 	if w := l.buckets.Wait(now, n); w > 0 {
 		return Permit{}, w, false
 	}
@@ -351,6 +364,7 @@ func (l *Lane) Done(now time.Time, p Permit, fb Feedback) {
 	defer l.mu.Unlock()
 	l.grow(now)
 	l.inFlight--
+	l.answered = true
 	l.buckets.Done(now, p, fb, 1)
 	o := fb.Outcome
 	if o.Kind == anthropic.Success {

@@ -126,6 +126,13 @@ func runPolite(t testing.TB, c politeCase, n int, k float64) politeResult {
 		t.Logf("lane %s: pace %v of %v per API-min, others seen %d, cuts %d, limit %v", l.Org, l.Pace, l.BucketLim, l.OthersSeen, l.Cuts, l.Limit)
 	}
 	stats := r.Server.Stats()
+	if os.Getenv("APIDISPATCH_POLITE_SERIES") != "" {
+		for _, p := range r.Server.Stats().Org("two").Series {
+			if p.RateLimited > 0 {
+				t.Logf("two t=%d admitted %d 429 %d", p.T, p.Admitted, p.RateLimited)
+			}
+		}
+	}
 	for _, o := range stats.Orgs {
 		res.attempts[o.Name] = o.Requests
 		if o.Requests > 0 {

@@ -70,6 +70,16 @@ const transitMargin = 0.05
 // an interval that ends or starts there says nothing of the others' rate.
 const nearlyFull = 0.8
 
+// paceWindows is the time constant of the others' rate, in windows: each
+// answer's headers may or may not count our requests still on their way,
+// an error that cancels out only over many answers.
+const paceWindows = 6
+
+// maxOthers caps the others' estimated share of a limit: the level, synced
+// from every answer, keeps us off the bottom; the pace only has to keep
+// the mirror from running ahead between answers, and must not stop us.
+const maxOthers = 0.8
+
 // priorOthers is the share of a limit others are assumed to draw before
 // the mirror has watched the bucket bind (see SyncSince).
 const priorOthers = 0.5
@@ -181,8 +191,8 @@ func (m *Mirror) Sync(now time.Time, rl anthropic.RateLimits, outstandingOutput 
 // low by a request or two until the next answer; the draws of others
 // estimated from successive answers telescope, so this cancels out.)
 func (m *Mirror) SyncSince(now, sentAt time.Time, rl anthropic.RateLimits, outstandingOutput float64) bool {
-	// Admissions older than a window are in every header by now.
-	t := m.inTransit(sentAt, now.Add(-m.cfg.Window))
+	// Admissions older than four windows are in every header by now.
+	t := m.inTransit(sentAt, now.Add(-4*m.cfg.Window))
 	var u [3]float64
 	if rl.Requests.Present {
 		u[0] = m.Requests.Sync(now, rl.Requests.Limit, rl.Requests.Remaining, t.Requests)
@@ -196,10 +206,11 @@ func (m *Mirror) SyncSince(now, sentAt time.Time, rl anthropic.RateLimits, outst
 	// Decay the running sums, then add this sync's surprise. The sums
 	// telescope, so header rounding cancels out over a window and what
 	// remains is the others' real draw.
-	decay, dt := 1.0, 0.0
+	decay, paceDecay, dt := 1.0, 1.0, 0.0
 	if !m.unexpAt.IsZero() {
 		dt = now.Sub(m.unexpAt).Seconds()
 		decay = math.Exp(-dt / m.cfg.Window.Seconds())
+		paceDecay = math.Exp(-dt / (paceWindows * m.cfg.Window.Seconds()))
 	}
 	m.unexpAt = now
 	limits := [3]float64{m.Requests.Limit(), m.Input.Limit(), m.Output.Limit()}
@@ -213,8 +224,8 @@ func (m *Mirror) SyncSince(now, sentAt time.Time, rl anthropic.RateLimits, outst
 	rem := [3]anthropic.Limit{rl.Requests, rl.Input, rl.Output}
 	for i := range 3 {
 		m.unexp[i] = m.unexp[i]*decay + u[i]
-		m.pace[i] *= decay
-		m.paceT[i] *= decay
+		m.pace[i] *= paceDecay
+		m.paceT[i] *= paceDecay
 		full := rem[i].Present && float64(rem[i].Remaining) >= nearlyFull*buckets[i].Capacity()
 		if !full && !m.full[i] && rem[i].Present {
 			m.pace[i] += u[i]
@@ -233,14 +244,14 @@ func (m *Mirror) SyncSince(now, sentAt time.Time, rl anthropic.RateLimits, outst
 		// intervals and across those left out.
 		if !m.primed[i] {
 			// Until the sum covers some time, a prior of others drawing
-			// half the limit (worth half a window, and decaying like the
-			// rest) keeps the mirror from running ahead of a bucket it
+			// half the limit (worth a quarter of the sum's time constant,
+			// and decaying like the rest) keeps the mirror from running ahead of a bucket it
 			// has not watched yet.
 			m.primed[i] = true
-			t0 := m.cfg.Window.Seconds() / 2
+			t0 := paceWindows * m.cfg.Window.Seconds() / 4
 			m.pace[i], m.paceT[i] = priorOthers*limits[i]/60*t0, t0
 		}
-		others := math.Min(limits[i]/60, math.Max(0, m.pace[i]/m.paceT[i]))
+		others := math.Min(maxOthers*limits[i]/60, math.Max(0, m.pace[i]/m.paceT[i]))
 		buckets[i].SetOthers(now, others+m.cfg.Margin*math.Max(0, limits[i]/60-others))
 		if i == 2 {
 			continue
