@@ -251,6 +251,7 @@ func (b *Buckets) Done(now time.Time, p Permit, fb Feedback, scale float64) {
 	if b.outstanding < 0 {
 		b.outstanding = 0
 	}
+	b.mirror.Landed(p.Need)
 	switch {
 	case fb.Billed:
 		b.mirror.Correct(now, p.Need, fb.Actual)

@@ -66,10 +66,6 @@ func (c *MirrorConfig) defaults() {
 // first of them comes before we can tell it from our own draws.
 const transitMargin = 0.05
 
-// nearlyFull: a bucket above this share of its size is not binding, and
-// an interval that ends or starts there says nothing of the others' rate.
-const nearlyFull = 0.8
-
 // paceWindows is the time constant of the others' rate, in windows: each
 // answer's headers may or may not count our requests still on their way,
 // an error that cancels out only over many answers.
@@ -84,15 +80,6 @@ const maxOthers = 0.8
 // the mirror has watched the bucket bind (see SyncSince).
 const priorOthers = 0.5
 
-// sent is one admission of ours: what it drew and when.
-type sent struct {
-	at time.Time
-	n  Need
-}
-
-// maxSent bounds the admissions a mirror remembers for SyncSince.
-const maxSent = 4096
-
 // Mirror mirrors an org's three buckets for one model pool and decides
 // whether a request fits. The zero value is not usable; call NewMirror.
 type Mirror struct {
@@ -100,9 +87,7 @@ type Mirror struct {
 	Requests, Input, Output Bucket
 	// unexplained consumption per dimension, exponentially decayed
 	unexp [3]float64
-	// pace: the same, only over intervals in which the bucket was not
-	// nearly full (a full bucket spills refill, which would look like
-	// someone else drawing), for the others' rate.
+	// pace: the same over a longer time constant, for the others' rate.
 	pace    [3]float64
 	paceT   [3]float64 // the decayed length of those intervals, seconds
 	full    [3]bool    // the bucket was nearly full at the last sync
@@ -113,8 +98,9 @@ type Mirror struct {
 	// othersUntil: the reserve is kept until this time.
 	othersUntil time.Time
 	othersSeen  int // number of times others were detected
-	// sent are our recent admissions, oldest first, for SyncSince.
-	sent []sent
+	// inFlight is what our admissions not yet answered drew (requests
+	// and input tokens, charged by the server on arrival): see Sync.
+	inFlight Need
 }
 
 // NewMirror returns an empty mirror (unknown limits: everything fits until
@@ -131,38 +117,22 @@ func NewMirror(cfg MirrorConfig) *Mirror {
 }
 
 // Take reserves need at admission; a negative need gives back. An
-// admission (a positive request count) is remembered for SyncSince.
+// admission (a positive request count) is in flight until Landed.
 func (m *Mirror) Take(now time.Time, n Need) {
 	m.Requests.Take(now, n.Requests)
 	m.Input.Take(now, n.Input)
 	m.Output.Take(now, n.Output)
 	if n.Requests > 0 {
-		if len(m.sent) >= maxSent {
-			m.sent = append(m.sent[:0], m.sent[maxSent/2:]...)
-		}
-		m.sent = append(m.sent, sent{now, n})
+		m.inFlight.Requests += n.Requests
+		m.inFlight.Input += n.Input
 	}
 }
 
-// inTransit sums our admissions after since (zero since: none), and
-// forgets those at or before forget.
-func (m *Mirror) inTransit(since, forget time.Time) Need {
-	i := 0
-	for i < len(m.sent) && !m.sent[i].at.After(forget) {
-		i++
-	}
-	if i > 0 {
-		m.sent = append(m.sent[:0], m.sent[i:]...)
-	}
-	var t Need
-	if since.IsZero() {
-		return t
-	}
-	for j := len(m.sent) - 1; j >= 0 && m.sent[j].at.After(since); j-- {
-		t.Requests += m.sent[j].n.Requests
-		t.Input += m.sent[j].n.Input
-	}
-	return t
+// Landed reports that the admission that took n has been answered (call it
+// before Correct and Sync with its answer).
+func (m *Mirror) Landed(n Need) {
+	m.inFlight.Requests = math.Max(0, m.inFlight.Requests-n.Requests)
+	m.inFlight.Input = math.Max(0, m.inFlight.Input-n.Input)
 }
 
 // Correct replaces an earlier reservation by the actual draw, once known.
@@ -180,19 +150,24 @@ func (m *Mirror) Correct(now time.Time, reserved, actual Need) {
 // server at admission, so nothing is outstanding for them). It reports
 // whether others are (still) seen drawing on the org.
 func (m *Mirror) Sync(now time.Time, rl anthropic.RateLimits, outstandingOutput float64) bool {
-	return m.SyncSince(now, time.Time{}, rl, outstandingOutput)
+	return m.sync(now, Need{}, rl, outstandingOutput)
 }
 
-// SyncSince is Sync for the answer to a request admitted at sentAt (zero:
-// unknown). The server stamped the headers some time after sentAt, and
-// our admissions after sentAt may not be in them yet: they are taken as
-// still on their way, so the mirror never believes the bucket holds more
-// than it does. (Those the server had already charged make the mirror
-// low by a request or two until the next answer; the draws of others
-// estimated from successive answers telescope, so this cancels out.)
+// SyncSince is Sync for the answer to a request admitted at sentAt. Our
+// admissions still unanswered may or may not be in the headers (the
+// server counts a request when it arrives, and requests wait for a
+// connection in any order): they are taken as still on their way, so the
+// mirror never believes the bucket holds more than it does. Those the
+// server had already counted make the mirror low by as much until their
+// answers come; the draws of others estimated from successive answers
+// telescope, so this cancels out there. sentAt is kept for callers; the
+// in-flight sum does not need it.
 func (m *Mirror) SyncSince(now, sentAt time.Time, rl anthropic.RateLimits, outstandingOutput float64) bool {
-	// Admissions older than four windows are in every header by now.
-	t := m.inTransit(sentAt, now.Add(-4*m.cfg.Window))
+	return m.sync(now, m.inFlight, rl, outstandingOutput)
+}
+
+// sync refreshes the mirror from headers that may not count t yet.
+func (m *Mirror) sync(now time.Time, t Need, rl anthropic.RateLimits, outstandingOutput float64) bool {
 	var u [3]float64
 	if rl.Requests.Present {
 		u[0] = m.Requests.Sync(now, rl.Requests.Limit, rl.Requests.Remaining, t.Requests)
@@ -226,13 +201,14 @@ func (m *Mirror) SyncSince(now, sentAt time.Time, rl anthropic.RateLimits, outst
 		m.unexp[i] = m.unexp[i]*decay + u[i]
 		m.pace[i] *= paceDecay
 		m.paceT[i] *= paceDecay
-		full := rem[i].Present && float64(rem[i].Remaining) >= nearlyFull*buckets[i].Capacity()
-		if !full && !m.full[i] && rem[i].Present {
+		if rem[i].Present {
+			// Every interval counts, or the sum would not telescope. (A
+			// nearly full bucket spills refill, which reads as others
+			// drawing: the pace is low while the bucket does not bind,
+			// which costs nothing, and recovers within the window once
+			// it does.)
 			m.pace[i] += u[i]
 			m.paceT[i] += dt
-		}
-		if rem[i].Present {
-			m.full[i] = full
 		}
 		if limits[i] <= 0 {
 			continue

@@ -236,6 +236,7 @@ func TestPaceEstimatesRefillLeftToUs(t *testing.T) {
 			for len(inFlight) > 0 && !inFlight[0].done.After(now) {
 				f := inFlight[0]
 				inFlight = inFlight[1:]
+				m.Landed(Need{Requests: 1})
 				m.SyncSince(now, f.sent, anthropic.RateLimits{Requests: anthropic.Limit{Present: true, Limit: limit, Remaining: int64(server)}}, 0)
 			}
 			for m.Wait(now, Need{Requests: 1}) == 0 {
