@@ -172,3 +172,34 @@ func BenchmarkPolite(b *testing.B) {
 		})
 	}
 }
+
+// TestPoliteWhenAColleagueSharesTheOrg is issue 22's regression test: a
+// small version of the colleague cases that bind on requests and on input
+// tokens (the bursty and the output-token cases are not yet held to the
+// target: see BenchmarkPolite and the README).
+// Draining the bucket made the colleague's draws be refused and gave us
+// 429s on every org (36 % on the colleague's org before the fix); now 429s
+// stay rare, the colleague is almost never refused, and throughput holds.
+// The margins are wide enough for a loaded 2-core machine under -race.
+func TestPoliteWhenAColleagueSharesTheOrg(t *testing.T) {
+	for _, c := range []politeCase{politeCases[0], politeCases[2]} {
+		t.Run(c.name, func(t *testing.T) {
+			r := runPolite(t, c, 600, 20)
+			t.Logf("%v", r)
+			if r.lost != 0 {
+				t.Errorf("lost %d items", r.lost)
+			}
+			for o, rate := range r.rate429 {
+				if rate > 0.03 {
+					t.Errorf("org %s: 429s %.1f%% of %d attempts, want ≤ 3%%", o, rate*100, r.attempts[o])
+				}
+			}
+			if r.refused > 0.03 {
+				t.Errorf("the colleague's draws refused %.1f%%, want ≤ 3%%", r.refused*100)
+			}
+			if r.throughput < 0.8 {
+				t.Errorf("throughput %.2f of what the buckets leave, want ≥ 0.8", r.throughput)
+			}
+		})
+	}
+}

@@ -229,9 +229,9 @@ func (m *Mirror) sync(now time.Time, t Need, rl anthropic.RateLimits, outstandin
 		}
 		others := math.Min(maxOthers*limits[i]/60, math.Max(0, m.pace[i]/m.paceT[i]))
 		buckets[i].SetOthers(now, others+m.cfg.Margin*math.Max(0, limits[i]/60-others))
-		if i == 2 {
-			continue
-		}
+		// Output tokens are charged when a request finishes; what is
+		// still on its way to us is outstanding, taken off above, so the
+		// output bucket shows others too.
 		// rate ≈ sum / window; compare with threshold × limit per minute.
 		rate := m.unexp[i] / m.cfg.Window.Seconds()
 		if rate <= m.cfg.OthersThreshold*limits[i]/60 {
@@ -246,7 +246,9 @@ func (m *Mirror) sync(now time.Time, t Need, rl anthropic.RateLimits, outstandin
 			if !now.Before(m.othersUntil) {
 				m.othersSeen++
 			}
-			m.othersUntil = now.Add(m.cfg.Window)
+			// Kept for the pace's time constant: a colleague drawing in
+			// bursts pauses longer than a window between them.
+			m.othersUntil = now.Add(paceWindows * m.cfg.Window)
 		}
 	}
 	return m.Others(now)
