@@ -187,7 +187,6 @@ type Lane struct {
 	noRAStreak  int // consecutive congestion epochs of 429s without retry-after
 	buckets     *Buckets
 	disabled    string
-	answered    bool // an answer has come back (the mirrors know the limits if the API sends them)
 }
 
 // NewLane returns a lane controller.
@@ -341,12 +340,7 @@ func (l *Lane) TryAdmit(now time.Time, d Demand) (Permit, time.Duration, bool) {
 		l.boundAt = now
 		return Permit{}, 0, false
 	}
-	if !l.answered && l.inFlight > 0 {
-		// One request alone until an answer tells the limits and what
-		// remains: a burst sent blind can drain a small bucket before
-		// the first answer comes back, 429s for us and the colleague.
-		return Permit{}, 0, false
-	}
+
 	if w := l.buckets.Wait(now, n); w > 0 {
 		return Permit{}, w, false
 	}
@@ -365,7 +359,6 @@ func (l *Lane) Done(now time.Time, p Permit, fb Feedback) {
 	defer l.mu.Unlock()
 	l.grow(now)
 	l.inFlight--
-	l.answered = true
 	l.buckets.Done(now, p, fb, 1)
 	o := fb.Outcome
 	if o.Kind == anthropic.Success {
