@@ -193,6 +193,19 @@ type laneRef struct {
 	org  *orgState
 	pool anthropic.Pool
 	key  string // lane key "org/pool"
+	// attempts and rateLimited count this invocation's attempts through
+	// the lane and the 429s among them.
+	attempts, rateLimited atomic.Int64
+}
+
+// Snapshot is the gate's snapshot with the lane's attempts and 429s.
+func (l *laneRef) Snapshot(now time.Time) LaneSnapshot {
+	s := l.Gate.Snapshot(now)
+	s.Attempts, s.RateLimited429 = l.attempts.Load(), l.rateLimited.Load()
+	if s.Attempts > 0 {
+		s.Rate429 = float64(s.RateLimited429) / float64(s.Attempts)
+	}
+	return s
 }
 
 type orgState struct {
@@ -952,6 +965,7 @@ func (e *Engine) start1(w *work, l *laneRef, p Permit, res *spend.Reservation, w
 	w.sending = true
 	w.attempts++
 	e.c.attempts.Add(1)
+	l.attempts.Add(1)
 	a := &attempt{w: w, lane: l, permit: p, res: res}
 	workers.Go(func() {
 		e.send(a)
@@ -1095,6 +1109,7 @@ func (e *Engine) handle(a *attempt, com *committer, stopping bool) {
 		switch {
 		case o.RateLimited:
 			e.c.rateLimited.Add(1)
+			a.lane.rateLimited.Add(1)
 		case o.Overloaded:
 			e.c.overloaded.Add(1)
 		default:

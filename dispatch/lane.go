@@ -53,6 +53,9 @@ type Permit struct {
 	// Epoch is the congestion epoch at admission: a 429 for a request
 	// admitted before the latest cut does not cut again.
 	Epoch uint64
+	// At is when it was admitted (zero: unknown). The headers of its
+	// answer may not count our admissions after it yet.
+	At time.Time
 }
 
 // Feedback is what one attempt taught the lane.
@@ -82,6 +85,17 @@ type LaneSnapshot struct {
 	Others      bool    `json:"others_seen_now"`
 	OthersSeen  int     `json:"others_seen"`
 	Disabled    string  `json:"disabled,omitempty"`
+	// Pace is the refill the mirrors leave us, per API minute, for
+	// requests, input and output tokens (0: not known); Limit429 is the
+	// BucketLim is the limit per API minute each mirrors, for comparison.
+	Pace      [3]float64 `json:"pace_per_min"`
+	BucketLim [3]float64 `json:"limit_per_min"`
+	// Attempts and RateLimited429 count this invocation's attempts through
+	// the lane and the 429s among them; Rate429 is their ratio. The
+	// engine fills them in (a gate leaves them zero).
+	Attempts       int64   `json:"attempts"`
+	RateLimited429 int64   `json:"rate_limited_429"`
+	Rate429        float64 `json:"rate_429"`
 }
 
 // LaneConfig tunes a lane controller. Zero fields take the defaults noted.
@@ -197,13 +211,14 @@ type Buckets struct {
 	outSeen     bool
 	inRatio     float64 // EWMA of actual ÷ estimated input tokens
 	outstanding float64 // expected output of requests in flight
+	speed       float64 // the server's K
 }
 
 // NewBuckets returns empty mirrors for a lane configured by cfg (taken
 // with its defaults).
 func NewBuckets(cfg LaneConfig) *Buckets {
 	cfg.defaults()
-	return &Buckets{mirror: ratelimit.NewMirror(cfg.Mirror), outEst: cfg.DefaultOutput, inRatio: 1}
+	return &Buckets{mirror: ratelimit.NewMirror(cfg.Mirror), outEst: cfg.DefaultOutput, inRatio: 1, speed: cfg.Speed}
 }
 
 // Mirror returns the bucket mirrors.
@@ -235,6 +250,7 @@ func (b *Buckets) Done(now time.Time, p Permit, fb Feedback, scale float64) {
 	if b.outstanding < 0 {
 		b.outstanding = 0
 	}
+	b.mirror.Landed(p.Need)
 	switch {
 	case fb.Billed:
 		b.mirror.Correct(now, p.Need, fb.Actual)
@@ -258,20 +274,26 @@ func (b *Buckets) Done(now time.Time, p Permit, fb Feedback, scale float64) {
 		b.mirror.Correct(now, p.Need, ratelimit.Need{Requests: p.Need.Requests})
 	}
 	if fb.Limits.Requests.Present || fb.Limits.Input.Present || fb.Limits.Output.Present {
-		b.Sync(now, fb.Limits, scale)
+		b.SyncSince(now, p.At, fb.Limits, scale)
 	}
 }
 
 // Sync refreshes the mirrors from rate-limit headers, of which this lane
 // stands for the share scale.
 func (b *Buckets) Sync(now time.Time, rl anthropic.RateLimits, scale float64) {
+	b.SyncSince(now, time.Time{}, rl, scale)
+}
+
+// SyncSince is Sync from the answer to a request admitted at sentAt (see
+// ratelimit.Mirror.SyncSince).
+func (b *Buckets) SyncSince(now, sentAt time.Time, rl anthropic.RateLimits, scale float64) {
 	if scale > 0 && scale != 1 {
 		for _, l := range []*anthropic.Limit{&rl.Requests, &rl.Input, &rl.Output} {
 			l.Limit = int64(math.Round(float64(l.Limit) * scale))
 			l.Remaining = int64(math.Round(float64(l.Remaining) * scale))
 		}
 	}
-	b.mirror.Sync(now, rl, b.outstanding)
+	b.mirror.SyncSince(now, sentAt, rl, b.outstanding)
 }
 
 // apiSeconds converts a wall-clock interval to seconds of server time.
@@ -318,6 +340,7 @@ func (l *Lane) TryAdmit(now time.Time, d Demand) (Permit, time.Duration, bool) {
 		l.boundAt = now
 		return Permit{}, 0, false
 	}
+
 	if w := l.buckets.Wait(now, n); w > 0 {
 		return Permit{}, w, false
 	}
@@ -327,7 +350,7 @@ func (l *Lane) TryAdmit(now time.Time, d Demand) (Permit, time.Duration, bool) {
 		l.boundAt = now
 	}
 	l.maxInFlight = max(l.maxInFlight, l.inFlight)
-	return Permit{Need: n, Demand: d, Epoch: l.gen}, 0, true
+	return Permit{Need: n, Demand: d, Epoch: l.gen, At: now}, 0, true
 }
 
 // Done implements Gate.
@@ -414,5 +437,28 @@ func (l *Lane) Snapshot(now time.Time) LaneSnapshot {
 		Limit: math.Round(l.limit*100) / 100, InFlight: l.inFlight, MaxInFlight: l.maxInFlight,
 		Cuts: l.cuts, HeldS: held.Seconds(), Held: now.Before(l.holdUntil),
 		Others: l.buckets.mirror.Others(now), OthersSeen: l.buckets.mirror.OthersSeen(), Disabled: l.disabled,
+		Pace: l.buckets.Pace(), BucketLim: l.buckets.Limits(),
 	}
+}
+
+// Pace is the refill the mirrors leave us per API minute: requests, input
+// and output tokens.
+func (b *Buckets) Pace() [3]float64 {
+	m := b.mirror
+	var p [3]float64
+	for i, bk := range []*ratelimit.Bucket{&m.Requests, &m.Input, &m.Output} {
+		p[i] = math.Round(bk.Rate() * 60 / b.speed)
+	}
+	return p
+}
+
+// Limits are the limits per API minute the mirrors know: requests, input
+// and output tokens.
+func (b *Buckets) Limits() [3]float64 {
+	m := b.mirror
+	var p [3]float64
+	for i, bk := range []*ratelimit.Bucket{&m.Requests, &m.Input, &m.Output} {
+		p[i] = math.Round(bk.Limit() / b.speed)
+	}
+	return p
 }

@@ -61,6 +61,12 @@ type OrgSplit struct {
 	Errored   int64   `json:"errored"`
 	CostUSD   float64 `json:"cost_usd"`
 	Key       string  `json:"key_fingerprint"`
+	// Attempts, RateLimited429 and Rate429 (their ratio) are this
+	// invocation's attempts on the org and the 429s among them: a
+	// contended org shows at once.
+	Attempts       int64   `json:"attempts"`
+	RateLimited429 int64   `json:"rate_limited_429"`
+	Rate429        float64 `json:"rate_429"`
 }
 
 // Summary is summary.json (design.md §3).
@@ -230,6 +236,19 @@ func BuildSummary(ctx context.Context, in SummaryInput) (*Summary, store.Aggrega
 		}
 		s.Cost.ByOrg[name] = cost.Nanos(t.CostNanos).USD()
 		s.ByOrg[name] = OrgSplit{Succeeded: t.Succeeded, Errored: t.Errored, CostUSD: cost.Nanos(t.CostNanos).USD(), Key: keys[name]}
+	}
+	for _, l := range in.Lanes {
+		if l.Attempts == 0 {
+			continue
+		}
+		o := s.ByOrg[l.Org]
+		if o.Key == "" {
+			o.Key = keys[l.Org]
+		}
+		o.Attempts += l.Attempts
+		o.RateLimited429 += l.RateLimited429
+		o.Rate429 = float64(o.RateLimited429) / float64(o.Attempts)
+		s.ByOrg[l.Org] = o
 	}
 	s.ByRoute = map[string]*RouteSplit{}
 	for name, t := range agg.ByRoute {

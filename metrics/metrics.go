@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -79,6 +80,8 @@ type gate struct {
 	dispatch.Gate
 	m         *Metrics
 	org, pool string
+	// attempts ended and 429s among them, for the per-org 429 rate
+	attempts, r429 atomic.Int64
 }
 
 func (g *gate) TryAdmit(now time.Time, d dispatch.Demand) (dispatch.Permit, time.Duration, bool) {
@@ -92,7 +95,9 @@ func (g *gate) TryAdmit(now time.Time, d dispatch.Demand) (dispatch.Permit, time
 func (g *gate) Done(now time.Time, p dispatch.Permit, fb dispatch.Feedback) {
 	g.Gate.Done(now, p, fb)
 	g.m.outcomes.WithLabelValues(g.org, g.pool, class(fb.Outcome.Kind)).Inc()
+	g.attempts.Add(1)
 	if fb.Outcome.RateLimited {
+		g.r429.Add(1)
 		g.m.r429.WithLabelValues(g.org, g.pool).Inc()
 	}
 	if fb.Cost > 0 {
@@ -127,6 +132,10 @@ var (
 	descLimit    = prometheus.NewDesc("apidispatch_limit", "The lane's AIMD concurrency limit.", laneLabels, nil)
 	descCap      = prometheus.NewDesc("apidispatch_cap", "The lane's polite per-key concurrency cap.", laneLabels, nil)
 	descHeld     = prometheus.NewDesc("apidispatch_held", "1 while the lane holds for a retry-after.", laneLabels, nil)
+	descRate429  = prometheus.NewDesc("apidispatch_org_rate_limited_ratio",
+		"429 answers as a share of the org's attempts in this run (a contended org shows here).", []string{"org"}, nil)
+	descPace = prometheus.NewDesc("apidispatch_pace_per_minute",
+		"The refill of the org's bucket left to us per API minute, as the lane estimates it from the headers (0: not known).", append(laneLabels, "limit"), nil)
 )
 
 func (l *lanes) Describe(ch chan<- *prometheus.Desc) {
@@ -134,6 +143,8 @@ func (l *lanes) Describe(ch chan<- *prometheus.Desc) {
 	ch <- descLimit
 	ch <- descCap
 	ch <- descHeld
+	ch <- descRate429
+	ch <- descPace
 }
 
 func (l *lanes) Collect(ch chan<- prometheus.Metric) {
@@ -141,8 +152,31 @@ func (l *lanes) Collect(ch chan<- prometheus.Metric) {
 	gates := l.gates
 	l.mu.Unlock()
 	now := time.Now()
+	type counts struct{ attempts, r429 int64 }
+	byOrg := map[string]*counts{}
+	for _, g := range gates {
+		c := byOrg[g.org]
+		if c == nil {
+			c = &counts{}
+			byOrg[g.org] = c
+		}
+		c.attempts += g.attempts.Load()
+		c.r429 += g.r429.Load()
+	}
+	for o, c := range byOrg {
+		r := 0.0
+		if c.attempts > 0 {
+			r = float64(c.r429) / float64(c.attempts)
+		}
+		ch <- prometheus.MustNewConstMetric(descRate429, prometheus.GaugeValue, r, o)
+	}
 	for _, g := range gates {
 		s := g.Snapshot(now)
+		for i, name := range []string{"requests", "input_tokens", "output_tokens"} {
+			if s.BucketLim[i] > 0 {
+				ch <- prometheus.MustNewConstMetric(descPace, prometheus.GaugeValue, s.Pace[i], g.org, g.pool, name)
+			}
+		}
 		held := 0.0
 		if s.Held {
 			held = 1

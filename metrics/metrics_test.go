@@ -46,6 +46,8 @@ func TestMetricsCountALane(t *testing.T) {
 		`apidispatch_outcomes_total{class="retryable",org="a",pool="sonnet-4"} 1`,
 		`apidispatch_rate_limited_total{org="a",pool="sonnet-4"} 1`,
 		`apidispatch_cost_usd_total{org="a",pool="sonnet-4"} 0.0025`,
+		// One 429 of two attempts ended.
+		`apidispatch_org_rate_limited_ratio{org="a"} 0.5`,
 	} {
 		if !strings.Contains(body, want) {
 			t.Errorf("metrics lack %s", want)

@@ -26,6 +26,10 @@ type Bucket struct {
 	scale float64
 	level float64   // available at time at; may go negative (over-committed)
 	at    time.Time // when level was last computed
+	// others is the estimated draw of everyone else, per second: the
+	// mirror refills at the limit's rate less it (see SetOthers).
+	others float64
+	synced time.Time // time of the last Sync
 }
 
 // Known reports whether the bucket has seen a limit.
@@ -45,13 +49,27 @@ func (b *Bucket) Capacity() float64 {
 	return b.limit
 }
 
+// Rate is the refill left to us, per second: limit/60 less what others
+// are estimated to draw (never below zero).
+func (b *Bucket) Rate() float64 { return math.Max(0, b.limit/60-b.others) }
+
+// SetOthers sets the estimated draw of everyone else, per second, from
+// now on: the bucket refills at Rate.
+func (b *Bucket) SetOthers(now time.Time, perSecond float64) {
+	b.refill(now)
+	b.others = math.Max(0, perSecond)
+}
+
+// Others is the estimated draw of everyone else, per second.
+func (b *Bucket) Others() float64 { return b.others }
+
 func (b *Bucket) refill(now time.Time) {
 	if b.limit <= 0 {
 		b.at = now
 		return
 	}
 	if dt := now.Sub(b.at); dt > 0 {
-		b.level = math.Min(b.Capacity(), b.level+b.limit/60*dt.Seconds())
+		b.level = math.Min(b.Capacity(), b.level+b.Rate()*dt.Seconds())
 		b.at = now
 	}
 }
@@ -84,17 +102,25 @@ func (b *Bucket) Sync(now time.Time, limit, remaining int64, outstanding float64
 	known := b.limit > 0
 	b.refill(now)
 	predicted := b.level + outstanding
+	// The mirror refilled at Rate, less than the limit by what others
+	// were assumed to draw: count that back, so what is returned is what
+	// others drew against the full refill.
+	assumed := 0.0
+	if !b.synced.IsZero() {
+		assumed = b.others * now.Sub(b.synced).Seconds()
+	}
+	b.synced = now
 	b.limit = float64(limit)
 	b.level = math.Min(b.Capacity(), float64(remaining)-outstanding)
 	b.at = now
 	if !known {
 		return 0
 	}
-	return predicted - float64(remaining)
+	return predicted - float64(remaining) + assumed
 }
 
 // Wait returns how long until the bucket has need available with floor left
-// over, refilling at limit/60 per second: 0 when it fits now, and
+// over, refilling at Rate: 0 when it fits now, and
 // math.MaxInt64 when it never can (need+floor above the limit and the bucket
 // is known). An unknown bucket always fits.
 func (b *Bucket) Wait(now time.Time, need, floor float64) time.Duration {
@@ -114,5 +140,8 @@ func (b *Bucket) Wait(now time.Time, need, floor float64) time.Duration {
 			return 0
 		}
 	}
-	return time.Duration(math.Ceil(short / (b.limit / 60) * float64(time.Second)))
+	// When others seem to take it all, wait as for a twentieth of the
+	// limit: the estimate moves, and a sync will tell.
+	r := math.Max(b.Rate(), b.limit/60/20)
+	return time.Duration(math.Ceil(short / r * float64(time.Second)))
 }

@@ -36,6 +36,10 @@ type MirrorConfig struct {
 	// kept: a late response looks like someone else's draw until the next
 	// ones cancel it. Default Window/4.
 	Confirm time.Duration
+	// Margin is the share of the refill left to us that the pace keeps
+	// back (the mirror refills at (limit/60 − others) × (1 − Margin)).
+	// Default 0.03.
+	Margin float64
 }
 
 func (c *MirrorConfig) defaults() {
@@ -51,10 +55,30 @@ func (c *MirrorConfig) defaults() {
 	if c.Confirm == 0 {
 		c.Confirm = c.Window / 4
 	}
+	if c.Margin == 0 {
+		c.Margin = 0.03
+	}
 }
 
-// transitMargin is kept free above the reserve (as a share of the bucket).
+// transitMargin is kept free above the reserve (as a share of the bucket),
+// and is the floor kept free at all times: a colleague not yet seen, or
+// between two sightings, draws lumps of about 1 % of the bucket, and the
+// first of them comes before we can tell it from our own draws.
 const transitMargin = 0.05
+
+// paceWindows is the time constant of the others' rate, in windows: each
+// answer's headers may or may not count our requests still on their way,
+// an error that cancels out only over many answers.
+const paceWindows = 6
+
+// maxOthers caps the others' estimated share of a limit: the level, synced
+// from every answer, keeps us off the bottom; the pace only has to keep
+// the mirror from running ahead between answers, and must not stop us.
+const maxOthers = 0.8
+
+// priorOthers is the share of a limit others are assumed to draw before
+// the mirror has watched the bucket bind (see SyncSince).
+const priorOthers = 0.5
 
 // Mirror mirrors an org's three buckets for one model pool and decides
 // whether a request fits. The zero value is not usable; call NewMirror.
@@ -62,13 +86,21 @@ type Mirror struct {
 	cfg                     MirrorConfig
 	Requests, Input, Output Bucket
 	// unexplained consumption per dimension, exponentially decayed
-	unexp   [3]float64
+	unexp [3]float64
+	// pace: the same over a longer time constant, for the others' rate.
+	pace    [3]float64
+	paceT   [3]float64 // the decayed length of those intervals, seconds
+	full    [3]bool    // the bucket was nearly full at the last sync
+	primed  [3]bool    // the prior is in the sums
 	unexpAt time.Time
 	above   [3]int       // consecutive syncs with the rate above the threshold
 	since   [3]time.Time // when the current run of such syncs began
 	// othersUntil: the reserve is kept until this time.
 	othersUntil time.Time
 	othersSeen  int // number of times others were detected
+	// inFlight is what our admissions not yet answered drew (requests
+	// and input tokens, charged by the server on arrival): see Sync.
+	inFlight Need
 }
 
 // NewMirror returns an empty mirror (unknown limits: everything fits until
@@ -84,11 +116,23 @@ func NewMirror(cfg MirrorConfig) *Mirror {
 	return m
 }
 
-// Take reserves need at admission; a negative need gives back.
+// Take reserves need at admission; a negative need gives back. An
+// admission (a positive request count) is in flight until Landed.
 func (m *Mirror) Take(now time.Time, n Need) {
 	m.Requests.Take(now, n.Requests)
 	m.Input.Take(now, n.Input)
 	m.Output.Take(now, n.Output)
+	if n.Requests > 0 {
+		m.inFlight.Requests += n.Requests
+		m.inFlight.Input += n.Input
+	}
+}
+
+// Landed reports that the admission that took n has been answered (call it
+// before Correct and Sync with its answer).
+func (m *Mirror) Landed(n Need) {
+	m.inFlight.Requests = math.Max(0, m.inFlight.Requests-n.Requests)
+	m.inFlight.Input = math.Max(0, m.inFlight.Input-n.Input)
 }
 
 // Correct replaces an earlier reservation by the actual draw, once known.
@@ -106,12 +150,30 @@ func (m *Mirror) Correct(now time.Time, reserved, actual Need) {
 // server at admission, so nothing is outstanding for them). It reports
 // whether others are (still) seen drawing on the org.
 func (m *Mirror) Sync(now time.Time, rl anthropic.RateLimits, outstandingOutput float64) bool {
+	return m.sync(now, Need{}, rl, outstandingOutput)
+}
+
+// SyncSince is Sync for the answer to a request admitted at sentAt. Our
+// admissions still unanswered may or may not be in the headers (the
+// server counts a request when it arrives, and requests wait for a
+// connection in any order): they are taken as still on their way, so the
+// mirror never believes the bucket holds more than it does. Those the
+// server had already counted make the mirror low by as much until their
+// answers come; the draws of others estimated from successive answers
+// telescope, so this cancels out there. sentAt is kept for callers; the
+// in-flight sum does not need it.
+func (m *Mirror) SyncSince(now, sentAt time.Time, rl anthropic.RateLimits, outstandingOutput float64) bool {
+	return m.sync(now, m.inFlight, rl, outstandingOutput)
+}
+
+// sync refreshes the mirror from headers that may not count t yet.
+func (m *Mirror) sync(now time.Time, t Need, rl anthropic.RateLimits, outstandingOutput float64) bool {
 	var u [3]float64
 	if rl.Requests.Present {
-		u[0] = m.Requests.Sync(now, rl.Requests.Limit, rl.Requests.Remaining, 0)
+		u[0] = m.Requests.Sync(now, rl.Requests.Limit, rl.Requests.Remaining, t.Requests)
 	}
 	if rl.Input.Present {
-		u[1] = m.Input.Sync(now, rl.Input.Limit, rl.Input.Remaining, 0)
+		u[1] = m.Input.Sync(now, rl.Input.Limit, rl.Input.Remaining, t.Input)
 	}
 	if rl.Output.Present {
 		u[2] = m.Output.Sync(now, rl.Output.Limit, rl.Output.Remaining, outstandingOutput)
@@ -119,9 +181,11 @@ func (m *Mirror) Sync(now time.Time, rl anthropic.RateLimits, outstandingOutput 
 	// Decay the running sums, then add this sync's surprise. The sums
 	// telescope, so header rounding cancels out over a window and what
 	// remains is the others' real draw.
-	decay := 1.0
+	decay, paceDecay, dt := 1.0, 1.0, 0.0
 	if !m.unexpAt.IsZero() {
-		decay = math.Exp(-now.Sub(m.unexpAt).Seconds() / m.cfg.Window.Seconds())
+		dt = now.Sub(m.unexpAt).Seconds()
+		decay = math.Exp(-dt / m.cfg.Window.Seconds())
+		paceDecay = math.Exp(-dt / (paceWindows * m.cfg.Window.Seconds()))
 	}
 	m.unexpAt = now
 	limits := [3]float64{m.Requests.Limit(), m.Input.Limit(), m.Output.Limit()}
@@ -131,11 +195,43 @@ func (m *Mirror) Sync(now time.Time, rl anthropic.RateLimits, outstandingOutput 
 	// still on its way to us shows up as a surprise, which a busy client
 	// cannot tell from a colleague. Anyone sharing the org also sends
 	// requests, so the first two dimensions see them.
-	for i := range 2 {
+	buckets := [3]*Bucket{&m.Requests, &m.Input, &m.Output}
+	rem := [3]anthropic.Limit{rl.Requests, rl.Input, rl.Output}
+	for i := range 3 {
 		m.unexp[i] = m.unexp[i]*decay + u[i]
+		m.pace[i] *= paceDecay
+		m.paceT[i] *= paceDecay
+		if rem[i].Present {
+			// Every interval counts, or the sum would not telescope. (A
+			// nearly full bucket spills refill, which reads as others
+			// drawing: the pace is low while the bucket does not bind,
+			// which costs nothing, and recovers within the window once
+			// it does.)
+			m.pace[i] += u[i]
+			m.paceT[i] += dt
+		}
 		if limits[i] <= 0 {
 			continue
 		}
+		// The pace: the refill left to us is the limit's less what others
+		// drew over the window (a decayed sum telescopes, so our own
+		// rounding cancels), less the margin. The rate is over the
+		// (decayed) time the sum covers, so it is right from the first
+		// intervals and across those left out.
+		if !m.primed[i] {
+			// Until the sum covers some time, a prior of others drawing
+			// half the limit (worth a quarter of the sum's time constant,
+			// and decaying like the rest) keeps the mirror from running ahead of a bucket it
+			// has not watched yet.
+			m.primed[i] = true
+			t0 := paceWindows * m.cfg.Window.Seconds() / 4
+			m.pace[i], m.paceT[i] = priorOthers*limits[i]/60*t0, t0
+		}
+		others := math.Min(maxOthers*limits[i]/60, math.Max(0, m.pace[i]/m.paceT[i]))
+		buckets[i].SetOthers(now, others+m.cfg.Margin*math.Max(0, limits[i]/60-others))
+		// Output tokens are charged when a request finishes; what is
+		// still on its way to us is outstanding, taken off above, so the
+		// output bucket shows others too.
 		// rate ≈ sum / window; compare with threshold × limit per minute.
 		rate := m.unexp[i] / m.cfg.Window.Seconds()
 		if rate <= m.cfg.OthersThreshold*limits[i]/60 {
@@ -150,7 +246,9 @@ func (m *Mirror) Sync(now time.Time, rl anthropic.RateLimits, outstandingOutput 
 			if !now.Before(m.othersUntil) {
 				m.othersSeen++
 			}
-			m.othersUntil = now.Add(m.cfg.Window)
+			// Kept for the pace's time constant: a colleague drawing in
+			// bursts pauses longer than a window between them.
+			m.othersUntil = now.Add(paceWindows * m.cfg.Window)
 		}
 	}
 	return m.Others(now)
@@ -186,7 +284,7 @@ func (m *Mirror) OthersSeen() int { return m.othersSeen }
 // Wait returns how long until n fits (0: now), keeping the reserve free
 // while others are present.
 func (m *Mirror) Wait(now time.Time, n Need) time.Duration {
-	r := 0.0
+	r := transitMargin
 	if m.Others(now) {
 		// Requests on their way to the server are not in its remaining
 		// yet, and a colleague draws in lumps: keep a margin (5% of the bucket) on top

@@ -56,11 +56,11 @@ func headers(req, reqRem, in, inRem, out, outRem int64) anthropic.RateLimits {
 }
 
 // TestMirrorAloneUsesFullLimit: with nobody else on the org the mirror
-// admits down to zero remaining.
+// admits down to the small floor (5 % of the bucket) it always keeps free.
 func TestMirrorAloneUsesFullLimit(t *testing.T) {
 	t.Parallel()
 	m := NewMirror(MirrorConfig{})
-	m.Sync(t0, headers(600, 20, 1e6, 1e6, 1e5, 1e5), 0)
+	m.Sync(t0, headers(600, 50, 1e6, 1e6, 1e5, 1e5), 0)
 	if m.Others(t0) {
 		t.Fatal("others seen on the first sync")
 	}
@@ -184,8 +184,85 @@ func TestBucketOfASpedUpServer(t *testing.T) {
 			t.Fatalf("step %d: others seen with nobody else on the bucket", step)
 		}
 	}
-	// 6,000 burst + 3 s × 1,000/s refill.
-	if ours < 8900 {
-		t.Fatalf("sent %d, want about 9,000", ours)
+	// 6,000 burst less the 5 % floor + 3 s × 1,000/s refill.
+	if ours < 8600 {
+		t.Fatalf("sent %d, want about 8,700", ours)
+	}
+}
+
+// TestPaceEstimatesRefillLeftToUs: a server bucket of 60 requests refilled
+// at 20 a second (a 60-RPM org at K=20), a colleague drawing 40 % of the
+// refill first, and a client whose answers come back 75 ms after it sends
+// (their headers stamped on completion, so admissions made meanwhile are
+// not in them). The mirror's pace settles at the 60 % left to us less the
+// margin, the server's remaining never touches zero, and the client gets
+// its share.
+func TestPaceEstimatesRefillLeftToUs(t *testing.T) {
+	t.Parallel()
+	const k = 20.0
+	const limit, size = 60 * k, 60.0
+	rate := limit / 60
+	for _, colleague := range []float64{0, 0.4} {
+		m := NewMirror(MirrorConfig{Speed: k, Window: time.Duration(10 / k * float64(time.Second))})
+		server := size
+		type flight struct {
+			sent, done time.Time
+		}
+		var inFlight []flight
+		now := t0
+		last := now
+		cAcc := 0.0
+		ours, refused, lowest := 0, 0, size
+		m.Sync(now, anthropic.RateLimits{Requests: anthropic.Limit{Present: true, Limit: limit, Remaining: size}}, 0)
+		var paceSum float64
+		var paceN int
+		for step := 0; step < 60000; step++ { // 60 s at 1 ms
+			now = now.Add(time.Millisecond)
+			dt := now.Sub(last).Seconds()
+			last = now
+			server = math.Min(size, server+rate*dt)
+			// The colleague draws first, a request at a time.
+			lowest = math.Min(lowest, server)
+			cAcc += colleague * rate * dt
+			for cAcc >= 1 {
+				cAcc--
+				if server >= 1 {
+					server--
+				} else {
+					refused++
+				}
+			}
+			// Answers whose time has come: headers stamped now.
+			for len(inFlight) > 0 && !inFlight[0].done.After(now) {
+				f := inFlight[0]
+				inFlight = inFlight[1:]
+				m.Landed(Need{Requests: 1})
+				m.SyncSince(now, f.sent, anthropic.RateLimits{Requests: anthropic.Limit{Present: true, Limit: limit, Remaining: int64(server)}}, 0)
+			}
+			for m.Wait(now, Need{Requests: 1}) == 0 {
+				m.Take(now, Need{Requests: 1})
+				if server < 1 {
+					t.Fatalf("colleague %v step %d: sent with remaining %.2f (a 429)", colleague, step, server)
+				}
+				server--
+				ours++
+				inFlight = append(inFlight, flight{now, now.Add(75 * time.Millisecond)})
+			}
+			if step >= 20000 {
+				paceSum += m.Requests.Rate()
+				paceN++
+			}
+		}
+		want := (1 - colleague) * rate
+		pace := paceSum / float64(paceN)
+		if pace < 0.9*want || pace > 1.0*want {
+			t.Errorf("colleague %v: pace %.2f/s, want about %.2f/s (the refill left to us less the margin)", colleague, pace, want)
+		}
+		if got := float64(ours-int(size)) / 60; got < 0.95*want || got > 1.02*want {
+			t.Errorf("colleague %v: sent %.2f/s after the first bucket, want %.2f/s", colleague, got, want)
+		}
+		if refused > 0 || lowest < 1 {
+			t.Errorf("colleague %v: its draws refused %d times, lowest remaining it met %.2f; want 0 and ≥ 1", colleague, refused, lowest)
+		}
 	}
 }

@@ -42,7 +42,7 @@ func (s *Server) batchRoute(c *call) {
 		ob.mu.Unlock()
 	}
 	if ob.rpm != nil {
-		refused, wait, view := ob.rpm.admit(time.Since(s.start), 0, 0, 0)
+		refused, wait, view := ob.rpm.admit(time.Since(s.start), load{}, 0, 0)
 		ob.mu.Lock()
 		ob.countCall(s.apiNow(), refused != dimNone)
 		ob.mu.Unlock()

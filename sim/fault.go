@@ -145,6 +145,10 @@ type Fault struct {
 	SpendCapUSD float64
 	// Fraction is the colleague share of the budget, in [0, 1).
 	Fraction float64
+	// Bursts makes a colleague draw in random bursts (at four times its
+	// mean rate, a quarter of the time) instead of evenly; the mean is the
+	// same.
+	Bursts bool
 	// Factor, FloorRPM, Window and Baseline tune acceleration (windows are
 	// whole API seconds, at least 1; shorter means the default).
 	Factor   float64
@@ -171,6 +175,7 @@ type faultJSON struct {
 	FloorRPM       float64        `json:"floor_rpm,omitempty"`
 	Window         jsonDuration   `json:"window,omitempty"`
 	Baseline       jsonDuration   `json:"baseline,omitempty"`
+	Bursts         bool           `json:"bursts,omitempty"`
 }
 
 // MarshalJSON writes the JSON form shown on Fault.
@@ -178,7 +183,7 @@ func (f Fault) MarshalJSON() ([]byte, error) {
 	return json.Marshal(faultJSON{f.ID, f.Kind, f.Org, f.Pool, f.KeyFingerprint,
 		jsonDuration(f.Start), f.FromNow, jsonDuration(f.Duration), f.Probability,
 		jsonDuration(f.RetryAfter), jsonDuration(f.ExtraLatency), f.SpendCapUSD,
-		f.Fraction, f.Factor, f.FloorRPM, jsonDuration(f.Window), jsonDuration(f.Baseline)})
+		f.Fraction, f.Factor, f.FloorRPM, jsonDuration(f.Window), jsonDuration(f.Baseline), f.Bursts})
 }
 
 // UnmarshalJSON reads the JSON form shown on Fault; unknown fields are an error.
@@ -189,7 +194,7 @@ func (f *Fault) UnmarshalJSON(b []byte) error {
 	}
 	*f = Fault{j.ID, j.Kind, j.Org, j.Pool, j.KeyFingerprint, time.Duration(j.Start),
 		j.FromNow, time.Duration(j.Duration), j.Probability, time.Duration(j.RetryAfter),
-		time.Duration(j.ExtraLatency), j.SpendCapUSD, j.Fraction, j.Factor, j.FloorRPM,
+		time.Duration(j.ExtraLatency), j.SpendCapUSD, j.Fraction, j.Bursts, j.Factor, j.FloorRPM,
 		time.Duration(j.Window), time.Duration(j.Baseline)}
 	return nil
 }
@@ -301,18 +306,18 @@ func (fs *faultSet) match(k FaultKind, org int, pool anthropic.Pool, keyFP strin
 	return nil
 }
 
-// colleague returns the colleague fraction for org/pool at API time now
+// colleague returns the colleague load for org/pool at API time now
 // (the largest of the matching faults).
-func (fs *faultSet) colleague(org int, pool anthropic.Pool, now time.Duration) float64 {
+func (fs *faultSet) colleague(org int, pool anthropic.Pool, now time.Duration) load {
 	if !fs.has(FaultColleague) {
-		return 0
+		return load{}
 	}
-	var frac float64
+	var l load
 	for i := range fs.list {
 		f := &fs.list[i]
-		if f.Kind == FaultColleague && (f.org < 0 || f.org == org) && (f.Pool == "" || f.Pool == pool) && now >= f.from && now < f.to {
-			frac = math.Max(frac, f.Fraction)
+		if f.Kind == FaultColleague && (f.org < 0 || f.org == org) && (f.Pool == "" || f.Pool == pool) && now >= f.from && now < f.to && f.Fraction > l.frac {
+			l = load{frac: f.Fraction, bursts: f.Bursts}
 		}
 	}
-	return frac
+	return l
 }

@@ -610,7 +610,7 @@ func (s *Server) messages(c *call) {
 // injectBeforeAdmission answers the faults that strike before a request is
 // admitted (spend cap, 529, 500s, a 429 storm, acceleration), in that order,
 // and reports whether it answered.
-func (s *Server) injectBeforeAdmission(c *call, ks *keyState, req request, lim *poolLimiter, fs *faultSet, now, api time.Duration, colleague float64) bool {
+func (s *Server) injectBeforeAdmission(c *call, ks *keyState, req request, lim *poolLimiter, fs *faultSet, now, api time.Duration, colleague load) bool {
 	o, pool := ks.org, req.model.pool
 	if f := fs.match(FaultSpendCap, o.idx, pool, ks.fp, api, &c.rng); f != nil && o.costNanos.Load() >= f.capNanos {
 		resume := nextMonth(time.Now())

@@ -76,7 +76,7 @@ the other fields replace the preset's ("orgs" and "faults" as whole lists):
 Fault kinds: storm_429, overloaded_529, server_error_500,
 server_error_500_html, connection_reset, truncated_body, slow
 (extra_latency), key_revoked (key_fingerprint), spend_cap (spend_cap_usd),
-acceleration (factor, floor_rpm, window, baseline), colleague (fraction),
+acceleration (factor, floor_rpm, window, baseline), colleague (fraction, bursts),
 stream_overloaded (an error event mid-stream);
 batches: batch_create_lost_500, batch_create_lost_reset, batch_not_found
 (window), batch_poll_404, batch_stall (fraction), batch_errored_api,

@@ -75,10 +75,11 @@ flags:`)
 		return printJSON(stdout, map[string]any{"runs": rows})
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "run\tsampled\torg\tpool\tin flight\tlimit\tcap\theld\tcuts")
+	fmt.Fprintln(tw, "run\tsampled\torg\tpool\tin flight\tlimit\tcap\theld\tcuts\tattempts\t429s\t429 rate")
 	for _, r := range rows {
 		for _, l := range r.Lanes {
-			fmt.Fprintf(tw, "%s\t%s ago\t%s\t%s\t%d\t%.0f\t%d\t%v\t%d\n", r.Dir, time.Since(r.At).Round(time.Second), l.Org, l.Pool, l.InFlight, l.Limit, l.Cap, l.Held, l.Cuts)
+			fmt.Fprintf(tw, "%s\t%s ago\t%s\t%s\t%d\t%.0f\t%d\t%v\t%d\t%d\t%d\t%.2f%%\n", r.Dir, time.Since(r.At).Round(time.Second), l.Org, l.Pool, l.InFlight, l.Limit, l.Cap, l.Held, l.Cuts,
+				l.Attempts, l.RateLimited429, l.Rate429*100)
 		}
 	}
 	tw.Flush()

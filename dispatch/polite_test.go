@@ -1,0 +1,244 @@
+package dispatch_test
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/apidispatch/apidispatch/anthropic"
+	"github.com/apidispatch/apidispatch/internal/simtest"
+	"github.com/apidispatch/apidispatch/sim"
+)
+
+// politeCase is one of issue 22's cases: three orgs whose buckets bind, a
+// colleague drawing a share of one org's refill, and our run.
+type politeCase struct {
+	name      string
+	limits    sim.Limits // every org's, in API units per minute
+	colleague float64    // share of the first org's refill the colleague draws
+	bursts    bool       // the colleague draws in random bursts
+	items     string     // "judge", "long-prompt" (~3k tokens), "long-output" (max_tokens 2,048)
+}
+
+// politeCases are the bucket-bound cases of issue 22 (60 requests, or their
+// tokens, per API minute per org).
+var politeCases = []politeCase{
+	{name: "rpm-continuous", limits: sim.Limits{RPM: 60, ITPM: 10_000_000, OTPM: 10_000_000}, colleague: 0.4, items: "judge"},
+	{name: "rpm-bursts", limits: sim.Limits{RPM: 60, ITPM: 10_000_000, OTPM: 10_000_000}, colleague: 0.4, bursts: true, items: "judge"},
+	{name: "itpm", limits: sim.Limits{RPM: 10_000, ITPM: 180_000, OTPM: 10_000_000}, colleague: 0.4, items: "long-prompt"},
+	{name: "otpm", limits: sim.Limits{RPM: 10_000, ITPM: 10_000_000, OTPM: 10_000}, colleague: 0.4, items: "long-output"},
+}
+
+// politeResult is what one case measured.
+type politeResult struct {
+	throughput float64            // steady completions ÷ what the buckets leave
+	rate429    map[string]float64 // per org: 429s ÷ attempts (the simulator's count)
+	attempts   map[string]int64
+	worst429   float64
+	refused    float64 // the colleague's refused draws ÷ its draws (worst bucket)
+	lost       int64   // items without exactly one outcome
+}
+
+func (r politeResult) String() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "throughput %.3f of what the buckets leave; colleague refused %.2f%% of its draws; lost %d; 429s:", r.throughput, r.refused*100, r.lost)
+	for _, o := range []string{"one", "two", "three"} {
+		fmt.Fprintf(&b, " %s %.2f%% of %d", o, r.rate429[o]*100, r.attempts[o])
+	}
+	return b.String()
+}
+
+// writeItems writes n requests of the case's kind to dir/req.jsonl.
+func writeItems(t testing.TB, dir, kind string, n int) string {
+	t.Helper()
+	if kind == "judge" {
+		return simtest.Judge(t, dir, n, 1)
+	}
+	path := filepath.Join(dir, "req.jsonl")
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := bufio.NewWriter(f)
+	// About 3,000 tokens: 12,000 characters of prose.
+	para := strings.Repeat("The committee met again to weigh the evidence on the river crossing. ", 176)
+	for i := range n {
+		switch kind {
+		case "long-prompt":
+			fmt.Fprintf(w, `{"custom_id":"p%06d","params":{"model":"claude-sonnet-4-5-20250929","max_tokens":64,"messages":[{"role":"user","content":"%s Summarise item %d."}]}}`+"\n", i, para, i)
+		case "long-output":
+			fmt.Fprintf(w, `{"custom_id":"o%06d","params":{"model":"claude-sonnet-4-5-20250929","max_tokens":2048,"messages":[{"role":"user","content":"Write a long essay about the river crossing, part %d."}]}}`+"\n", i, i)
+		default:
+			t.Fatalf("unknown item kind %q", kind)
+		}
+	}
+	if err := w.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// politeSim is three orgs ("one" with the colleague, "two", "three") of
+// limits l at speed k.
+func politeSim(c politeCase) func(*sim.Config) {
+	return func(cfg *sim.Config) {
+		cfg.Orgs = []sim.OrgConfig{
+			{Name: "one", Limits: map[anthropic.Pool]sim.Limits{sim.AnyPool: c.limits}, ServiceCapacity: 120},
+			{Name: "two", Limits: map[anthropic.Pool]sim.Limits{sim.AnyPool: c.limits}, ServiceCapacity: 120},
+			{Name: "three", Limits: map[anthropic.Pool]sim.Limits{sim.AnyPool: c.limits}, ServiceCapacity: 120},
+		}
+		cfg.PromptCaching = false
+		if c.colleague > 0 {
+			cfg.Faults = []sim.Fault{{ID: "colleague", Kind: sim.FaultColleague, Org: "one", Fraction: c.colleague, Bursts: c.bursts}}
+		}
+	}
+}
+
+// runPolite runs case c with n items at speed k and measures it.
+func runPolite(t testing.TB, c politeCase, n int, k float64) politeResult {
+	t.Helper()
+	r, _ := simtest.Start(t, sim.PresetBuild3Org, k, politeSim(c))
+	dir := t.TempDir()
+	h := &harness{t: t, sim: r, input: writeItems(t, dir, c.items, n), dir: filepath.Join(dir, "run"), orgs: r.Server.Orgs(), speed: k}
+	// Past the first third the one-minute buckets have been drained. The
+	// steady rate is read from the simulator's completions (the engine's
+	// progress is not safe to read before Run has begun).
+	var t35, t95 time.Time
+	var c35, c95 int64
+	done := make(chan struct{})
+	polled := make(chan struct{})
+	go func() {
+		defer close(polled)
+		tk := time.NewTicker(10 * time.Millisecond)
+		defer tk.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case now := <-tk.C:
+				var c int64
+				for _, o := range r.Server.Stats().Orgs {
+					c += o.Completions
+				}
+				if t35.IsZero() && float64(c) >= 0.35*float64(n) {
+					t35, c35 = now, c
+				}
+				if t95.IsZero() && float64(c) >= 0.95*float64(n) {
+					t95, c95 = now, c
+				}
+			}
+		}
+	}()
+	res0, err := h.run(context.Background(), nil)
+	close(done)
+	<-polled
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rate float64
+	if !t95.IsZero() && t95.After(t35) {
+		rate = float64(c95-c35) / t95.Sub(t35).Seconds()
+	}
+	s := res0.Summary
+	res := politeResult{rate429: map[string]float64{}, attempts: map[string]int64{}}
+	res.lost = s.DataLoss.Missing + s.DataLoss.Duplicates + s.DataLoss.Unfinished
+	if !s.DataLoss.Passed {
+		res.lost = max(res.lost, 1)
+	}
+	// What the buckets leave us per API minute, in requests: each org's
+	// binding limit (in requests, from the run's tokens per request) less
+	// the colleague's share.
+	in := float64(s.Tokens.Input+s.Tokens.CacheWrite) / float64(s.Succeeded)
+	out := float64(s.Tokens.Output) / float64(s.Succeeded)
+	per := min(float64(c.limits.RPM), float64(c.limits.ITPM)/in, float64(c.limits.OTPM)/out)
+	ceiling := per * (3 - c.colleague)
+	res.throughput = rate * 60 / k / ceiling
+	for _, l := range s.Lanes {
+		t.Logf("lane %s: pace %v of %v per API-min, others seen %d, cuts %d, limit %v", l.Org, l.Pace, l.BucketLim, l.OthersSeen, l.Cuts, l.Limit)
+	}
+	stats := r.Server.Stats()
+	if os.Getenv("APIDISPATCH_POLITE_SERIES") != "" {
+		for _, p := range r.Server.Stats().Org("two").Series {
+			if p.RateLimited > 0 {
+				t.Logf("two t=%d admitted %d 429 %d", p.T, p.Admitted, p.RateLimited)
+			}
+		}
+	}
+	for _, o := range stats.Orgs {
+		res.attempts[o.Name] = o.Requests
+		if o.Requests > 0 {
+			res.rate429[o.Name] = float64(o.RateLimited429) / float64(o.Requests)
+		}
+		res.worst429 = max(res.worst429, res.rate429[o.Name])
+		for _, p := range o.Pools {
+			for i := range 3 {
+				if p.ColleagueWanted[i] > 0 {
+					res.refused = max(res.refused, float64(p.ColleagueRefused[i])/float64(p.ColleagueWanted[i]))
+				}
+			}
+		}
+	}
+	return res
+}
+
+// BenchmarkPolite prints issue 22's figures: for each bucket-bound case,
+// throughput as a fraction of what the buckets leave, 429s as a fraction
+// of attempts on every org, and the colleague's refused draws as a
+// fraction of its draws. APIDISPATCH_POLITE_N items (default 2,400) at
+// K=20.
+func BenchmarkPolite(b *testing.B) {
+	n := 2400
+	if v := os.Getenv("APIDISPATCH_POLITE_N"); v != "" {
+		fmt.Sscan(v, &n)
+	}
+	for _, c := range politeCases {
+		b.Run(c.name, func(b *testing.B) {
+			for range b.N {
+				r := runPolite(b, c, n, 20)
+				b.ReportMetric(r.throughput, "throughput")
+				b.ReportMetric(r.worst429*100, "%429-worst-org")
+				b.ReportMetric(r.refused*100, "%colleague-refused")
+				b.Logf("%s: %v", c.name, r)
+			}
+		})
+	}
+}
+
+// TestPoliteWhenAColleagueSharesTheOrg is issue 22's regression test: a
+// small version of the colleague cases that bind on requests and on input
+// tokens (the bursty and the output-token cases are not yet held to the
+// target: see BenchmarkPolite and the README).
+// Draining the bucket made the colleague's draws be refused and gave us
+// 429s on every org (36 % on the colleague's org before the fix); now 429s
+// stay rare, the colleague is almost never refused, and throughput holds.
+// The margins are wide enough for a loaded 2-core machine under -race.
+func TestPoliteWhenAColleagueSharesTheOrg(t *testing.T) {
+	for _, c := range []politeCase{politeCases[0], politeCases[2]} {
+		t.Run(c.name, func(t *testing.T) {
+			r := runPolite(t, c, 600, 20)
+			t.Logf("%v", r)
+			if r.lost != 0 {
+				t.Errorf("lost %d items", r.lost)
+			}
+			for o, rate := range r.rate429 {
+				if rate > 0.03 {
+					t.Errorf("org %s: 429s %.1f%% of %d attempts, want ≤ 3%%", o, rate*100, r.attempts[o])
+				}
+			}
+			if r.refused > 0.03 {
+				t.Errorf("the colleague's draws refused %.1f%%, want ≤ 3%%", r.refused*100)
+			}
+			if r.throughput < 0.8 {
+				t.Errorf("throughput %.2f of what the buckets leave, want ≥ 0.8", r.throughput)
+			}
+		})
+	}
+}
