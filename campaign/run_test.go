@@ -38,8 +38,8 @@ const leaseTTL = 2 * time.Second
 // pass is one invocation of 'apidispatch run' for one process.
 type pass struct {
 	runDir     string
-	code       int  // exit code; -1 killed by a signal
-	crashed    bool // killed -9 or stopped by a full disk: possible duplicates
+	code       int    // exit code; -1 killed by a signal
+	crashed    bool   // killed -9 or stopped by a full disk: possible duplicates
 	hung       string // the pass did not end within passTimeout: where its goroutines dump is
 	out        string
 	cachePass  bool // the second pass of process 0 on the cache
