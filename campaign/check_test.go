@@ -128,11 +128,36 @@ func check(w *world) []string {
 		}
 	}
 
+	ledger := w.sim.Server.Ledger()
+	// Promise 1, continued: a succeeded line holds its own item's answer.
+	byMsg := map[string]sim.BodyHash{}
+	for _, e := range ledger {
+		byMsg[e.MessageID] = e.BodySHA256
+	}
+	for _, p := range w.procs {
+		for _, dir := range runDirs(p) {
+			var wrong []string
+			for id, msg := range succeededIDs(filepath.Join(dir, "results.jsonl")) {
+				h, ok := byMsg[msg]
+				if !ok {
+					wrong = append(wrong, fmt.Sprintf("%s holds message %s, which the simulator never billed", id, msg))
+					continue
+				}
+				if it := byHash[h]; it != (item{p.i, id}) {
+					wrong = append(wrong, fmt.Sprintf("%s holds the answer to process %d's %s", id, it.proc, it.id))
+				}
+			}
+			sort.Strings(wrong)
+			if len(wrong) > 0 {
+				bad("promise 1: process %d %s: %d results hold another item's answer: %s", p.i, filepath.Base(dir), len(wrong), firstFew(wrong))
+			}
+		}
+	}
+
 	// Promises 2 and 4: the ledger.
 	type billing struct {
 		n, batch int
 	}
-	ledger := w.sim.Server.Ledger()
 	cachePassFrom := int64(-1)
 	for _, ps := range w.procs[0].passes {
 		if ps.cachePass {
@@ -203,7 +228,7 @@ func check(w *world) []string {
 		succeeded := succeededIDs(filepath.Join(w.procs[0].runDir, "results.jsonl"))
 		var again []string
 		for it := range billed[1] {
-			if it.proc == 0 && succeeded[it.id] {
+			if _, ok := succeeded[it.id]; it.proc == 0 && ok {
 				again = append(again, it.id)
 			}
 		}
@@ -296,9 +321,10 @@ func readResults(path string) (map[string]int, error) {
 	return lines, sc.Err()
 }
 
-// succeededIDs are the custom_ids with a succeeded result in path.
-func succeededIDs(path string) map[string]bool {
-	out := map[string]bool{}
+// succeededIDs are the custom_ids with a succeeded result in path, each
+// with the id of the message it holds.
+func succeededIDs(path string) map[string]string {
+	out := map[string]string{}
 	f, err := os.Open(path)
 	if err != nil {
 		return out
@@ -310,11 +336,14 @@ func succeededIDs(path string) map[string]bool {
 		var r struct {
 			CustomID string `json:"custom_id"`
 			Result   struct {
-				Type string `json:"type"`
+				Type    string `json:"type"`
+				Message struct {
+					ID string `json:"id"`
+				} `json:"message"`
 			} `json:"result"`
 		}
 		if json.Unmarshal(sc.Bytes(), &r) == nil && r.Result.Type == "succeeded" {
-			out[r.CustomID] = true
+			out[r.CustomID] = r.Result.Message.ID
 		}
 	}
 	return out

@@ -39,7 +39,13 @@ type Scenario struct {
 	Shared   bool          // --shared through Redis
 	Cache    bool          // --cache: a second pass of process 0 into a new run directory reads it
 	Pilot    int           // --pilot N (0 none)
-	Cap      int           // --cap for every family
+	Cap      int           // --cap for every family (process 0; the smallest of all)
+	// CapStep raises the --cap of every other process by this much: the
+	// key's cap stays the smallest any process asked for.
+	CapStep int
+	// SameIDs: every process's items have the same custom_ids (as every
+	// 'apidispatch gen' file does), their bodies still distinct.
+	SameIDs bool
 	Items    int           // items per process
 	MaxToks  int           // max_tokens of every item
 	// BillAbandoned: the simulator bills requests whose client went away.
@@ -62,9 +68,10 @@ func draw(seed int64) Scenario {
 		s.Route = "batch"
 	default:
 		s.Route = "auto"
-		if r.IntN(2) == 0 {
-			// In API time: a deadline the sync route alone can meet, or not.
-			s.Deadline = time.Duration(60+r.IntN(600)) * time.Second
+		if r.IntN(3) > 0 {
+			// In API time: short enough that the router sends a share by
+			// sync, both routes running at once.
+			s.Deadline = time.Duration(60+r.IntN(400)) * time.Second
 		}
 	}
 	if s.Route != "sync" {
@@ -76,6 +83,10 @@ func draw(seed int64) Scenario {
 	}
 	s.Shared = s.Procs > 1 || r.IntN(3) == 0
 	s.Cap = 2 + r.IntN(7)
+	if s.Procs > 1 && r.IntN(4) == 0 {
+		s.CapStep = 1 + r.IntN(4)
+	}
+	s.SameIDs = s.Procs > 1 && r.IntN(2) == 0
 	s.Items = 80 + r.IntN(320)
 	if s.Procs > 2 {
 		s.Items = 60 + r.IntN(200)
@@ -85,7 +96,7 @@ func draw(seed int64) Scenario {
 	if r.IntN(5) == 0 {
 		s.Pilot = 5 + r.IntN(30)
 	}
-	if r.IntN(3) == 0 {
+	if r.IntN(3) == 0 || (s.Route == "auto" && r.IntN(2) == 0) {
 		// A fraction of what the items cost by sync (perItemUSD each).
 		s.MaxCost = float64(s.Items) * perItemUSD * (0.15 + 0.6*r.Float64())
 	}
@@ -165,6 +176,12 @@ func (s Scenario) String() string {
 		fmt.Fprintf(&b, " --batch-size %d", s.Batch)
 	}
 	fmt.Fprintf(&b, ", %d process(es) × %d items, --cap %d, speed %g", s.Procs, s.Items, s.Cap, s.Speed)
+	if s.CapStep > 0 {
+		fmt.Fprintf(&b, " (+%d for every other process)", s.CapStep)
+	}
+	if s.SameIDs {
+		b.WriteString(", the same custom_ids in every process")
+	}
 	if s.Shared {
 		b.WriteString(", --shared")
 	}
