@@ -46,8 +46,8 @@ type Scenario struct {
 	// SameIDs: every process's items have the same custom_ids (as every
 	// 'apidispatch gen' file does), their bodies still distinct.
 	SameIDs bool
-	Items    int           // items per process
-	MaxToks  int           // max_tokens of every item
+	Items   int // items per process
+	MaxToks int // max_tokens of every item
 	// BillAbandoned: the simulator bills requests whose client went away.
 	BillAbandoned bool
 	Faults        []sim.Fault
