@@ -37,6 +37,7 @@ type Scenario struct {
 	MaxCost  float64       // --max-cost in USD per run directory (0 none)
 	Procs    int           // processes on the same keys, each its own items and run directory
 	Shared   bool          // --shared through Redis
+	Fallback bool          // --shared-fallback local
 	Cache    bool          // --cache: a second pass of process 0 into a new run directory reads it
 	Pilot    int           // --pilot N (0 none)
 	Cap      int           // --cap for every family (process 0; the smallest of all)
@@ -82,14 +83,17 @@ func draw(seed int64) Scenario {
 		s.Procs = 2 + r.IntN(3)
 	}
 	s.Shared = s.Procs > 1 || r.IntN(3) == 0
+	s.Fallback = s.Shared && r.IntN(4) == 0
 	s.Cap = 2 + r.IntN(7)
 	if s.Procs > 1 && r.IntN(4) == 0 {
 		s.CapStep = 1 + r.IntN(4)
 	}
 	s.SameIDs = s.Procs > 1 && r.IntN(2) == 0
 	s.Items = 80 + r.IntN(320)
-	if s.Procs > 2 {
-		s.Items = 60 + r.IntN(200)
+	if s.Procs > 1 {
+		// Enough that the others still fill the cap when a stopped or
+		// partitioned process comes back.
+		s.Items = 150 + r.IntN(300)
 	}
 	// --cache serves the sync route only (it refuses the others).
 	s.Cache = r.IntN(4) == 0 && s.Route == "sync"
@@ -152,8 +156,8 @@ func draw(seed int64) Scenario {
 		d := Disturbance{
 			Kind: kinds[r.IntN(len(kinds))],
 			Proc: r.IntN(s.Procs),
-			At:   time.Duration(300+r.IntN(2500)) * time.Millisecond,
-			For:  time.Duration(2500+r.IntN(3000)) * time.Millisecond,
+			At:   time.Duration(300+r.IntN(1700)) * time.Millisecond,
+			For:  time.Duration(3000+r.IntN(3000)) * time.Millisecond,
 		}
 		s.Disturb = append(s.Disturb, d)
 	}
@@ -184,6 +188,9 @@ func (s Scenario) String() string {
 	}
 	if s.Shared {
 		b.WriteString(", --shared")
+	}
+	if s.Fallback {
+		b.WriteString(" --shared-fallback local")
 	}
 	if s.MaxCost > 0 {
 		fmt.Fprintf(&b, ", --max-cost %.4f", s.MaxCost)
