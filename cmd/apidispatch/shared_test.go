@@ -340,29 +340,51 @@ func TestSharedBudgetRedisRestart(t *testing.T) {
 
 // TestSharedBudgetStormOneCutPerEpoch puts three processes on the same keys
 // through 429 storms (rate-limit 429s with retry-after on every org, three
-// times) and counts the cuts from their events: every cut names its key and
-// congestion epoch, and no (key, epoch) is cut by two processes. Without
-// sharing, each process would cut on its own: three cuts per storm per key.
+// times) and counts the cuts from their events, per key and per storm: a
+// storm of 3 API seconds with a retry-after of 1 s has at most four
+// congestion epochs (one, then one after each hold), so at most four cuts
+// per key, whatever the processes; without sharing each process would cut
+// on its own, and with an epoch per 429 every 429 would cut. No (key,
+// epoch) is cut by two processes, and no cut falls outside a storm.
 func TestSharedBudgetStormOneCutPerEpoch(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts processes")
 	}
+	const storm, retryAfter, maxCuts = 3 * time.Second, time.Second, 4
 	r, f, n := threeOnShared(t, cmdRedis(t))
+	var starts []time.Time
 	for i := range 3 {
 		at := int64(n) * int64(i+1) / 2
 		if _, err := soak.AddWhenBilled(t.Context(), r.Server, at, 5*time.Millisecond, sim.Fault{
-			Kind: sim.FaultRateLimitStorm, FromNow: true, Duration: 3 * time.Second,
-			Probability: 0.5, RetryAfter: time.Second,
+			Kind: sim.FaultRateLimitStorm, FromNow: true, Duration: storm,
+			Probability: 0.5, RetryAfter: retryAfter,
 		}); err != nil {
 			t.Fatal(err)
 		}
+		starts = append(starts, time.Now())
 	}
 	f.wait(t)
+	// A storm's cuts come during it, or from its 429s answered up to a
+	// request's latency after it (generously 2 s, on a loaded machine).
+	stormOf := func(ts time.Time) int {
+		for i, s := range starts {
+			end := s.Add(time.Duration(float64(storm)/r.Server.Speed()) + 2*time.Second)
+			if !ts.Before(s.Add(-100*time.Millisecond)) && ts.Before(end) {
+				return i
+			}
+		}
+		return -1
+	}
 	type cut struct {
 		key   string
 		epoch int
 	}
+	type keyStorm struct {
+		key   string
+		storm int
+	}
 	by := map[cut][]int{}
+	perStorm := map[keyStorm]int{}
 	var r429 int64
 	for i, d := range f.dirs {
 		ev, _ := os.ReadFile(filepath.Join(d, dispatch.EventsFile))
@@ -371,6 +393,7 @@ func TestSharedBudgetStormOneCutPerEpoch(t *testing.T) {
 				continue
 			}
 			var e struct {
+				TS   time.Time `json:"ts"`
 				Data struct {
 					Key   string `json:"key"`
 					Epoch int    `json:"epoch"`
@@ -381,6 +404,7 @@ func TestSharedBudgetStormOneCutPerEpoch(t *testing.T) {
 			}
 			c := cut{e.Data.Key, e.Data.Epoch}
 			by[c] = append(by[c], i)
+			perStorm[keyStorm{e.Data.Key, stormOf(e.TS)}]++
 		}
 		requireEachOnce(t, d, n)
 	}
@@ -395,5 +419,13 @@ func TestSharedBudgetStormOneCutPerEpoch(t *testing.T) {
 			t.Errorf("key %s epoch %d was cut by processes %v", c.key, c.epoch, ps)
 		}
 	}
-	t.Logf("%d 429s from 3 storms on 3 keys under 3 processes: %d cuts in all, each (key, epoch) once", r429, len(by))
+	for ks, cuts := range perStorm {
+		switch {
+		case ks.storm < 0:
+			t.Errorf("key %s: %d cuts outside the storms", ks.key, cuts)
+		case cuts > maxCuts:
+			t.Errorf("key %s: %d cuts in storm %d, want at most %d (one per congestion epoch)", ks.key, cuts, ks.storm+1, maxCuts)
+		}
+	}
+	t.Logf("%d 429s from 3 storms on 3 keys under 3 processes: %d cuts in all, each (key, epoch) once; per key and storm %v", r429, len(by), perStorm)
 }
