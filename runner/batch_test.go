@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+
 	"log/slog"
 	"math"
 	"os"
@@ -616,5 +617,47 @@ func TestAutoResumeKeepsOpenBatches(t *testing.T) {
 	}
 	if br := out.Summary.ByRoute[store.RouteBatch]; br == nil || br.Items == 0 {
 		t.Fatalf("by_route batch %+v: the re-attached batches' results are missing", br)
+	}
+}
+
+// failingBatches is a store whose batch records cannot be written, as on a
+// full disk.
+type failingBatches struct{ store.Store }
+
+var errDiskFull = errors.New("test: no space left on device")
+
+func (failingBatches) AddBatch(context.Context, store.BatchRecord, []int64) (int64, error) {
+	return 0, errDiskFull
+}
+
+// TestAutoEndsWhenBatchRouteFailsBeforePlacing: when the batch route of an
+// auto run fails before it has placed its batches (its store cannot record
+// a batch, as on a full disk), auto ends with the failure instead of
+// waiting for ever for batches that will never be placed (the campaign
+// found it: a run on a full disk hung).
+func TestAutoEndsWhenBatchRouteFailsBeforePlacing(t *testing.T) {
+	const n, k = 600, 10
+	b, _ := autoSim(t, n, k)
+	ctx := t.Context() // Exec.SyncItems 0: every item by batch
+	job, err := dispatch.OpenJob(ctx, dispatch.JobConfig{InputPath: b.input, RunDir: filepath.Join(t.TempDir(), "run"), Prices: cost.Default()}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer job.Close()
+	job.Store = failingBatches{job.Store}
+	x := runner.Exec{Route: runner.RouteAuto}
+	x.Sync.Orgs, x.Sync.BaseURL, x.Sync.Speed, x.Sync.Prices, x.Sync.SampleEvery = b.orgs, b.sim.URL, b.speed, cost.Default(), -1
+	done := make(chan error, 1)
+	go func() {
+		_, err := runner.Execute(ctx, job, x)
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if !errors.Is(err, errDiskFull) {
+			t.Fatalf("auto whose batches cannot be recorded: %v, want the store's failure", err)
+		}
+	case <-time.After(2 * time.Minute):
+		t.Fatal("auto still running 2 minutes after its batch route failed: it waits for batches that will never be placed")
 	}
 }
