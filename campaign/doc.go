@@ -6,9 +6,10 @@
 // four promises with one checker that reads only the simulator's ledger and
 // stats and the results files.
 //
-//	go test ./campaign                 # the CI size
-//	go test ./campaign -seeds 500      # the large run
-//	go test ./campaign -seed 17 -v     # one seed alone
+//	go test ./campaign                            # the CI size (seeds 1-24)
+//	go test ./campaign -seeds 500 -timeout 0      # the large run
+//	go test ./campaign -seeds 100 -first 501      # another range
+//	go test ./campaign -run 'TestCampaign/seed=17$' -seed 17 -v   # one seed alone
 //
 // The package has no code outside its tests.
 package campaign
