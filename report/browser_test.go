@@ -18,9 +18,23 @@ import (
 	"time"
 )
 
-// chromiumPath is Debian's chromium. CI installs it (apt-get install -y
-// chromium); without it the browser test is skipped, saying so.
-const chromiumPath = "/usr/bin/chromium"
+// chromiumPath is the headless browser: $CHROMIUM, or the first of the
+// usual names on the PATH (Debian's chromium first). CI installs it
+// (apt-get install -y chromium): there a missing browser fails the test;
+// elsewhere it is skipped, saying so.
+var chromiumPath = findChromium()
+
+func findChromium() string {
+	if p := os.Getenv("CHROMIUM"); p != "" {
+		return p
+	}
+	for _, name := range []string{"chromium", "chromium-browser", "google-chrome", "google-chrome-stable", "headless_shell"} {
+		if p, err := exec.LookPath(name); err == nil {
+			return p
+		}
+	}
+	return "/usr/bin/chromium"
+}
 
 var (
 	updateExample = flag.Bool("example", false, "rewrite testdata/example-report.png (from the A/B fixture, or from -example-from)")
@@ -54,6 +68,9 @@ func chromium(t *testing.T, page string, args ...string) []byte {
 // one colour) and the DOM the browser built must hold the plots with data.
 func TestChromiumRendersABReport(t *testing.T) {
 	if _, err := os.Stat(chromiumPath); err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatalf("no headless browser under CI: %s: %v (CI installs chromium; set CHROMIUM to its path)", chromiumPath, err)
+		}
 		t.Skipf("no headless browser: %s is not installed (apt-get install -y chromium); the page is still checked by the other tests", chromiumPath)
 	}
 	dir := filepath.Join(t.TempDir(), "ab-n6000-sim")

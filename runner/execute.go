@@ -321,13 +321,16 @@ func (ex *execution) auto(ctx context.Context) error {
 		syncErr = ex.sync(ctx, c)
 	}
 	// Once the batches are placed, whatever is pending and in no open
-	// batch is the sync route's.
-	select {
-	case <-rt.SubmitDone():
-	case <-ctx.Done():
-	}
+	// batch is the sync route's. A batch route that ends before placing
+	// them all (a full disk, a failed store read) never closes SubmitDone.
 	var bErr error
 	finished := false
+	select {
+	case <-rt.SubmitDone():
+	case bErr = <-batchDone:
+		finished = true
+	case <-ctx.Done():
+	}
 	for syncErr == nil && ctx.Err() == nil && ex.stopped() == "" {
 		free, err := ex.freePending(ctx, rt)
 		if err != nil {

@@ -1,6 +1,7 @@
 // Package testredis gives tests a real Redis: the shared server CI starts
 // (APIDISPATCH_TEST_REDIS_URL), or a private redis-server a test starts and
-// stops itself. Under CI a missing Redis fails the test; elsewhere it skips.
+// stops itself. Under CI a missing redis-server fails the test; elsewhere it
+// skips, naming what to install.
 package testredis
 
 import (
@@ -25,14 +26,15 @@ func missing(t testing.TB, what string) {
 	t.Skipf("%s; set %s or install redis-server", what, EnvURL)
 }
 
-// URL returns the shared test server's URL.
+// URL returns the shared test server's URL; when EnvURL is not set, that
+// of a private redis-server started for the test (Start), so a machine with
+// redis-server on its PATH runs the Redis tests without being told to.
 func URL(t testing.TB) string {
 	t.Helper()
-	u := os.Getenv(EnvURL)
-	if u == "" {
-		missing(t, EnvURL+" is not set")
+	if u := os.Getenv(EnvURL); u != "" {
+		return u
 	}
-	return u
+	return Start(t).URL()
 }
 
 // Server is a private redis-server on a free loopback port.

@@ -1,0 +1,93 @@
+package campaign
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+var (
+	seedsFlag = flag.Int("seeds", 24, "how many seeds the campaign draws (from -first)")
+	firstFlag = flag.Int64("first", 1, "the first seed of the campaign")
+	seedFlag  = flag.Int64("seed", 0, "run this one seed alone (0: the campaign)")
+)
+
+// raceBuild is set under -race (race_on_test.go); the children are built
+// with the race detector too.
+var raceBuild bool
+
+// binary is the apidispatch built for this test run.
+var binary string
+
+func TestMain(m *testing.M) {
+	flag.Parse()
+	dir, err := os.MkdirTemp("", "campaign-bin-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	binary = filepath.Join(dir, "apidispatch")
+	args := []string{"build", "-o", binary}
+	if raceBuild {
+		args = append(args, "-race")
+	}
+	c := exec.Command("go", append(args, "github.com/apidispatch/apidispatch/cmd/apidispatch")...)
+	c.Stdout, c.Stderr = os.Stderr, os.Stderr
+	if err := c.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "campaign: building apidispatch:", err)
+		os.RemoveAll(dir)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// TestCampaign runs every seed of the campaign, two at a time, and fails
+// for each seed whose run breaks a promise, printing its scenario, what
+// happened and the command that reruns it alone.
+func TestCampaign(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: the campaign spawns processes") // CI runs it without -short
+	}
+	seeds := []int64{*seedFlag}
+	if *seedFlag == 0 {
+		seeds = seeds[:0]
+		for i := range *seedsFlag {
+			seeds = append(seeds, *firstFlag+int64(i))
+		}
+	}
+	start := time.Now()
+	for _, seed := range seeds {
+		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
+			t.Parallel()
+			runSeed(t, seed)
+		})
+	}
+	t.Cleanup(func() { t.Logf("%d seeds in %s", len(seeds), time.Since(start).Round(time.Second)) })
+}
+
+// runSeed runs one seed's scenario and checks it.
+func runSeed(t *testing.T, seed int64) {
+	sc := draw(seed)
+	w := setup(t, sc)
+	began := time.Now()
+	w.execute()
+	v := check(w)
+	if testing.Verbose() || len(v) > 0 {
+		t.Logf("%s\nran in %s:\n  %s", sc, time.Since(began).Round(time.Millisecond), strings.Join(w.log, "\n  "))
+	}
+	if len(v) > 0 {
+		race := ""
+		if raceBuild {
+			race = " -race"
+		}
+		t.Errorf("seed %d broke %d promise(s):\n- %s\nrerun alone: go test%s ./campaign -run 'TestCampaign/seed=%d$' -seed %d -v",
+			seed, len(v), strings.Join(v, "\n- "), race, seed, seed)
+	}
+}

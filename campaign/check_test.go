@@ -1,0 +1,374 @@
+package campaign
+
+import (
+	"bufio"
+	"crypto/sha256"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+
+	"github.com/apidispatch/apidispatch/sim"
+)
+
+// item is one request of one process's input, as the simulator hashes it.
+type item struct {
+	proc int
+	id   string
+}
+
+// The checker reads only the simulator's ledger and stats and the files the
+// runs wrote (results.jsonl) and the inputs: never a dispatcher counter.
+//
+// Promises (design.md §13):
+//  1. every custom_id of an input ends with exactly one result line in its
+//     run directory, or stays pending when the run stopped at --max-cost;
+//  2. no prompt billed twice, except possible duplicates of a crash (kill
+//     -9, full disk) of the process sending it, bounded per crash by the
+//     requests the process may have had in flight plus one group commit,
+//     and the retry of a billing the ledger says never reached the client
+//     (a reset or a truncated body); never a batch request billed twice;
+//  3. the simulator's in-flight count on every key at most --cap, outside
+//     the windows after a process or Redis was cut off;
+//  4. what the ledger billed for a run directory's items at most --max-cost.
+//
+// With --cache, an item that succeeded in a first run directory is not
+// billed again by the second.
+
+// crashSlack is the possible duplicates of one crash beyond the requests
+// in flight: successes not yet durable (a group commit waits ≤20 ms).
+const crashSlack = 32
+
+func check(w *world) []string {
+	var v []string
+	bad := func(format string, a ...any) { v = append(v, fmt.Sprintf(format, a...)) }
+
+	// The inputs: body hash → item.
+	byHash := map[sim.BodyHash]item{}
+	ids := make([]map[string]bool, len(w.procs))
+	for _, p := range w.procs {
+		ids[p.i] = map[string]bool{}
+		f, err := os.Open(p.input)
+		if err != nil {
+			w.t.Fatal(err)
+		}
+		sc := bufio.NewScanner(f)
+		sc.Buffer(make([]byte, 1<<20), 1<<24)
+		for sc.Scan() {
+			var line struct {
+				CustomID string          `json:"custom_id"`
+				Params   json.RawMessage `json:"params"`
+			}
+			if err := json.Unmarshal(sc.Bytes(), &line); err != nil {
+				w.t.Fatal(err)
+			}
+			h := sim.BodyHash(sha256.Sum256(line.Params))
+			if o, dup := byHash[h]; dup {
+				w.t.Fatalf("campaign bug: items %s and %s have the same body", o.id, line.CustomID)
+			}
+			byHash[h] = item{p.i, line.CustomID}
+			ids[p.i][line.CustomID] = true
+		}
+		f.Close()
+	}
+
+	// How each pass ended.
+	for _, p := range w.procs {
+		for k, ps := range p.passes {
+			if ps.hung != "" {
+				bad("process %d pass %d: still running after %s: a hang (its goroutines: %s)", p.i, k+1, passTimeout, ps.hung)
+			}
+			if ps.code == exitDataLoss {
+				bad("process %d pass %d: exit 5, data-loss check failed:\n%s", p.i, k+1, tail(ps.out))
+			}
+			if strings.Contains(ps.out, "WARNING: DATA RACE") {
+				bad("process %d pass %d: the race detector fired:\n%s", p.i, k+1, tail(ps.out))
+			}
+			if !ps.crashed && !ps.noRedis && ps.code != exitComplete && ps.code != exitIncomplete && ps.code != exitDataLoss {
+				bad("process %d pass %d: exit %d:\n%s", p.i, k+1, ps.code, tail(ps.out))
+			}
+		}
+	}
+
+	// Promise 1: results.
+	for _, p := range w.procs {
+		main := p.passes[0].runDir
+		last := p.passes[len(p.passes)-1]
+		for _, dir := range runDirs(p) {
+			lines, err := readResults(filepath.Join(dir, "results.jsonl"))
+			if err != nil && !os.IsNotExist(err) {
+				bad("process %d %s: %v", p.i, filepath.Base(dir), err)
+			}
+			for id := range lines {
+				if !ids[p.i][id] {
+					bad("promise 1: process %d %s: results hold %q, which is not in its input", p.i, filepath.Base(dir), id)
+				}
+			}
+			pending := 0
+			for id := range ids[p.i] {
+				switch n := lines[id]; {
+				case n > 1:
+					bad("promise 1: process %d %s: custom_id %s has %d result lines", p.i, filepath.Base(dir), id, n)
+				case n == 0:
+					pending++
+				}
+			}
+			finished := dir != main || last.code == exitComplete
+			if dir == main && last.cachePass {
+				finished = true
+			}
+			switch {
+			case finished && pending > 0:
+				bad("promise 1: process %d %s ended complete with %d of %d custom_ids without a result", p.i, filepath.Base(dir), pending, len(ids[p.i]))
+			case !finished && pending > 0 && w.sc.MaxCost == 0:
+				bad("promise 1: process %d: %d of %d custom_ids still pending after %d passes (last exit %d), with no --max-cost to stop it:\n%s",
+					p.i, pending, len(ids[p.i]), len(p.passes), last.code, tail(last.out))
+			}
+		}
+	}
+
+	ledger := w.sim.Server.Ledger()
+	// Promise 1, continued: a succeeded line holds its own item's answer.
+	byMsg := map[string]sim.BodyHash{}
+	for _, e := range ledger {
+		byMsg[e.MessageID] = e.BodySHA256
+	}
+	for _, p := range w.procs {
+		for _, dir := range runDirs(p) {
+			var wrong []string
+			for id, msg := range succeededIDs(filepath.Join(dir, "results.jsonl")) {
+				h, ok := byMsg[msg]
+				if !ok {
+					wrong = append(wrong, fmt.Sprintf("%s holds message %s, which the simulator never billed", id, msg))
+					continue
+				}
+				if it := byHash[h]; it != (item{p.i, id}) {
+					wrong = append(wrong, fmt.Sprintf("%s holds the answer to process %d's %s", id, it.proc, it.id))
+				}
+			}
+			sort.Strings(wrong)
+			if len(wrong) > 0 {
+				bad("promise 1: process %d %s: %d results hold another item's answer: %s", p.i, filepath.Base(dir), len(wrong), firstFew(wrong))
+			}
+		}
+	}
+
+	// Promises 2 and 4: the ledger.
+	type billing struct {
+		n, batch int
+		// lost counts billings whose answer never reached the client
+		// whole (a reset or a truncated body): the client cannot know it
+		// was billed, and the API has no idempotency key, so a retry
+		// bills again. Each allows one more billing.
+		lost int
+	}
+	cachePassFrom := int64(-1)
+	for _, ps := range w.procs[0].passes {
+		if ps.cachePass {
+			cachePassFrom = ps.ledgerFrom
+		}
+	}
+	billed := [2]map[item]*billing{{}, {}} // first run directories; the cache pass
+	spent := [2][]int64{make([]int64, len(w.procs)), make([]int64, len(w.procs))}
+	for _, e := range ledger {
+		it, ok := byHash[e.BodySHA256]
+		if !ok {
+			bad("promise 2: the simulator billed a body in no input (%s %s, seq %d)", e.Model, e.ServiceTier, e.Seq)
+			continue
+		}
+		g := 0
+		if cachePassFrom >= 0 && e.Seq > cachePassFrom {
+			g = 1
+		}
+		b := billed[g][it]
+		if b == nil {
+			b = &billing{}
+			billed[g][it] = b
+		}
+		b.n++
+		if e.ServiceTier == "batch" {
+			b.batch++
+		}
+		if e.Delivery == sim.DeliveryReset || e.Delivery == sim.DeliveryTruncated {
+			b.lost++
+		}
+		spent[g][it.proc] += e.CostNanos
+	}
+	dups := make([]int, len(w.procs))
+	var batchTwice []string
+	for it, b := range billed[0] {
+		if b.n < 2 {
+			continue
+		}
+		if b.batch >= 2 {
+			batchTwice = append(batchTwice, it.id)
+		}
+		dups[it.proc] += max(0, b.n-1-b.lost)
+	}
+	sort.Strings(batchTwice)
+	if len(batchTwice) > 0 {
+		bad("promise 2: %d custom_ids billed twice by batches: %s", len(batchTwice), firstFew(batchTwice))
+	}
+	for _, p := range w.procs {
+		crashes := 0
+		for _, ps := range p.passes {
+			if ps.crashed {
+				crashes++
+			}
+		}
+		allowed := crashes * (3*w.sc.Cap + crashSlack)
+		if dups[p.i] > allowed {
+			var ex []string
+			for it, b := range billed[0] {
+				if it.proc == p.i && b.n-b.lost > 1 {
+					ex = append(ex, fmt.Sprintf("%s×%d(batch %d, undelivered %d)", it.id, b.n, b.batch, b.lost))
+				}
+			}
+			sort.Strings(ex)
+			bad("promise 2: process %d: %d extra billings of its items, beyond the %d a crash may leave (%d crashes): %s",
+				p.i, dups[p.i], allowed, crashes, firstFew(ex))
+		}
+	}
+	if cachePassFrom >= 0 {
+		// An item that succeeded in the first run directory is answered
+		// by the cache in the second.
+		succeeded := succeededIDs(filepath.Join(w.procs[0].runDir, "results.jsonl"))
+		var again []string
+		for it := range billed[1] {
+			if _, ok := succeeded[it.id]; it.proc == 0 && ok {
+				again = append(again, it.id)
+			}
+		}
+		sort.Strings(again)
+		if len(again) > 0 {
+			bad("promise 2 (--cache): %d items that succeeded in the first run directory were billed again by the second: %s", len(again), firstFew(again))
+		}
+	}
+	if w.sc.MaxCost > 0 {
+		capN := int64(w.sc.MaxCost*1e9 + 0.5)
+		for g := range 2 {
+			for i, n := range spent[g] {
+				if n > capN {
+					where := "its run directory"
+					if g == 1 {
+						where = "the cache pass's run directory"
+					}
+					bad("promise 4: process %d: the ledger billed $%.6f for %s, over --max-cost $%.6f", i, float64(n)/1e9, where, w.sc.MaxCost)
+				}
+			}
+		}
+	}
+
+	// Promise 3: in flight per key (one key per org), second by second.
+	st := w.sim.Server.Stats()
+	for _, o := range st.Orgs {
+		var over []string
+		for _, pt := range o.Series {
+			if pt.InFlightMax <= int64(w.sc.Cap) {
+				continue
+			}
+			if w.exempted(pt.T) {
+				continue
+			}
+			over = append(over, fmt.Sprintf("%d in flight at %ds", pt.InFlightMax, pt.T))
+		}
+		if len(over) > 0 {
+			bad("promise 3: key of %s above --cap %d outside the exempt windows: %s", o.Name, w.sc.Cap, firstFew(over))
+		}
+	}
+	return v
+}
+
+// exempted reports whether the real second t (since the simulator's start)
+// touches an exempt window.
+func (w *world) exempted(t int64) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	from, to := float64(t), float64(t+1)
+	for _, x := range w.windows {
+		if x.from.Seconds() < to && x.to.Seconds() > from {
+			return true
+		}
+	}
+	return false
+}
+
+// runDirs are the run directories of p's passes, each once.
+func runDirs(p *proc) []string {
+	var out []string
+	seen := map[string]bool{}
+	for _, ps := range p.passes {
+		if !seen[ps.runDir] {
+			seen[ps.runDir] = true
+			out = append(out, ps.runDir)
+		}
+	}
+	return out
+}
+
+// readResults counts the result lines of each custom_id in path.
+func readResults(path string) (map[string]int, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	lines := map[string]int{}
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 1<<20), 1<<26)
+	for sc.Scan() {
+		var r struct {
+			CustomID string `json:"custom_id"`
+		}
+		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
+			return lines, fmt.Errorf("results line %d: %v", len(lines)+1, err)
+		}
+		lines[r.CustomID]++
+	}
+	return lines, sc.Err()
+}
+
+// succeededIDs are the custom_ids with a succeeded result in path, each
+// with the id of the message it holds.
+func succeededIDs(path string) map[string]string {
+	out := map[string]string{}
+	f, err := os.Open(path)
+	if err != nil {
+		return out
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 1<<20), 1<<26)
+	for sc.Scan() {
+		var r struct {
+			CustomID string `json:"custom_id"`
+			Result   struct {
+				Type    string `json:"type"`
+				Message struct {
+					ID string `json:"id"`
+				} `json:"message"`
+			} `json:"result"`
+		}
+		if json.Unmarshal(sc.Bytes(), &r) == nil && r.Result.Type == "succeeded" {
+			out[r.CustomID] = r.Result.Message.ID
+		}
+	}
+	return out
+}
+
+func firstFew(s []string) string {
+	if len(s) > 6 {
+		return strings.Join(s[:6], ", ") + fmt.Sprintf(" … (%d in all)", len(s))
+	}
+	return strings.Join(s, ", ")
+}
+
+func tail(s string) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(lines) > 12 {
+		lines = lines[len(lines)-12:]
+	}
+	return "    | " + strings.Join(lines, "\n    | ")
+}

@@ -1,0 +1,5 @@
+//go:build race
+
+package campaign
+
+func init() { raceBuild = true }
