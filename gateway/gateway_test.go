@@ -273,3 +273,108 @@ func sdkClientB(url string) *sdk.Client {
 	c := sdkClient(url, tokB)
 	return &c
 }
+
+// A 429 storm on every org shorter than --retry-for is absorbed inside the
+// gateway: the client (max retries 0) sees only 200s.
+func TestStormShorterThanRetryForReachesNoClient(t *testing.T) {
+	run, _ := simtest.Start(t, sim.PresetOrigin3Org, 200, nil)
+	_, srv := startGW(t, run, nil)
+	if _, err := run.Server.AddFault(sim.Fault{ID: "storm", Kind: sim.FaultRateLimitStorm, FromNow: true, Duration: 60 * time.Second, RetryAfter: 2 * time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	c := sdkClient(srv.URL, tokA)
+	var wg sync.WaitGroup
+	for i := range 30 {
+		wg.Go(func() {
+			var raw *http.Response
+			if _, err := c.Messages.New(context.Background(), judgeParams(i), option.WithResponseInto(&raw)); err != nil {
+				t.Errorf("request %d: %v", i, err)
+			}
+		})
+	}
+	wg.Wait()
+	var s429 int64
+	for _, o := range run.Server.Stats().Orgs {
+		s429 += o.RateLimited429
+	}
+	if s429 == 0 {
+		t.Errorf("the storm sent no 429: the test proves nothing")
+	}
+}
+
+// When the storm outlasts --retry-for, the last 429 is passed on with its
+// retry-after.
+func TestStormLongerThanRetryForPassesTheLast429(t *testing.T) {
+	run, _ := simtest.Start(t, sim.PresetOrigin3Org, 200, nil)
+	_, srv := startGW(t, run, func(c *Config) { c.RetryFor = 300 * time.Millisecond })
+	if _, err := run.Server.AddFault(sim.Fault{ID: "storm", Kind: sim.FaultRateLimitStorm, RetryAfter: 20 * time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	c := sdkClient(srv.URL, tokA)
+	_, err := c.Messages.New(context.Background(), judgeParams(1))
+	e := wantStatus(t, err, 429)
+	if e != nil && (e.Response.Header.Get("retry-after") == "" || e.Response.Header.Get(headerAttempts) == "") {
+		t.Errorf("429 headers %v", e.Response.Header)
+	}
+}
+
+// An upstream key's 401 is not the client's error: the org leaves the
+// rotation and the request is answered by another.
+func TestRevokedUpstreamKeyTakesItsOrgOut(t *testing.T) {
+	run, _ := simtest.Start(t, sim.PresetOrigin3Org, 200, nil)
+	g, srv := startGW(t, run, nil)
+	bad := run.Server.Orgs()[0]
+	if _, err := run.Server.AddFault(sim.Fault{ID: "revoked", Kind: sim.FaultKeyRevoked, Org: bad.Name}); err != nil {
+		t.Fatal(err)
+	}
+	c := sdkClient(srv.URL, tokA)
+	for i := range 12 {
+		var raw *http.Response
+		if _, err := c.Messages.New(context.Background(), judgeParams(i), option.WithResponseInto(&raw)); err != nil {
+			t.Fatalf("request %d: %v", i, err)
+		}
+		if raw.Header.Get(headerOrg) == bad.Name {
+			t.Errorf("answered by the revoked org")
+		}
+	}
+	if r := g.Status().Orgs[bad.Name]; r == "" {
+		t.Errorf("org %s still in rotation: %+v", bad.Name, g.Status().Orgs)
+	}
+	// count_tokens and models go to the orgs left.
+	if _, err := c.Models.List(context.Background(), sdk.ModelListParams{}); err != nil {
+		t.Error(err)
+	}
+}
+
+// A stream whose upstream fails before its first byte is retried; one that
+// fails after is forwarded as the API's error event.
+func TestStreamRetriedOnlyBeforeItsFirstByte(t *testing.T) {
+	run, _ := simtest.Start(t, sim.PresetOrigin3Org, 200, nil)
+	_, srv := startGW(t, run, nil)
+	c := sdkClient(srv.URL, tokA)
+	// 529s before the stream: retried inside.
+	if _, err := run.Server.AddFault(sim.Fault{ID: "ol", Kind: sim.FaultOverloaded, Probability: 0.5}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 10 {
+		stream := c.Messages.NewStreaming(context.Background(), judgeParams(i))
+		var acc sdk.Message
+		for stream.Next() {
+			acc.Accumulate(stream.Current())
+		}
+		if err := stream.Err(); err != nil || acc.StopReason == "" {
+			t.Errorf("stream %d: %v %s", i, err, acc.RawJSON())
+		}
+	}
+	run.Server.ClearFaults("ol")
+	// An error event mid-stream reaches the client as the API's error.
+	if _, err := run.Server.AddFault(sim.Fault{ID: "mid", Kind: sim.FaultStreamOverloaded}); err != nil {
+		t.Fatal(err)
+	}
+	stream := c.Messages.NewStreaming(context.Background(), judgeParams(1))
+	for stream.Next() {
+	}
+	if err := stream.Err(); err == nil || !strings.Contains(err.Error(), "overloaded") {
+		t.Errorf("mid-stream error: %v", err)
+	}
+}
