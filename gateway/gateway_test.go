@@ -378,3 +378,50 @@ func TestStreamRetriedOnlyBeforeItsFirstByte(t *testing.T) {
 		t.Errorf("mid-stream error: %v", err)
 	}
 }
+
+// A client that goes away while its request is upstream: the request is
+// let finish and billed in the ledger, counted abandoned; one that goes
+// away while its request is being retried stops the retries.
+func TestClientGoneRequestBilledAbandonedRetriesStop(t *testing.T) {
+	run, _ := simtest.Start(t, sim.PresetOrigin3Org, 200, nil)
+	g, srv := startGW(t, run, nil)
+	if _, err := run.Server.AddFault(sim.Fault{ID: "slow", Kind: sim.FaultSlow, ExtraLatency: 100 * time.Second}); err != nil { // 0.5 s at K=200
+		t.Fatal(err)
+	}
+	c := sdkClient(srv.URL, tokA)
+	ctx, cancel := context.WithTimeout(context.Background(), 150*time.Millisecond)
+	_, err := c.Messages.New(ctx, judgeParams(1))
+	cancel()
+	if err == nil {
+		t.Fatal("the slow request answered before the client left")
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for g.Status().Abandoned == 0 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	g.Ledger().Flush()
+	_, tot := g.Ledger().Totals()
+	billed := run.Server.LedgerTotals()
+	if tot.Abandoned != 1 || tot.Requests != 1 || billed.Requests != 1 || cost.Nanos(billed.CostNanos).USD() != tot.SpentUSD {
+		t.Errorf("ledger %+v; simulator billed %d requests, %d n$", tot, billed.Requests, billed.CostNanos)
+	}
+	run.Server.ClearFaults("slow")
+
+	// Every org answers 529 without retry-after: the gateway backs off and
+	// retries until the client leaves, then sends nothing more.
+	if _, err := run.Server.AddFault(sim.Fault{ID: "ol", Kind: sim.FaultOverloaded}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel = context.WithTimeout(context.Background(), 300*time.Millisecond)
+	_, err = c.Messages.New(ctx, judgeParams(2))
+	cancel()
+	if err == nil {
+		t.Fatal("answered during a 529 storm")
+	}
+	time.Sleep(50 * time.Millisecond)
+	at := g.Status().Attempts
+	time.Sleep(500 * time.Millisecond)
+	if later := g.Status().Attempts; later != at || at < 2 {
+		t.Errorf("attempts %d then %d: want retries (≥2) that stop when the client leaves", at, later)
+	}
+}
