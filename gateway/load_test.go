@@ -23,6 +23,11 @@ func loadThrough(t *testing.T, url string, n, conc int) (failed int64) {
 	c := sdkClient(url, tokA, option.WithHTTPClient(hc))
 	var next atomic.Int64
 	var wg sync.WaitGroup
+	t0 := time.Now()
+	defer func() {
+		w := time.Since(t0)
+		t.Logf("%d requests at concurrency %d: %d not 200, %.2f s, %.0f requests/s", n, conc, failed, w.Seconds(), float64(n)/w.Seconds())
+	}()
 	for range conc {
 		wg.Go(func() {
 			for {
@@ -54,9 +59,7 @@ func checkPolite(t *testing.T, run *sim.Running) {
 		if o.Completions == 0 {
 			t.Errorf("org %s unused", o.Name)
 		}
-		if o.RateLimited429 > 0 {
-			t.Logf("org %s: %d 429s absorbed by the gateway", o.Name, o.RateLimited429)
-		}
+		t.Logf("org %s: %d completions, max in flight %d (cap %d), %d 429s absorbed by the gateway", o.Name, o.Completions, o.MaxInFlight, capN, o.RateLimited429)
 	}
 }
 
