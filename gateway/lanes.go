@@ -282,6 +282,13 @@ func (l *sharedLane) Done(now time.Time, p dispatch.Permit, fb dispatch.Feedback
 func (l *sharedLane) SetWake(f func()) {
 	l.s.mu.Lock()
 	defer l.s.mu.Unlock()
+	// An engine that has ended is never told it ended here; its wake-up
+	// stays harmless (a non-blocking send). Keep the latest only, so the
+	// list stays bounded over a long-lived gateway.
+	const keep = 64
+	if len(l.wakes) >= keep {
+		l.wakes = append([]func(){}, l.wakes[len(l.wakes)-keep+1:]...)
+	}
 	l.wakes = append(l.wakes, f)
 }
 

@@ -79,7 +79,7 @@ func TestLoad3000AtConcurrency500(t *testing.T) {
 func TestLoadThroughA429Storm(t *testing.T) {
 	run, _ := simtest.Start(t, sim.PresetOrigin3Org, 100, nil)
 	_, srv := startGW(t, run, nil)
-	if _, err := run.Server.AddFault(sim.Fault{ID: "storm", Kind: sim.FaultRateLimitStorm, Start: 0, Duration: 100 * time.Second, RetryAfter: 5 * time.Second}); err != nil {
+	if _, err := run.Server.AddFault(sim.Fault{ID: "storm", Kind: sim.FaultRateLimitStorm, FromNow: true, Duration: 300 * time.Second, RetryAfter: 5 * time.Second}); err != nil {
 		t.Fatal(err)
 	}
 	if f := loadThrough(t, srv.URL, 3000, 500); f != 0 {
