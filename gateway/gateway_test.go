@@ -379,6 +379,32 @@ func TestStreamRetriedOnlyBeforeItsFirstByte(t *testing.T) {
 	}
 }
 
+// A stream that an error event ends after its message_start is not billed
+// by the API: the ledger must not price the usage it announced.
+func TestStreamErrorEventIsNotBilledInTheLedger(t *testing.T) {
+	run, _ := simtest.Start(t, sim.PresetOrigin3Org, 200, nil)
+	g, srv := startGW(t, run, nil)
+	c := sdkClient(srv.URL, tokA)
+	if _, err := c.Messages.New(context.Background(), judgeParams(1)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := run.Server.AddFault(sim.Fault{ID: "mid", Kind: sim.FaultStreamOverloaded}); err != nil {
+		t.Fatal(err)
+	}
+	stream := c.Messages.NewStreaming(context.Background(), judgeParams(2))
+	for stream.Next() {
+	}
+	if stream.Err() == nil {
+		t.Fatal("no mid-stream error: the test proves nothing")
+	}
+	waitIdle(t, g)
+	g.Ledger().Flush()
+	_, tot := g.Ledger().Totals()
+	if billed := run.Server.LedgerTotals(); cost.Nanos(billed.CostNanos).USD() != tot.SpentUSD || billed.Requests != tot.Requests {
+		t.Errorf("ledger %+v; simulator billed %d requests, %d n$", tot, billed.Requests, billed.CostNanos)
+	}
+}
+
 // A client that goes away while its request is upstream: the request is
 // let finish and billed in the ledger, counted abandoned; one that goes
 // away while its request is being retried stops the retries.
@@ -424,4 +450,20 @@ func TestClientGoneRequestBilledAbandonedRetriesStop(t *testing.T) {
 	if later := g.Status().Attempts; later != at || at < 2 {
 		t.Errorf("attempts %d then %d: want retries (≥2) that stop when the client leaves", at, later)
 	}
+}
+
+// waitIdle waits until no request is in flight on any lane (the handler
+// has settled its ledger entry after the client read its last byte).
+func waitIdle(t *testing.T, g *Gateway) {
+	t.Helper()
+	for end := time.Now().Add(10 * time.Second); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
+		busy := 0
+		for _, l := range g.Status().Lanes {
+			busy += l.InFlight
+		}
+		if busy == 0 {
+			return
+		}
+	}
+	t.Fatal("requests still in flight")
 }

@@ -470,10 +470,9 @@ func (x *exchange) stream(gr grant) (anthropic.Outcome, *answer, bool) {
 		o = anthropic.Outcome{Kind: anthropic.Success, Status: 200}
 		usage = &sc.usage
 	case sc.errType != "":
+		// An error event ends the stream unbilled (anthropic-api.md §3;
+		// the simulator's stream_overloaded): nothing to price.
 		o = anthropic.Outcome{Kind: anthropic.Retryable, Status: 200, ErrorType: sc.errType, RateLimited: sc.errType == anthropic.ErrRateLimit, Overloaded: sc.errType == anthropic.ErrOverloaded, Reason: "error event mid-stream"}
-		if sc.started {
-			usage = &sc.usage // what was generated before the error may be billed
-		}
 	default:
 		o = anthropic.Outcome{Kind: anthropic.Retryable, Status: 200, ErrorType: anthropic.ErrTypeTruncated, Reason: "stream cut before message_stop"}
 		write([]byte("event: error\ndata: " + string(errorBody(anthropic.ErrAPI, "apidispatch gateway: the upstream stream was cut before message_stop")) + "\n\n"))
@@ -485,12 +484,14 @@ func (x *exchange) stream(gr grant) (anthropic.Outcome, *answer, bool) {
 		rc.Flush()
 	}
 	fb, c := x.feedback(o, resp.Header, usage)
-	g.lanes.release(gr, fb)
 	gone := !clientOK || x.r.Context().Err() != nil
 	if gone {
 		g.stats.abandoned.Add(1)
 	}
-	x.settle(Entry{Cost: c, Org: gr.lane.up.Name, RequestID: resp.Header.Get(anthropic.HeaderRequestID), Abandoned: gone})
+	if usage != nil {
+		x.settle(Entry{Cost: c, Org: gr.lane.up.Name, RequestID: resp.Header.Get(anthropic.HeaderRequestID), Abandoned: gone})
+	}
+	g.lanes.release(gr, fb) // after the ledger: a lane idle means every answer is priced
 	h.Set(headerCost, strconv.FormatFloat(c.USD(), 'f', -1, 64))
 	return o, nil, true
 }
