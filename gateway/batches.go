@@ -1,0 +1,828 @@
+package gateway
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/apidispatch/apidispatch/anthropic"
+	"github.com/apidispatch/apidispatch/cost"
+	"github.com/apidispatch/apidispatch/dispatch"
+	"github.com/apidispatch/apidispatch/runner"
+	"github.com/apidispatch/apidispatch/store"
+	"github.com/apidispatch/apidispatch/workload"
+)
+
+// Files of a gateway batch's directory (StateDir/batches/<id>/).
+const (
+	batchMeta     = "batch.json"
+	batchRequests = "requests.jsonl"
+	batchRun      = "run"           // the run directory runner executes
+	batchResults  = "results.jsonl" // the API's results format, written at the end
+	batchTime     = "2006-01-02T15:04:05.000000Z07:00"
+)
+
+// Batch processing statuses (the API's).
+const (
+	statusInProgress = "in_progress"
+	statusCanceling  = "canceling"
+	statusEnded      = "ended"
+)
+
+// counts are a batch's request_counts.
+type counts struct {
+	Processing int64 `json:"processing"`
+	Succeeded  int64 `json:"succeeded"`
+	Errored    int64 `json:"errored"`
+	Canceled   int64 `json:"canceled"`
+	Expired    int64 `json:"expired"`
+}
+
+// batchMetaDoc is a gateway batch's durable record.
+type batchMetaDoc struct {
+	ID              string     `json:"id"`
+	Seq             int64      `json:"seq"`
+	Client          string     `json:"client"`
+	N               int64      `json:"n"`
+	Route           string     `json:"route"`
+	DeadlineS       float64    `json:"deadline_s,omitempty"`
+	WorstNanos      cost.Nanos `json:"worst_nanos"`
+	Status          string     `json:"status"`
+	CreatedAt       time.Time  `json:"created_at"`
+	ExpiresAt       time.Time  `json:"expires_at"`
+	CancelInitiated *time.Time `json:"cancel_initiated_at"`
+	EndedAt         *time.Time `json:"ended_at"`
+	Counts          counts     `json:"counts"`
+	CostNanos       cost.Nanos `json:"cost_nanos"`
+}
+
+// gwBatch is one gateway batch in memory.
+type gwBatch struct {
+	dir string
+
+	mu        sync.Mutex
+	meta      batchMetaDoc
+	st        store.Store // the running job's store, for live counts (nil otherwise)
+	cancel    context.CancelFunc
+	cancelReq chan struct{} // closed by a cancel request
+	hold      Hold
+}
+
+// batchStore is the gateway's batches: one directory each, executed by
+// runner, resumed at start.
+type batchStore struct {
+	g   *Gateway
+	dir string
+
+	mu   sync.Mutex
+	byID map[string]*gwBatch
+	seq  int64
+}
+
+func openBatchStore(g *Gateway) (*batchStore, error) {
+	s := &batchStore{g: g, dir: filepath.Join(g.cfg.StateDir, batchesDir), byID: map[string]*gwBatch{}}
+	ents, err := os.ReadDir(s.dir)
+	if err != nil {
+		return nil, fmt.Errorf("gateway: batches: %w", err)
+	}
+	for _, e := range ents {
+		if !e.IsDir() {
+			continue
+		}
+		dir := filepath.Join(s.dir, e.Name())
+		b, err := os.ReadFile(filepath.Join(dir, batchMeta))
+		if errors.Is(err, os.ErrNotExist) {
+			// A create cut off before it was acknowledged: nothing was sent.
+			os.RemoveAll(dir)
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("gateway: batch %s: %w", e.Name(), err)
+		}
+		var m batchMetaDoc
+		if err := json.Unmarshal(b, &m); err != nil {
+			return nil, fmt.Errorf("gateway: batch %s: %s is damaged: %w", e.Name(), batchMeta, err)
+		}
+		gb := &gwBatch{dir: dir, meta: m, cancelReq: make(chan struct{})}
+		if m.Status == statusCanceling {
+			close(gb.cancelReq)
+		}
+		s.byID[m.ID] = gb
+		s.seq = max(s.seq, m.Seq)
+	}
+	for _, gb := range s.byID {
+		if gb.meta.Status != statusEnded {
+			// Re-reserve its worst case (the cap may have moved; the batch
+			// runs under its own MaxCost either way).
+			gb.hold, _ = g.spend.Reserve(gb.meta.Client, gb.meta.WorstNanos)
+			s.start(gb)
+		}
+	}
+	return s, nil
+}
+
+// counts returns how many batches are in each status.
+func (s *batchStore) counts() map[string]int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := map[string]int{}
+	for _, b := range s.byID {
+		b.mu.Lock()
+		out[b.meta.Status]++
+		b.mu.Unlock()
+	}
+	return out
+}
+
+// writeMeta writes b's record atomically. b.mu is held.
+func (b *gwBatch) writeMetaLocked() error {
+	data, _ := json.MarshalIndent(b.meta, "", " ")
+	tmp := filepath.Join(b.dir, batchMeta+".tmp")
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return err
+	}
+	if _, err := f.Write(data); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp, filepath.Join(b.dir, batchMeta))
+}
+
+// createReq is the body of POST /v1/messages/batches.
+type createReq struct {
+	Requests *[]struct {
+		CustomID *string         `json:"custom_id"`
+		Params   json.RawMessage `json:"params"`
+	} `json:"requests"`
+}
+
+func validCustomID(s string) bool {
+	if len(s) < 1 || len(s) > 64 {
+		return false
+	}
+	for _, c := range []byte(s) {
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '_' || c == '-') {
+			return false
+		}
+	}
+	return true
+}
+
+// createBatch serves POST /v1/messages/batches: the API's validation, then
+// a durable gateway batch executed by runner. The route is the gateway's
+// extension: header x-apidispatch-route (batch, the default; auto, with
+// x-apidispatch-deadline; sync).
+func (g *Gateway) createBatch(w http.ResponseWriter, r *http.Request, client string) {
+	route := strings.ToLower(strings.TrimSpace(r.Header.Get(headerRoute)))
+	if route == "" {
+		route = runner.RouteBatch
+	}
+	var deadline time.Duration
+	switch route {
+	case runner.RouteBatch, runner.RouteSync:
+	case runner.RouteAuto:
+		d, err := time.ParseDuration(r.Header.Get(headerDeadline))
+		if err != nil || d <= 0 {
+			writeError(w, http.StatusBadRequest, anthropic.ErrInvalidRequest, headerDeadline+": route auto needs a positive duration (e.g. 2h)")
+			return
+		}
+		deadline = d
+	default:
+		writeError(w, http.StatusBadRequest, anthropic.ErrInvalidRequest, headerRoute+": want batch, auto or sync")
+		return
+	}
+	body, ok := readBody(w, r, MaxBatchBytes)
+	if !ok {
+		return
+	}
+	var req createReq
+	d := json.NewDecoder(bytes.NewReader(body))
+	d.DisallowUnknownFields()
+	if err := d.Decode(&req); err != nil {
+		var te *json.UnmarshalTypeError
+		if errors.As(err, &te) && te.Field != "" {
+			writeError(w, http.StatusBadRequest, anthropic.ErrInvalidRequest, te.Field+": Input should be a valid "+te.Value)
+			return
+		}
+		var se *json.SyntaxError
+		if errors.As(err, &se) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
+			writeError(w, http.StatusBadRequest, anthropic.ErrInvalidRequest, invalidJSON)
+			return
+		}
+		writeError(w, http.StatusBadRequest, anthropic.ErrInvalidRequest, strings.TrimPrefix(err.Error(), "json: unknown field ")+": Extra inputs are not permitted")
+		return
+	}
+	if req.Requests == nil {
+		writeError(w, http.StatusBadRequest, anthropic.ErrInvalidRequest, "requests: Field required")
+		return
+	}
+	reqs := *req.Requests
+	if len(reqs) == 0 {
+		writeError(w, http.StatusBadRequest, anthropic.ErrInvalidRequest, "requests: List should have at least 1 item after validation, not 0")
+		return
+	}
+	if len(reqs) > MaxBatchRequests {
+		writeError(w, http.StatusBadRequest, anthropic.ErrInvalidRequest, fmt.Sprintf("requests: List should have at most %d items after validation, not %d", MaxBatchRequests, len(reqs)))
+		return
+	}
+	seen := make(map[string]int, len(reqs))
+	var buf bytes.Buffer
+	var worst cost.Nanos
+	for i, it := range reqs {
+		if it.CustomID == nil {
+			writeError(w, http.StatusBadRequest, anthropic.ErrInvalidRequest, fmt.Sprintf("requests.%d.custom_id: Field required", i))
+			return
+		}
+		id := *it.CustomID
+		if !validCustomID(id) {
+			writeError(w, http.StatusBadRequest, anthropic.ErrInvalidRequest, fmt.Sprintf("requests.%d.custom_id: String should match pattern '^[a-zA-Z0-9_-]{1,64}$'", i))
+			return
+		}
+		if j, dup := seen[id]; dup {
+			writeError(w, http.StatusBadRequest, anthropic.ErrInvalidRequest, fmt.Sprintf("requests.%d.custom_id: custom_id %q is used by requests.%d too; custom_id values must be unique within a batch", i, id, j))
+			return
+		}
+		seen[id] = i
+		p := bytes.TrimSpace(it.Params)
+		if len(p) == 0 || string(p) == "null" {
+			writeError(w, http.StatusBadRequest, anthropic.ErrInvalidRequest, fmt.Sprintf("requests.%d.params: Field required", i))
+			return
+		}
+		if p[0] != '{' {
+			writeError(w, http.StatusBadRequest, anthropic.ErrInvalidRequest, fmt.Sprintf("requests.%d.params: Input should be a valid dictionary", i))
+			return
+		}
+		mp, bad := g.parseParams(p, true)
+		if bad != "" {
+			writeError(w, http.StatusBadRequest, anthropic.ErrInvalidRequest, fmt.Sprintf("requests.%d.params.%s", i, bad))
+			return
+		}
+		wc, _ := g.cfg.Prices.WorstCase(mp.Model, max(workload.EstimateInputTokens(p), int64(len(p))), *mp.MaxTokens)
+		worst += wc
+		line, _ := json.Marshal(anthropic.BatchRequest{CustomID: id, Params: json.RawMessage(compact(p))})
+		buf.Write(line)
+		buf.WriteByte('\n')
+	}
+	hold, err := g.spend.Reserve(client, worst)
+	if err != nil {
+		g.stats.refusedCap.Add(1)
+		writeCapError(w, err)
+		return
+	}
+	s := g.batches
+	s.mu.Lock()
+	s.seq++
+	seq := s.seq
+	s.mu.Unlock()
+	id := "msgbatch_" + randomHex(12)
+	dir := filepath.Join(s.dir, id)
+	now := time.Now().UTC()
+	gb := &gwBatch{dir: dir, hold: hold, cancelReq: make(chan struct{}), meta: batchMetaDoc{
+		ID: id, Seq: seq, Client: client, N: int64(len(reqs)), Route: route, DeadlineS: deadline.Seconds(), WorstNanos: worst,
+		Status: statusInProgress, CreatedAt: now, ExpiresAt: now.Add(time.Duration(float64(24*time.Hour) / g.cfg.Speed)),
+		Counts: counts{Processing: int64(len(reqs))},
+	}}
+	fail := func(err error) {
+		hold.Settle(Entry{})
+		os.RemoveAll(dir)
+		writeError(w, http.StatusInternalServerError, anthropic.ErrAPI, "apidispatch gateway: storing the batch: "+err.Error())
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		fail(err)
+		return
+	}
+	if err := writeFileSync(filepath.Join(dir, batchRequests), buf.Bytes()); err != nil {
+		fail(err)
+		return
+	}
+	if _, err := dispatch.Validate(filepath.Join(dir, batchRequests), g.cfg.Prices); err != nil {
+		hold.Settle(Entry{})
+		os.RemoveAll(dir)
+		writeError(w, http.StatusBadRequest, anthropic.ErrInvalidRequest, "requests: "+err.Error())
+		return
+	}
+	gb.mu.Lock()
+	err = gb.writeMetaLocked()
+	gb.mu.Unlock()
+	if err != nil {
+		fail(err)
+		return
+	}
+	s.mu.Lock()
+	s.byID[id] = gb
+	s.mu.Unlock()
+	s.start(gb)
+	g.writeBatch(w, r, gb)
+}
+
+func compact(p []byte) []byte {
+	if bytes.IndexByte(p, '\n') < 0 && bytes.IndexByte(p, '\r') < 0 {
+		return p
+	}
+	var b bytes.Buffer
+	if json.Compact(&b, p) != nil {
+		return p
+	}
+	return b.Bytes()
+}
+
+func writeFileSync(path string, data []byte) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return err
+	}
+	if _, err := f.Write(data); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+// start runs gb's executor on a goroutine the gateway owns.
+func (s *batchStore) start(gb *gwBatch) {
+	s.g.wg.Go(func() { s.execute(gb) })
+}
+
+// execute runs gb's run directory by its route until it ends: every item
+// done, the batch canceled, or expired. Stopped by Close, it resumes at the
+// next start on the same state directory (runner re-attaches its open
+// upstream batches, so nothing is sent or paid twice).
+func (s *batchStore) execute(gb *gwBatch) {
+	g := s.g
+	gb.mu.Lock()
+	m := gb.meta
+	gb.mu.Unlock()
+	expiry := time.NewTimer(time.Until(m.ExpiresAt))
+	defer expiry.Stop()
+	expired := false
+	for attempt := 0; ; attempt++ {
+		canceling := false
+		select {
+		case <-gb.cancelReq:
+			canceling = true
+		default:
+		}
+		ctx, cancel := context.WithCancel(g.ctx)
+		stopWatch := make(chan struct{})
+		watchDone := make(chan struct{})
+		go func() {
+			defer close(watchDone)
+			select {
+			case <-stopWatch:
+			case <-gb.cancelReq:
+				if !canceling {
+					cancel()
+				}
+			case <-expiry.C:
+				expired = true
+				cancel()
+			}
+		}()
+		out := s.runOnce(ctx, gb, canceling || expired)
+		close(stopWatch)
+		<-watchDone
+		cancel()
+		if g.ctx.Err() != nil {
+			return // the gateway is closing: resume next time
+		}
+		if out.Code == runner.ExitOK || canceling || expired {
+			s.finalize(gb, canceling, expired, out)
+			return
+		}
+		select {
+		case <-gb.cancelReq:
+			continue
+		default:
+		}
+		if out.Code == runner.ExitUsage || out.Code == runner.ExitDataLoss {
+			// Will not get better by running again: end it, the rest errored.
+			g.log.Error("gateway batch cannot run", "batch", m.ID, "error", out.Err)
+			s.finalize(gb, false, false, out)
+			return
+		}
+		// Incomplete (no usable lane now, an upstream failure): try again.
+		wait := time.Duration(math.Min(60, math.Pow(2, float64(min(attempt, 6))))/g.cfg.Speed*float64(time.Second)) + 10*time.Millisecond
+		t := time.NewTimer(wait)
+		select {
+		case <-g.ctx.Done():
+			t.Stop()
+			return
+		case <-gb.cancelReq:
+			t.Stop()
+		case <-expiry.C:
+			expired = true
+		case <-t.C:
+		}
+	}
+}
+
+// runOnce runs gb's directory once with runner.Run.
+func (s *batchStore) runOnce(ctx context.Context, gb *gwBatch, cancelOpen bool) runner.Outcome {
+	g := s.g
+	gb.mu.Lock()
+	m := gb.meta
+	gb.mu.Unlock()
+	route := m.Route
+	if cancelOpen && route == runner.RouteSync {
+		return runner.Outcome{Code: runner.ExitIncomplete}
+	}
+	sync := dispatch.Config{
+		Orgs: g.cfg.Orgs, BaseURL: g.cfg.BaseURL, Caps: g.cfg.Caps, Speed: g.cfg.Speed, Prices: g.cfg.Prices,
+		MaxCost: m.WorstNanos, Client: g.client, Log: g.log, NewGate: g.lanes.engineGate, Lane: g.cfg.Lane,
+	}
+	cfg := runner.Config{
+		Input: filepath.Join(gb.dir, batchRequests), RunDir: filepath.Join(gb.dir, batchRun), Prices: g.cfg.Prices,
+		Sync: sync, Confirm: true, Route: route, Cancel: cancelOpen, Limits: g.cfg.Limits,
+		Deadline: time.Duration(m.DeadlineS * float64(time.Second)),
+		OnJob: func(job *dispatch.Job, _ *dispatch.Config) (func(), error) {
+			gb.mu.Lock()
+			gb.st = job.Store
+			gb.mu.Unlock()
+			return func() {
+				gb.mu.Lock()
+				gb.st = nil
+				gb.mu.Unlock()
+			}, nil
+		},
+	}
+	return runner.Run(ctx, cfg)
+}
+
+// finalize writes gb's results in the API's format (pending items as
+// canceled or expired), bills its cost to the client's ledger once, and
+// marks it ended.
+func (s *batchStore) finalize(gb *gwBatch, canceled, expired bool, out runner.Outcome) {
+	g := s.g
+	gb.mu.Lock()
+	m := gb.meta
+	gb.mu.Unlock()
+	c, costN, err := writeAPIResults(gb.dir, canceled, expired)
+	if err != nil {
+		g.log.Error("gateway batch: writing results", "batch", m.ID, "error", err)
+		return // stays open; the next start finishes it
+	}
+	if !g.ledger.billed(m.ID) {
+		e := Entry{Cost: costN, Route: "batch", BatchID: m.ID}
+		if gb.hold != nil {
+			gb.hold.Settle(e)
+		} else {
+			g.ledger.record(m.Client, e)
+		}
+	} else if gb.hold != nil {
+		gb.hold.Settle(Entry{})
+	}
+	if err := g.ledger.Flush(); err != nil {
+		g.log.Error("gateway batch: writing the ledger", "batch", m.ID, "error", err)
+		return
+	}
+	now := time.Now().UTC()
+	gb.mu.Lock()
+	gb.meta.Status, gb.meta.EndedAt, gb.meta.Counts, gb.meta.CostNanos = statusEnded, &now, c, costN
+	if err := gb.writeMetaLocked(); err != nil {
+		g.log.Error("gateway batch: writing its record", "batch", m.ID, "error", err)
+	}
+	gb.mu.Unlock()
+}
+
+// resultLine is a results.jsonl line of a run (with its dispatch object).
+type resultLine struct {
+	CustomID string          `json:"custom_id"`
+	Result   json.RawMessage `json:"result"`
+	Dispatch struct {
+		CostUSD float64 `json:"cost_usd"`
+	} `json:"dispatch"`
+}
+
+// writeAPIResults turns the run's results into the API's results file:
+// {"custom_id","result"} a line, with every request the run did not end
+// as canceled (or expired). It returns the counts and the cost.
+func writeAPIResults(dir string, canceled, expired bool) (counts, cost.Nanos, error) {
+	var c counts
+	done := map[string]bool{}
+	var out bytes.Buffer
+	var usd float64
+	f, err := os.Open(filepath.Join(dir, batchRun, "results.jsonl"))
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return c, 0, err
+	}
+	if f != nil {
+		sc := bufio.NewScanner(f)
+		sc.Buffer(make([]byte, 1<<20), 64<<20)
+		for sc.Scan() {
+			var l resultLine
+			if json.Unmarshal(sc.Bytes(), &l) != nil || done[l.CustomID] {
+				continue
+			}
+			done[l.CustomID] = true
+			var t struct {
+				Type string `json:"type"`
+			}
+			json.Unmarshal(l.Result, &t)
+			switch t.Type {
+			case "succeeded":
+				c.Succeeded++
+			default:
+				c.Errored++
+			}
+			usd += l.Dispatch.CostUSD
+			id, _ := json.Marshal(l.CustomID)
+			out.WriteString(`{"custom_id":`)
+			out.Write(id)
+			out.WriteString(`,"result":`)
+			out.Write(l.Result)
+			out.WriteString("}\n")
+		}
+		f.Close()
+		if err := sc.Err(); err != nil {
+			return c, 0, err
+		}
+	}
+	kind := "canceled"
+	if expired && !canceled {
+		kind = "expired"
+	}
+	err = workload.Scan(filepath.Join(dir, batchRequests), func(it store.Item) error {
+		if done[it.CustomID] {
+			return nil
+		}
+		id, _ := json.Marshal(it.CustomID)
+		out.WriteString(`{"custom_id":`)
+		out.Write(id)
+		out.WriteString(`,"result":{"type":"` + kind + `"}}` + "\n")
+		if kind == "canceled" {
+			c.Canceled++
+		} else {
+			c.Expired++
+		}
+		return nil
+	})
+	if err != nil {
+		return c, 0, err
+	}
+	if err := writeFileSync(filepath.Join(dir, batchResults+".tmp"), out.Bytes()); err != nil {
+		return c, 0, err
+	}
+	if err := os.Rename(filepath.Join(dir, batchResults+".tmp"), filepath.Join(dir, batchResults)); err != nil {
+		return c, 0, err
+	}
+	return c, cost.Nanos(math.Round(usd * 1e9)), nil
+}
+
+// find returns the client's batch id, or answers 404 (another client's
+// batch is not found either).
+func (g *Gateway) findBatch(w http.ResponseWriter, client, id string) *gwBatch {
+	s := g.batches
+	s.mu.Lock()
+	gb := s.byID[id]
+	s.mu.Unlock()
+	if gb != nil {
+		gb.mu.Lock()
+		own := gb.meta.Client == client
+		gb.mu.Unlock()
+		if own {
+			return gb
+		}
+	}
+	writeError(w, http.StatusNotFound, anthropic.ErrNotFound, "message_batch "+strconv.Quote(id)+" not found")
+	return nil
+}
+
+// appendObject appends gb's message_batch object.
+func (g *Gateway) appendObject(buf []byte, r *http.Request, gb *gwBatch) []byte {
+	gb.mu.Lock()
+	m := gb.meta
+	st := gb.st
+	c := m.Counts
+	if m.Status != statusEnded && st != nil {
+		if agg, err := st.Aggregate(context.Background()); err == nil {
+			c = counts{Processing: m.N - agg.Succeeded - agg.Errored, Succeeded: agg.Succeeded, Errored: agg.Errored}
+		}
+	}
+	gb.mu.Unlock()
+	ts := func(t *time.Time) any {
+		if t == nil {
+			return nil
+		}
+		return t.UTC().Format(batchTime)
+	}
+	var resultsURL any
+	if m.Status == statusEnded {
+		scheme := "http"
+		if r.TLS != nil {
+			scheme = "https"
+		}
+		resultsURL = scheme + "://" + r.Host + "/v1/messages/batches/" + m.ID + "/results"
+	}
+	obj := struct {
+		ID                string `json:"id"`
+		Type              string `json:"type"`
+		ProcessingStatus  string `json:"processing_status"`
+		RequestCounts     counts `json:"request_counts"`
+		CreatedAt         string `json:"created_at"`
+		ExpiresAt         string `json:"expires_at"`
+		EndedAt           any    `json:"ended_at"`
+		CancelInitiatedAt any    `json:"cancel_initiated_at"`
+		ArchivedAt        any    `json:"archived_at"`
+		ResultsURL        any    `json:"results_url"`
+	}{m.ID, "message_batch", m.Status, c, m.CreatedAt.UTC().Format(batchTime), m.ExpiresAt.UTC().Format(batchTime),
+		ts(m.EndedAt), ts(m.CancelInitiated), nil, resultsURL}
+	b, _ := json.Marshal(obj)
+	return append(buf, b...)
+}
+
+func (g *Gateway) writeBatch(w http.ResponseWriter, r *http.Request, gb *gwBatch) {
+	b := g.appendObject(nil, r, gb)
+	w.Header().Set("content-type", "application/json")
+	w.Header().Set(anthropic.HeaderRequestID, newRequestID())
+	w.Write(b)
+}
+
+func (g *Gateway) retrieveBatch(w http.ResponseWriter, r *http.Request, client string) {
+	if gb := g.findBatch(w, client, r.PathValue("id")); gb != nil {
+		g.writeBatch(w, r, gb)
+	}
+}
+
+func (g *Gateway) cancelBatch(w http.ResponseWriter, r *http.Request, client string) {
+	gb := g.findBatch(w, client, r.PathValue("id"))
+	if gb == nil {
+		return
+	}
+	gb.mu.Lock()
+	switch gb.meta.Status {
+	case statusEnded:
+		gb.mu.Unlock()
+		writeError(w, http.StatusBadRequest, anthropic.ErrInvalidRequest, "message_batch "+gb.meta.ID+" has already ended and cannot be canceled")
+		return
+	case statusInProgress:
+		now := time.Now().UTC()
+		gb.meta.Status, gb.meta.CancelInitiated = statusCanceling, &now
+		if err := gb.writeMetaLocked(); err != nil {
+			gb.mu.Unlock()
+			writeError(w, http.StatusInternalServerError, anthropic.ErrAPI, "apidispatch gateway: storing the cancel: "+err.Error())
+			return
+		}
+		close(gb.cancelReq)
+	}
+	gb.mu.Unlock()
+	g.writeBatch(w, r, gb)
+}
+
+func (g *Gateway) deleteBatch(w http.ResponseWriter, r *http.Request, client string) {
+	gb := g.findBatch(w, client, r.PathValue("id"))
+	if gb == nil {
+		return
+	}
+	gb.mu.Lock()
+	id, ended := gb.meta.ID, gb.meta.Status == statusEnded
+	gb.mu.Unlock()
+	if !ended {
+		writeError(w, http.StatusBadRequest, anthropic.ErrInvalidRequest, "message_batch "+id+" cannot be deleted while it is processing; cancel it first")
+		return
+	}
+	s := g.batches
+	s.mu.Lock()
+	delete(s.byID, id)
+	s.mu.Unlock()
+	if err := os.RemoveAll(gb.dir); err != nil {
+		g.log.Error("deleting a gateway batch", "batch", id, "error", err)
+	}
+	w.Header().Set("content-type", "application/json")
+	b, _ := json.Marshal(map[string]string{"id": id, "type": "message_batch_deleted"})
+	w.Write(b)
+}
+
+// listBatches serves GET /v1/messages/batches: the client's batches,
+// newest first, limit 1–1000 (default 20), after_id (older) or before_id
+// (newer), as the API pages them.
+func (g *Gateway) listBatches(w http.ResponseWriter, r *http.Request, client string) {
+	q := r.URL.Query()
+	limit := 20
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > 1000 {
+			writeError(w, http.StatusBadRequest, anthropic.ErrInvalidRequest, "limit: Input should be an integer between 1 and 1000")
+			return
+		}
+		limit = n
+	}
+	after, before := q.Get("after_id"), q.Get("before_id")
+	if after != "" && before != "" {
+		writeError(w, http.StatusBadRequest, anthropic.ErrInvalidRequest, "after_id and before_id cannot both be given")
+		return
+	}
+	s := g.batches
+	s.mu.Lock()
+	var mine []*gwBatch
+	seqOf := map[string]int64{}
+	for _, gb := range s.byID {
+		gb.mu.Lock()
+		if gb.meta.Client == client {
+			mine = append(mine, gb)
+			seqOf[gb.meta.ID] = gb.meta.Seq
+		}
+		gb.mu.Unlock()
+	}
+	s.mu.Unlock()
+	slices.SortFunc(mine, func(a, b *gwBatch) int { return int(seqOf[b.meta.ID] - seqOf[a.meta.ID]) }) // newest first
+	var page []*gwBatch
+	hasMore := false
+	cursorOf := func(name, id string) (int64, bool) {
+		c, ok := seqOf[id]
+		if !ok {
+			writeError(w, http.StatusBadRequest, anthropic.ErrInvalidRequest, fmt.Sprintf("%s: no message_batch %q", name, id))
+		}
+		return c, ok
+	}
+	switch {
+	case after != "":
+		cur, ok := cursorOf("after_id", after)
+		if !ok {
+			return
+		}
+		i := 0
+		for i < len(mine) && seqOf[mine[i].meta.ID] >= cur {
+			i++
+		}
+		rest := mine[i:]
+		page, hasMore = rest[:min(limit, len(rest))], len(rest) > limit
+	case before != "":
+		cur, ok := cursorOf("before_id", before)
+		if !ok {
+			return
+		}
+		j := len(mine)
+		for j > 0 && seqOf[mine[j-1].meta.ID] <= cur {
+			j--
+		}
+		page, hasMore = mine[max(0, j-limit):j], j > limit
+	default:
+		page, hasMore = mine[:min(limit, len(mine))], len(mine) > limit
+	}
+	out := []byte(`{"data":[`)
+	for i, gb := range page {
+		if i > 0 {
+			out = append(out, ',')
+		}
+		out = g.appendObject(out, r, gb)
+	}
+	out = append(out, `],"has_more":`...)
+	out = strconv.AppendBool(out, hasMore)
+	first, last := "null", "null"
+	if len(page) > 0 {
+		first, last = strconv.Quote(page[0].meta.ID), strconv.Quote(page[len(page)-1].meta.ID)
+	}
+	out = append(out, `,"first_id":`+first+`,"last_id":`+last+`}`...)
+	w.Header().Set("content-type", "application/json")
+	w.Header().Set(anthropic.HeaderRequestID, newRequestID())
+	w.Write(out)
+}
+
+// batchResults serves the results_url: the API's JSONL, once ended.
+func (g *Gateway) batchResults(w http.ResponseWriter, r *http.Request, client string) {
+	gb := g.findBatch(w, client, r.PathValue("id"))
+	if gb == nil {
+		return
+	}
+	gb.mu.Lock()
+	id, ended := gb.meta.ID, gb.meta.Status == statusEnded
+	gb.mu.Unlock()
+	if !ended {
+		writeError(w, http.StatusBadRequest, anthropic.ErrInvalidRequest, "message_batch "+id+" is still processing; its results are available once processing_status is ended")
+		return
+	}
+	f, err := os.Open(filepath.Join(gb.dir, batchResults))
+	if err != nil {
+		writeError(w, http.StatusInternalServerError, anthropic.ErrAPI, "apidispatch gateway: reading the results: "+err.Error())
+		return
+	}
+	defer f.Close()
+	w.Header().Set("content-type", "application/x-jsonl")
+	w.Header().Set(anthropic.HeaderRequestID, newRequestID())
+	io.Copy(w, f)
+}

@@ -1,0 +1,123 @@
+package gateway
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+
+	"github.com/BurntSushi/toml"
+
+	"github.com/apidispatch/apidispatch/cost"
+)
+
+// ErrConfig: a token file, clients file or listen address is unusable.
+var ErrConfig = errors.New("gateway: configuration")
+
+// TokenFile reads the gateway token at path, or creates the file (mode
+// 0600) with a fresh random token when it does not exist. created reports
+// the latter.
+func TokenFile(path string) (tok string, created bool, err error) {
+	b, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		tok = NewToken()
+		f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+		if err != nil {
+			return "", false, fmt.Errorf("%w: --token-file %s: %w", ErrConfig, path, err)
+		}
+		if _, err := f.WriteString(tok + "\n"); err != nil {
+			f.Close()
+			return "", false, fmt.Errorf("%w: --token-file %s: %w", ErrConfig, path, err)
+		}
+		return tok, true, f.Close()
+	}
+	if err != nil {
+		return "", false, fmt.Errorf("%w: --token-file %s: %w", ErrConfig, path, err)
+	}
+	tok = strings.TrimSpace(string(b))
+	if len(tok) < 16 || strings.ContainsAny(tok, " \t\r\n") {
+		return "", false, fmt.Errorf("%w: --token-file %s: want one token of at least 16 characters without spaces", ErrConfig, path)
+	}
+	return tok, false, nil
+}
+
+// clientsDoc is the clients file:
+//
+//	[[client]]
+//	name = "alice"
+//	token = "…"          # or token_file = "path" (created 0600 when absent)
+//	max_cost = 25        # USD, optional
+type clientsDoc struct {
+	Client []struct {
+		Name      string  `toml:"name"`
+		Token     string  `toml:"token"`
+		TokenFile string  `toml:"token_file"`
+		MaxCost   float64 `toml:"max_cost"`
+	} `toml:"client"`
+}
+
+// LoadClients reads a clients file; errors name the client and field.
+func LoadClients(path string) ([]Client, error) {
+	var doc clientsDoc
+	md, err := toml.DecodeFile(path, &doc)
+	if err != nil {
+		return nil, fmt.Errorf("%w: --clients %s: %w", ErrConfig, path, err)
+	}
+	if und := md.Undecoded(); len(und) > 0 {
+		return nil, fmt.Errorf("%w: --clients %s: unknown field %s", ErrConfig, path, und[0])
+	}
+	if len(doc.Client) == 0 {
+		return nil, fmt.Errorf("%w: --clients %s: no [[client]] entries", ErrConfig, path)
+	}
+	var out []Client
+	seenTok := map[string]string{}
+	for i, c := range doc.Client {
+		where := fmt.Sprintf("--clients %s: client %d", path, i+1)
+		if c.Name == "" {
+			return nil, fmt.Errorf("%w: %s: name is required", ErrConfig, where)
+		}
+		where += " (" + c.Name + ")"
+		tok := c.Token
+		switch {
+		case tok != "" && c.TokenFile != "":
+			return nil, fmt.Errorf("%w: %s: give token or token_file, not both", ErrConfig, where)
+		case c.TokenFile != "":
+			if tok, _, err = TokenFile(c.TokenFile); err != nil {
+				return nil, fmt.Errorf("%s: %w", where, err)
+			}
+		case len(tok) < 16:
+			return nil, fmt.Errorf("%w: %s: token must have at least 16 characters", ErrConfig, where)
+		}
+		if other, dup := seenTok[tok]; dup {
+			return nil, fmt.Errorf("%w: %s: same token as client %s", ErrConfig, where, other)
+		}
+		seenTok[tok] = c.Name
+		if c.MaxCost < 0 {
+			return nil, fmt.Errorf("%w: %s: max_cost must be positive", ErrConfig, where)
+		}
+		var mc cost.Nanos
+		if c.MaxCost > 0 {
+			if mc, err = cost.ParseUSD(strconv.FormatFloat(c.MaxCost, 'f', -1, 64)); err != nil {
+				return nil, fmt.Errorf("%w: %s: max_cost: %w", ErrConfig, where, err)
+			}
+		}
+		out = append(out, Client{Name: c.Name, Token: tok, MaxCost: mc})
+	}
+	return out, nil
+}
+
+// IsLoopback reports whether a listen address is on loopback only.
+func IsLoopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}

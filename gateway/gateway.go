@@ -1,0 +1,386 @@
+// Package gateway is 'apidispatch serve': a drop-in Anthropic API gateway.
+// Clients speak the Messages API (streaming too), count_tokens, models and
+// the Message Batches API at the gateway's base URL with a gateway token;
+// the gateway sends their requests through the same polite lanes as 'run'
+// across every org (caps, AIMD, header mirrors, retry-after, the shared
+// budget), retries what is retryable for up to RetryFor, prices every
+// answer into a per-client ledger under per-client and gateway caps, and
+// fans Message Batches out as run directories executed by package runner.
+// Upstream keys never leave it.
+package gateway
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/apidispatch/apidispatch/anthropic"
+	"github.com/apidispatch/apidispatch/cost"
+	"github.com/apidispatch/apidispatch/dispatch"
+	"github.com/apidispatch/apidispatch/org"
+	"github.com/apidispatch/apidispatch/plan"
+)
+
+// Limits of request bodies, as the API's (anthropic-api.md §3, §6).
+const (
+	MaxMessagesBytes  = 32 << 20
+	MaxBatchBytes     = 256 << 20
+	MaxBatchRequests  = 100_000
+	DefaultRetryFor   = 10 * time.Minute
+	gatewayIDPrefix   = "req_gw_"
+	headerOrg         = "x-apidispatch-org"
+	headerAttempts    = "x-apidispatch-attempts"
+	headerCost        = "x-apidispatch-cost-usd"
+	headerRoute       = "x-apidispatch-route"
+	headerDeadline    = "x-apidispatch-deadline"
+	ledgerFile        = "ledger.jsonl"
+	batchesDir        = "batches"
+	defaultStateDir   = "gateway-state"
+	upstreamVersion   = anthropic.APIVersion
+	maxUpstreamAnswer = 64 << 20
+)
+
+// Client is one user of the gateway: a name (for the ledger), its token
+// and an optional spend cap.
+type Client struct {
+	Name    string
+	Token   string
+	MaxCost cost.Nanos // 0: no cap of its own
+}
+
+// Config is a gateway. Zero fields take the defaults noted.
+type Config struct {
+	Orgs    []org.Org
+	BaseURL string // upstream API root; default https://api.anthropic.com
+	Caps    map[string]int
+	Speed   float64
+	Prices  *cost.Table
+	// MaxCost caps the whole gateway (0: none); each Client may have its own.
+	MaxCost cost.Nanos
+	Clients []Client
+	// RetryFor bounds how long a request is retried inside the gateway
+	// (default 10 minutes of wall time).
+	RetryFor time.Duration
+	// Timeout bounds one upstream attempt (default 10 min of server time).
+	Timeout time.Duration
+	// StateDir holds ledger.jsonl and batches/ (default gateway-state).
+	StateDir string
+	// Lane tunes the lanes; NewGate makes a lane's gate (default
+	// dispatch.NewLane; the shared budget's with --shared).
+	Lane    dispatch.LaneConfig
+	NewGate func(dispatch.LaneConfig) dispatch.Gate
+	// HTTPClient sends upstream (default: dispatch.NewTransport). The one
+	// client with CheckRedirect of the sibling work plugs in here.
+	HTTPClient *http.Client
+	// Spend, when set, replaces the gateway's own Ledger as the spend
+	// check (the run-wide spend gate); the ledger still records.
+	Spend Spend
+	Log   *slog.Logger
+	// Limits, when set, gives gateway batches the orgs' batch queue caps.
+	Limits *plan.Limits
+}
+
+// Gateway serves the API. Use New, then Handler; Close when done.
+type Gateway struct {
+	cfg     Config
+	base    string
+	client  *http.Client
+	lanes   *laneSet
+	ledger  *Ledger
+	spend   Spend
+	tokens  []tokenEntry
+	orgs    []*upstream
+	rl      *rateAgg
+	batches *batchStore
+	log     *slog.Logger
+	mux     *http.ServeMux
+	rr      atomic.Uint64
+
+	stats struct {
+		requests, upstreamAttempts, retries, abandoned, rateLimited, refusedCap atomic.Int64
+	}
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+type tokenEntry struct {
+	sum    [32]byte
+	client string
+}
+
+// New checks cfg, opens the state directory (the ledger, the batch store)
+// and resumes every open gateway batch.
+func New(cfg Config) (*Gateway, error) {
+	if len(cfg.Orgs) == 0 {
+		return nil, org.ErrNoOrgs
+	}
+	if len(cfg.Clients) == 0 {
+		return nil, errors.New("gateway: no clients (a token file or a clients file)")
+	}
+	if cfg.Prices == nil {
+		cfg.Prices = cost.Default()
+	}
+	base, err := dispatch.ResolveBaseURL(cfg.BaseURL)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.Speed <= 0 {
+		cfg.Speed = 1
+	}
+	if cfg.RetryFor <= 0 {
+		cfg.RetryFor = DefaultRetryFor
+	}
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = time.Duration(float64(10*time.Minute) / cfg.Speed)
+	}
+	if cfg.StateDir == "" {
+		cfg.StateDir = defaultStateDir
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	if err := os.MkdirAll(filepath.Join(cfg.StateDir, batchesDir), 0o700); err != nil {
+		return nil, fmt.Errorf("gateway: state dir: %w", err)
+	}
+	g := &Gateway{cfg: cfg, base: strings.TrimSuffix(base.String(), "/"), log: cfg.Log, rl: newRateAgg()}
+	g.client = cfg.HTTPClient
+	if g.client == nil {
+		g.client = &http.Client{Transport: dispatch.NewTransport(4096)}
+	}
+	caps := map[string]cost.Nanos{}
+	seen := map[string]bool{}
+	for _, c := range cfg.Clients {
+		if c.Name == "" || c.Token == "" {
+			return nil, errors.New("gateway: a client needs a name and a token")
+		}
+		if seen[c.Name] {
+			return nil, fmt.Errorf("gateway: client %q named twice", c.Name)
+		}
+		seen[c.Name] = true
+		g.tokens = append(g.tokens, tokenEntry{sum: sha256.Sum256([]byte(c.Token)), client: c.Name})
+		if c.MaxCost > 0 {
+			caps[c.Name] = c.MaxCost
+		}
+	}
+	for _, o := range cfg.Orgs {
+		g.orgs = append(g.orgs, &upstream{Org: o})
+	}
+	capFor := func(model string) int {
+		dc := dispatch.Config{Caps: cfg.Caps}
+		return dc.CapFor(model)
+	}
+	g.lanes = newLaneSet(g.orgs, cfg.Lane, capFor, cfg.Speed, cfg.NewGate)
+	if g.ledger, err = OpenLedger(filepath.Join(cfg.StateDir, ledgerFile), caps, cfg.MaxCost); err != nil {
+		return nil, err
+	}
+	g.spend = g.ledger
+	if cfg.Spend != nil {
+		g.spend = cfg.Spend
+	}
+	g.ctx, g.cancel = context.WithCancel(context.Background())
+	g.mux = http.NewServeMux()
+	g.routes()
+	if g.batches, err = openBatchStore(g); err != nil {
+		g.ledger.Close()
+		return nil, err
+	}
+	g.wg.Go(g.flushLoop)
+	return g, nil
+}
+
+// flushLoop writes the ledger to its file every 100 ms.
+func (g *Gateway) flushLoop() {
+	t := time.NewTicker(100 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-g.ctx.Done():
+			return
+		case <-t.C:
+			if err := g.ledger.Flush(); err != nil {
+				g.log.Error("writing the ledger", "error", err)
+			}
+		}
+	}
+}
+
+// Close stops the gateway's batches (they resume at the next New on the
+// same state directory), waits for them and closes the ledger. In-flight
+// HTTP requests are the http.Server's to drain first.
+func (g *Gateway) Close() error {
+	g.cancel()
+	g.wg.Wait()
+	g.lanes.stop()
+	return g.ledger.Close()
+}
+
+// Ledger returns the gateway's ledger.
+func (g *Gateway) Ledger() *Ledger { return g.ledger }
+
+// Handler is the gateway's HTTP handler.
+func (g *Gateway) Handler() http.Handler { return g.mux }
+
+func (g *Gateway) routes() {
+	h := func(pattern string, fn func(w http.ResponseWriter, r *http.Request, client string)) {
+		g.mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
+			client, ok := g.authenticate(r)
+			if !ok {
+				writeError(w, http.StatusUnauthorized, anthropic.ErrAuthentication, "invalid x-api-key")
+				return
+			}
+			fn(w, r, client)
+		})
+	}
+	h("POST /v1/messages", g.messages)
+	h("POST /v1/messages/count_tokens", g.countTokens)
+	h("GET /v1/models", g.passthrough)
+	h("GET /v1/models/{id}", g.passthrough)
+	h("POST /v1/messages/batches", g.createBatch)
+	h("GET /v1/messages/batches", g.listBatches)
+	h("GET /v1/messages/batches/{id}", g.retrieveBatch)
+	h("DELETE /v1/messages/batches/{id}", g.deleteBatch)
+	h("POST /v1/messages/batches/{id}/cancel", g.cancelBatch)
+	h("GET /v1/messages/batches/{id}/results", g.batchResults)
+	h("GET /apidispatch/status", g.status)
+	g.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		if _, ok := g.authenticate(r); !ok {
+			writeError(w, http.StatusUnauthorized, anthropic.ErrAuthentication, "invalid x-api-key")
+			return
+		}
+		writeError(w, http.StatusNotFound, anthropic.ErrNotFound, "Not Found")
+	})
+}
+
+// authenticate finds the client of the request's token (x-api-key, or
+// Authorization: Bearer), comparing in constant time.
+func (g *Gateway) authenticate(r *http.Request) (string, bool) {
+	tok := r.Header.Get("x-api-key")
+	if tok == "" {
+		if a := r.Header.Get("Authorization"); len(a) > 7 && strings.EqualFold(a[:7], "bearer ") {
+			tok = strings.TrimSpace(a[7:])
+		}
+	}
+	if tok == "" {
+		return "", false
+	}
+	sum := sha256.Sum256([]byte(tok))
+	found := ""
+	for _, t := range g.tokens {
+		if subtle.ConstantTimeCompare(sum[:], t.sum[:]) == 1 {
+			found = t.client
+		}
+	}
+	return found, found != ""
+}
+
+// writeError answers the API's error envelope, with x-should-retry false
+// for client errors so SDKs never retry them.
+func writeError(w http.ResponseWriter, status int, typ, msg string) {
+	id := newRequestID()
+	b, _ := json.Marshal(anthropic.ErrorEnvelope{Type: "error", Error: anthropic.ErrorDetail{Type: typ, Message: msg}, RequestID: id})
+	h := w.Header()
+	h.Set("content-type", "application/json")
+	h.Set(anthropic.HeaderRequestID, id)
+	if status < 500 && status != http.StatusTooManyRequests && status != http.StatusConflict && status != http.StatusRequestTimeout {
+		h.Set(anthropic.HeaderShouldRetry, "false")
+	}
+	w.WriteHeader(status)
+	w.Write(b)
+}
+
+func newRequestID() string { return gatewayIDPrefix + randomHex(12) }
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// NewToken returns a fresh random gateway token.
+func NewToken() string { return "sk-gw-" + randomHex(24) }
+
+// usableOrg returns the next org not out of rotation (round robin).
+func (g *Gateway) usableOrg() *upstream {
+	n := uint64(len(g.orgs))
+	start := g.rr.Add(1)
+	for i := range n {
+		u := g.orgs[(start+i)%n]
+		if u.Disabled() == "" {
+			return u
+		}
+	}
+	return nil
+}
+
+// disableOrg takes u out of rotation for every pool.
+func (g *Gateway) disableOrg(u *upstream, reason string) {
+	if u.Disabled() != "" {
+		return
+	}
+	g.lanes.disableOrg(u, reason)
+	g.log.Warn("org out of rotation", "org", u.Name, "key", u.Key.Fingerprint(), "reason", reason)
+}
+
+// Status is the gateway's state for 'apidispatch status' and /apidispatch/status.
+type Status struct {
+	Clients   []ClientSpend           `json:"clients"`
+	Total     ClientSpend             `json:"total"`
+	Queued    int                     `json:"queued"`
+	Lanes     []dispatch.LaneSnapshot `json:"lanes"`
+	Requests  int64                   `json:"requests"`
+	Attempts  int64                   `json:"upstream_attempts"`
+	Retries   int64                   `json:"retries"`
+	Abandoned int64                   `json:"abandoned"`
+	RefusedAt int64                   `json:"refused_by_cap"`
+	Orgs      map[string]string       `json:"orgs_out_of_rotation,omitempty"`
+	Batches   map[string]int          `json:"batches"`
+}
+
+// Status returns the gateway's state now.
+func (g *Gateway) Status() Status {
+	cl, tot := g.ledger.Totals()
+	s := Status{Clients: cl, Total: tot, Queued: g.lanes.queued(), Lanes: g.lanes.snapshots(time.Now()),
+		Requests: g.stats.requests.Load(), Attempts: g.stats.upstreamAttempts.Load(), Retries: g.stats.retries.Load(),
+		Abandoned: g.stats.abandoned.Load(), RefusedAt: g.stats.refusedCap.Load(), Batches: g.batches.counts()}
+	for _, u := range g.orgs {
+		if r := u.Disabled(); r != "" {
+			if s.Orgs == nil {
+				s.Orgs = map[string]string{}
+			}
+			s.Orgs[u.Name] = r
+		}
+	}
+	return s
+}
+
+// status serves GET /apidispatch/status: the caller's own spend, or
+// everything for a client of the gateway.
+func (g *Gateway) status(w http.ResponseWriter, r *http.Request, client string) {
+	st := g.Status()
+	// A client sees its own spend only.
+	var own []ClientSpend
+	for _, c := range st.Clients {
+		if c.Client == client {
+			own = append(own, c)
+		}
+	}
+	st.Clients = own
+	b, _ := json.Marshal(st)
+	w.Header().Set("content-type", "application/json")
+	w.Write(b)
+}

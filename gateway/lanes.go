@@ -1,0 +1,359 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"math"
+	"sync"
+	"time"
+
+	"github.com/apidispatch/apidispatch/anthropic"
+	"github.com/apidispatch/apidispatch/dispatch"
+	"github.com/apidispatch/apidispatch/org"
+)
+
+// Errors of admission callers can branch on.
+var (
+	// ErrNoUsableOrg: every org's lane of the request's pool is disabled
+	// (revoked keys, no permission, billing).
+	ErrNoUsableOrg = errors.New("gateway: no usable org for this model")
+	// ErrQueueTimeout: no lane admitted the request before its deadline.
+	ErrQueueTimeout = errors.New("gateway: no lane admitted the request in time")
+)
+
+// upstream is one org the gateway sends to.
+type upstream struct {
+	org.Org
+	mu       sync.Mutex
+	disabled string
+}
+
+func (u *upstream) Disabled() string {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.disabled
+}
+
+// lane is one (org, pool) gate.
+type lane struct {
+	dispatch.Gate
+	up   *upstream
+	pool anthropic.Pool
+	// wakes are the engines (gateway batches by the sync route) that
+	// share this gate: a release here may let them admit. Guarded by
+	// laneSet.mu.
+	wakes []func()
+}
+
+// grant is an admitted request: the lane that admitted it and its permit.
+type grant struct {
+	lane   *lane
+	permit dispatch.Permit
+	err    error
+}
+
+// waiter is one request queued for admission.
+type waiter struct {
+	d  dispatch.Demand
+	ch chan grant // capacity 1: pump never blocks
+}
+
+// poolQueue is the lanes of one pool, one per org, and the requests
+// waiting for any of them, first come first served.
+type poolQueue struct {
+	pool    anthropic.Pool
+	lanes   []*lane
+	next    int // lane to try first (rotates, so orgs share the load)
+	waiters []*waiter
+	timer   *time.Timer
+	timerAt time.Time
+}
+
+// laneSet admits single requests through the same gates as 'run': one gate
+// per (org, pool) made by newGate (dispatch.NewLane in-process, or the
+// shared budget's gate with --shared), so caps, AIMD, the header mirrors
+// and retry-after holds all apply. Requests wait in a FIFO per pool while
+// every lane is full; a release, a refill or a hold's end wakes them
+// (no polling). It is safe for concurrent use.
+type laneSet struct {
+	orgs    []*upstream
+	newGate func(dispatch.LaneConfig) dispatch.Gate
+	laneCfg dispatch.LaneConfig
+	capFor  func(model string) int
+	speed   float64
+
+	mu    sync.Mutex
+	pools map[anthropic.Pool]*poolQueue
+	all   []*lane
+}
+
+func newLaneSet(orgs []*upstream, lc dispatch.LaneConfig, capFor func(string) int, speed float64, newGate func(dispatch.LaneConfig) dispatch.Gate) *laneSet {
+	if newGate == nil {
+		newGate = func(c dispatch.LaneConfig) dispatch.Gate { return dispatch.NewLane(c) }
+	}
+	return &laneSet{orgs: orgs, newGate: newGate, laneCfg: lc, capFor: capFor, speed: speed, pools: map[anthropic.Pool]*poolQueue{}}
+}
+
+// queueLocked returns (creating on first use) the pool of model. s.mu is held.
+func (s *laneSet) queueLocked(model string) *poolQueue {
+	pool := anthropic.PoolOf(model)
+	if q, ok := s.pools[pool]; ok {
+		return q
+	}
+	return s.poolLocked(pool, s.capFor(model))
+}
+
+// poolLocked creates the lanes of pool with the cap capN. s.mu is held.
+func (s *laneSet) poolLocked(pool anthropic.Pool, capN int) *poolQueue {
+	q := &poolQueue{pool: pool}
+	for _, u := range s.orgs {
+		lc := s.laneCfg
+		lc.Org, lc.Pool, lc.Cap, lc.Speed = u.Name, pool, capN, s.speed
+		l := &lane{Gate: s.newGate(lc), up: u, pool: pool}
+		if wk, ok := l.Gate.(dispatch.Waker); ok {
+			wk.SetWake(func() {
+				s.kick(q)
+				s.wakeEngines(l)
+			})
+		}
+		if r := u.Disabled(); r != "" {
+			l.Disable(r)
+		}
+		q.lanes = append(q.lanes, l)
+		s.all = append(s.all, l)
+	}
+	s.pools[pool] = q
+	return q
+}
+
+// kick pumps q from outside the lock (a timer, a shared gate's wake-up).
+func (s *laneSet) kick(q *poolQueue) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.pumpLocked(q, time.Now())
+}
+
+// pumpLocked admits waiters in order while a lane admits them, and arms a
+// timer for the earliest moment a blocked lane may admit again.
+func (s *laneSet) pumpLocked(q *poolQueue, now time.Time) {
+	for len(q.waiters) > 0 {
+		w := q.waiters[0]
+		next := time.Duration(math.MaxInt64)
+		usable := 0
+		admitted := false
+		for i := range q.lanes {
+			l := q.lanes[(q.next+i)%len(q.lanes)]
+			if l.Disabled() != "" {
+				continue
+			}
+			usable++
+			p, wait, ok := l.TryAdmit(now, w.d)
+			if ok {
+				q.next = (q.next + i + 1) % len(q.lanes)
+				q.waiters[0] = nil
+				q.waiters = q.waiters[1:]
+				w.ch <- grant{lane: l, permit: p}
+				admitted = true
+				break
+			}
+			if wait > 0 {
+				next = min(next, wait)
+			}
+		}
+		if usable == 0 {
+			for _, w := range q.waiters {
+				w.ch <- grant{err: ErrNoUsableOrg}
+			}
+			q.waiters = nil
+			return
+		}
+		if !admitted {
+			if next != time.Duration(math.MaxInt64) {
+				at := now.Add(next)
+				if q.timer == nil || !q.timerAt.After(now) || at.Before(q.timerAt) {
+					if q.timer != nil {
+						q.timer.Stop()
+					}
+					q.timerAt = at
+					q.timer = time.AfterFunc(next, func() { s.kick(q) })
+				}
+			}
+			return
+		}
+	}
+}
+
+// admit waits until a lane of model's pool admits a request of demand d,
+// ctx ends (the client went away) or deadline passes.
+func (s *laneSet) admit(ctx context.Context, deadline time.Time, model string, d dispatch.Demand) (grant, error) {
+	w := &waiter{d: d, ch: make(chan grant, 1)}
+	s.mu.Lock()
+	q := s.queueLocked(model)
+	q.waiters = append(q.waiters, w)
+	s.pumpLocked(q, time.Now())
+	s.mu.Unlock()
+	select {
+	case g := <-w.ch:
+		return g, g.err
+	default:
+	}
+	t := time.NewTimer(time.Until(deadline))
+	defer t.Stop()
+	var cause error
+	select {
+	case g := <-w.ch:
+		return g, g.err
+	case <-ctx.Done():
+		cause = ctx.Err()
+	case <-t.C:
+		cause = ErrQueueTimeout
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i, x := range q.waiters {
+		if x == w {
+			q.waiters = append(q.waiters[:i], q.waiters[i+1:]...)
+			return grant{}, cause
+		}
+	}
+	// Admitted meanwhile: give the slot back unused.
+	if g := <-w.ch; g.err == nil {
+		g.lane.Done(time.Now(), g.permit, dispatch.Feedback{})
+		s.pumpLocked(q, time.Now())
+	}
+	return grant{}, cause
+}
+
+// release returns g's permit with what the attempt taught and wakes the
+// pool's waiters.
+func (s *laneSet) release(g grant, fb dispatch.Feedback) {
+	now := time.Now()
+	g.lane.Done(now, g.permit, fb)
+	s.mu.Lock()
+	s.pumpLocked(s.pools[g.lane.pool], now)
+	wakes := g.lane.wakes
+	s.mu.Unlock()
+	for _, f := range wakes {
+		f()
+	}
+}
+
+func (s *laneSet) wakeEngines(l *lane) {
+	s.mu.Lock()
+	wakes := l.wakes
+	s.mu.Unlock()
+	for _, f := range wakes {
+		f()
+	}
+}
+
+// engineGate is a dispatch.Config.NewGate for the engines of gateway
+// batches: it hands them the gateway's own gate of (org, pool), so the
+// gateway's sync requests and its batches' sync items share one cap per
+// key. A release by either side wakes the other.
+func (s *laneSet) engineGate(lc dispatch.LaneConfig) dispatch.Gate {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	q, ok := s.pools[lc.Pool]
+	if !ok {
+		q = s.poolLocked(lc.Pool, lc.Cap)
+	}
+	for _, l := range q.lanes {
+		if l.up.Name == lc.Org {
+			return &sharedLane{lane: l, s: s}
+		}
+	}
+	return dispatch.NewLane(lc) // an org the gateway does not know (cannot happen: same orgs)
+}
+
+// sharedLane is a gateway lane seen by an engine.
+type sharedLane struct {
+	*lane
+	s *laneSet
+}
+
+// Done implements dispatch.Gate: the engine's release wakes the gateway's
+// waiters too.
+func (l *sharedLane) Done(now time.Time, p dispatch.Permit, fb dispatch.Feedback) {
+	l.s.release(grant{lane: l.lane, permit: p}, fb)
+}
+
+// SetWake implements dispatch.Waker.
+func (l *sharedLane) SetWake(f func()) {
+	l.s.mu.Lock()
+	defer l.s.mu.Unlock()
+	// An engine that has ended is never told it ended here; its wake-up
+	// stays harmless (a non-blocking send). Keep the latest only, so the
+	// list stays bounded over a long-lived gateway.
+	const keep = 64
+	if len(l.wakes) >= keep {
+		l.wakes = append([]func(){}, l.wakes[len(l.wakes)-keep+1:]...)
+	}
+	l.wakes = append(l.wakes, f)
+}
+
+// disable takes an org (scope org) or one lane out of rotation.
+func (s *laneSet) disable(l *lane, scope anthropic.Scope, reason string) {
+	if scope == anthropic.ScopeOrg {
+		s.disableOrg(l.up, reason)
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	l.Disable(reason)
+	s.pumpLocked(s.pools[l.pool], time.Now())
+}
+
+// disableOrg takes every lane of u out of rotation, and u itself for the
+// requests that go through no lane (count_tokens, models).
+func (s *laneSet) disableOrg(u *upstream, reason string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	u.mu.Lock()
+	if u.disabled == "" {
+		u.disabled = reason
+	}
+	u.mu.Unlock()
+	for _, x := range s.all {
+		if x.up == u {
+			x.Disable(reason)
+		}
+	}
+	for _, q := range s.pools {
+		s.pumpLocked(q, time.Now())
+	}
+}
+
+// snapshots describes every lane.
+func (s *laneSet) snapshots(now time.Time) []dispatch.LaneSnapshot {
+	s.mu.Lock()
+	all := append([]*lane(nil), s.all...)
+	s.mu.Unlock()
+	out := make([]dispatch.LaneSnapshot, 0, len(all))
+	for _, l := range all {
+		out = append(out, l.Snapshot(now))
+	}
+	return out
+}
+
+// queued is how many requests wait for a lane.
+func (s *laneSet) queued() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, q := range s.pools {
+		n += len(q.waiters)
+	}
+	return n
+}
+
+// stop stops the timers.
+func (s *laneSet) stop() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, q := range s.pools {
+		if q.timer != nil {
+			q.timer.Stop()
+		}
+	}
+}

@@ -1,0 +1,570 @@
+package gateway
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"math/rand/v2"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/apidispatch/apidispatch/anthropic"
+	"github.com/apidispatch/apidispatch/cost"
+	"github.com/apidispatch/apidispatch/dispatch"
+	"github.com/apidispatch/apidispatch/ratelimit"
+	"github.com/apidispatch/apidispatch/workload"
+)
+
+// answer is an upstream response kept to pass on.
+type answer struct {
+	status int
+	header http.Header
+	body   []byte
+}
+
+// readBody reads at most limit bytes of r's body, answering 413 (the API's
+// request_too_large) above it.
+func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, bool) {
+	if r.ContentLength > limit {
+		writeError(w, http.StatusRequestEntityTooLarge, anthropic.ErrRequestTooLarge, "Request exceeds the maximum allowed number of bytes.")
+		return nil, false
+	}
+	b, err := io.ReadAll(io.LimitReader(r.Body, limit+1))
+	if int64(len(b)) > limit {
+		writeError(w, http.StatusRequestEntityTooLarge, anthropic.ErrRequestTooLarge, "Request exceeds the maximum allowed number of bytes.")
+		return nil, false
+	}
+	if err != nil {
+		writeError(w, http.StatusBadRequest, anthropic.ErrInvalidRequest, "could not read the request body")
+		return nil, false
+	}
+	return b, true
+}
+
+// msgParams is what the gateway reads of a Messages body.
+type msgParams struct {
+	Model     string `json:"model"`
+	MaxTokens *int64 `json:"max_tokens"`
+	Stream    bool   `json:"stream"`
+}
+
+const invalidJSON = "There was an error parsing the body of your request: invalid JSON"
+
+// parseParams checks a Messages body as far as the gateway must (valid
+// JSON, model, max_tokens, a price) and returns its fields.
+func (g *Gateway) parseParams(body []byte, needMax bool) (msgParams, string) {
+	var p msgParams
+	if err := json.Unmarshal(body, &p); err != nil {
+		var te *json.UnmarshalTypeError
+		if errors.As(err, &te) && te.Field != "" {
+			return p, fmt.Sprintf("%s: Input should be a valid %s", te.Field, te.Value)
+		}
+		return p, invalidJSON
+	}
+	if p.Model == "" {
+		return p, "model: Field required"
+	}
+	if needMax && p.MaxTokens == nil {
+		return p, "max_tokens: Field required"
+	}
+	if p.MaxTokens != nil && *p.MaxTokens < 0 {
+		return p, "max_tokens: Input should be greater than or equal to 0"
+	}
+	if _, err := g.cfg.Prices.Lookup(p.Model); err != nil {
+		return p, fmt.Sprintf("model %q has no price in the gateway's price table, so its cost cannot be capped (add it with --prices)", p.Model)
+	}
+	return p, ""
+}
+
+// messages serves POST /v1/messages, streaming or not.
+func (g *Gateway) messages(w http.ResponseWriter, r *http.Request, client string) {
+	g.stats.requests.Add(1)
+	body, ok := readBody(w, r, MaxMessagesBytes)
+	if !ok {
+		return
+	}
+	p, bad := g.parseParams(body, true)
+	if bad != "" {
+		writeError(w, http.StatusBadRequest, anthropic.ErrInvalidRequest, bad)
+		return
+	}
+	est := workload.EstimateInputTokens(body)
+	// Tokens never outnumber bytes, so the body's length bounds the input.
+	worst, _ := g.cfg.Prices.WorstCase(p.Model, max(est, int64(len(body))), *p.MaxTokens)
+	hold, err := g.spend.Reserve(client, worst)
+	if err != nil {
+		g.stats.refusedCap.Add(1)
+		writeCapError(w, err)
+		return
+	}
+	x := &exchange{g: g, w: w, r: r, client: client, body: body, p: p, hold: hold,
+		demand: dispatch.Demand{EstInput: est, MaxTokens: *p.MaxTokens}}
+	x.run()
+}
+
+// writeCapError answers a request refused by a spend cap: 400
+// invalid_request_error (which no SDK retries), worded as the API words a
+// self-set spend limit, naming the cap.
+func writeCapError(w http.ResponseWriter, err error) {
+	writeError(w, http.StatusBadRequest, anthropic.ErrInvalidRequest,
+		anthropic.SpendLimitMessagePrefix+" API usage limits on this gateway: "+err.Error())
+}
+
+// exchange is one client request through the gateway.
+type exchange struct {
+	g        *Gateway
+	w        http.ResponseWriter
+	r        *http.Request
+	client   string
+	body     []byte
+	p        msgParams
+	hold     Hold
+	demand   dispatch.Demand
+	attempts int
+	settled  bool
+}
+
+func (x *exchange) settle(e Entry) {
+	if !x.settled {
+		x.settled = true
+		e.Model = x.p.Model
+		e.Route = "sync"
+		x.hold.Settle(e)
+	}
+}
+
+// run sends the request until it has a final answer, the client goes away
+// or RetryFor passes.
+func (x *exchange) run() {
+	g := x.g
+	defer x.settle(Entry{})
+	ctx := x.r.Context()
+	deadline := time.Now().Add(g.cfg.RetryFor)
+	var last *answer
+	transient := 0
+	for {
+		gr, err := g.lanes.admit(ctx, deadline, x.p.Model, x.demand)
+		if err != nil {
+			switch {
+			case ctx.Err() != nil:
+				return // the client went away before anything was sent
+			case last != nil:
+				x.passOn(last, nil, 0)
+			case errors.Is(err, ErrNoUsableOrg):
+				writeError(x.w, http.StatusServiceUnavailable, anthropic.ErrAPI, "apidispatch gateway: no org can serve model "+x.p.Model+" now (every key is out of rotation)")
+			default:
+				x.w.Header().Set(anthropic.HeaderRetryAfter, "1")
+				writeError(x.w, http.StatusTooManyRequests, anthropic.ErrRateLimit, fmt.Sprintf("apidispatch gateway: no lane admitted the request within --retry-for %s", g.cfg.RetryFor))
+			}
+			return
+		}
+		x.attempts++
+		g.stats.upstreamAttempts.Add(1)
+		var o anthropic.Outcome
+		var a *answer
+		var done bool
+		if x.p.Stream {
+			o, a, done = x.stream(gr)
+		} else {
+			o, a, done = x.sync(gr)
+		}
+		if done {
+			return
+		}
+		switch o.Kind {
+		case anthropic.LaneFatal:
+			// The upstream key's problem, not the client's: out of rotation.
+			g.lanes.disable(gr.lane, o.Scope, o.Reason)
+			if o.Scope == anthropic.ScopeOrg {
+				g.log.Warn("org out of rotation", "org", gr.lane.up.Name, "key", gr.lane.up.Key.Fingerprint(), "reason", o.Reason)
+			}
+			continue
+		case anthropic.Retryable:
+			g.stats.retries.Add(1)
+			if o.RateLimited {
+				g.stats.rateLimited.Add(1)
+			}
+			last = a
+			if ctx.Err() != nil {
+				return
+			}
+			var wait time.Duration
+			if !o.RateLimited { // a 429 holds its lane; others may take it now
+				transient++
+				back := math.Min(8, 0.5*math.Pow(2, float64(transient-1))) * (1 - 0.25*rand.Float64())
+				wait = time.Duration(back / g.cfg.Speed * float64(time.Second))
+				if o.HasRetryAfter {
+					wait = max(wait, o.RetryAfter)
+				}
+			}
+			if time.Now().Add(wait).After(deadline) {
+				x.passOn(last, nil, 0)
+				return
+			}
+			if wait > 0 {
+				t := time.NewTimer(wait)
+				select {
+				case <-ctx.Done():
+					t.Stop()
+					return
+				case <-t.C:
+				}
+			}
+		}
+	}
+}
+
+// newUpstream builds the upstream request of one attempt. Its context is
+// not the client's: a request sent is let finish and billed even when the
+// client goes away.
+func (x *exchange) newUpstream(ctx context.Context, l *lane) (*http.Request, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, x.g.base+"/v1/messages", bytes.NewReader(x.body))
+	if err != nil {
+		return nil, err
+	}
+	copyClientHeaders(req.Header, x.r.Header)
+	req.Header.Set(anthropic.HeaderAPIKey, l.up.Key.Reveal())
+	req.Header.Set("content-type", "application/json")
+	return req, nil
+}
+
+// copyClientHeaders passes the client's API headers on (version, betas),
+// never its token.
+func copyClientHeaders(dst, src http.Header) {
+	v := src.Get(anthropic.HeaderVersion)
+	if v == "" {
+		v = upstreamVersion
+	}
+	dst.Set(anthropic.HeaderVersion, v)
+	if b := src.Values("anthropic-beta"); len(b) > 0 {
+		dst["Anthropic-Beta"] = b
+	}
+}
+
+// feedback is what an attempt teaches its lane, and its cost.
+func (x *exchange) feedback(o anthropic.Outcome, h http.Header, u *anthropic.Usage) (dispatch.Feedback, cost.Nanos) {
+	fb := dispatch.Feedback{Outcome: o}
+	if h != nil {
+		fb.Limits = anthropic.ParseRateLimits(h)
+	}
+	var c cost.Nanos
+	if u != nil {
+		fb.Billed = true
+		fb.Actual = ratelimit.Need{Requests: 1, Input: float64(u.InputTokens + u.CacheCreationInputTokens), Output: float64(u.OutputTokens)}
+		c, _ = x.g.cfg.Prices.Cost(x.p.Model, *u, false)
+		fb.Cost = c
+	}
+	return fb, c
+}
+
+// sync is one non-streaming attempt. done reports that the exchange is
+// over (answered, or the client is gone and the answer billed).
+func (x *exchange) sync(gr grant) (anthropic.Outcome, *answer, bool) {
+	g := x.g
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(x.r.Context()), g.cfg.Timeout)
+	defer cancel()
+	req, err := x.newUpstream(ctx, gr.lane)
+	var status int
+	var hdr http.Header
+	var rb []byte
+	if err == nil {
+		var resp *http.Response
+		resp, err = g.client.Do(req)
+		if err == nil {
+			status, hdr = resp.StatusCode, resp.Header
+			rb, err = io.ReadAll(io.LimitReader(resp.Body, maxUpstreamAnswer))
+			resp.Body.Close()
+			if err != nil && status >= 200 && status < 300 {
+				err = nil // a cut 2xx: classified as truncated
+			}
+		}
+	}
+	now := time.Now()
+	o := anthropic.Classify(status, hdr, rb, err, now)
+	var usage *anthropic.Usage
+	if o.Message != nil {
+		usage = &o.Message.Usage
+	}
+	fb, c := x.feedback(o, hdr, usage)
+	g.lanes.release(gr, fb)
+	if hdr != nil {
+		g.rl.note(gr.lane.pool, gr.lane.up, fb.Limits)
+	}
+	a := &answer{status: status, header: hdr, body: rb}
+	if status == 0 {
+		a = &answer{status: http.StatusBadGateway, body: errorBody(anthropic.ErrAPI, "apidispatch gateway: upstream "+o.Reason)}
+	}
+	gone := x.r.Context().Err() != nil
+	switch o.Kind {
+	case anthropic.Success:
+		x.settle(Entry{Cost: c, Org: gr.lane.up.Name, RequestID: hdr.Get(anthropic.HeaderRequestID), Abandoned: gone})
+		if gone {
+			g.stats.abandoned.Add(1)
+			return o, nil, true
+		}
+		x.passOn(a, gr.lane, c)
+		return o, a, true
+	case anthropic.Terminal:
+		x.passOn(a, gr.lane, 0)
+		return o, a, true
+	}
+	if gone {
+		return o, a, true
+	}
+	return o, a, false
+}
+
+// errorBody is an API error envelope.
+func errorBody(typ, msg string) []byte {
+	b, _ := json.Marshal(anthropic.ErrorEnvelope{Type: "error", Error: anthropic.ErrorDetail{Type: typ, Message: msg}, RequestID: newRequestID()})
+	return b
+}
+
+// hopHeaders are not passed on from upstream.
+var hopHeaders = map[string]bool{
+	"Content-Length": true, "Connection": true, "Keep-Alive": true, "Transfer-Encoding": true,
+	"Anthropic-Organization-Id": true, "Trailer": true, "Upgrade": true, "Proxy-Connection": true,
+}
+
+// writeHead writes the headers of an answer passed on: upstream's (the
+// request-id, retry-after, content-type…), the aggregate rate limits and
+// the gateway's own.
+func (x *exchange) writeHead(a *answer, l *lane, c cost.Nanos) {
+	h := x.w.Header()
+	for k, v := range a.header {
+		if !hopHeaders[k] {
+			h[k] = v
+		}
+	}
+	if h.Get("content-type") == "" {
+		h.Set("content-type", "application/json")
+	}
+	if l != nil {
+		x.g.rl.write(h, l.pool)
+		h.Set(headerOrg, l.up.Name)
+	}
+	h.Set(headerAttempts, strconv.Itoa(x.attempts))
+	h.Set(headerCost, strconv.FormatFloat(c.USD(), 'f', -1, 64))
+}
+
+// passOn answers the client with a, byte for byte.
+func (x *exchange) passOn(a *answer, l *lane, c cost.Nanos) {
+	x.writeHead(a, l, c)
+	if a.header == nil {
+		x.w.Header().Set(anthropic.HeaderRequestID, newRequestID())
+	}
+	x.w.Header().Set("Content-Length", strconv.Itoa(len(a.body)))
+	x.w.WriteHeader(a.status)
+	x.w.Write(a.body)
+}
+
+// stream is one streaming attempt. Until the first byte reaches the
+// client a failure is retryable; after it, an upstream error is forwarded
+// as the API's SSE error event and the exchange is over.
+func (x *exchange) stream(gr grant) (anthropic.Outcome, *answer, bool) {
+	g := x.g
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(x.r.Context()), g.cfg.Timeout)
+	defer cancel()
+	req, err := x.newUpstream(ctx, gr.lane)
+	var resp *http.Response
+	if err == nil {
+		resp, err = g.client.Do(req)
+	}
+	if err != nil || resp.StatusCode != http.StatusOK || !isEventStream(resp.Header) {
+		// Not a stream: classify as a plain answer.
+		var status int
+		var hdr http.Header
+		var rb []byte
+		if err == nil {
+			status, hdr = resp.StatusCode, resp.Header
+			rb, err = io.ReadAll(io.LimitReader(resp.Body, maxUpstreamAnswer))
+			resp.Body.Close()
+			if err != nil && status >= 200 && status < 300 {
+				err = nil
+			}
+		}
+		o := anthropic.Classify(status, hdr, rb, err, time.Now())
+		if o.Kind == anthropic.Success {
+			// A 200 JSON message to a stream request: pass it on as is.
+			u := o.Message.Usage
+			fb, c := x.feedback(o, hdr, &u)
+			g.lanes.release(gr, fb)
+			x.settle(Entry{Cost: c, Org: gr.lane.up.Name, RequestID: hdr.Get(anthropic.HeaderRequestID), Abandoned: x.r.Context().Err() != nil})
+			x.passOn(&answer{status: status, header: hdr, body: rb}, gr.lane, c)
+			return o, nil, true
+		}
+		fb, _ := x.feedback(o, hdr, nil)
+		g.lanes.release(gr, fb)
+		a := &answer{status: status, header: hdr, body: rb}
+		if status == 0 {
+			a = &answer{status: http.StatusBadGateway, body: errorBody(anthropic.ErrAPI, "apidispatch gateway: upstream "+o.Reason)}
+		}
+		if o.Kind == anthropic.Terminal {
+			x.passOn(a, gr.lane, 0)
+			return o, a, true
+		}
+		return o, a, x.r.Context().Err() != nil
+	}
+	defer resp.Body.Close()
+	br := bufio.NewReaderSize(resp.Body, 32<<10)
+	first, rerr := br.ReadSlice('\n')
+	if rerr != nil {
+		// Nothing reached the client: retryable, as a truncated body.
+		o := anthropic.Outcome{Kind: anthropic.Retryable, Status: resp.StatusCode, ErrorType: anthropic.ErrTypeTruncated, Reason: "stream ended before its first event"}
+		fb, _ := x.feedback(o, resp.Header, nil)
+		g.lanes.release(gr, fb)
+		return o, &answer{status: http.StatusBadGateway, body: errorBody(anthropic.ErrAPI, "apidispatch gateway: upstream stream ended before its first event")}, x.r.Context().Err() != nil
+	}
+	g.rl.note(gr.lane.pool, gr.lane.up, anthropic.ParseRateLimits(resp.Header))
+	x.writeHead(&answer{header: resp.Header}, gr.lane, 0)
+	h := x.w.Header()
+	h.Del(headerCost)
+	h.Set("Trailer", headerCost)
+	x.w.WriteHeader(http.StatusOK)
+	rc := http.NewResponseController(x.w)
+	clientOK := true
+	write := func(b []byte) {
+		if clientOK {
+			if _, err := x.w.Write(b); err != nil {
+				clientOK = false
+			}
+		}
+	}
+	var sc sseState
+	line := first
+	for {
+		sc.line(line)
+		write(line)
+		if len(bytes.TrimRight(line, "\r\n")) == 0 && clientOK {
+			if rc.Flush() != nil {
+				clientOK = false
+			}
+		}
+		line, rerr = br.ReadSlice('\n')
+		if rerr == bufio.ErrBufferFull {
+			// A long line: pass it on in pieces.
+			for rerr == bufio.ErrBufferFull {
+				sc.partial(line)
+				write(line)
+				line, rerr = br.ReadSlice('\n')
+			}
+		}
+		if rerr != nil {
+			if len(line) > 0 {
+				sc.line(line)
+				write(line)
+			}
+			break
+		}
+	}
+	var o anthropic.Outcome
+	var usage *anthropic.Usage
+	switch {
+	case sc.stopped:
+		o = anthropic.Outcome{Kind: anthropic.Success, Status: 200}
+		usage = &sc.usage
+	case sc.errType != "":
+		// An error event ends the stream unbilled (anthropic-api.md §3;
+		// the simulator's stream_overloaded): nothing to price.
+		o = anthropic.Outcome{Kind: anthropic.Retryable, Status: 200, ErrorType: sc.errType, RateLimited: sc.errType == anthropic.ErrRateLimit, Overloaded: sc.errType == anthropic.ErrOverloaded, Reason: "error event mid-stream"}
+	default:
+		o = anthropic.Outcome{Kind: anthropic.Retryable, Status: 200, ErrorType: anthropic.ErrTypeTruncated, Reason: "stream cut before message_stop"}
+		write([]byte("event: error\ndata: " + string(errorBody(anthropic.ErrAPI, "apidispatch gateway: the upstream stream was cut before message_stop")) + "\n\n"))
+		if sc.started {
+			usage = &sc.usage
+		}
+	}
+	if clientOK {
+		rc.Flush()
+	}
+	fb, c := x.feedback(o, resp.Header, usage)
+	gone := !clientOK || x.r.Context().Err() != nil
+	if gone {
+		g.stats.abandoned.Add(1)
+	}
+	if usage != nil {
+		x.settle(Entry{Cost: c, Org: gr.lane.up.Name, RequestID: resp.Header.Get(anthropic.HeaderRequestID), Abandoned: gone})
+	}
+	g.lanes.release(gr, fb) // after the ledger: a lane idle means every answer is priced
+	h.Set(headerCost, strconv.FormatFloat(c.USD(), 'f', -1, 64))
+	return o, nil, true
+}
+
+func isEventStream(h http.Header) bool {
+	ct := h.Get("content-type")
+	return len(ct) >= 17 && ct[:17] == "text/event-stream"
+}
+
+// sseState follows a Messages stream for its usage and its end.
+type sseState struct {
+	event            string
+	usage            anthropic.Usage
+	started, stopped bool
+	errType          string
+	skip             bool // inside a long line already judged
+}
+
+func (s *sseState) partial([]byte) { s.skip = true }
+
+func (s *sseState) line(b []byte) {
+	if s.skip {
+		s.skip = false
+		return
+	}
+	b = bytes.TrimRight(b, "\r\n")
+	switch {
+	case len(b) == 0:
+		s.event = ""
+	case bytes.HasPrefix(b, []byte("event:")):
+		s.event = string(bytes.TrimSpace(b[6:]))
+	case bytes.HasPrefix(b, []byte("data:")):
+		data := bytes.TrimSpace(b[5:])
+		switch s.event {
+		case "message_start":
+			var v struct {
+				Message struct {
+					Usage anthropic.Usage `json:"usage"`
+				} `json:"message"`
+			}
+			if json.Unmarshal(data, &v) == nil {
+				s.usage, s.started = v.Message.Usage, true
+			}
+		case "message_delta":
+			var v struct {
+				Usage *struct {
+					OutputTokens             int64  `json:"output_tokens"`
+					InputTokens              *int64 `json:"input_tokens"`
+					CacheCreationInputTokens *int64 `json:"cache_creation_input_tokens"`
+					CacheReadInputTokens     *int64 `json:"cache_read_input_tokens"`
+				} `json:"usage"`
+			}
+			if json.Unmarshal(data, &v) == nil && v.Usage != nil {
+				s.usage.OutputTokens = v.Usage.OutputTokens
+				if v.Usage.InputTokens != nil {
+					s.usage.InputTokens = *v.Usage.InputTokens
+				}
+				if v.Usage.CacheCreationInputTokens != nil {
+					s.usage.CacheCreationInputTokens = *v.Usage.CacheCreationInputTokens
+				}
+				if v.Usage.CacheReadInputTokens != nil {
+					s.usage.CacheReadInputTokens = *v.Usage.CacheReadInputTokens
+				}
+			}
+		case "message_stop":
+			s.stopped = true
+		case "error":
+			var v anthropic.ErrorEnvelope
+			if json.Unmarshal(data, &v) == nil && v.Error.Type != "" {
+				s.errType = v.Error.Type
+			} else {
+				s.errType = anthropic.ErrAPI
+			}
+		}
+	}
+}
