@@ -617,9 +617,13 @@ func (h *harness) finish(problems []string, dataLoss, incomplete bool) (*Result,
 
 	// Outputs: ab.json (+ --out), the status section, the events, the
 	// report, the reminders.
-	b, _ := json.MarshalIndent(r, "", "  ")
-	b = append(b, '\n')
 	var werrs []error
+	b, merr := json.MarshalIndent(r, "", "  ")
+	if merr != nil {
+		// Never write an empty ab.json in silence.
+		werrs = append(werrs, fmt.Errorf("encoding ab.json: %w", merr))
+	}
+	b = append(b, '\n')
 	for _, p := range []string{filepath.Join(h.cfg.Dir, ResultFile), h.cfg.Out} {
 		if p == "" {
 			continue

@@ -447,7 +447,7 @@ func (b *Buckets) Pace() [3]float64 {
 	m := b.mirror
 	var p [3]float64
 	for i, bk := range []*ratelimit.Bucket{&m.Requests, &m.Input, &m.Output} {
-		p[i] = math.Round(bk.Rate() * 60 / b.speed)
+		p[i] = math.Round(bk.Rate() * 60 / b.speedOrOne())
 	}
 	return p
 }
@@ -458,7 +458,16 @@ func (b *Buckets) Limits() [3]float64 {
 	m := b.mirror
 	var p [3]float64
 	for i, bk := range []*ratelimit.Bucket{&m.Requests, &m.Input, &m.Output} {
-		p[i] = math.Round(bk.Limit() / b.speed)
+		p[i] = math.Round(bk.Limit() / b.speedOrOne())
 	}
 	return p
+}
+
+// speedOrOne is the speed factor, 1 when unset (a zero would make every
+// figure NaN, which JSON cannot hold: ab.json was once left unwritten so).
+func (b *Buckets) speedOrOne() float64 {
+	if b.speed > 0 {
+		return b.speed
+	}
+	return 1
 }
