@@ -219,9 +219,30 @@ func scrub(err error, secret string) string {
 func (b *Budget) Host() string { return b.host }
 
 // NewGate makes the shared gate of one lane; pass it as dispatch.Config.NewGate.
+// A process has one gate per (key, pool): a later engine of the same run
+// (auto's sync engines, a pilot and the run after it) gets the gate the
+// first one made. Two gates of one lane would renew under the same process
+// name in Redis, each reporting only its own requests in flight, and Redis
+// would hand out slots the other still used (a campaign seed saw 6 in
+// flight on a cap of 4).
 func (b *Budget) NewGate(lc dispatch.LaneConfig) dispatch.Gate {
-	g := newGate(b, lc, b.fps[lc.Org])
+	fp := b.fps[lc.Org]
 	b.mu.Lock()
+	for _, g := range b.gates {
+		if g.fp == fp && g.cfg.Pool == lc.Pool {
+			b.mu.Unlock()
+			return g
+		}
+	}
+	b.mu.Unlock()
+	g := newGate(b, lc, fp)
+	b.mu.Lock()
+	for _, o := range b.gates {
+		if o.fp == fp && o.cfg.Pool == lc.Pool {
+			b.mu.Unlock()
+			return o
+		}
+	}
 	if !b.startLocal {
 		// The first renewal comes at once; until then the gate admits
 		// nothing it was not granted.

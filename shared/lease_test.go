@@ -193,3 +193,35 @@ func TestSharedRenewalsOfManyLanesRunConcurrently(t *testing.T) {
 	}
 	t.Logf("12 renewals, %v per round trip: %v", delay, took)
 }
+
+// A campaign seed (auto with --shared) saw 6 in flight on a cap of 4: each
+// sync engine of a run made its own gate of the same lane, and the two
+// renewed under one process name, each reporting only its own requests in
+// flight, so Redis gave the others slots this process still used. A
+// process has one gate per (key, pool): a later engine's gate is the same,
+// and what the first holds counts against the second.
+func TestSharedLaterEngineOfOneRunReusesItsLane(t *testing.T) {
+	url := testredis.URL(t)
+	o := freshOrg("a")
+	a := openIdle(t, url, []org.Org{o})
+	b := openIdle(t, url, []org.Org{o})
+	first := a.NewGate(lane(4))
+	a.renewAll(context.Background())
+	held := fill(first)
+	if len(held) != 4 {
+		t.Fatalf("first engine admitted %d, want 4", len(held))
+	}
+	// The run's next engine, while the first's requests are still out.
+	second := a.NewGate(lane(4))
+	if second != first {
+		t.Fatal("a later engine of the same process got a second gate of the same lane")
+	}
+	a.renewAll(context.Background())
+	b.NewGate(lane(4))
+	b.renewAll(context.Background())
+	a.renewAll(context.Background())
+	gb := b.NewGate(lane(4))
+	if n := len(fill(second)) + len(fill(gb)); n != 0 {
+		t.Fatalf("%d more admitted while 4 of a cap of 4 are in flight", n)
+	}
+}
