@@ -2,9 +2,12 @@ package gateway
 
 import (
 	"context"
+	"errors"
 	"net/http/httptest"
 	"testing"
 	"time"
+
+	sdk "github.com/anthropics/anthropic-sdk-go/v2"
 
 	"github.com/apidispatch/apidispatch/cost"
 	"github.com/apidispatch/apidispatch/internal/simtest"
@@ -52,5 +55,31 @@ func TestTwoGatewaysOnOneStateDirKeepOneClientCap(t *testing.T) {
 	}
 	if billed := cost.Nanos(run.Server.LedgerTotals().CostNanos); billed > capN {
 		t.Errorf("two gateways on one state dir (%d opened): billed %s over client a's max_cost %s", len(urls), billed, capN)
+	}
+}
+
+// A truncated 2xx is billed by the API though no answer comes back; the
+// gateway retried it with the one reservation of the request and charged
+// only the final success, so a client's max_cost could be passed by every
+// attempt lost so (measured from outside: two sonnet requests billed twice
+// after the gateway's upstream timeout, recorded once in the ledger). Each
+// attempt that may have been billed must stay counted at its worst case.
+func TestClientMaxCostCountsAttemptsBilledWithoutAnAnswer(t *testing.T) {
+	run, _ := simtest.Start(t, sim.PresetOrigin3Org, 200, func(c *sim.Config) {
+		c.Faults = append(c.Faults, sim.Fault{Kind: sim.FaultTruncatedBody, Probability: 0.5})
+	})
+	capN := cost.Nanos(30_000_000) // $0.03
+	_, srv := startGW(t, run, func(c *Config) { c.Clients[0].MaxCost = capN })
+	c := sdkClient(srv.URL, tokA)
+	for i := range 60 {
+		if _, err := c.Messages.New(context.Background(), judgeParams(i)); err != nil {
+			var apiErr *sdk.Error
+			if errors.As(err, &apiErr) && apiErr.StatusCode == 400 {
+				break
+			}
+		}
+	}
+	if billed := cost.Nanos(run.Server.LedgerTotals().CostNanos); billed > capN {
+		t.Errorf("billed %s over client a's max_cost %s (attempts cut after billing were not counted)", billed, capN)
 	}
 }
