@@ -49,6 +49,7 @@ const (
 	ledgerFile        = "ledger.jsonl"
 	batchesDir        = "batches"
 	defaultStateDir   = "gateway-state"
+	stateLockFile     = "lock"
 	upstreamVersion   = anthropic.APIVersion
 	maxUpstreamAnswer = 64 << 20
 )
@@ -108,6 +109,7 @@ type Gateway struct {
 	log     *slog.Logger
 	mux     *http.ServeMux
 	rr      atomic.Uint64
+	lock    *os.File // the state directory's lock, held until Close
 
 	stats struct {
 		requests, upstreamAttempts, retries, abandoned, rateLimited, refusedCap atomic.Int64
@@ -185,7 +187,15 @@ func New(cfg Config) (*Gateway, error) {
 		return dc.CapFor(model)
 	}
 	g.lanes = newLaneSet(g.orgs, cfg.Lane, capFor, cfg.Speed, cfg.NewGate)
+	// One gateway per state directory: each keeps the clients' spend in
+	// memory, so two on one ledger would each allow a client its max_cost.
+	lock, err := lockStateDir(cfg.StateDir)
+	if err != nil {
+		return nil, err
+	}
+	g.lock = lock
 	if g.ledger, err = OpenLedger(filepath.Join(cfg.StateDir, ledgerFile), caps, cfg.MaxCost); err != nil {
+		lock.Close()
 		return nil, err
 	}
 	g.spend = g.ledger
@@ -197,6 +207,7 @@ func New(cfg Config) (*Gateway, error) {
 	g.routes()
 	if g.batches, err = openBatchStore(g); err != nil {
 		g.ledger.Close()
+		lock.Close()
 		return nil, err
 	}
 	g.wg.Go(g.flushLoop)
@@ -226,7 +237,9 @@ func (g *Gateway) Close() error {
 	g.cancel()
 	g.wg.Wait()
 	g.lanes.stop()
-	return g.ledger.Close()
+	err := g.ledger.Close()
+	g.lock.Close()
+	return err
 }
 
 // Ledger returns the gateway's ledger.

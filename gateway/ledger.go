@@ -271,3 +271,6 @@ func (l *Ledger) Totals() ([]ClientSpend, ClientSpend) {
 	t := l.total
 	return out, ClientSpend{Client: "*", SpentUSD: t.spent.USD(), CapUSD: t.cap.USD(), InFlight: t.reserved.USD(), Requests: t.requests, Abandoned: t.abandond}
 }
+
+// ErrStateDirBusy: another gateway holds the state directory.
+var ErrStateDirBusy = errors.New("gateway: state directory in use by another gateway")

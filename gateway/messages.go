@@ -11,7 +11,9 @@ import (
 	"math"
 	"math/rand/v2"
 	"net/http"
+	"net/http/httptrace"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/apidispatch/apidispatch/anthropic"
@@ -103,7 +105,7 @@ func (g *Gateway) messages(w http.ResponseWriter, r *http.Request, client string
 		writeCapError(w, err)
 		return
 	}
-	x := &exchange{g: g, w: w, r: r, client: client, body: body, p: p, hold: hold,
+	x := &exchange{g: g, w: w, r: r, client: client, body: body, p: p, hold: hold, worst: worst,
 		demand: dispatch.Demand{EstInput: est, MaxTokens: *p.MaxTokens}}
 	x.run()
 }
@@ -118,13 +120,16 @@ func writeCapError(w http.ResponseWriter, err error) {
 
 // exchange is one client request through the gateway.
 type exchange struct {
-	g        *Gateway
-	w        http.ResponseWriter
-	r        *http.Request
-	client   string
-	body     []byte
-	p        msgParams
-	hold     Hold
+	g      *Gateway
+	w      http.ResponseWriter
+	r      *http.Request
+	client string
+	body   []byte
+	p      msgParams
+	hold   Hold
+	worst  cost.Nanos // one attempt's worst case, reserved in hold
+	// wrote: the current attempt's request went out whole.
+	wrote    atomic.Bool
 	demand   dispatch.Demand
 	attempts int
 	settled  bool
@@ -186,6 +191,19 @@ func (x *exchange) run() {
 			}
 			continue
 		case anthropic.Retryable:
+			if x.mayHaveBilled(o) {
+				// Billed without an answer: its worst case stays counted
+				// (its cost cannot be known), and the retry needs room of
+				// its own under the caps.
+				x.settle(Entry{Cost: x.worst, Org: gr.lane.up.Name})
+				hold, err := g.spend.Reserve(x.client, x.worst)
+				if err != nil {
+					g.stats.refusedCap.Add(1)
+					writeCapError(x.w, err)
+					return
+				}
+				x.hold, x.settled = hold, false
+			}
 			g.stats.retries.Add(1)
 			if o.RateLimited {
 				g.stats.rateLimited.Add(1)
@@ -224,6 +242,12 @@ func (x *exchange) run() {
 // not the client's: a request sent is let finish and billed even when the
 // client goes away.
 func (x *exchange) newUpstream(ctx context.Context, l *lane) (*http.Request, error) {
+	x.wrote.Store(false)
+	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{WroteRequest: func(i httptrace.WroteRequestInfo) {
+		if i.Err == nil {
+			x.wrote.Store(true)
+		}
+	}})
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, x.g.base+"/v1/messages", bytes.NewReader(x.body))
 	if err != nil {
 		return nil, err
@@ -567,4 +591,17 @@ func (s *sseState) line(b []byte) {
 			}
 		}
 	}
+}
+
+// mayHaveBilled reports whether a failed attempt may have been billed: an
+// answer cut or unreadable after a 2xx, or a connection lost (or timed out)
+// after the request went out whole.
+func (x *exchange) mayHaveBilled(o anthropic.Outcome) bool {
+	switch o.ErrorType {
+	case anthropic.ErrTypeTruncated, anthropic.ErrTypeNotMessage:
+		return true
+	case anthropic.ErrTypeConnection:
+		return x.wrote.Load()
+	}
+	return false
 }

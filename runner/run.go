@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"time"
 
 	"github.com/apidispatch/apidispatch/batch"
@@ -168,6 +169,17 @@ func Run(ctx context.Context, cfg Config) Outcome {
 			return out
 		}
 	}
+	open, err := openBatches(ctx, job.Store)
+	if err != nil {
+		out.Code, out.Err = ExitIncomplete, fmt.Errorf("reading the run's batches: %w", err)
+		return out
+	}
+	if len(open) > 0 && cfg.Route == RouteSync {
+		// Their items are still pending: a sync run would send them again
+		// and the API bill them twice when the batches end.
+		out.Code, out.Err = ExitRefused, fmt.Errorf("%d batches of this run are still open on the API (%s): their items would be sent and paid twice by sync; rerun with --route batch (or auto) to re-attach and harvest them, adding --cancel to cancel them first", len(open), strings.Join(open, ", "))
+		return out
+	}
 	if cfg.Sync.Spend == nil {
 		// One spend gate for the whole run (the pilot and every route),
 		// seeded with what the run directory spent before: a resume goes
@@ -186,7 +198,9 @@ func Run(ctx context.Context, cfg Config) Outcome {
 	x := Exec{Route: cfg.Route, Sync: cfg.Sync, OnEngine: cfg.OnEngine, OnBatch: cfg.OnBatch,
 		Batch: batch.Config{Size: cfg.BatchSize, Cancel: cfg.Cancel, QueueCap: queueCaps(cfg.Limits, orgNames), RPM: batchRPM(cfg.Limits, orgNames)}}
 
-	if cfg.Pilot > 0 && cfg.Pilot < ws.N && !cfg.Cancel {
+	if cfg.Pilot > 0 && cfg.Pilot < ws.N && !cfg.Cancel && len(open) == 0 {
+		// (With batches open the pilot is past: its sync sends would not
+		// skip the items they hold.)
 		if cfg.Route != RouteSync {
 			// The pilot measures what requests cost before the rest are
 			// sent; a batch would take up to 24 h to say it.
@@ -444,4 +458,25 @@ func RotationReminders(orgs []org.Org, now time.Time) []string {
 		}
 	}
 	return out
+}
+
+// openBatches names the run's batches still open on the API ("id on org, N
+// requests", or the record's number before its id is known).
+func openBatches(ctx context.Context, st store.Store) ([]string, error) {
+	bs, err := st.Batches(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var open []string
+	for _, b := range bs {
+		if !b.Status.Open() {
+			continue
+		}
+		id := b.ID
+		if id == "" {
+			id = fmt.Sprintf("batch %d (create unconfirmed)", b.Local)
+		}
+		open = append(open, fmt.Sprintf("%s on %s, %d requests", id, b.Org, b.N))
+	}
+	return open, nil
 }

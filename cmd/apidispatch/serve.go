@@ -167,6 +167,9 @@ flags:`)
 	g, err := gateway.New(cfg)
 	if err != nil {
 		errf(stderr, "%v", err)
+		if errors.Is(err, gateway.ErrStateDirBusy) {
+			return exitRefused
+		}
 		return exitUsage
 	}
 	defer g.Close()
