@@ -28,10 +28,12 @@ import (
 	"time"
 
 	"github.com/apidispatch/apidispatch/anthropic"
+	"github.com/apidispatch/apidispatch/apihttp"
 	"github.com/apidispatch/apidispatch/cost"
 	"github.com/apidispatch/apidispatch/dispatch"
 	"github.com/apidispatch/apidispatch/org"
 	"github.com/apidispatch/apidispatch/plan"
+	"github.com/apidispatch/apidispatch/spend"
 )
 
 // Limits of request bodies, as the API's (anthropic-api.md §3, §6).
@@ -82,12 +84,15 @@ type Config struct {
 	// dispatch.NewLane; the shared budget's with --shared).
 	Lane    dispatch.LaneConfig
 	NewGate func(dispatch.LaneConfig) dispatch.Gate
-	// HTTPClient sends upstream (default: dispatch.NewTransport). The one
-	// client with CheckRedirect of the sibling work plugs in here.
+	// HTTPClient sends upstream, for sync requests and gateway batches
+	// (default: apihttp.NewClient). Whatever it is, the gateway uses a copy
+	// guarded by apihttp.Guard: no redirect is followed, so no upstream key
+	// leaves for another host.
 	HTTPClient *http.Client
-	// Spend, when set, replaces the gateway's own Ledger as the spend
-	// check (the run-wide spend gate); the ledger still records.
-	Spend Spend
+	// Spend, when set, is the gateway's spend gate (its cap replaces
+	// MaxCost; it is not seeded from the ledger); every client's gate is
+	// its child. Default: spend.New with MaxCost, seeded from the ledger.
+	Spend *spend.Gate
 	Log   *slog.Logger
 	// Limits, when set, gives gateway batches the orgs' batch queue caps.
 	Limits *plan.Limits
@@ -100,7 +105,8 @@ type Gateway struct {
 	client  *http.Client
 	lanes   *laneSet
 	ledger  *Ledger
-	spend   Spend
+	gate    *spend.Gate            // the gateway's (--max-cost)
+	gates   map[string]*spend.Gate // each client's, children of gate
 	tokens  []tokenEntry
 	orgs    []*upstream
 	rl      *rateAgg
@@ -158,11 +164,10 @@ func New(cfg Config) (*Gateway, error) {
 		return nil, fmt.Errorf("gateway: state dir: %w", err)
 	}
 	g := &Gateway{cfg: cfg, base: strings.TrimSuffix(base.String(), "/"), log: cfg.Log, rl: newRateAgg()}
-	g.client = cfg.HTTPClient
+	g.client = apihttp.Guard(cfg.HTTPClient)
 	if g.client == nil {
-		g.client = &http.Client{Transport: dispatch.NewTransport(4096)}
+		g.client = apihttp.NewClient(nil, 4096, 0)
 	}
-	caps := map[string]cost.Nanos{}
 	seen := map[string]bool{}
 	for _, c := range cfg.Clients {
 		if c.Name == "" || c.Token == "" {
@@ -173,9 +178,6 @@ func New(cfg Config) (*Gateway, error) {
 		}
 		seen[c.Name] = true
 		g.tokens = append(g.tokens, tokenEntry{sum: sha256.Sum256([]byte(c.Token)), client: c.Name})
-		if c.MaxCost > 0 {
-			caps[c.Name] = c.MaxCost
-		}
 	}
 	for _, o := range cfg.Orgs {
 		g.orgs = append(g.orgs, &upstream{Org: o})
@@ -185,12 +187,15 @@ func New(cfg Config) (*Gateway, error) {
 		return dc.CapFor(model)
 	}
 	g.lanes = newLaneSet(g.orgs, cfg.Lane, capFor, cfg.Speed, cfg.NewGate)
-	if g.ledger, err = OpenLedger(filepath.Join(cfg.StateDir, ledgerFile), caps, cfg.MaxCost); err != nil {
+	if g.ledger, err = OpenLedger(filepath.Join(cfg.StateDir, ledgerFile)); err != nil {
 		return nil, err
 	}
-	g.spend = g.ledger
-	if cfg.Spend != nil {
-		g.spend = cfg.Spend
+	if g.gate = cfg.Spend; g.gate == nil {
+		g.gate = spend.New("the gateway's --max-cost", cfg.MaxCost, g.ledger.totalSpent())
+	}
+	g.gates = map[string]*spend.Gate{}
+	for _, c := range cfg.Clients {
+		g.gates[c.Name] = g.gate.Child("client "+c.Name+"'s max_cost", c.MaxCost, g.ledger.spent(c.Name))
 	}
 	g.ctx, g.cancel = context.WithCancel(context.Background())
 	g.mux = http.NewServeMux()
@@ -354,6 +359,12 @@ type Status struct {
 // Status returns the gateway's state now.
 func (g *Gateway) Status() Status {
 	cl, tot := g.ledger.Totals()
+	for i := range cl {
+		if cg := g.gates[cl[i].Client]; cg != nil {
+			cl[i].CapUSD, cl[i].InFlight = cg.Cap().USD(), (cg.Reserved() + cg.Held()).USD()
+		}
+	}
+	tot.CapUSD, tot.InFlight = g.gate.Cap().USD(), (g.gate.Reserved() + g.gate.Held()).USD()
 	s := Status{Clients: cl, Total: tot, Queued: g.lanes.queued(), Lanes: g.lanes.snapshots(time.Now()),
 		Requests: g.stats.requests.Load(), Attempts: g.stats.upstreamAttempts.Load(), Retries: g.stats.retries.Load(),
 		Abandoned: g.stats.abandoned.Load(), RefusedAt: g.stats.refusedCap.Load(), Batches: g.batches.counts()}

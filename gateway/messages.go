@@ -97,7 +97,7 @@ func (g *Gateway) messages(w http.ResponseWriter, r *http.Request, client string
 	est := workload.EstimateInputTokens(body)
 	// Tokens never outnumber bytes, so the body's length bounds the input.
 	worst, _ := g.cfg.Prices.WorstCase(p.Model, max(est, int64(len(body))), *p.MaxTokens)
-	hold, err := g.spend.Reserve(client, worst)
+	hold, err := g.reserve(client, worst)
 	if err != nil {
 		g.stats.refusedCap.Add(1)
 		writeCapError(w, err)
@@ -124,7 +124,7 @@ type exchange struct {
 	client   string
 	body     []byte
 	p        msgParams
-	hold     Hold
+	hold     *hold
 	demand   dispatch.Demand
 	attempts int
 	settled  bool
