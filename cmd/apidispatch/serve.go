@@ -70,6 +70,17 @@ flags:`)
 		fs.Usage()
 		return exitUsage
 	}
+	// The gateway does not serve from the result cache: a --cache given on
+	// the command line is refused, one from the environment left out.
+	if cf.path != "" {
+		given := false
+		fs.Visit(func(f *flag.Flag) { given = given || f.Name == "cache" || f.Name == "cache-mode" || f.Name == "cache-sampled" })
+		if given {
+			errf(stderr, "--cache: the gateway does not serve from the result cache: every request is sent (leave out --cache, --cache-mode and --cache-sampled)")
+			return exitUsage
+		}
+		fmt.Fprintf(stderr, "note: APIDISPATCH_CACHE=%s is not used: the gateway does not serve from the result cache\n", cf.path)
+	}
 	logger := newLogger(stderr, *quiet)
 	if !gateway.IsLoopback(*listen) && (*tlsCert == "" || *tlsKey == "") {
 		errf(stderr, "--listen %s is not loopback: serving beyond loopback needs --tls-cert and --tls-key", *listen)
@@ -129,16 +140,6 @@ flags:`)
 		clients = []gateway.Client{{Name: "default", Token: tok}}
 		oneToken = tok
 	}
-	rc, _, err := cf.open(true)
-	if err != nil {
-		errf(stderr, "%v", err)
-		return exitUsage
-	}
-	if rc != nil {
-		defer rc.Close()
-		fmt.Fprintln(stderr, "warning: --cache is not used by the gateway yet; requests are sent")
-	}
-
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	cfg := gateway.Config{
