@@ -74,7 +74,9 @@ flags:`)
 	// the command line is refused, one from the environment left out.
 	if cf.path != "" {
 		given := false
-		fs.Visit(func(f *flag.Flag) { given = given || f.Name == "cache" || f.Name == "cache-mode" || f.Name == "cache-sampled" })
+		fs.Visit(func(f *flag.Flag) {
+			given = given || f.Name == "cache" || f.Name == "cache-mode" || f.Name == "cache-sampled"
+		})
 		if given {
 			errf(stderr, "--cache: the gateway does not serve from the result cache: every request is sent (leave out --cache, --cache-mode and --cache-sampled)")
 			return exitUsage
