@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -385,5 +386,21 @@ func TestClientCapSharedBySyncAndBatch(t *testing.T) {
 	}
 	if ok.Load() == 0 || refused.Load() == 0 || batchItems == 0 {
 		t.Errorf("%d sync answered, %d refused, %d batch items billed: want all three (else the cap was not shared)", ok.Load(), refused.Load(), batchItems)
+	}
+	// The status shows both clients (b spent nothing), a's cap and the
+	// spend by org, gateway batches apart (the preset has an org named
+	// "batch").
+	g.Ledger().Flush()
+	st := g.Status()
+	if len(st.Clients) != 2 || st.Clients[0].Client != "a" || st.Clients[0].CapUSD != capN.USD() || st.Clients[0].InFlight != 0 ||
+		st.Clients[1].Client != "b" || st.Clients[1].SpentUSD != 0 {
+		t.Errorf("status clients %+v", st.Clients)
+	}
+	sum := 0.0
+	for _, v := range st.OrgSpend {
+		sum += v
+	}
+	if st.OrgSpend[OrgGatewayBatches] <= 0 || len(st.OrgSpend) < 2 || math.Abs(sum-st.Total.SpentUSD) > 1e-9 || st.Batches["ended"] != 1 {
+		t.Errorf("status spend by org %v (total %v), batches %v", st.OrgSpend, st.Total.SpentUSD, st.Batches)
 	}
 }

@@ -22,6 +22,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -354,11 +355,24 @@ type Status struct {
 	RefusedAt int64                   `json:"refused_by_cap"`
 	Orgs      map[string]string       `json:"orgs_out_of_rotation,omitempty"`
 	Batches   map[string]int          `json:"batches"`
+	// OrgSpend is what the ledger holds by org, in US dollars; gateway
+	// batches, which span orgs, under OrgGatewayBatches.
+	OrgSpend map[string]float64 `json:"spend_by_org_usd,omitempty"`
 }
 
 // Status returns the gateway's state now.
 func (g *Gateway) Status() Status {
 	cl, tot := g.ledger.Totals()
+	listed := map[string]bool{}
+	for _, c := range cl {
+		listed[c.Client] = true
+	}
+	for _, c := range g.cfg.Clients {
+		if !listed[c.Name] {
+			cl = append(cl, ClientSpend{Client: c.Name})
+		}
+	}
+	sort.Slice(cl, func(i, j int) bool { return cl[i].Client < cl[j].Client })
 	for i := range cl {
 		if cg := g.gates[cl[i].Client]; cg != nil {
 			cl[i].CapUSD, cl[i].InFlight = cg.Cap().USD(), (cg.Reserved() + cg.Held()).USD()
@@ -368,6 +382,12 @@ func (g *Gateway) Status() Status {
 	s := Status{Clients: cl, Total: tot, Queued: g.lanes.queued(), Lanes: g.lanes.snapshots(time.Now()),
 		Requests: g.stats.requests.Load(), Attempts: g.stats.upstreamAttempts.Load(), Retries: g.stats.retries.Load(),
 		Abandoned: g.stats.abandoned.Load(), RefusedAt: g.stats.refusedCap.Load(), Batches: g.batches.counts()}
+	for o, v := range g.ledger.ByOrg() {
+		if s.OrgSpend == nil {
+			s.OrgSpend = map[string]float64{}
+		}
+		s.OrgSpend[o] = v.USD()
+	}
 	for _, u := range g.orgs {
 		if r := u.Disabled(); r != "" {
 			if s.Orgs == nil {

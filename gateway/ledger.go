@@ -106,7 +106,7 @@ func (l *Ledger) addLocked(e Entry) {
 	if e.Cost != 0 {
 		org := e.Org
 		if org == "" {
-			org = e.Route // a gateway batch spans orgs
+			org = OrgGatewayBatches // a gateway batch spans orgs
 		}
 		if l.total.byOrg == nil {
 			l.total.byOrg = map[string]cost.Nanos{}
@@ -209,8 +209,13 @@ func (l *Ledger) spent(client string) cost.Nanos {
 	return 0
 }
 
+// OrgGatewayBatches is the key of ByOrg (and Status.OrgSpend) under which
+// gateway batches are counted: a batch spans orgs. Its parentheses keep it
+// apart from any org's name.
+const OrgGatewayBatches = "(gateway batches)"
+
 // ByOrg returns what the ledger holds by org (sync answers) and, under
-// "batch", what gateway batches cost (a batch spans orgs).
+// OrgGatewayBatches, what gateway batches cost.
 func (l *Ledger) ByOrg() map[string]cost.Nanos {
 	l.mu.Lock()
 	defer l.mu.Unlock()

@@ -17,6 +17,7 @@ import (
 	"github.com/apidispatch/apidispatch/cost"
 	"github.com/apidispatch/apidispatch/dispatch"
 	"github.com/apidispatch/apidispatch/gateway"
+	"github.com/apidispatch/apidispatch/metrics"
 	"github.com/apidispatch/apidispatch/plan"
 )
 
@@ -158,6 +159,7 @@ flags:`)
 		sb.Start()
 		defer sb.Close()
 	}
+	var mset *metrics.Metrics
 	if *metricsAddr != "" {
 		m, err := startMetrics(*metricsAddr, stderr)
 		if err != nil {
@@ -166,6 +168,7 @@ flags:`)
 		}
 		defer m.Close()
 		cfg.NewGate = m.Wrap(cfg.NewGate)
+		mset = m.Metrics
 	}
 	g, err := gateway.New(cfg)
 	if err != nil {
@@ -173,6 +176,12 @@ flags:`)
 		return exitUsage
 	}
 	defer g.Close()
+	if mset != nil {
+		if err := mset.Gateway(func() metrics.GatewayStats { return gatewayStats(g.Status()) }); err != nil {
+			errf(stderr, "--metrics: %v", err)
+			return exitUsage
+		}
+	}
 	ln, err := net.Listen("tcp", *listen)
 	if err != nil {
 		errf(stderr, "--listen %s: %v", *listen, err)
@@ -214,4 +223,13 @@ flags:`)
 		srv.Shutdown(sctx)
 	}
 	return exitOK
+}
+
+// gatewayStats is the gateway's status as its Prometheus metrics read it.
+func gatewayStats(st gateway.Status) metrics.GatewayStats {
+	out := metrics.GatewayStats{OrgSpentUSD: st.OrgSpend, Queued: st.Queued, Batches: st.Batches}
+	for _, c := range st.Clients {
+		out.Clients = append(out.Clients, metrics.ClientSpend{Client: c.Client, SpentUSD: c.SpentUSD, ReservedUSD: c.InFlight, CapUSD: c.CapUSD})
+	}
+	return out
 }
