@@ -15,12 +15,13 @@ import (
 // sync requests share one cap. The ledger is the durable record the gates
 // are seeded from at start.
 
-// clientGate returns client's spend gate.
+// clientGate returns client's spend gate, or the gateway's for a client
+// no longer in the clients file (a batch it left open, resumed).
 func (g *Gateway) clientGate(client string) *spend.Gate {
 	if cg := g.gates[client]; cg != nil {
 		return cg
 	}
-	return g.gate // never: every authenticated client has a gate
+	return g.gate
 }
 
 // hold is one reservation in a client's gate, recorded in the ledger when
