@@ -22,6 +22,7 @@ import (
 	"github.com/apidispatch/apidispatch/cost"
 	"github.com/apidispatch/apidispatch/dispatch"
 	"github.com/apidispatch/apidispatch/runner"
+	"github.com/apidispatch/apidispatch/spend"
 	"github.com/apidispatch/apidispatch/store"
 	"github.com/apidispatch/apidispatch/workload"
 )
@@ -78,7 +79,12 @@ type gwBatch struct {
 	st        store.Store // the running job's store, for live counts (nil otherwise)
 	cancel    context.CancelFunc
 	cancelReq chan struct{} // closed by a cancel request
-	hold      Hold
+	// hold is the batch's worst case in its client's gate from its create
+	// (or the gateway's start) until runner first opens its run directory;
+	// gate is then the child of the client's gate, capped at the worst
+	// case, that runner reserves every request and upstream batch in.
+	hold *hold
+	gate *spend.Gate
 }
 
 // batchStore is the gateway's batches: one directory each, executed by
@@ -125,9 +131,9 @@ func openBatchStore(g *Gateway) (*batchStore, error) {
 	}
 	for _, gb := range s.byID {
 		if gb.meta.Status != statusEnded {
-			// Re-reserve its worst case (the cap may have moved; the batch
-			// runs under its own MaxCost either way).
-			gb.hold, _ = g.spend.Reserve(gb.meta.Client, gb.meta.WorstNanos)
+			// Hold its worst case whatever the cap says (it was accepted,
+			// and may have spent already) until runner says what it spent.
+			gb.hold = &hold{g: g, client: gb.meta.Client, res: g.clientGate(gb.meta.Client).Hold(gb.meta.WorstNanos)}
 			s.start(gb)
 		}
 	}
@@ -284,7 +290,7 @@ func (g *Gateway) createBatch(w http.ResponseWriter, r *http.Request, client str
 		buf.Write(line)
 		buf.WriteByte('\n')
 	}
-	hold, err := g.spend.Reserve(client, worst)
+	hold, err := g.reserve(client, worst)
 	if err != nil {
 		g.stats.refusedCap.Add(1)
 		writeCapError(w, err)
@@ -453,13 +459,18 @@ func (s *batchStore) runOnce(ctx context.Context, gb *gwBatch, cancelOpen bool) 
 	}
 	sync := dispatch.Config{
 		Orgs: g.cfg.Orgs, BaseURL: g.cfg.BaseURL, Caps: g.cfg.Caps, Speed: g.cfg.Speed, Prices: g.cfg.Prices,
-		MaxCost: m.WorstNanos, Client: g.client, Log: g.log, NewGate: g.lanes.engineGate, Lane: g.cfg.Lane,
+		Client: g.client, Log: g.log, NewGate: g.lanes.engineGate, Lane: g.cfg.Lane,
 	}
 	cfg := runner.Config{
 		Input: filepath.Join(gb.dir, batchRequests), RunDir: filepath.Join(gb.dir, batchRun), Prices: g.cfg.Prices,
 		Sync: sync, Confirm: true, Route: route, Cancel: cancelOpen, Limits: g.cfg.Limits,
 		Deadline: time.Duration(m.DeadlineS * float64(time.Second)),
-		OnJob: func(job *dispatch.Job, _ *dispatch.Config) (func(), error) {
+		OnJob: func(job *dispatch.Job, sc *dispatch.Config) (func(), error) {
+			bg, err := s.batchGate(ctx, gb, job.Store)
+			if err != nil {
+				return nil, err
+			}
+			sc.Spend = bg
 			gb.mu.Lock()
 			gb.st = job.Store
 			gb.mu.Unlock()
@@ -471,6 +482,34 @@ func (s *batchStore) runOnce(ctx context.Context, gb *gwBatch, cancelOpen bool) 
 		},
 	}
 	return runner.Run(ctx, cfg)
+}
+
+// batchGate returns gb's spend gate for runner: a child of its client's
+// gate capped at the batch's worst case. Made the first time in this
+// process, it is seeded with what the run directory spent already (a
+// resumed batch), which is added to the client's gate as spent, and the
+// batch's hold of its worst case is freed: from then on runner reserves
+// each request and upstream batch in the client's gate, beside the
+// client's sync requests.
+func (s *batchStore) batchGate(ctx context.Context, gb *gwBatch, st store.Store) (*spend.Gate, error) {
+	gb.mu.Lock()
+	defer gb.mu.Unlock()
+	if gb.gate != nil {
+		return gb.gate, nil
+	}
+	agg, err := st.Aggregate(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("reading what the gateway batch spent: %w", err)
+	}
+	spent := cost.Nanos(agg.CostNanos)
+	cg := s.g.clientGate(gb.meta.Client)
+	if spent > 0 {
+		cg.Hold(spent).Settle(spent)
+	}
+	gb.gate = cg.Child("gateway batch "+gb.meta.ID+"'s worst case", gb.meta.WorstNanos, spent)
+	gb.hold.release()
+	gb.hold = nil
+	return gb.gate, nil
 }
 
 // finalize writes gb's results in the API's format (pending items as
@@ -486,15 +525,21 @@ func (s *batchStore) finalize(gb *gwBatch, canceled, expired bool, out runner.Ou
 		g.log.Error("gateway batch: writing results", "batch", m.ID, "error", err)
 		return // stays open; the next start finishes it
 	}
+	gb.mu.Lock()
+	h := gb.hold
+	gb.hold = nil
+	gb.mu.Unlock()
+	// Without a hold, runner's reservations in the batch's gate have
+	// charged the client's gate already: the ledger only records.
 	if !g.ledger.billed(m.ID) {
 		e := Entry{Cost: costN, Route: "batch", BatchID: m.ID}
-		if gb.hold != nil {
-			gb.hold.Settle(e)
+		if h != nil {
+			h.Settle(e)
 		} else {
 			g.ledger.record(m.Client, e)
 		}
-	} else if gb.hold != nil {
-		gb.hold.Settle(Entry{})
+	} else {
+		h.release()
 	}
 	if err := g.ledger.Flush(); err != nil {
 		g.log.Error("gateway batch: writing the ledger", "batch", m.ID, "error", err)

@@ -4,11 +4,15 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -314,5 +318,89 @@ func TestSyncRouteBatchSharesTheGatewayLanes(t *testing.T) {
 	_, tot := g.Ledger().Totals()
 	if tot.SpentUSD != cost.Nanos(run.Server.LedgerTotals().CostNanos).USD() {
 		t.Errorf("ledger $%v, simulator billed %d n$", tot.SpentUSD, run.Server.LedgerTotals().CostNanos)
+	}
+}
+
+// TestClientCapSharedBySyncAndBatch: a client with a max_cost sending sync
+// requests while its gateway batch runs is never billed past its cap on
+// the simulator's ledger: runner reserves the batch's requests in the
+// client's own spend gate, beside its sync requests (a batch run under a
+// gate of its own, as before package spend, let the sync requests use the
+// whole cap beside it).
+func TestClientCapSharedBySyncAndBatch(t *testing.T) {
+	run, _ := simtest.Start(t, sim.PresetOrigin3Org, 1000, func(c *sim.Config) {
+		for i := range c.Orgs {
+			c.Orgs[i].Batch.QueueWaitS = 500 // 0.5 s at K=1000
+		}
+	})
+	capN := cost.Nanos(60_000_000) // $0.06
+	g, srv := startGW(t, run, func(c *Config) { c.Clients[0].MaxCost = capN })
+	c := sdkClient(srv.URL, tokA)
+	ctx := context.Background()
+	var reqs []sdk.MessageBatchNewParamsRequest
+	for i := range 8 {
+		reqs = append(reqs, batchReq(fmt.Sprintf("s-%d", i), i))
+	}
+	b, err := c.Messages.Batches.New(ctx, sdk.MessageBatchNewParams{Requests: reqs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Sync requests, 8 at a time, until the batch has ended or the cap
+	// refuses them all for a while.
+	var ok, refused atomic.Int64
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for w := range 8 {
+		wg.Go(func() {
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				_, err := c.Messages.New(ctx, judgeParams(1000*w+i))
+				var apiErr *sdk.Error
+				switch {
+				case err == nil:
+					ok.Add(1)
+				case errors.As(err, &apiErr) && apiErr.StatusCode == 400 && strings.Contains(apiErr.Error(), "max_cost $0.06"):
+					refused.Add(1)
+					time.Sleep(5 * time.Millisecond)
+				default:
+					t.Errorf("sync request: %v", err)
+					return
+				}
+			}
+		})
+	}
+	e := waitEnded(t, &c, b.ID)
+	close(stop)
+	wg.Wait()
+	waitIdle(t, g)
+	billed := cost.Nanos(run.Server.LedgerTotals().CostNanos)
+	batchN, batchItems, _ := sim.BatchBilling(run.Server.Ledger())
+	t.Logf("cap %s: billed %s (batch %d items %s), %d sync answered, %d refused; batch counts %s",
+		capN, billed, batchItems, cost.Nanos(batchN), ok.Load(), refused.Load(), e.RequestCounts.RawJSON())
+	if billed > capN {
+		t.Errorf("billed %s past the client's cap %s", billed, capN)
+	}
+	if ok.Load() == 0 || refused.Load() == 0 || batchItems == 0 {
+		t.Errorf("%d sync answered, %d refused, %d batch items billed: want all three (else the cap was not shared)", ok.Load(), refused.Load(), batchItems)
+	}
+	// The status shows both clients (b spent nothing), a's cap and the
+	// spend by org, gateway batches apart (the preset has an org named
+	// "batch").
+	g.Ledger().Flush()
+	st := g.Status()
+	if len(st.Clients) != 2 || st.Clients[0].Client != "a" || st.Clients[0].CapUSD != capN.USD() || st.Clients[0].InFlight != 0 ||
+		st.Clients[1].Client != "b" || st.Clients[1].SpentUSD != 0 {
+		t.Errorf("status clients %+v", st.Clients)
+	}
+	sum := 0.0
+	for _, v := range st.OrgSpend {
+		sum += v
+	}
+	if st.OrgSpend[OrgGatewayBatches] <= 0 || len(st.OrgSpend) < 2 || math.Abs(sum-st.Total.SpentUSD) > 1e-9 || st.Batches["ended"] != 1 {
+		t.Errorf("status spend by org %v (total %v), batches %v", st.OrgSpend, st.Total.SpentUSD, st.Batches)
 	}
 }

@@ -22,16 +22,19 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/apidispatch/apidispatch/anthropic"
+	"github.com/apidispatch/apidispatch/apihttp"
 	"github.com/apidispatch/apidispatch/cost"
 	"github.com/apidispatch/apidispatch/dispatch"
 	"github.com/apidispatch/apidispatch/org"
 	"github.com/apidispatch/apidispatch/plan"
+	"github.com/apidispatch/apidispatch/spend"
 )
 
 // Limits of request bodies, as the API's (anthropic-api.md §3, §6).
@@ -83,12 +86,15 @@ type Config struct {
 	// dispatch.NewLane; the shared budget's with --shared).
 	Lane    dispatch.LaneConfig
 	NewGate func(dispatch.LaneConfig) dispatch.Gate
-	// HTTPClient sends upstream (default: dispatch.NewTransport). The one
-	// client with CheckRedirect of the sibling work plugs in here.
+	// HTTPClient sends upstream, for sync requests and gateway batches
+	// (default: apihttp.NewClient). Whatever it is, the gateway uses a copy
+	// guarded by apihttp.Guard: no redirect is followed, so no upstream key
+	// leaves for another host.
 	HTTPClient *http.Client
-	// Spend, when set, replaces the gateway's own Ledger as the spend
-	// check (the run-wide spend gate); the ledger still records.
-	Spend Spend
+	// Spend, when set, is the gateway's spend gate (its cap replaces
+	// MaxCost; it is not seeded from the ledger); every client's gate is
+	// its child. Default: spend.New with MaxCost, seeded from the ledger.
+	Spend *spend.Gate
 	Log   *slog.Logger
 	// Limits, when set, gives gateway batches the orgs' batch queue caps.
 	Limits *plan.Limits
@@ -101,7 +107,8 @@ type Gateway struct {
 	client  *http.Client
 	lanes   *laneSet
 	ledger  *Ledger
-	spend   Spend
+	gate    *spend.Gate            // the gateway's (--max-cost)
+	gates   map[string]*spend.Gate // each client's, children of gate
 	tokens  []tokenEntry
 	orgs    []*upstream
 	rl      *rateAgg
@@ -160,11 +167,10 @@ func New(cfg Config) (*Gateway, error) {
 		return nil, fmt.Errorf("gateway: state dir: %w", err)
 	}
 	g := &Gateway{cfg: cfg, base: strings.TrimSuffix(base.String(), "/"), log: cfg.Log, rl: newRateAgg()}
-	g.client = cfg.HTTPClient
+	g.client = apihttp.Guard(cfg.HTTPClient)
 	if g.client == nil {
-		g.client = &http.Client{Transport: dispatch.NewTransport(4096)}
+		g.client = apihttp.NewClient(nil, 4096, 0)
 	}
-	caps := map[string]cost.Nanos{}
 	seen := map[string]bool{}
 	for _, c := range cfg.Clients {
 		if c.Name == "" || c.Token == "" {
@@ -175,9 +181,6 @@ func New(cfg Config) (*Gateway, error) {
 		}
 		seen[c.Name] = true
 		g.tokens = append(g.tokens, tokenEntry{sum: sha256.Sum256([]byte(c.Token)), client: c.Name})
-		if c.MaxCost > 0 {
-			caps[c.Name] = c.MaxCost
-		}
 	}
 	for _, o := range cfg.Orgs {
 		g.orgs = append(g.orgs, &upstream{Org: o})
@@ -194,13 +197,16 @@ func New(cfg Config) (*Gateway, error) {
 		return nil, err
 	}
 	g.lock = lock
-	if g.ledger, err = OpenLedger(filepath.Join(cfg.StateDir, ledgerFile), caps, cfg.MaxCost); err != nil {
+	if g.ledger, err = OpenLedger(filepath.Join(cfg.StateDir, ledgerFile)); err != nil {
 		lock.Close()
 		return nil, err
 	}
-	g.spend = g.ledger
-	if cfg.Spend != nil {
-		g.spend = cfg.Spend
+	if g.gate = cfg.Spend; g.gate == nil {
+		g.gate = spend.New("the gateway's --max-cost", cfg.MaxCost, g.ledger.totalSpent())
+	}
+	g.gates = map[string]*spend.Gate{}
+	for _, c := range cfg.Clients {
+		g.gates[c.Name] = g.gate.Child("client "+c.Name+"'s max_cost", c.MaxCost, g.ledger.spent(c.Name))
 	}
 	g.ctx, g.cancel = context.WithCancel(context.Background())
 	g.mux = http.NewServeMux()
@@ -362,14 +368,39 @@ type Status struct {
 	RefusedAt int64                   `json:"refused_by_cap"`
 	Orgs      map[string]string       `json:"orgs_out_of_rotation,omitempty"`
 	Batches   map[string]int          `json:"batches"`
+	// OrgSpend is what the ledger holds by org, in US dollars; gateway
+	// batches, which span orgs, under OrgGatewayBatches.
+	OrgSpend map[string]float64 `json:"spend_by_org_usd,omitempty"`
 }
 
 // Status returns the gateway's state now.
 func (g *Gateway) Status() Status {
 	cl, tot := g.ledger.Totals()
+	listed := map[string]bool{}
+	for _, c := range cl {
+		listed[c.Client] = true
+	}
+	for _, c := range g.cfg.Clients {
+		if !listed[c.Name] {
+			cl = append(cl, ClientSpend{Client: c.Name})
+		}
+	}
+	sort.Slice(cl, func(i, j int) bool { return cl[i].Client < cl[j].Client })
+	for i := range cl {
+		if cg := g.gates[cl[i].Client]; cg != nil {
+			cl[i].CapUSD, cl[i].InFlight = cg.Cap().USD(), (cg.Reserved() + cg.Held()).USD()
+		}
+	}
+	tot.CapUSD, tot.InFlight = g.gate.Cap().USD(), (g.gate.Reserved() + g.gate.Held()).USD()
 	s := Status{Clients: cl, Total: tot, Queued: g.lanes.queued(), Lanes: g.lanes.snapshots(time.Now()),
 		Requests: g.stats.requests.Load(), Attempts: g.stats.upstreamAttempts.Load(), Retries: g.stats.retries.Load(),
 		Abandoned: g.stats.abandoned.Load(), RefusedAt: g.stats.refusedCap.Load(), Batches: g.batches.counts()}
+	for o, v := range g.ledger.ByOrg() {
+		if s.OrgSpend == nil {
+			s.OrgSpend = map[string]float64{}
+		}
+		s.OrgSpend[o] = v.USD()
+	}
 	for _, u := range g.orgs {
 		if r := u.Disabled(); r != "" {
 			if s.Orgs == nil {

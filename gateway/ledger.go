@@ -14,24 +14,6 @@ import (
 	"github.com/apidispatch/apidispatch/cost"
 )
 
-// Spend is the per-client spend check the gateway consumes: before a
-// request is sent, its worst case is reserved against the client's and the
-// gateway's caps; once it is answered the reservation is settled at the
-// actual cost. Ledger is the in-process implementation; the run-wide
-// spend gate (package spend) can take its place.
-type Spend interface {
-	// Reserve holds worst for client, or returns an error wrapping
-	// ErrOverCap (an *OverCapError) when a cap would be passed.
-	Reserve(client string, worst cost.Nanos) (Hold, error)
-}
-
-// Hold is one reservation of Spend.
-type Hold interface {
-	// Settle replaces the reservation by what the request cost; abandoned
-	// marks a request whose client went away before the answer.
-	Settle(e Entry)
-}
-
 // Entry is one priced answer in the ledger.
 type Entry struct {
 	Client    string     `json:"client"`
@@ -45,37 +27,18 @@ type Entry struct {
 	TS        time.Time  `json:"ts"`
 }
 
-// ErrOverCap: a request would pass a client's or the gateway's max_cost.
-var ErrOverCap = errors.New("gateway: max cost reached")
-
-// OverCapError says which cap a request would pass.
-type OverCapError struct {
-	Who      string // "client NAME" or "the gateway"
-	Cap      cost.Nanos
-	Spent    cost.Nanos
-	Reserved cost.Nanos
-	Worst    cost.Nanos
-}
-
-func (e *OverCapError) Error() string {
-	return fmt.Sprintf("%s: max_cost %s would be passed: %s spent, %s reserved by requests in flight, this request may cost up to %s",
-		e.Who, e.Cap, e.Spent, e.Reserved, e.Worst)
-}
-
-// Is makes errors.Is(err, ErrOverCap) true.
-func (e *OverCapError) Is(target error) bool { return target == ErrOverCap }
-
-// account is one client's (or the gateway's) spend.
+// account is one client's (or the gateway's) spend in the ledger.
 type account struct {
-	cap                cost.Nanos
-	spent, reserved    cost.Nanos
+	spent              cost.Nanos
 	requests, abandond int64
+	byOrg              map[string]cost.Nanos
 }
 
-// Ledger prices every answer into a per-client account, persisted as
-// ledger.jsonl (one Entry a line) in the gateway's state directory and
-// summed again at start, so caps hold across restarts. It is safe for
-// concurrent use.
+// Ledger is the durable record of what the gateway spent: every priced
+// answer and every ended gateway batch, one Entry a line of ledger.jsonl
+// in the state directory, summed again at start to seed the spend gates
+// (package spend), so caps hold across restarts. The gates decide; the
+// ledger records. It is safe for concurrent use.
 type Ledger struct {
 	mu      sync.Mutex
 	clients map[string]*account
@@ -86,14 +49,10 @@ type Ledger struct {
 	werr    error
 }
 
-// OpenLedger opens (creating) the ledger file at path, sums what it holds,
-// and sets the caps: caps by client name, and gatewayCap for all (0: none).
-func OpenLedger(path string, caps map[string]cost.Nanos, gatewayCap cost.Nanos) (*Ledger, error) {
+// OpenLedger opens (creating) the ledger file at path ("" for none) and
+// sums what it holds.
+func OpenLedger(path string) (*Ledger, error) {
 	l := &Ledger{clients: map[string]*account{}, batches: map[string]bool{}}
-	l.total.cap = gatewayCap
-	for c, v := range caps {
-		l.clients[c] = &account{cap: v}
-	}
 	if path == "" {
 		return l, nil
 	}
@@ -145,55 +104,22 @@ func (l *Ledger) addLocked(e Entry) {
 	}
 	a.spent += e.Cost
 	a.requests++
+	if e.Cost != 0 {
+		org := e.Org
+		if org == "" {
+			org = OrgGatewayBatches // a gateway batch spans orgs
+		}
+		if l.total.byOrg == nil {
+			l.total.byOrg = map[string]cost.Nanos{}
+		}
+		l.total.byOrg[org] += e.Cost
+	}
 	l.total.spent += e.Cost
 	l.total.requests++
 	if e.Abandoned {
 		a.abandond++
 		l.total.abandond++
 	}
-}
-
-// Reserve implements Spend.
-func (l *Ledger) Reserve(client string, worst cost.Nanos) (Hold, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	a := l.acct(client)
-	if a.cap > 0 && a.spent+a.reserved+worst > a.cap {
-		return nil, &OverCapError{Who: "client " + client, Cap: a.cap, Spent: a.spent, Reserved: a.reserved, Worst: worst}
-	}
-	if l.total.cap > 0 && l.total.spent+l.total.reserved+worst > l.total.cap {
-		return nil, &OverCapError{Who: "the gateway (--max-cost)", Cap: l.total.cap, Spent: l.total.spent, Reserved: l.total.reserved, Worst: worst}
-	}
-	a.reserved += worst
-	l.total.reserved += worst
-	return &ledgerHold{l: l, client: client, worst: worst}, nil
-}
-
-type ledgerHold struct {
-	l      *Ledger
-	client string
-	worst  cost.Nanos
-	done   bool
-}
-
-// Settle implements Hold. A zero-cost entry without a request id (nothing
-// was answered) only frees the reservation.
-func (h *ledgerHold) Settle(e Entry) {
-	l := h.l
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if h.done {
-		return
-	}
-	h.done = true
-	a := l.acct(h.client)
-	a.reserved -= h.worst
-	l.total.reserved -= h.worst
-	if e.Cost == 0 && e.RequestID == "" && e.BatchID == "" {
-		return
-	}
-	e.Client = h.client
-	l.appendLocked(e)
 }
 
 // billed reports whether gateway batch id is in the ledger.
@@ -249,7 +175,8 @@ func (l *Ledger) Close() error {
 	return err
 }
 
-// ClientSpend is one client's line of Totals.
+// ClientSpend is one client's line of Totals. CapUSD and InFlight are
+// the client's spend gate's (filled in by Gateway.Status).
 type ClientSpend struct {
 	Client    string  `json:"client"`
 	SpentUSD  float64 `json:"spent_usd"`
@@ -259,17 +186,52 @@ type ClientSpend struct {
 	Abandoned int64   `json:"abandoned"`
 }
 
-// Totals returns every client's spend, sorted by name, and the gateway's.
+// Totals returns every client's spend in the ledger, sorted by name, and
+// the gateway's.
 func (l *Ledger) Totals() ([]ClientSpend, ClientSpend) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	var out []ClientSpend
 	for c, a := range l.clients {
-		out = append(out, ClientSpend{Client: c, SpentUSD: a.spent.USD(), CapUSD: a.cap.USD(), InFlight: a.reserved.USD(), Requests: a.requests, Abandoned: a.abandond})
+		out = append(out, ClientSpend{Client: c, SpentUSD: a.spent.USD(), Requests: a.requests, Abandoned: a.abandond})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Client < out[j].Client })
 	t := l.total
-	return out, ClientSpend{Client: "*", SpentUSD: t.spent.USD(), CapUSD: t.cap.USD(), InFlight: t.reserved.USD(), Requests: t.requests, Abandoned: t.abandond}
+	return out, ClientSpend{Client: "*", SpentUSD: t.spent.USD(), Requests: t.requests, Abandoned: t.abandond}
+}
+
+// spent is what the ledger holds for client.
+func (l *Ledger) spent(client string) cost.Nanos {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if a := l.clients[client]; a != nil {
+		return a.spent
+	}
+	return 0
+}
+
+// OrgGatewayBatches is the key of ByOrg (and Status.OrgSpend) under which
+// gateway batches are counted: a batch spans orgs. Its parentheses keep it
+// apart from any org's name.
+const OrgGatewayBatches = "(gateway batches)"
+
+// ByOrg returns what the ledger holds by org (sync answers) and, under
+// OrgGatewayBatches, what gateway batches cost.
+func (l *Ledger) ByOrg() map[string]cost.Nanos {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := make(map[string]cost.Nanos, len(l.total.byOrg))
+	for k, v := range l.total.byOrg {
+		out[k] = v
+	}
+	return out
+}
+
+// totalSpent is what the ledger holds for every client.
+func (l *Ledger) totalSpent() cost.Nanos {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.total.spent
 }
 
 // ErrStateDirBusy: another gateway holds the state directory.

@@ -99,7 +99,7 @@ func (g *Gateway) messages(w http.ResponseWriter, r *http.Request, client string
 	est := workload.EstimateInputTokens(body)
 	// Tokens never outnumber bytes, so the body's length bounds the input.
 	worst, _ := g.cfg.Prices.WorstCase(p.Model, max(est, int64(len(body))), *p.MaxTokens)
-	hold, err := g.spend.Reserve(client, worst)
+	hold, err := g.reserve(client, worst)
 	if err != nil {
 		g.stats.refusedCap.Add(1)
 		writeCapError(w, err)
@@ -126,7 +126,7 @@ type exchange struct {
 	client string
 	body   []byte
 	p      msgParams
-	hold   Hold
+	hold   *hold
 	worst  cost.Nanos // one attempt's worst case, reserved in hold
 	// wrote: the current attempt's request went out whole.
 	wrote    atomic.Bool
@@ -196,7 +196,7 @@ func (x *exchange) run() {
 				// (its cost cannot be known), and the retry needs room of
 				// its own under the caps.
 				x.settle(Entry{Cost: x.worst, Org: gr.lane.up.Name})
-				hold, err := g.spend.Reserve(x.client, x.worst)
+				hold, err := g.reserve(x.client, x.worst)
 				if err != nil {
 					g.stats.refusedCap.Add(1)
 					writeCapError(x.w, err)

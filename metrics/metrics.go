@@ -208,3 +208,67 @@ func (m *Metrics) Serve(addr string) (*http.Server, net.Addr, error) {
 	go srv.Serve(ln)
 	return srv, ln.Addr(), nil
 }
+
+// GatewayStats is what a gateway ('apidispatch serve') reports at every
+// scrape.
+type GatewayStats struct {
+	// Clients is each client's spend.
+	Clients []ClientSpend
+	// OrgSpentUSD is what the ledger holds by org; gateway batches, which
+	// span orgs, under a key of their own ("(gateway batches)").
+	OrgSpentUSD map[string]float64
+	// Queued is the requests waiting for a lane.
+	Queued int
+	// Batches is the number of gateway batches by status.
+	Batches map[string]int
+}
+
+// ClientSpend is one gateway client's spend.
+type ClientSpend struct {
+	Client string
+	// SpentUSD is what the ledger holds; ReservedUSD the worst case of
+	// its requests and batches in flight; CapUSD its max_cost (0: none).
+	SpentUSD, ReservedUSD, CapUSD float64
+}
+
+var (
+	descGWSpent    = prometheus.NewDesc("apidispatch_gateway_client_spent_usd", "What the gateway's ledger holds for the client, in US dollars.", []string{"client"}, nil)
+	descGWReserved = prometheus.NewDesc("apidispatch_gateway_client_reserved_usd", "Worst case of the client's requests and batches in flight, in US dollars.", []string{"client"}, nil)
+	descGWCap      = prometheus.NewDesc("apidispatch_gateway_client_max_cost_usd", "The client's max_cost, in US dollars (clients with one only).", []string{"client"}, nil)
+	descGWOrg      = prometheus.NewDesc("apidispatch_gateway_org_spent_usd", "What the gateway's ledger holds by org, in US dollars (gateway batches, which span orgs, as org \"(gateway batches)\").", []string{"org"}, nil)
+	descGWQueued   = prometheus.NewDesc("apidispatch_gateway_queued", "Requests waiting in the gateway for a lane.", nil, nil)
+	descGWBatches  = prometheus.NewDesc("apidispatch_gateway_batches", "Gateway batches by status.", []string{"status"}, nil)
+)
+
+// gatewayCollector reads a gateway's stats at scrape time.
+type gatewayCollector func() GatewayStats
+
+func (gatewayCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descGWSpent, descGWReserved, descGWCap, descGWOrg, descGWQueued, descGWBatches} {
+		ch <- d
+	}
+}
+
+func (f gatewayCollector) Collect(ch chan<- prometheus.Metric) {
+	s := f()
+	for _, c := range s.Clients {
+		ch <- prometheus.MustNewConstMetric(descGWSpent, prometheus.GaugeValue, c.SpentUSD, c.Client)
+		ch <- prometheus.MustNewConstMetric(descGWReserved, prometheus.GaugeValue, c.ReservedUSD, c.Client)
+		if c.CapUSD > 0 {
+			ch <- prometheus.MustNewConstMetric(descGWCap, prometheus.GaugeValue, c.CapUSD, c.Client)
+		}
+	}
+	for o, v := range s.OrgSpentUSD {
+		ch <- prometheus.MustNewConstMetric(descGWOrg, prometheus.GaugeValue, v, o)
+	}
+	ch <- prometheus.MustNewConstMetric(descGWQueued, prometheus.GaugeValue, float64(s.Queued))
+	for st, n := range s.Batches {
+		ch <- prometheus.MustNewConstMetric(descGWBatches, prometheus.GaugeValue, float64(n), st)
+	}
+}
+
+// Gateway adds a gateway's metrics, read from stats at every scrape. Call
+// it once.
+func (m *Metrics) Gateway(stats func() GatewayStats) error {
+	return m.reg.Register(gatewayCollector(stats))
+}

@@ -57,3 +57,55 @@ func TestMetricsCountALane(t *testing.T) {
 		t.Error("served metrics on a non-loopback address")
 	}
 }
+
+// A gateway's spend per client and per org, queue depth and batches by
+// status are read at every scrape.
+func TestGatewayMetrics(t *testing.T) {
+	m := New()
+	n := 0
+	if err := m.Gateway(func() GatewayStats {
+		n++
+		return GatewayStats{
+			Clients:     []ClientSpend{{Client: "a", SpentUSD: 0.25, ReservedUSD: 0.5, CapUSD: 1}, {Client: "b", SpentUSD: float64(n)}},
+			OrgSpentUSD: map[string]float64{"org1": 0.2, "(gateway batches)": 0.05},
+			Queued:      7,
+			Batches:     map[string]int{"in_progress": 2, "ended": 3},
+		}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	srv, addr, err := m.Serve("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	scrape := func() string {
+		resp, err := http.Get("http://" + addr.String() + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return string(b)
+	}
+	scrape()
+	body := scrape()
+	for _, want := range []string{
+		`apidispatch_gateway_client_spent_usd{client="a"} 0.25`,
+		`apidispatch_gateway_client_spent_usd{client="b"} 2`,
+		`apidispatch_gateway_client_reserved_usd{client="a"} 0.5`,
+		`apidispatch_gateway_client_max_cost_usd{client="a"} 1`,
+		`apidispatch_gateway_org_spent_usd{org="org1"} 0.2`,
+		`apidispatch_gateway_org_spent_usd{org="(gateway batches)"} 0.05`,
+		`apidispatch_gateway_queued 7`,
+		`apidispatch_gateway_batches{status="in_progress"} 2`,
+		`apidispatch_gateway_batches{status="ended"} 3`,
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("no %s in the scrape", want)
+		}
+	}
+	if strings.Contains(body, `apidispatch_gateway_client_max_cost_usd{client="b"}`) {
+		t.Error("a client without max_cost has a max_cost metric")
+	}
+}

@@ -17,6 +17,7 @@ import (
 	"github.com/apidispatch/apidispatch/cost"
 	"github.com/apidispatch/apidispatch/dispatch"
 	"github.com/apidispatch/apidispatch/gateway"
+	"github.com/apidispatch/apidispatch/metrics"
 	"github.com/apidispatch/apidispatch/plan"
 )
 
@@ -69,6 +70,19 @@ flags:`)
 	if fs.NArg() != 0 {
 		fs.Usage()
 		return exitUsage
+	}
+	// The gateway does not serve from the result cache: a --cache given on
+	// the command line is refused, one from the environment left out.
+	if cf.path != "" {
+		given := false
+		fs.Visit(func(f *flag.Flag) {
+			given = given || f.Name == "cache" || f.Name == "cache-mode" || f.Name == "cache-sampled"
+		})
+		if given {
+			errf(stderr, "--cache: the gateway does not serve from the result cache: every request is sent (leave out --cache, --cache-mode and --cache-sampled)")
+			return exitUsage
+		}
+		fmt.Fprintf(stderr, "note: APIDISPATCH_CACHE=%s is not used: the gateway does not serve from the result cache\n", cf.path)
 	}
 	logger := newLogger(stderr, *quiet)
 	if !gateway.IsLoopback(*listen) && (*tlsCert == "" || *tlsKey == "") {
@@ -129,16 +143,6 @@ flags:`)
 		clients = []gateway.Client{{Name: "default", Token: tok}}
 		oneToken = tok
 	}
-	rc, _, err := cf.open(true)
-	if err != nil {
-		errf(stderr, "%v", err)
-		return exitUsage
-	}
-	if rc != nil {
-		defer rc.Close()
-		fmt.Fprintln(stderr, "warning: --cache is not used by the gateway yet; requests are sent")
-	}
-
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	cfg := gateway.Config{
@@ -155,6 +159,7 @@ flags:`)
 		sb.Start()
 		defer sb.Close()
 	}
+	var mset *metrics.Metrics
 	if *metricsAddr != "" {
 		m, err := startMetrics(*metricsAddr, stderr)
 		if err != nil {
@@ -163,6 +168,7 @@ flags:`)
 		}
 		defer m.Close()
 		cfg.NewGate = m.Wrap(cfg.NewGate)
+		mset = m.Metrics
 	}
 	g, err := gateway.New(cfg)
 	if err != nil {
@@ -173,6 +179,12 @@ flags:`)
 		return exitUsage
 	}
 	defer g.Close()
+	if mset != nil {
+		if err := mset.Gateway(func() metrics.GatewayStats { return gatewayStats(g.Status()) }); err != nil {
+			errf(stderr, "--metrics: %v", err)
+			return exitUsage
+		}
+	}
 	ln, err := net.Listen("tcp", *listen)
 	if err != nil {
 		errf(stderr, "--listen %s: %v", *listen, err)
@@ -214,4 +226,13 @@ flags:`)
 		srv.Shutdown(sctx)
 	}
 	return exitOK
+}
+
+// gatewayStats is the gateway's status as its Prometheus metrics read it.
+func gatewayStats(st gateway.Status) metrics.GatewayStats {
+	out := metrics.GatewayStats{OrgSpentUSD: st.OrgSpend, Queued: st.Queued, Batches: st.Batches}
+	for _, c := range st.Clients {
+		out.Clients = append(out.Clients, metrics.ClientSpend{Client: c.Client, SpentUSD: c.SpentUSD, ReservedUSD: c.InFlight, CapUSD: c.CapUSD})
+	}
+	return out
 }

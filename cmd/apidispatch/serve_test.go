@@ -178,3 +178,19 @@ func TestServeRefusesPlainHTTPBeyondLoopback(t *testing.T) {
 		t.Errorf("exit %d: %s", code, errb.String())
 	}
 }
+
+// TestServeRefusesCache: the gateway does not serve from the result cache,
+// so a --cache on its command line is refused with a clear error (it was
+// accepted and silently unused before); APIDISPATCH_CACHE alone is left
+// out with a note.
+func TestServeRefusesCache(t *testing.T) {
+	var out, errb bytes.Buffer
+	cachePath := filepath.Join(t.TempDir(), "c.db")
+	code := mainCode([]string{"serve", "--listen", "127.0.0.1:0", "--cache", cachePath}, &out, &errb)
+	if code != exitUsage || !strings.Contains(errb.String(), "--cache: the gateway does not serve from the result cache") {
+		t.Errorf("exit %d: %s", code, errb.String())
+	}
+	if _, err := os.Stat(cachePath); err == nil {
+		t.Error("a refused --cache created its file")
+	}
+}
