@@ -124,6 +124,10 @@ type LaneConfig struct {
 	Mirror ratelimit.MirrorConfig
 	// DefaultOutput is the output-token estimate before any usage is seen.
 	DefaultOutput float64
+
+	// scaled: defaults has divided the time constants by Speed already
+	// (NewLane and the shared gate take defaults, then NewBuckets does).
+	scaled bool
 }
 
 // WithDefaults returns c with its zero fields set to the defaults and its
@@ -158,7 +162,13 @@ func (c *LaneConfig) defaults() {
 	if c.Mirror.Window == 0 {
 		c.Mirror.Window = 10 * time.Second
 	}
-	c.Mirror.Window = time.Duration(float64(c.Mirror.Window) / c.Speed)
+	if !c.scaled {
+		// Once only: taking the defaults twice would shrink the window
+		// to 1/K² and the pace's estimate of others to a few API seconds,
+		// shorter than a colleague's burst and pause.
+		c.Mirror.Window = time.Duration(float64(c.Mirror.Window) / c.Speed)
+		c.scaled = true
+	}
 	c.Mirror.Speed = c.Speed
 	if c.DefaultOutput == 0 {
 		c.DefaultOutput = 128
