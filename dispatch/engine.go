@@ -353,7 +353,10 @@ func New(cfg Config) (*Engine, error) {
 		cfg.CacheMode = cache.ModeReadWrite
 	}
 	if cfg.NewGate == nil {
-		cfg.NewGate = func(c LaneConfig) Gate { return NewLane(c) }
+		cfg.NewGate = func(c LaneConfig) Gate {
+			c.ProbeFirst = true
+			return NewLane(c)
+		}
 	}
 	e := &Engine{cfg: cfg, base: base, log: cfg.Log, lanes: map[anthropic.Pool][]*laneRef{}, ready: map[anthropic.Pool][]*work{},
 		leaders: map[cache.Key]*work{}, followers: map[cache.Key][]*work{}}

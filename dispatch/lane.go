@@ -124,6 +124,16 @@ type LaneConfig struct {
 	Mirror ratelimit.MirrorConfig
 	// DefaultOutput is the output-token estimate before any usage is seen.
 	DefaultOutput float64
+	// ProbeFirst admits one request at a time until the first answer:
+	// the mirrors know no bucket before its headers, and a start-up burst
+	// sent blind drains a bucket a colleague draws on (a run's 429s came
+	// in its first API seconds). The engine's lanes set it; the cost is
+	// one latency at the start.
+	ProbeFirst bool
+
+	// scaled: defaults has divided the time constants by Speed already
+	// (NewLane and the shared gate take defaults, then NewBuckets does).
+	scaled bool
 }
 
 // WithDefaults returns c with its zero fields set to the defaults and its
@@ -158,7 +168,13 @@ func (c *LaneConfig) defaults() {
 	if c.Mirror.Window == 0 {
 		c.Mirror.Window = 10 * time.Second
 	}
-	c.Mirror.Window = time.Duration(float64(c.Mirror.Window) / c.Speed)
+	if !c.scaled {
+		// Once only: taking the defaults twice would shrink the window
+		// to 1/K² and the pace's estimate of others to a few API seconds,
+		// shorter than a colleague's burst and pause.
+		c.Mirror.Window = time.Duration(float64(c.Mirror.Window) / c.Speed)
+		c.scaled = true
+	}
 	c.Mirror.Speed = c.Speed
 	if c.DefaultOutput == 0 {
 		c.DefaultOutput = 128
@@ -187,6 +203,7 @@ type Lane struct {
 	noRAStreak  int // consecutive congestion epochs of 429s without retry-after
 	buckets     *Buckets
 	disabled    string
+	answered    bool // an answer has come back (see TryAdmit)
 }
 
 // NewLane returns a lane controller.
@@ -336,7 +353,7 @@ func (l *Lane) TryAdmit(now time.Time, d Demand) (Permit, time.Duration, bool) {
 		l.holdFrom = time.Time{}
 	}
 	l.grow(now)
-	if l.inFlight >= int(l.limit) {
+	if l.inFlight >= int(l.limit) || (l.cfg.ProbeFirst && !l.answered && l.inFlight > 0) {
 		l.boundAt = now
 		return Permit{}, 0, false
 	}
@@ -359,6 +376,7 @@ func (l *Lane) Done(now time.Time, p Permit, fb Feedback) {
 	defer l.mu.Unlock()
 	l.grow(now)
 	l.inFlight--
+	l.answered = true
 	l.buckets.Done(now, p, fb, 1)
 	o := fb.Outcome
 	if o.Kind == anthropic.Success {

@@ -166,3 +166,20 @@ func TestLaneInputEstimateCorrection(t *testing.T) {
 		t.Fatalf("reserved %+v, want about 1,100 input and 60 output", p.Need)
 	}
 }
+
+// TestLaneProbesOneRequestBeforeTheFirstAnswer: with ProbeFirst a lane
+// sends one request until an answer comes back, then a quarter of the cap.
+// Without it a run sent a quarter of the cap blind before any headers, and
+// its 429s came in its first API seconds.
+func TestLaneProbesOneRequestBeforeTheFirstAnswer(t *testing.T) {
+	t.Parallel()
+	l := NewLane(LaneConfig{Org: "a", Pool: anthropic.PoolSonnet4, Cap: 100, ProbeFirst: true})
+	ps := fill(t, l, t0)
+	if len(ps) != 1 {
+		t.Fatalf("admitted %d before the first answer, want 1", len(ps))
+	}
+	l.Done(t0, ps[0], Feedback{Outcome: anthropic.Outcome{Kind: anthropic.Success}})
+	if ps = fill(t, l, t0); len(ps) != 25 {
+		t.Fatalf("admitted %d after the first answer, want 25 (a quarter of the cap)", len(ps))
+	}
+}

@@ -22,7 +22,8 @@ type politeCase struct {
 	limits    sim.Limits // every org's, in API units per minute
 	colleague float64    // share of the first org's refill the colleague draws
 	bursts    bool       // the colleague draws in random bursts
-	items     string     // "judge", "long-prompt" (~3k tokens), "long-output" (max_tokens 2,048)
+	items     string     // "judge", "long-prompt" (~3k tokens), "long-output" (max_tokens 2,048, asked "at length")
+	share     int        // run 1/share of the items (0: all)
 }
 
 // politeCases are the bucket-bound cases of issue 22 (60 requests, or their
@@ -31,7 +32,11 @@ var politeCases = []politeCase{
 	{name: "rpm-continuous", limits: sim.Limits{RPM: 60, ITPM: 10_000_000, OTPM: 10_000_000}, colleague: 0.4, items: "judge"},
 	{name: "rpm-bursts", limits: sim.Limits{RPM: 60, ITPM: 10_000_000, OTPM: 10_000_000}, colleague: 0.4, bursts: true, items: "judge"},
 	{name: "itpm", limits: sim.Limits{RPM: 10_000, ITPM: 180_000, OTPM: 10_000_000}, colleague: 0.4, items: "long-prompt"},
-	{name: "otpm", limits: sim.Limits{RPM: 10_000, ITPM: 10_000_000, OTPM: 10_000}, colleague: 0.4, items: "long-output"},
+	// Long outputs (1,200–2,400 tokens asked, cut at max_tokens 2,048;
+	// about 1,750 on average): 60,000 output tokens a minute is about 34
+	// requests, so the case runs a quarter of the items in about the time
+	// of the others.
+	{name: "otpm", limits: sim.Limits{RPM: 10_000, ITPM: 10_000_000, OTPM: 60_000}, colleague: 0.4, items: "long-output", share: 4},
 }
 
 // politeResult is what one case measured.
@@ -72,7 +77,7 @@ func writeItems(t testing.TB, dir, kind string, n int) string {
 		case "long-prompt":
 			fmt.Fprintf(w, `{"custom_id":"p%06d","params":{"model":"claude-sonnet-4-5-20250929","max_tokens":64,"messages":[{"role":"user","content":"%s Summarise item %d."}]}}`+"\n", i, para, i)
 		case "long-output":
-			fmt.Fprintf(w, `{"custom_id":"o%06d","params":{"model":"claude-sonnet-4-5-20250929","max_tokens":2048,"messages":[{"role":"user","content":"Write a long essay about the river crossing, part %d."}]}}`+"\n", i, i)
+			fmt.Fprintf(w, `{"custom_id":"o%06d","params":{"model":"claude-sonnet-4-5-20250929","max_tokens":2048,"messages":[{"role":"user","content":"Write at length about the river crossing, part %d."}]}}`+"\n", i, i)
 		default:
 			t.Fatalf("unknown item kind %q", kind)
 		}
@@ -105,6 +110,9 @@ func politeSim(c politeCase) func(*sim.Config) {
 // runPolite runs case c with n items at speed k and measures it.
 func runPolite(t testing.TB, c politeCase, n int, k float64) politeResult {
 	t.Helper()
+	if c.share > 1 {
+		n /= c.share
+	}
 	r, _ := simtest.Start(t, sim.PresetBuild3Org, k, politeSim(c))
 	dir := t.TempDir()
 	h := &harness{t: t, sim: r, input: writeItems(t, dir, c.items, n), dir: filepath.Join(dir, "run"), orgs: r.Server.Orgs(), speed: k}
@@ -166,9 +174,12 @@ func runPolite(t testing.TB, c politeCase, n int, k float64) politeResult {
 	}
 	stats := r.Server.Stats()
 	if os.Getenv("APIDISPATCH_POLITE_SERIES") != "" {
-		for _, p := range r.Server.Stats().Org("two").Series {
-			if p.RateLimited > 0 {
-				t.Logf("two t=%d admitted %d 429 %d", p.T, p.Admitted, p.RateLimited)
+		// When the 429s came (API seconds), per org.
+		for _, o := range stats.Orgs {
+			for _, p := range o.Series {
+				if p.RateLimited > 0 {
+					t.Logf("%s t=%d admitted %d 429 %d", o.Name, p.T, p.Admitted, p.RateLimited)
+				}
 			}
 		}
 	}
@@ -213,15 +224,17 @@ func BenchmarkPolite(b *testing.B) {
 }
 
 // TestPoliteWhenAColleagueSharesTheOrg is issue 22's regression test: a
-// small version of the colleague cases that bind on requests and on input
-// tokens (the bursty and the output-token cases are not yet held to the
-// target: see BenchmarkPolite and the README).
+// small version of the colleague cases that bind on requests (continuous
+// and in bursts) and on input tokens (the output-token case is held by
+// BenchmarkPolite: see the README). The bursty case failed (the colleague
+// refused 25-30 % of its draws) while the lane scaled the mirror's window
+// by the speed twice.
 // Draining the bucket made the colleague's draws be refused and gave us
 // 429s on every org (36 % on the colleague's org before the fix); now 429s
 // stay rare, the colleague is almost never refused, and throughput holds.
 // The margins are wide enough for a loaded 2-core machine under -race.
 func TestPoliteWhenAColleagueSharesTheOrg(t *testing.T) {
-	for _, c := range []politeCase{politeCases[0], politeCases[2]} {
+	for _, c := range []politeCase{politeCases[0], politeCases[1], politeCases[2]} {
 		t.Run(c.name, func(t *testing.T) {
 			r := runPolite(t, c, 600, 20)
 			t.Logf("%v", r)

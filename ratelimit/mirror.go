@@ -169,6 +169,22 @@ func (m *Mirror) SyncSince(now, sentAt time.Time, rl anthropic.RateLimits, outst
 // sync refreshes the mirror from headers that may not count t yet.
 func (m *Mirror) sync(now time.Time, t Need, rl anthropic.RateLimits, outstandingOutput float64) bool {
 	var u [3]float64
+	// What was outstanding when a bucket is first synced: the server may
+	// have counted it already, and each of those answers will then read
+	// as one unit less than predicted when it lands. Its arrival was
+	// never seen as a drop, so count it in the pace's sum now, or the sum
+	// starts low by a whole concurrency window and the estimate of others
+	// reads zero for a minute while a colleague is drawing.
+	first := [3]float64{-1, -1, -1}
+	if !m.Requests.Known() {
+		first[0] = t.Requests
+	}
+	if !m.Input.Known() {
+		first[1] = t.Input
+	}
+	if !m.Output.Known() {
+		first[2] = outstandingOutput
+	}
 	if rl.Requests.Present {
 		u[0] = m.Requests.Sync(now, rl.Requests.Limit, rl.Requests.Remaining, t.Requests)
 	}
@@ -225,7 +241,7 @@ func (m *Mirror) sync(now time.Time, t Need, rl anthropic.RateLimits, outstandin
 			// has not watched yet.
 			m.primed[i] = true
 			t0 := paceWindows * m.cfg.Window.Seconds() / 4
-			m.pace[i], m.paceT[i] = priorOthers*limits[i]/60*t0, t0
+			m.pace[i], m.paceT[i] = priorOthers*limits[i]/60*t0+max(0, first[i]), t0
 		}
 		others := math.Min(maxOthers*limits[i]/60, math.Max(0, m.pace[i]/m.paceT[i]))
 		buckets[i].SetOthers(now, others+m.cfg.Margin*math.Max(0, limits[i]/60-others))

@@ -266,3 +266,33 @@ func TestPaceEstimatesRefillLeftToUs(t *testing.T) {
 		}
 	}
 }
+
+// TestPaceCountsWhatWasInFlightAtTheFirstSync: the server had counted the
+// requests in flight when the mirror first learnt the bucket, so each of
+// their answers reads one unit less than predicted. Before the fix those
+// units were never balanced and the estimate of a colleague drawing 40 %
+// of the refill read zero for a minute after the start.
+func TestPaceCountsWhatWasInFlightAtTheFirstSync(t *testing.T) {
+	t.Parallel()
+	m := NewMirror(MirrorConfig{})
+	one := Need{Requests: 1}
+	const inFlight = 50
+	for range inFlight {
+		m.Take(t0, one)
+	}
+	server := 60.0 - inFlight // the server counted them on arrival
+	now := t0
+	for i := range inFlight {
+		m.Landed(one)
+		m.SyncSince(now, t0, headers(60, int64(math.Floor(server)), 0, 0, 0, 0), 0)
+		if i == inFlight-1 {
+			break
+		}
+		dt := 200 * time.Millisecond
+		now = now.Add(dt)
+		server = math.Min(60, server+(1-0.4)*dt.Seconds()) // the colleague takes 0.4/s
+	}
+	if got := m.Requests.Others(); got < 0.3 {
+		t.Fatalf("others estimated at %.3f/s after 10 s, want ≈ 0.4/s (≥ 0.3)", got)
+	}
+}

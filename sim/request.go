@@ -83,6 +83,7 @@ type request struct {
 	maxTokens int64
 	input     int64   // total input tokens (cached prefix included)
 	judge     bool    // looks like a judge call: answer with a JSON verdict
+	long      bool    // a user message asks for an answer "at length": a long one
 	x         *extras // tools, stop sequences, thinking, geo; nil for a plain request
 	stream    bool    // stream: true (server-sent events)
 
@@ -201,6 +202,7 @@ func parseRequest(body []byte, countOnly, longContextBeta bool) (request, *apiEr
 		}
 		r.input += n + tokensPerMessage
 		r.judge = r.judge || (judge && *msg.Role == "user")
+		r.long = r.long || (*msg.Role == "user" && containsFold(msg.Content, userLongWords))
 	}
 	window := m.context
 	if m.longContext && longContextBeta {
@@ -373,6 +375,7 @@ type toolUses struct{ prev, cur []string }
 var (
 	userJudgeWords   = [][]byte{[]byte("json object")}
 	systemJudgeWords = [][]byte{[]byte("judg"), []byte("evaluat")}
+	userLongWords    = [][]byte{[]byte("at length")}
 )
 
 // containsFold reports whether s contains any of the lower-case words,

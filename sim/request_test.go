@@ -3,6 +3,7 @@ package sim
 import (
 	"crypto/sha256"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"reflect"
 	"strings"
@@ -225,4 +226,33 @@ func FuzzFastDecode(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestLongOutputsWhenAskedAtLength: a user message asking for an answer "at
+// length" gets 1,200–2,400 tokens, cut at max_tokens, so output-token limits
+// can bind on long outputs; without the words, prose stays short.
+func TestLongOutputsWhenAskedAtLength(t *testing.T) {
+	var long, short int
+	for i := range 50 {
+		body := fmt.Appendf(nil, `{"model":"claude-sonnet-4-5-20250929","max_tokens":2048,"messages":[{"role":"user","content":"Write at length about the river crossing, part %d."}]}`, i)
+		r, e := parseRequest(body, false, false)
+		if e != nil {
+			t.Fatal(e)
+		}
+		o := plan(sha256.Sum256(body), r)
+		if o.tokens < longMinTokens || o.tokens > 2048 {
+			t.Fatalf("asked at length: %d tokens, want 1,200–2,048", o.tokens)
+		}
+		if o.cut {
+			long++
+		}
+		p, _ := parseRequest(proseBody(i, 2048), false, false)
+		if q := plan(sha256.Sum256(proseBody(i, 2048)), p); q.tokens > proseMaxTokens {
+			t.Fatalf("plain prose: %d tokens", q.tokens)
+		}
+		short++
+	}
+	if long == 0 || long == 50 {
+		t.Fatalf("%d of 50 long answers cut at max_tokens, want some but not all", long)
+	}
 }

@@ -8,11 +8,15 @@ import (
 )
 
 // Output sizes. A judge-shaped request answers a JSON verdict of 60–110
-// tokens; any other request 30–300 tokens of lorem-ish text; both are cut at
-// max_tokens (stop_reason "max_tokens"). About 4 bytes of text a token.
+// tokens; one whose user message asks for an answer "at length" 1,200–2,400
+// tokens (long outputs, for output-token limits); any other request 30–300
+// tokens of lorem-ish text; all are cut at max_tokens (stop_reason
+// "max_tokens"). About 4 bytes of text a token.
 const (
 	judgeMinTokens = 60
 	judgeMaxTokens = 110
+	longMinTokens  = 1200
+	longMaxTokens  = 2400
 	proseMinTokens = 30
 	proseMaxTokens = 300
 	bytesPerToken  = 4
@@ -41,9 +45,12 @@ type output struct {
 func plan(sum [32]byte, r request) output {
 	seed := binary.LittleEndian.Uint64(sum[:8])
 	o := output{seed: seed, judge: r.judge}
-	if r.judge {
+	switch {
+	case r.judge:
 		o.natural = judgeMinTokens + int64(seed%(judgeMaxTokens-judgeMinTokens+1))
-	} else {
+	case r.long:
+		o.natural = longMinTokens + int64(seed%(longMaxTokens-longMinTokens+1))
+	default:
 		o.natural = proseMinTokens + int64(seed%(proseMaxTokens-proseMinTokens+1))
 	}
 	o.tokens = o.natural
