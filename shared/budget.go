@@ -219,9 +219,28 @@ func scrub(err error, secret string) string {
 func (b *Budget) Host() string { return b.host }
 
 // NewGate makes the shared gate of one lane; pass it as dispatch.Config.NewGate.
+//
+// A process has one gate per lane: every gate renews under the process's
+// name, so a second gate of the same lane (the next engine of a run: the
+// pilot's, auto's sync share, what comes back from the batches) would
+// overwrite in Redis what the first holds, and an idle one would tell the
+// others the process holds nothing while the other has the cap in flight.
+// NewGate therefore hands a later engine the lane's existing gate, which
+// judges the key anew (not disabled) and asks for slots at once.
 func (b *Budget) NewGate(lc dispatch.LaneConfig) dispatch.Gate {
 	g := newGate(b, lc, b.fps[lc.Org])
 	b.mu.Lock()
+	for _, old := range b.gates {
+		if old.keys[0] == g.keys[0] {
+			b.mu.Unlock()
+			old.mu.Lock()
+			old.disabled = ""
+			old.starved = true
+			old.mu.Unlock()
+			b.kick()
+			return old
+		}
+	}
 	if !b.startLocal {
 		// The first renewal comes at once; until then the gate admits
 		// nothing it was not granted.
