@@ -292,8 +292,60 @@ func check(w *world) []string {
 // which it had renewed) and the others' requests admitted under a larger
 // cap have ended, to the end of its pass, except while it may be missing
 // from Redis (stopped or cut off past its lease, or Redis restarted
-// empty); outside every such span the cap is the largest asked for.
+// empty); outside every such span the cap is the largest asked for. A
+// pass run on the start fallback's local share adds that share.
 func (w *world) capBound(ledger []sim.LedgerEntry, byHash map[sim.BodyHash]item) func(t int64) int {
+	base := w.liveCap(ledger, byHash)
+	extra := w.fallbackShares()
+	return func(t int64) int { return base(t) + extra(t) }
+}
+
+// fallbackShares returns, per real second, the local shares of the passes
+// that started while their process could not reach Redis, with
+// --shared-fallback local: such a pass runs on a conservative local share,
+// a quarter of the start limit (README "--shared"; at least one request),
+// not counted in Redis, until it joins. It cannot know what the others
+// hold, so the key may carry that share above its cap meanwhile.
+func (w *world) fallbackShares() func(t int64) int {
+	if !w.sc.Fallback {
+		return func(int64) int { return 0 }
+	}
+	type span struct {
+		from, to time.Duration
+		share    int
+	}
+	var spans []span
+	w.mu.Lock()
+	for _, p := range w.procs {
+		startLimit := max(1, w.capOf(p.i)/4)
+		share := max(1, startLimit/4)
+		for _, ps := range p.passes {
+			if ps.noRedis {
+				continue
+			}
+			for _, a := range w.away {
+				if (a.proc < 0 || a.proc == p.i) && ps.from >= a.from && ps.from < a.to {
+					spans = append(spans, span{ps.from, a.to, share})
+				}
+			}
+		}
+	}
+	w.mu.Unlock()
+	return func(t int64) int {
+		from, to := time.Duration(t)*time.Second, time.Duration(t+1)*time.Second
+		n := 0
+		for _, s := range spans {
+			if s.from < to && s.to > from {
+				n += s.share
+			}
+		}
+		return n
+	}
+}
+
+// liveCap returns, per real second, the smallest --cap of the processes
+// live and on Redis then (see capBound).
+func (w *world) liveCap(ledger []sim.LedgerEntry, byHash map[sim.BodyHash]item) func(t int64) int {
 	if w.sc.CapStep == 0 {
 		return func(int64) int { return w.sc.Cap }
 	}
