@@ -300,16 +300,15 @@ func (w *world) capBound(ledger []sim.LedgerEntry, byHash map[sim.BodyHash]item)
 	return func(t int64) int { return base(t) + extra(t) }
 }
 
-// fallbackShares returns, per real second, the local shares of the passes
+// fallbackShares returns, per real second, what the key may carry above its
+// cap by the documented exceptions other than requests in flight when a
+// process was cut off (those are exempt windows): the local shares of the passes
 // that started while their process could not reach Redis, with
 // --shared-fallback local: such a pass runs on a conservative local share,
 // a quarter of the start limit (README "--shared"; at least one request),
 // not counted in Redis, until it joins. It cannot know what the others
 // hold, so the key may carry that share above its cap meanwhile.
 func (w *world) fallbackShares() func(t int64) int {
-	if !w.sc.Fallback {
-		return func(int64) int { return 0 }
-	}
 	type span struct {
 		from, to time.Duration
 		share    int
@@ -317,6 +316,9 @@ func (w *world) fallbackShares() func(t int64) int {
 	var spans []span
 	w.mu.Lock()
 	for _, p := range w.procs {
+		if !w.sc.Fallback {
+			break
+		}
 		startLimit := max(1, w.capOf(p.i)/4)
 		share := max(1, startLimit/4)
 		for _, ps := range p.passes {
@@ -329,6 +331,14 @@ func (w *world) fallbackShares() func(t int64) int {
 				}
 			}
 		}
+	}
+	// After a SIGCONT: what the process had admitted but not yet written
+	// to the socket when it was stopped goes out on top of the slots Redis
+	// has since given the others (README "Fenced leases", worst case: the
+	// API has no fencing token), at most its --cap, ending within its
+	// latency.
+	for _, r := range w.resumed {
+		spans = append(spans, span{r.from, r.to, w.capOf(r.proc)})
 	}
 	w.mu.Unlock()
 	return func(t int64) int {

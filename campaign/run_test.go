@@ -79,7 +79,10 @@ type world struct {
 	// restarted empty), until it has renewed and the others' requests
 	// admitted meanwhile have ended.
 	away []absence
-	log  []string
+	// resumed are the spans after a SIGCONT during which the continued
+	// process's admissions made before the stop may go out.
+	resumed []absence
+	log     []string
 }
 
 // absence is a span during which process proc (-1: every process) may not
@@ -314,7 +317,11 @@ func (w *world) disturb(d Disturbance) {
 		// was stopped goes out now, on top of the slots Redis has since
 		// given the others (README "Fenced leases", worst case: the API
 		// has no fencing token); it ends within its latency.
-		w.exempt(time.Since(w.start), cut, fmt.Sprintf("process %d continued", p.i))
+		// At most what it may have had admitted: its --cap.
+		w.mu.Lock()
+		at := time.Since(w.start)
+		w.resumed = append(w.resumed, absence{p.i, at, at + cut})
+		w.mu.Unlock()
 		w.absent(p.i, now)
 	case dKill:
 		if !p.signal(syscall.SIGKILL) {
