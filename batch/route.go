@@ -361,7 +361,7 @@ func (r *Route) load(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		r.gate = spend.New("--max-cost", r.cfg.MaxCost, cost.Nanos(agg.CostNanos))
+		r.gate = spend.New("--max-cost", r.cfg.MaxCost, dispatch.SpentBefore(agg))
 	}
 	now := time.Now()
 	for _, b := range recs {

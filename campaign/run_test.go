@@ -43,6 +43,9 @@ type pass struct {
 	out        string
 	cachePass  bool // the second pass of process 0 on the cache
 	ledgerFrom int64
+	// from and to are when the pass started and was seen to end, since
+	// the simulator started.
+	from, to time.Duration
 }
 
 // proc is one process of a scenario: its items, run directory and passes.
@@ -71,7 +74,22 @@ type world struct {
 
 	mu      sync.Mutex
 	windows []window // exempt from the in-flight check
+	// away are the spans during which a process's --cap may be missing
+	// from Redis (it was stopped or cut off past its lease, or Redis
+	// restarted empty), until it has renewed and the others' requests
+	// admitted meanwhile have ended.
+	away []absence
+	// resumed are the spans after a SIGCONT during which the continued
+	// process's admissions made before the stop may go out.
+	resumed []absence
 	log     []string
+}
+
+// absence is a span during which process proc (-1: every process) may not
+// hold the key's cap down to its own --cap.
+type absence struct {
+	proc     int
+	from, to time.Duration
 }
 
 // window is a span of real time since the simulator started during which
@@ -93,6 +111,14 @@ func (w *world) exempt(at, span time.Duration, why string) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.windows = append(w.windows, window{at, at + span, why})
+}
+
+func (w *world) absent(proc int, from time.Duration) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	// Back: a renewal (a few per second, a new connection after a
+	// partition) and the others' requests in flight ending.
+	w.away = append(w.away, absence{proc, from, time.Since(w.start) + 2*time.Second + w.latencyReal()})
 }
 
 func (w *world) logf(format string, a ...any) {
@@ -164,7 +190,7 @@ func setup(t testing.TB, sc Scenario) *world {
 // args is the command line of process p's pass into runDir.
 func (w *world) args(p *proc, runDir string) []string {
 	sc := w.sc
-	c := strconv.Itoa(sc.Cap + p.i%2*sc.CapStep)
+	c := strconv.Itoa(w.capOf(p.i))
 	a := []string{"run", p.input, "--run-dir", runDir, "--base-url", w.sim.URL,
 		"--speed", strconv.FormatFloat(sc.Speed, 'f', -1, 64), "--quiet",
 		"--cap", "sonnet=" + c + ",haiku=" + c + ",opus=" + c + ",other=" + c,
@@ -193,6 +219,10 @@ func (w *world) args(p *proc, runDir string) []string {
 	return a
 }
 
+// capOf is the --cap of process i: every other process asks for CapStep
+// more than the smallest.
+func (w *world) capOf(i int) int { return w.sc.Cap + i%2*w.sc.CapStep }
+
 // env is a child's environment: the simulator's keys and none of ours.
 func (w *world) env() []string {
 	var env []string
@@ -206,7 +236,7 @@ func (w *world) env() []string {
 
 // runPass runs one pass of p into runDir to its end (or passTimeout).
 func (w *world) runPass(p *proc, runDir string, cachePass bool) *pass {
-	ps := &pass{runDir: runDir, cachePass: cachePass, ledgerFrom: w.sim.Server.LedgerTotals().Requests}
+	ps := &pass{runDir: runDir, cachePass: cachePass, ledgerFrom: w.sim.Server.LedgerTotals().Requests, from: time.Since(w.start)}
 	c := exec.Command(binary, w.args(p, runDir)...)
 	c.Env = w.env()
 	var out bytes.Buffer
@@ -240,6 +270,7 @@ func (w *world) runPass(p *proc, runDir string, cachePass bool) *pass {
 	}
 	p.mu.Lock()
 	p.cmd = nil
+	ps.to = time.Since(w.start)
 	ps.out = out.String()
 	ps.code = c.ProcessState.ExitCode()
 	ps.noRedis = ps.code == 1 && strings.Contains(ps.out, "shared: Redis is unreachable")
@@ -282,6 +313,16 @@ func (w *world) disturb(d Disturbance) {
 		time.Sleep(d.For)
 		p.signal(syscall.SIGCONT)
 		w.logf("process %d continued", p.i)
+		// What it had admitted but not yet written to the socket when it
+		// was stopped goes out now, on top of the slots Redis has since
+		// given the others (README "Fenced leases", worst case: the API
+		// has no fencing token); it ends within its latency.
+		// At most what it may have had admitted: its --cap.
+		w.mu.Lock()
+		at := time.Since(w.start)
+		w.resumed = append(w.resumed, absence{p.i, at, at + cut})
+		w.mu.Unlock()
+		w.absent(p.i, now)
 	case dKill:
 		if !p.signal(syscall.SIGKILL) {
 			return
@@ -305,6 +346,7 @@ func (w *world) disturb(d Disturbance) {
 		time.Sleep(d.For)
 		w.redis.Restart()
 		w.logf("redis restarted empty")
+		w.absent(-1, now)
 		w.exempt(time.Since(w.start), cut, "redis restarted empty")
 	case dPartition:
 		p.proxy.cut(true)
@@ -313,6 +355,7 @@ func (w *world) disturb(d Disturbance) {
 		time.Sleep(d.For)
 		p.proxy.cut(false)
 		w.logf("process %d partition healed", p.i)
+		w.absent(p.i, now)
 	}
 }
 

@@ -204,7 +204,21 @@ const (
 	CounterOverloaded   = "overloaded_529"
 	CounterOtherRetries = "other_retries"
 	CounterMaybeBilled  = "possible_duplicate_billing"
+	// CounterMaybeBilledNanos is the worst case, in nano-USD, of the
+	// requests counted in CounterMaybeBilled under --max-cost: what the API
+	// may have billed that no usage says. A resume's spend gate counts it
+	// as spent (SpentBefore), as the run that saw them counted it held.
+	CounterMaybeBilledNanos = "possible_duplicate_billing_nanos"
 )
+
+// SpentBefore is what a run directory counts as spent against --max-cost
+// when a process starts on it: the usage of what it recorded, and the
+// worst case of what may have been billed without an answer (a connection
+// lost after sending, a truncated answer, a request in flight or a
+// success not yet recorded when a process died).
+func SpentBefore(agg store.Aggregate) cost.Nanos {
+	return cost.Nanos(agg.CostNanos + agg.Counters[CounterMaybeBilledNanos])
+}
 
 func (m *committer) takeCounters() map[string]int64 {
 	out := map[string]int64{}
@@ -219,6 +233,7 @@ func (m *committer) takeCounters() map[string]int64 {
 	take(CounterRateLimited, &m.c.rateLimited, &m.c.lastRL)
 	take(CounterOverloaded, &m.c.overloaded, &m.c.lastOL)
 	take(CounterOtherRetries, &m.c.otherRetries, &m.c.lastOther)
+	take(CounterMaybeBilledNanos, &m.c.maybeBilledN, &m.c.lastMBN)
 	mb := m.c.lastMB
 	take(CounterMaybeBilled, &m.c.maybeBilled, &m.c.lastMB)
 	if d := m.c.lastMB - mb; d != 0 && m.journalKey != "" {

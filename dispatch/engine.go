@@ -311,12 +311,14 @@ type counters struct {
 	// result came back (a connection lost after sending, a truncated 2xx):
 	// their retry can bill the same request twice.
 	maybeBilled                                     atomic.Int64
+	maybeBilledN                                    atomic.Int64 // their worst cases (nano-USD), under --max-cost
 	succeeded, errored                              atomic.Int64 // this run, committed
 	costN                                           atomic.Int64 // this run, committed
 	cacheDamaged, cachePutFailed                    atomic.Int64 // damaged cache entries seen; entries not written
 	cacheElsewhere                                  elsewhere    // cache entries of other origins (cached.go)
 	cacheHits, cacheSaved                           atomic.Int64 // this run, committed
 	lastAttempts, lastRL, lastOL, lastOther, lastMB int64        // flushed to the store
+	lastMBN                                         int64
 }
 
 // New checks cfg and returns an engine.
@@ -483,21 +485,26 @@ func (e *Engine) Run(ctx context.Context) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
+	var replayedN cost.Nanos
 	if e.cfg.JournalDir != "" {
 		// A journal left by a process that died says what it may have had
-		// billed that the store never recorded.
-		// The replay only adds counters, which nothing below reads: agg
-		// stays valid.
-		if n, err := replayJournals(ctx, e.cfg.JournalDir, st, agg.Counters); err != nil {
+		// billed that the store never recorded (the runner replays it
+		// before it seeds the run's spend gate; an engine run alone does
+		// it here). The replay only adds counters, which nothing below
+		// reads: agg stays valid.
+		if replayedN, err = replay(ctx, e.cfg.JournalDir, st, agg.Counters, e.cfg.Events, e.log); err != nil {
 			return nil, err
-		} else if n > 0 {
-			e.cfg.Events.Emit(EventWarning, fmt.Sprintf("an earlier run of this directory died with requests in flight or unrecorded: %d may have been billed and will be sent again (counted in possible_duplicate_billing)", n), map[string]any{"possible_duplicate_billing": n})
-			e.log.Warn("an earlier run died with requests in flight or unrecorded", "possible_duplicate_billing", n)
 		}
 	}
 	e.doneStart = agg.Succeeded + agg.Errored
 	if e.gate = e.cfg.Spend; e.gate == nil {
-		e.gate = spend.New("--max-cost", e.cfg.MaxCost, cost.Nanos(agg.CostNanos))
+		e.gate = spend.New("--max-cost", e.cfg.MaxCost, SpentBefore(agg))
+	}
+	if replayedN > 0 {
+		// What the dead process may have had billed: counted for good, as
+		// it would have been had it lived (agg, and a gate seeded before
+		// this replay, do not hold it).
+		e.gate.Hold(replayedN).Keep()
 	}
 	sink := e.cfg.Sink
 	if sink == nil {
@@ -988,7 +995,7 @@ func (e *Engine) send(a *attempt) {
 	defer cancel()
 	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{WroteRequest: func(i httptrace.WroteRequestInfo) {
 		if i.Err == nil && !a.wrote.Swap(true) {
-			e.jr.sent(a.w.it.Seq, a.w.attempts)
+			e.jr.sent(a.w.it.Seq, a.w.attempts, a.res.Worst())
 		}
 	}})
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, e.base.JoinPath("v1", "messages").String(), bytes.NewReader(body))
@@ -1038,6 +1045,10 @@ func (e *Engine) send(a *attempt) {
 		// count the journal does not hold.
 		e.jr.ended(a.w.it.Seq, a.w.attempts, mb)
 		if mb {
+			// The worst case first: a flush between the two counts it
+			// with a record the replay will count again (never passing
+			// the cap), rather than miss it.
+			e.c.maybeBilledN.Add(int64(a.res.Worst()))
 			e.c.maybeBilled.Add(1)
 		}
 	}

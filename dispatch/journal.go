@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
@@ -12,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/apidispatch/apidispatch/cost"
 	"github.com/apidispatch/apidispatch/store"
 )
 
@@ -28,11 +30,15 @@ import (
 //
 // A journal that ends with its run is deleted; one found at the start of a
 // run was left by a process that died, and is replayed into the store's
-// possible_duplicate_billing counter, then deleted.
+// possible_duplicate_billing counter (and the worst case of those requests
+// into possible_duplicate_billing_nanos, which a resume's spend gate counts
+// as spent), then deleted.
 //
 // Records (one line each, fields separated by one space):
 //
-//	S <seq> <attempt>        the request was written to the connection
+//	S <seq> <attempt> [worst] the request was written to the connection;
+//	                          worst: the most it can cost, in nano-USD
+//	                          (under --max-cost only)
 //	R <seq> <attempt>        a success came back (the API billed it)
 //	C <seq> <attempt> <0|1>  the attempt ended otherwise; 1: it may have been billed
 const journalGlob = "attempts-*.journal"
@@ -67,7 +73,7 @@ func openJournal(dir string) (*journal, error) {
 	return &journal{f: f, path: path, key: journalKey(path)}, nil
 }
 
-func (j *journal) write(kind byte, seq, att int64, flag int) {
+func (j *journal) write(kind byte, seq, att int64, flag int64) {
 	if j == nil {
 		return
 	}
@@ -76,8 +82,12 @@ func (j *journal) write(kind byte, seq, att int64, flag int) {
 	b = strconv.AppendInt(b, seq, 10)
 	b = append(b, ' ')
 	b = strconv.AppendInt(b, att, 10)
-	if kind == 'C' {
+	switch {
+	case kind == 'C':
 		b = append(b, ' ', byte('0'+flag))
+	case kind == 'S' && flag > 0:
+		b = append(b, ' ')
+		b = strconv.AppendInt(b, flag, 10)
 	}
 	b = append(b, '\n')
 	// A failed write loses only part of the crash-time count, never an
@@ -91,8 +101,9 @@ func (j *journal) write(kind byte, seq, att int64, flag int) {
 	j.mu.Unlock()
 }
 
-// sent records that attempt att of item seq was written to the connection.
-func (j *journal) sent(seq, att int64) { j.write('S', seq, att, 0) }
+// sent records that attempt att of item seq was written to the connection,
+// and the most it can cost (0: not priced, no --max-cost).
+func (j *journal) sent(seq, att int64, worst cost.Nanos) { j.write('S', seq, att, int64(worst)) }
 
 // succeeded records a success received for attempt att of seq.
 func (j *journal) succeeded(seq, att int64) { j.write('R', seq, att, 0) }
@@ -101,7 +112,7 @@ func (j *journal) succeeded(seq, att int64) { j.write('R', seq, att, 0) }
 // have billed it. Call it before counting the attempt in memory, so that the
 // committer never flushes a count the journal does not hold.
 func (j *journal) ended(seq, att int64, maybeBilled bool) {
-	flag := 0
+	flag := int64(0)
 	if maybeBilled {
 		flag = 1
 	}
@@ -124,27 +135,32 @@ func (j *journal) close(remove bool) error {
 // journalTally is what one replayed journal says.
 type journalTally struct {
 	path string
-	// inFlight: attempts written to the connection with no recorded end.
-	inFlight int64
+	// inFlight: attempts written to the connection with no recorded end;
+	// inFlightN their worst cases.
+	inFlight  int64
+	inFlightN cost.Nanos
 	// successes: seqs whose success was received; those the store still
 	// has pending were billed and will be sent (and billed) again.
+	// successN is the worst case of each seq's success (the largest).
 	successes []int64
-	// maybeBilled: C…1 records.
-	maybeBilled int64
+	successN  map[int64]cost.Nanos
+	// maybeBilled: C…1 records; maybeBilledN their worst cases.
+	maybeBilled  int64
+	maybeBilledN []cost.Nanos
 	// torn: a last line cut short by the death of the process (ignored).
 	torn bool
 }
 
 // readJournal tallies the journal at path.
 func readJournal(path string) (journalTally, error) {
-	t := journalTally{path: path}
+	t := journalTally{path: path, successN: map[int64]cost.Nanos{}}
 	f, err := os.Open(path)
 	if err != nil {
 		return t, err
 	}
 	defer f.Close()
 	type key struct{ seq, att int64 }
-	open := map[key]struct{}{}
+	open := map[key]cost.Nanos{} // sent, not ended: the worst case
 	r := bufio.NewReaderSize(f, 256<<10)
 	for line := 1; ; line++ {
 		b, err := r.ReadSlice('\n')
@@ -170,36 +186,78 @@ func readJournal(path string) (journalTally, error) {
 		}
 		k := key{seq, att}
 		switch {
-		case fields[0][0] == 'S' && len(fields) == 3:
-			open[k] = struct{}{}
+		case fields[0][0] == 'S' && (len(fields) == 3 || len(fields) == 4):
+			var worst int64
+			if len(fields) == 4 {
+				if worst, err = strconv.ParseInt(string(fields[3]), 10, 64); err != nil || worst < 0 {
+					return t, fmt.Errorf("%s:%d: not a journal record: %q", path, line, bytes.TrimSpace(b))
+				}
+			}
+			open[k] = cost.Nanos(worst)
 		case fields[0][0] == 'R' && len(fields) == 3:
+			t.successN[seq] = max(t.successN[seq], open[k])
 			delete(open, k)
 			t.successes = append(t.successes, seq)
 		case fields[0][0] == 'C' && len(fields) == 4 && len(fields[3]) == 1 && (fields[3][0] == '0' || fields[3][0] == '1'):
-			delete(open, k)
 			if fields[3][0] == '1' {
 				t.maybeBilled++
+				t.maybeBilledN = append(t.maybeBilledN, open[k])
 			}
+			delete(open, k)
 		default:
 			return t, fmt.Errorf("%s:%d: not a journal record: %q", path, line, bytes.TrimSpace(b))
 		}
 	}
 	t.inFlight = int64(len(open))
+	for _, w := range open {
+		t.inFlightN += w
+	}
 	return t, nil
+}
+
+// replay replays the journals in dir (replayJournals) and says so in an
+// event and the log (nil: none). It returns the worst case replayed.
+func replay(ctx context.Context, dir string, st store.Store, counters map[string]int64, events *EventLog, log *slog.Logger) (cost.Nanos, error) {
+	n, nanos, err := replayJournals(ctx, dir, st, counters)
+	if err != nil || n == 0 {
+		return nanos, err
+	}
+	events.Emit(EventWarning, fmt.Sprintf("an earlier run of this directory died with requests in flight or unrecorded: %d may have been billed and will be sent again (counted in possible_duplicate_billing)", n), map[string]any{"possible_duplicate_billing": n, "possible_duplicate_billing_usd": nanos.USD()})
+	if log != nil {
+		log.Warn("an earlier run died with requests in flight or unrecorded", "possible_duplicate_billing", n)
+	}
+	return nanos, nil
+}
+
+// ReplayJournals counts what the attempt journals of processes that died
+// on this run directory say may have been billed without the store
+// knowing (possible_duplicate_billing and its worst case), once. Call it
+// before reading what the run spent (SpentBefore): a resume's spend gate
+// then counts it.
+func (j *Job) ReplayJournals(ctx context.Context) error {
+	agg, err := j.Store.Aggregate(ctx)
+	if err != nil {
+		return err
+	}
+	_, err = replay(ctx, j.Dir, j.Store, agg.Counters, j.Events, nil)
+	return err
 }
 
 // replayJournals counts what the journals left in dir by processes that
 // died say may have been billed without the store knowing, adds it to the
-// store's possible_duplicate_billing in one commit, and deletes them.
+// store's possible_duplicate_billing (and its worst case to
+// possible_duplicate_billing_nanos) in one commit, and deletes them.
 // counters are the store's counters before the replay. It returns the
-// number added. A crash during the replay is harmless: the commit marks
-// each journal replayed, so a second replay skips it.
-func replayJournals(ctx context.Context, dir string, st store.Store, counters map[string]int64) (int64, error) {
+// number added and their worst case. A crash during the replay is
+// harmless: the commit marks each journal replayed, so a second replay
+// skips it.
+func replayJournals(ctx context.Context, dir string, st store.Store, counters map[string]int64) (int64, cost.Nanos, error) {
 	paths, err := filepath.Glob(filepath.Join(dir, journalGlob))
 	if err != nil || len(paths) == 0 {
-		return 0, err
+		return 0, 0, err
 	}
 	var add int64
+	var addN cost.Nanos
 	ctr := map[string]int64{}
 	for _, p := range paths {
 		done := "journal:" + filepath.Base(p) + ":replayed"
@@ -208,34 +266,47 @@ func replayJournals(ctx context.Context, dir string, st store.Store, counters ma
 		}
 		t, err := readJournal(p)
 		if err != nil {
-			return 0, fmt.Errorf("%w; it is only used to count possible duplicate billing, so delete it to go on (that count will then miss what it held)", err)
+			return 0, 0, fmt.Errorf("%w; it is only used to count possible duplicate billing, so delete it to go on (that count will then miss what it held)", err)
 		}
-		n := t.inFlight + max(0, t.maybeBilled-counters[journalKey(p)])
+		unflushed := max(0, t.maybeBilled-counters[journalKey(p)])
+		n := t.inFlight + unflushed
+		nanos := t.inFlightN
+		// Which maybe-billed ends the committer flushed (with their worst
+		// case) is not known, only how many: count the largest of the rest.
+		slices.Sort(t.maybeBilledN)
+		for _, w := range t.maybeBilledN[max(0, int64(len(t.maybeBilledN))-unflushed):] {
+			nanos += w
+		}
 		slices.Sort(t.successes)
 		for _, seq := range slices.Compact(t.successes) {
 			// Still pending: the success never reached the store, and the
 			// item is sent (and billed) again.
 			its, err := st.Pending(ctx, seq-1, 1)
 			if err != nil {
-				return 0, err
+				return 0, 0, err
 			}
 			if len(its) == 1 && its[0].Seq == seq {
 				n++
+				nanos += t.successN[seq]
 			}
 		}
 		add += n
+		addN += nanos
 		ctr[done] = 1
 	}
 	if len(ctr) > 0 {
 		ctr[CounterMaybeBilled] = add
+		if addN > 0 {
+			ctr[CounterMaybeBilledNanos] = int64(addN)
+		}
 		if _, err := st.Commit(ctx, store.Batch{Counters: ctr}); err != nil {
-			return 0, fmt.Errorf("recording the attempt journals: %w", err)
+			return 0, 0, fmt.Errorf("recording the attempt journals: %w", err)
 		}
 	}
 	for _, p := range paths {
 		if err := os.Remove(p); err != nil {
-			return add, err
+			return add, addN, err
 		}
 	}
-	return add, nil
+	return add, addN, nil
 }

@@ -45,18 +45,18 @@ func TestReplayJournal(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	j.sent(1, 1)
+	j.sent(1, 1, 100)
 	j.ended(1, 1, true) // flushed below: not counted again
-	j.sent(1, 2)        // in flight: counted
-	j.sent(2, 1)
+	j.sent(1, 2, 200)   // in flight: counted
+	j.sent(2, 1, 300)
 	j.succeeded(2, 1) // committed below: not counted
-	j.sent(3, 1)
+	j.sent(3, 1, 400)
 	j.succeeded(3, 1) // never committed: sent again, counted
-	j.sent(4, 1)
+	j.sent(4, 1, 500)
 	j.ended(4, 1, false) // a plain 429: not counted
-	j.sent(5, 1)
+	j.sent(5, 1, 1000)
 	j.ended(5, 1, true) // not flushed: counted
-	j.sent(6, 1)
+	j.sent(6, 1, 3000)
 	j.close(false)
 	// The committer flushed one maybe-billed end and item 2's success.
 	if _, err := st.Commit(ctx, store.Batch{
@@ -71,7 +71,7 @@ func TestReplayJournal(t *testing.T) {
 	f.Close()
 
 	before, _ := st.Aggregate(ctx)
-	n, err := replayJournals(ctx, dir, st, before.Counters)
+	n, nanos, err := replayJournals(ctx, dir, st, before.Counters)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -79,9 +79,17 @@ func TestReplayJournal(t *testing.T) {
 	if n != 4 {
 		t.Fatalf("replay counted %d, want 4", n)
 	}
+	// Their worst cases: 200 + 3000 + 400 + 1000 (the larger of the two
+	// maybe-billed ends, since which one was flushed is not known).
+	if nanos != 4600 {
+		t.Fatalf("replay counted a worst case of %d nano-USD, want 4600", nanos)
+	}
 	agg, _ := st.Aggregate(ctx)
 	if got := agg.Counters[CounterMaybeBilled]; got != 5 {
 		t.Fatalf("possible_duplicate_billing = %d, want 1 flushed + 4 replayed", got)
+	}
+	if got := SpentBefore(agg); got != 4600 {
+		t.Fatalf("a resume counts %d nano-USD as spent, want the 4600 replayed", got)
 	}
 	if left, _ := filepath.Glob(filepath.Join(dir, journalGlob)); len(left) != 0 {
 		t.Fatalf("journal not removed: %v", left)
@@ -89,7 +97,7 @@ func TestReplayJournal(t *testing.T) {
 	// A crash after the commit but before the removal: the journal is back,
 	// and the replay must not count it twice.
 	os.WriteFile(j.path, []byte("S 1 3\n"), 0o600)
-	if n, err := replayJournals(ctx, dir, st, agg.Counters); err != nil || n != 0 {
+	if n, _, err := replayJournals(ctx, dir, st, agg.Counters); err != nil || n != 0 {
 		t.Fatalf("second replay of the same journal counted %d (%v), want 0", n, err)
 	}
 }
@@ -132,16 +140,16 @@ func TestJournalStopsAfterFailedWrite(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	j.sent(1, 1)
+	j.sent(1, 1, 0)
 	good := j.f
 	ro, err := os.Open(j.path) // read-only: every write fails
 	if err != nil {
 		t.Fatal(err)
 	}
 	j.f = ro
-	j.sent(2, 1)
+	j.sent(2, 1, 0)
 	j.f = good
-	j.sent(3, 1) // the disk has room again, but the journal stays broken
+	j.sent(3, 1, 0) // the disk has room again, but the journal stays broken
 	j.close(false)
 	ro.Close()
 	b, _ := os.ReadFile(j.path)

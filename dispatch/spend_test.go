@@ -65,3 +65,34 @@ func TestEngineWaitsForRoomAnotherRouteHolds(t *testing.T) {
 		})
 	}
 }
+
+// Campaign seed 426 (three processes, --max-cost, truncated answers, a
+// resume after the stop at the cap): a truncated answer was billed by the
+// API though no usage came back, and the run that saw it counted its worst
+// case as held, but only in memory: the resume's gate started from the
+// recorded usage alone and spent that room again, passing --max-cost by
+// what the truncated answers had cost ($0.668544 over $0.660773 and more).
+// The worst case is kept in the store (possible_duplicate_billing_nanos)
+// and a resume counts it as spent.
+func TestResumeCountsTheTruncatedAnswersItMayHaveBeenBilledFor(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, sim.PresetOrigin3Org, 50, 300, nil)
+	h.faults = []sim.Fault{{Kind: sim.FaultTruncatedBody, Probability: 0.4, Duration: time.Hour}}
+	capN := cost.Nanos(0.30 * float64(cost.NanosPerUSD)) // about a fifth of the items
+	maxCost := func(c *dispatch.Config) { c.MaxCost = capN }
+	// Each resume on the old code found the truncated answers' room free
+	// again; a few passes took the ledger over the cap.
+	for pass := 1; pass <= 8; pass++ {
+		res, err := h.run(t.Context(), maxCost)
+		led := h.sim.Server.LedgerTotals()
+		if billed := cost.Nanos(led.CostNanos); billed > capN {
+			t.Fatalf("after pass %d the ledger billed %s, over --max-cost %s (%d requests, %d billed again)", pass, billed, capN, led.Requests, led.Duplicates)
+		}
+		if err == nil && res.Complete {
+			t.Fatalf("pass %d completed every item under a cap of about a fifth of their cost", pass)
+		}
+		if !errors.Is(err, spend.ErrCapReached) {
+			t.Fatalf("pass %d: %v; want a stop at --max-cost", pass, err)
+		}
+	}
+}

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/apidispatch/apidispatch/batch"
-	"github.com/apidispatch/apidispatch/cost"
 	"github.com/apidispatch/apidispatch/dispatch"
 	"github.com/apidispatch/apidispatch/spend"
 	"github.com/apidispatch/apidispatch/store"
@@ -77,7 +76,7 @@ func Execute(ctx context.Context, job *dispatch.Job, x Exec) (*Result, error) {
 		job.Events.Emit(dispatch.EventWarning, fmt.Sprintf("results file was %d lines short of the run's state; rebuilt them", sink.Rebuilt), map[string]any{"rebuilt": sink.Rebuilt})
 	}
 	if x.Sync.Spend == nil {
-		x.Sync.Spend = spend.New("--max-cost", x.Sync.MaxCost, cost.Nanos(agg0.CostNanos))
+		x.Sync.Spend = spend.New("--max-cost", x.Sync.MaxCost, dispatch.SpentBefore(agg0))
 	}
 	if x.Route == RouteBatch || x.Route == RouteAuto {
 		if err := batch.CheckItems(ctx, job.Store, x.Batch.MaxBytes); err != nil {

@@ -184,12 +184,18 @@ func Run(ctx context.Context, cfg Config) Outcome {
 		// One spend gate for the whole run (the pilot and every route),
 		// seeded with what the run directory spent before: a resume goes
 		// on against the same cap.
+		// What a process that died on this directory may have had billed
+		// counts too.
+		if err := job.ReplayJournals(ctx); err != nil {
+			out.Code, out.Err = ExitIncomplete, fmt.Errorf("reading the attempt journals: %w", err)
+			return out
+		}
 		agg, err := job.Store.Aggregate(ctx)
 		if err != nil {
 			out.Code, out.Err = ExitIncomplete, fmt.Errorf("reading what the run spent: %w", err)
 			return out
 		}
-		cfg.Sync.Spend = spend.New("--max-cost", cfg.Sync.MaxCost, cost.Nanos(agg.CostNanos))
+		cfg.Sync.Spend = spend.New("--max-cost", cfg.Sync.MaxCost, dispatch.SpentBefore(agg))
 	}
 	start := time.Now()
 	if cfg.Deadline > 0 {

@@ -219,28 +219,26 @@ func scrub(err error, secret string) string {
 func (b *Budget) Host() string { return b.host }
 
 // NewGate makes the shared gate of one lane; pass it as dispatch.Config.NewGate.
-// A process has one gate per (key, pool): a later engine of the same run
-// (auto's sync engines, a pilot and the run after it) gets the gate the
-// first one made. Two gates of one lane would renew under the same process
-// name in Redis, each reporting only its own requests in flight, and Redis
-// would hand out slots the other still used (a campaign seed saw 6 in
-// flight on a cap of 4).
+//
+// A process has one gate per lane: every gate renews under the process's
+// name, so a second gate of the same lane (the next engine of a run: the
+// pilot's, auto's sync share, what comes back from the batches) would
+// overwrite in Redis what the first holds, and an idle one would tell the
+// others the process holds nothing while the other has the cap in flight.
+// NewGate therefore hands a later engine the lane's existing gate, which
+// judges the key anew (not disabled) and asks for slots at once.
 func (b *Budget) NewGate(lc dispatch.LaneConfig) dispatch.Gate {
-	fp := b.fps[lc.Org]
+	g := newGate(b, lc, b.fps[lc.Org])
 	b.mu.Lock()
-	for _, g := range b.gates {
-		if g.fp == fp && g.cfg.Pool == lc.Pool {
+	for _, old := range b.gates {
+		if old.keys[0] == g.keys[0] {
 			b.mu.Unlock()
-			return g
-		}
-	}
-	b.mu.Unlock()
-	g := newGate(b, lc, fp)
-	b.mu.Lock()
-	for _, o := range b.gates {
-		if o.fp == fp && o.cfg.Pool == lc.Pool {
-			b.mu.Unlock()
-			return o
+			old.mu.Lock()
+			old.disabled = ""
+			old.starved = true
+			old.mu.Unlock()
+			b.kick()
+			return old
 		}
 	}
 	if !b.startLocal {

@@ -225,3 +225,41 @@ func TestSharedLaterEngineOfOneRunReusesItsLane(t *testing.T) {
 		t.Fatalf("%d more admitted while 4 of a cap of 4 are in flight", n)
 	}
 }
+
+// Campaign seeds 63 and 66 (auto, --shared, --pilot): one process runs
+// several engines one after another (the pilot, auto's sync share, what
+// comes back from the batches), each making its lanes' gates. Every gate of
+// a process renews under the process's name, so a finished engine's idle
+// gate, renewing last, told Redis the process held nothing while the live
+// engine's gate had the cap in flight: another process was granted the
+// same slots (4 on a cap of 3, 5 on 4). A process has one gate per lane.
+func TestSharedEngineAfterThePilotKeepsTheCap(t *testing.T) {
+	url := testredis.URL(t)
+	o := freshOrg("a")
+	ctx := context.Background()
+	a := openIdle(t, url, []org.Org{o})
+	pilot := a.NewGate(lane(4))
+	a.renewAll(ctx)
+	for _, p := range fill(pilot) {
+		pilot.Done(time.Now(), p, ok200)
+	}
+	a.renewAll(ctx)
+	// The pilot's engine is over; its gate no longer wants slots.
+	time.Sleep(4*a.every + 50*time.Millisecond)
+	main := a.NewGate(lane(4))
+	a.renewAll(ctx)
+	pm := fill(main)
+	if len(pm) != 4 {
+		t.Fatalf("the run's engine admitted %d, want the whole cap of 4", len(pm))
+	}
+	// The pilot's gate renews again (its renewal may land after any other).
+	if err := pilot.(*Gate).renew(ctx); err != nil {
+		t.Fatal(err)
+	}
+	b := openIdle(t, url, []org.Org{o})
+	gb := b.NewGate(lane(4))
+	b.renewAll(ctx)
+	if pb := fill(gb); len(pm)+len(pb) > 4 {
+		t.Fatalf("%d in flight on a cap of 4: %d by the process with two engines, %d by the other", len(pm)+len(pb), len(pm), len(pb))
+	}
+}

@@ -206,3 +206,29 @@ func TestSharedCutOffProcessStaysUnderTheCap(t *testing.T) {
 		t.Errorf("process 0's events lack the outage and the rejoin")
 	}
 }
+
+// TestSharedBatchRoutePilotStaysUnderTheCap pins campaign seed 142: with
+// --route batch, --shared was dropped (the batch route holds no request
+// slots), but --pilot sends its first items by sync, so every process's
+// pilot took the whole cap of each key on its own (10 in flight on a cap
+// of 6 with three processes). The pilot now shares the key's budget.
+func TestSharedBatchRoutePilotStaysUnderTheCap(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes")
+	}
+	r, _, _ := simWith(t, 10, 1, func(c *sim.Config) {
+		for i := range c.Orgs {
+			c.Orgs[i].Batch.QueueWaitS, c.Orgs[i].Batch.CancelS = 20, 2
+		}
+	})
+	f := startFleet(t, r, 2, 200, cmdRedis(t), "--route", "batch", "--pilot", "150", "--cap", "sonnet=3,haiku=3,opus=3,other=3")
+	f.wait(t)
+	for i, m := range maxInFlightPerKey(r) {
+		if m > 3 {
+			t.Errorf("key %d: %d in flight at once during the pilots, cap 3", i, m)
+		}
+	}
+	for _, d := range f.dirs {
+		requireEachOnce(t, d, 200)
+	}
+}

@@ -199,8 +199,9 @@ flags:`)
 					f()
 				}
 			}
-			if *route == runner.RouteBatch && shf.url != "" {
-				// The batch route holds no request slots: nothing to share.
+			if *route == runner.RouteBatch && shf.url != "" && *pilot <= 0 {
+				// The batch route holds no request slots: nothing to share
+				// (a pilot sends its items by sync, on the key's slots).
 				msg := "--shared is not used by --route batch (the Message Batches API holds no request slots of a key); going on without Redis"
 				fmt.Fprintln(stderr, "note: "+msg)
 				job.Events.Emit(dispatch.EventWarning, msg, nil)
