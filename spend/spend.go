@@ -295,24 +295,16 @@ func (r *Reservation) Settle(actual cost.Nanos) {
 
 // Release ends the reservation with nothing billed beyond what was
 // charged (an answer that bills nothing: a 429, a 4xx, a create refused).
-func (r *Reservation) Release() {
-	if r == nil {
-		return
-	}
-	gs := r.g.chain()
-	lockAll(gs)
-	defer unlockAll(gs)
-	if r.done {
-		return
-	}
-	r.endLocked(gs, false)
-}
+func (r *Reservation) Release() { r.end(false) }
 
 // Keep ends the reservation with its cost unknown (an answer lost after
 // the request went out; a batch left running, or given up on, whose
 // billing cannot be read): what is left of the worst case stays counted,
 // as held, for the life of the gate, so the cap can never be passed by it.
-func (r *Reservation) Keep() {
+func (r *Reservation) Keep() { r.end(true) }
+
+// end ends the reservation once; keep holds what is left of its worst case.
+func (r *Reservation) end(keep bool) {
 	if r == nil {
 		return
 	}
@@ -322,7 +314,7 @@ func (r *Reservation) Keep() {
 	if r.done {
 		return
 	}
-	r.endLocked(gs, true)
+	r.endLocked(gs, keep)
 }
 
 func (r *Reservation) endLocked(gs []*Gate, keep bool) {
