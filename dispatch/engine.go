@@ -251,6 +251,9 @@ type attempt struct {
 	reached bool
 	// simulated: the answer came from apidispatch's simulator (cache.go).
 	simulated bool
+	// fenced: the permit's lease had ended when the request was about to
+	// go out, so it was not sent (see Permit.Until).
+	fenced bool
 }
 
 // Engine runs one dispatch. Use New, then Run once.
@@ -1009,6 +1012,14 @@ func (e *Engine) send(a *attempt) {
 	req.Header.Set("content-type", "application/json")
 	req.Header.Set("x-stainless-retry-count", strconv.FormatInt(a.w.attempts-1, 10))
 	t0 := time.Now()
+	if u := a.permit.Until; !u.IsZero() && !t0.Before(u) {
+		// The process was paused (or starved of CPU) past the lease it
+		// was admitted on: Redis may have given the slot away. Not sent.
+		a.fenced = true
+		a.outcome = anthropic.Outcome{Kind: anthropic.Retryable, Reason: "not sent: the shared lease ended before the request went out"}
+		a.lane.Done(t0, a.permit, Feedback{Outcome: a.outcome})
+		return
+	}
 	resp, err := e.client.Do(req)
 	var status int
 	var hdr http.Header
@@ -1083,6 +1094,21 @@ func (e *Engine) handle(a *attempt, com *committer, stopping bool) {
 		e.noteOrgID(l.org, a.orgIDHdr)
 	}
 	e.settle(a)
+	if a.fenced {
+		// Never sent: not an attempt; the item goes back to the queue.
+		w.attempts--
+		e.c.attempts.Add(-1)
+		l.attempts.Add(-1)
+		e.cfg.Events.Emit(EventLane, l.key+": "+a.outcome.Reason, map[string]any{"custom_id": w.it.CustomID, "fenced": true})
+		w.notBefore = now
+		if stopping {
+			e.held--
+			e.settleKey(a, false, true, com)
+			return
+		}
+		heap.Push(&e.delayed, w)
+		return
+	}
 	if a.readErr != nil {
 		// The input file cannot be read: stop, nothing is lost.
 		e.held--

@@ -56,6 +56,11 @@ type Permit struct {
 	// At is when it was admitted (zero: unknown). The headers of its
 	// answer may not count our admissions after it yet.
 	At time.Time
+	// Until, when set, is the end of the lease the gate admitted on (a
+	// shared gate's): the engine does not send the request at or after it,
+	// so a process paused between admission and sending does not send on a
+	// lease whose slots may have been given to another process.
+	Until time.Time
 }
 
 // Feedback is what one attempt taught the lane.

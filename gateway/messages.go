@@ -238,11 +238,19 @@ func (x *exchange) run() {
 	}
 }
 
+// errLeaseEnded: the shared lease the attempt was admitted on ended
+// before it went out (see dispatch.Permit.Until); it is not sent.
+var errLeaseEnded = errors.New("not sent: the shared lease ended before the request went out")
+
 // newUpstream builds the upstream request of one attempt. Its context is
 // not the client's: a request sent is let finish and billed even when the
-// client goes away.
-func (x *exchange) newUpstream(ctx context.Context, l *lane) (*http.Request, error) {
+// client goes away. An attempt whose lease has ended is not built.
+func (x *exchange) newUpstream(ctx context.Context, gr grant) (*http.Request, error) {
+	l := gr.lane
 	x.wrote.Store(false)
+	if u := gr.permit.Until; !u.IsZero() && !time.Now().Before(u) {
+		return nil, errLeaseEnded
+	}
 	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{WroteRequest: func(i httptrace.WroteRequestInfo) {
 		if i.Err == nil {
 			x.wrote.Store(true)
@@ -293,7 +301,7 @@ func (x *exchange) sync(gr grant) (anthropic.Outcome, *answer, bool) {
 	g := x.g
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(x.r.Context()), g.cfg.Timeout)
 	defer cancel()
-	req, err := x.newUpstream(ctx, gr.lane)
+	req, err := x.newUpstream(ctx, gr)
 	var status int
 	var hdr http.Header
 	var rb []byte
@@ -395,7 +403,7 @@ func (x *exchange) stream(gr grant) (anthropic.Outcome, *answer, bool) {
 	g := x.g
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(x.r.Context()), g.cfg.Timeout)
 	defer cancel()
-	req, err := x.newUpstream(ctx, gr.lane)
+	req, err := x.newUpstream(ctx, gr)
 	var resp *http.Response
 	if err == nil {
 		resp, err = g.client.Do(req)

@@ -14,9 +14,11 @@
 // its own monotonic clock, less a margin (the lease runs from the moment
 // the renewal was sent, so it ends before Redis' copy does). A process
 // that was paused, or that lost Redis, stops admitting at its lease's end
-// until it renews. The others reclaim a silent process's slots only a
-// grace after its lease ended in Redis, so its requests already in flight
-// have that long to finish before their slots are given away.
+// until it renews; a request admitted before the lease ended but not yet
+// sent is not sent. The others reclaim a silent process's slots only a
+// grace after its lease ended in Redis, longer than its longest recent
+// request, so its requests already in flight have ended on the server
+// before their slots are given away.
 //
 // When Redis cannot be reached mid-run, a process cannot tell whether the
 // others still reach it, so it admits nothing past its lease and rejoins
@@ -76,11 +78,13 @@ type Config struct {
 	// until TTL (less a margin of TTL/10) after it sent the renewal that
 	// gave it.
 	TTL time.Duration
-	// Grace (default TTL) is how long after a process's lease ended in
-	// Redis the others wait before they take its slots: its requests in
-	// flight when it went silent have the grace plus the margin to finish.
-	// A dead process's slots are free again at most TTL+Grace after its
-	// last renewal.
+	// Grace (default TTL) is the least time after a process's lease ended
+	// in Redis that the others wait before they take its slots: its
+	// requests in flight when it went silent have the grace plus the
+	// margin to finish. Each lane asks for more when its requests last
+	// longer: a quarter more than its longest request of the last minute
+	// or two (at most 10 minutes). A dead process's slots are free again
+	// TTL+grace after its last renewal.
 	Grace time.Duration
 	// Orgs are the run's orgs; their keys' fingerprints name the lanes.
 	Orgs   []org.Org

@@ -71,6 +71,12 @@ type Gate struct {
 	leaseWall time.Time
 	fenced    bool // refused since the lease ended
 
+	// The longest requests lately (admission to answer), in two rotating
+	// windows: the grace Redis keeps this process's slots for after its
+	// lease covers them (see graceFor).
+	tailCur, tailPrev time.Duration
+	tailSince         time.Time
+
 	// Local fallback, while Redis has not answered since the start.
 	local      bool
 	localLimit float64
@@ -180,13 +186,25 @@ func (g *Gate) TryAdmit(now time.Time, d dispatch.Demand) (dispatch.Permit, time
 	if g.inFlight >= g.available() {
 		g.starved = true
 	}
-	return dispatch.Permit{Need: n, Demand: d, Epoch: g.epoch}, 0, true
+	p := dispatch.Permit{Need: n, Demand: d, Epoch: g.epoch, At: now}
+	if !g.local {
+		// Not sent past the lease (Permit.Until): the earlier of its two
+		// ends, on this process's monotonic clock.
+		p.Until = g.leaseMono
+		if w := g.leaseWall.Sub(now.Round(0)); w < g.leaseMono.Sub(now) {
+			p.Until = now.Add(w)
+		}
+	}
+	return p, 0, true
 }
 
 // Done implements dispatch.Gate.
 func (g *Gate) Done(now time.Time, p dispatch.Permit, fb dispatch.Feedback) {
 	g.mu.Lock()
 	g.inFlight--
+	if !p.At.IsZero() {
+		g.noteLatency(now, now.Sub(p.At))
+	}
 	g.buckets.Done(now, p, fb, g.share)
 	if fb.Limits.Requests.Present || fb.Limits.Input.Present || fb.Limits.Output.Present {
 		g.hdr, g.hdrAt, g.hdrNew = fb.Limits, now, true
@@ -212,6 +230,31 @@ func (g *Gate) Done(now time.Time, p dispatch.Permit, fb dispatch.Feedback) {
 	if wake != nil {
 		wake()
 	}
+}
+
+// tailWindow is how long one window of the latency tail lasts.
+const tailWindow = time.Minute
+
+// maxGrace bounds the grace a process asks for, however long its requests.
+const maxGrace = 10 * time.Minute
+
+// noteLatency records one request's time from admission to answer; g.mu
+// is held.
+func (g *Gate) noteLatency(now time.Time, d time.Duration) {
+	if g.tailSince.IsZero() || now.Sub(g.tailSince) >= tailWindow {
+		g.tailPrev, g.tailCur, g.tailSince = g.tailCur, 0, now
+	}
+	g.tailCur = max(g.tailCur, d)
+}
+
+// graceFor is how long after this process's lease ends Redis keeps its
+// slots: the configured grace, or a quarter more than the longest request
+// of the last minute or two if that is longer, so that requests a paused
+// or cut-off process had in flight have ended on the server before another
+// process takes their slots; g.mu is held.
+func (g *Gate) graceFor() time.Duration {
+	tail := max(g.tailCur, g.tailPrev)
+	return min(maxGrace, max(g.b.grace, tail+tail/4))
 }
 
 // holdLocked holds admission for d from now; g.mu is held.
@@ -330,12 +373,13 @@ func (g *Gate) renew(ctx context.Context) error {
 	inFlight := g.inFlight
 	mayHave := max(g.inFlight, g.available())
 	disabled := g.disabled != ""
+	grace := g.graceFor()
 	g.mu.Unlock()
 	if disabled {
 		want = 0
 	}
 	// Redis keeps this process's slots for the lease and the grace.
-	ttl := (g.b.ttl + g.b.grace).Milliseconds()
+	ttl := (g.b.ttl + grace).Milliseconds()
 	args := []any{g.b.proc, g.cfg.Cap, g.cfg.StartFraction, g.cfg.MinLimit, want, mayHave, ttl,
 		g.cfg.RampPerSecond, g.cfg.IncreasePerSecond, g.cfg.Speed, succ, oth, hdr, age, inFlight}
 	g.b.trips.Add(1)

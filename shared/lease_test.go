@@ -263,3 +263,55 @@ func TestSharedEngineAfterThePilotKeepsTheCap(t *testing.T) {
 		t.Fatalf("%d in flight on a cap of 4: %d by the process with two engines, %d by the other", len(pm)+len(pb), len(pm), len(pb))
 	}
 }
+
+// Issue 20, case 1 (found by CI under load): the grace Redis keeps a
+// process's slots for after its lease covers the longest request it has
+// seen lately, so a paused process's requests already on the server have
+// ended before another process takes their slots. With the fixed grace
+// (the TTL), requests longer than it overlapped the other's whole cap.
+func TestSharedGraceCoversTheLongestRequest(t *testing.T) {
+	url := testredis.URL(t)
+	a := openIdle(t, url, []org.Org{freshOrg("a")})
+	ga := a.NewGate(lane(100))
+	expiry := func() time.Duration {
+		t.Helper()
+		a.renewAll(context.Background())
+		now, err := a.rdb.Time(context.Background()).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		score, err := a.rdb.ZScore(context.Background(), ga.(*Gate).keys[4], a.proc).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return time.UnixMilli(int64(score)).Sub(now)
+	}
+	if d := expiry(); d > a.ttl+a.grace+100*time.Millisecond {
+		t.Fatalf("no request yet: slots kept %v after the renewal, want the TTL %v and the grace %v", d, a.ttl, a.grace)
+	}
+	p, _, ok := ga.TryAdmit(time.Now(), one)
+	if !ok {
+		t.Fatal("not admitted")
+	}
+	// A request that took 4 s from admission to answer.
+	ga.Done(p.At.Add(4*time.Second), p, ok200)
+	if d, want := expiry(), a.ttl+5*time.Second; d < want-100*time.Millisecond || d > want+100*time.Millisecond {
+		t.Fatalf("after a 4 s request: slots kept %v after the renewal, want %v (TTL and 1.25 × the longest request)", d, want)
+	}
+}
+
+// The permit of a shared gate carries its lease's end: the engine does not
+// send a request admitted on a lease that ended before it went out.
+func TestSharedPermitEndsWithTheLease(t *testing.T) {
+	url := testredis.URL(t)
+	a := openIdle(t, url, []org.Org{freshOrg("a")})
+	ga := a.NewGate(lane(100))
+	a.renewAll(context.Background())
+	p, _, ok := ga.TryAdmit(time.Now(), one)
+	if !ok {
+		t.Fatal("not admitted")
+	}
+	if p.Until.IsZero() || p.Until.After(time.Now().Add(a.ttl-a.margin)) || p.Until.Before(time.Now().Add(a.ttl-a.margin-200*time.Millisecond)) {
+		t.Fatalf("permit until %v from now, want the lease's end, %v less the margin %v", time.Until(p.Until), a.ttl, a.margin)
+	}
+}

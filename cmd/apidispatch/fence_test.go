@@ -13,9 +13,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/apidispatch/apidispatch/dispatch"
 	"github.com/apidispatch/apidispatch/internal/netproxy"
-	"github.com/apidispatch/apidispatch/shared"
 	"github.com/apidispatch/apidispatch/sim"
 )
 
@@ -125,11 +126,16 @@ func maxInFlightPerKey(r *sim.Running) []int64 {
 
 // TestSharedPausedProcessStaysUnderTheCap is issue 20's case 1 from
 // outside: two shared processes on the same three keys; one is stopped
-// (SIGSTOP) for three lease TTLs in the middle of its run, long enough for
-// the other to take its slots, then continued (SIGCONT). The simulator's
-// own maximum in flight per key stays at or under the cap of 100, and
-// both runs write every custom_id once. Before the fence, the continued
-// process admitted on its old grant on top of the other's whole cap.
+// (SIGSTOP) in the middle of its run until the other has taken its slots
+// (the simulator counts more than one process's share in flight on a key,
+// which Redis grants only once the paused one's lease and grace are over),
+// then continued (SIGCONT). The simulator's own maximum in flight per key
+// stays at or under the cap of 100, and both runs write every custom_id
+// once. Before the fence, the continued process admitted on its old grant
+// on top of the other's whole cap; before the grace covered the longest
+// request, the paused process's last requests were still running on the
+// server when the other took their slots; before the send-time check, a
+// request admitted just before the pause went out after it.
 func TestSharedPausedProcessStaysUnderTheCap(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts processes")
@@ -139,19 +145,25 @@ func TestSharedPausedProcessStaysUnderTheCap(t *testing.T) {
 	u := cmdRedis(t)
 	f := twoShared(t, r, n, u, u)
 	waitBilled(t, r, n/2)
-	pause := 3 * shared.DefaultTTL
 	if err := f.cmds[0].Process.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
+	paused := time.Now()
 	before := r.Server.LedgerTotals().Requests
-	time.Sleep(pause)
+	// Wait until the other process has reclaimed the paused one's slots
+	// on every lane (one live lease left in Redis), then a second more for
+	// it to fill them.
+	took := waitReclaimed(t, u, paused, 40*time.Second, func() { f.cmds[0].Process.Signal(syscall.SIGCONT) })
+	time.Sleep(time.Second)
+	pausedFor := time.Since(paused)
 	during := r.Server.LedgerTotals().Requests - before
 	if err := f.cmds[0].Process.Signal(syscall.SIGCONT); err != nil {
 		t.Fatal(err)
 	}
 	f.wait(t)
 	maxIn := maxInFlightPerKey(r)
-	t.Logf("paused %v (3 lease TTLs) mid-run; %d requests billed meanwhile (by the other); max in flight per key %v (cap 100)", pause, during, maxIn)
+	t.Logf("paused %v mid-run (the other took its slots after %v); %d requests billed meanwhile (by the other); max in flight per key %v (cap 100)",
+		pausedFor.Round(time.Millisecond), took.Round(time.Millisecond), during, maxIn)
 	for i, m := range maxIn {
 		if m > 100 {
 			t.Errorf("key %d: %d in flight at once, cap 100", i, m)
@@ -159,6 +171,39 @@ func TestSharedPausedProcessStaysUnderTheCap(t *testing.T) {
 	}
 	for _, d := range f.dirs {
 		requireEachOnce(t, d, n)
+	}
+}
+
+// waitReclaimed waits until every shared lane in Redis at redisURL has
+// one lease left (another process reclaimed the silent one's slots) and
+// reports how long after since that was; past limit it calls undo and
+// fails.
+func waitReclaimed(t *testing.T, redisURL string, since time.Time, limit time.Duration, undo func()) time.Duration {
+	t.Helper()
+	o, err := redis.ParseURL(redisURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := redis.NewClient(o)
+	defer c.Close()
+	for {
+		if time.Since(since) > limit {
+			undo()
+			t.Fatalf("%v and the other process never reclaimed the silent one's slots", limit)
+		}
+		time.Sleep(50 * time.Millisecond)
+		keys, err := c.Keys(t.Context(), "apidispatch:v1:lane:*:exp").Result()
+		if err != nil {
+			undo()
+			t.Fatal(err)
+		}
+		left := 0
+		for _, k := range keys {
+			left = max(left, int(c.ZCard(t.Context(), k).Val()))
+		}
+		if len(keys) > 0 && left <= 1 {
+			return time.Since(since)
+		}
 	}
 }
 
