@@ -332,14 +332,6 @@ func (w *world) fallbackShares() func(t int64) int {
 			}
 		}
 	}
-	// After a SIGCONT: what the process had admitted but not yet written
-	// to the socket when it was stopped goes out on top of the slots Redis
-	// has since given the others (README "Fenced leases", worst case: the
-	// API has no fencing token), at most its --cap, ending within its
-	// latency.
-	for _, r := range w.resumed {
-		spans = append(spans, span{r.from, r.to, w.capOf(r.proc)})
-	}
 	w.mu.Unlock()
 	return func(t int64) int {
 		from, to := time.Duration(t)*time.Second, time.Duration(t+1)*time.Second
