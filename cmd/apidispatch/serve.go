@@ -232,7 +232,7 @@ flags:`)
 func gatewayStats(st gateway.Status) metrics.GatewayStats {
 	out := metrics.GatewayStats{OrgSpentUSD: st.OrgSpend, Queued: st.Queued, Batches: st.Batches}
 	for _, c := range st.Clients {
-		out.Clients = append(out.Clients, metrics.ClientSpend{Client: c.Client, SpentUSD: c.SpentUSD, ReservedUSD: c.InFlight, CapUSD: c.CapUSD})
+		out.Clients = append(out.Clients, metrics.ClientSpend{Client: c.Client, SpentUSD: c.SpentUSD, ReservedUSD: c.InFlight, CapUSD: c.CapUSD, ByOrgUSD: c.ByOrg})
 	}
 	return out
 }
