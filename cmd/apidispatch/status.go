@@ -101,8 +101,14 @@ flags:`)
 	if len(rows) == 0 {
 		fmt.Fprintf(stdout, "no run directories with lane samples under %s\n", *runs)
 	}
+	if _, err := gateway.ReadStatus(defaultGatewayStateDir); err == nil {
+		fmt.Fprintf(stdout, "a gateway's state is in %s: apidispatch status --gateway %[1]s\n", defaultGatewayStateDir)
+	}
 	return exitOK
 }
+
+// defaultGatewayStateDir is serve's default --state-dir.
+const defaultGatewayStateDir = "gateway-state"
 
 // gatewayStatus prints the status file of the gateway whose state
 // directory is dir, as of now.

@@ -28,7 +28,7 @@ func TestStatusGatewayShowsClientsSpendAndBatches(t *testing.T) {
 		}
 	})
 	dir := t.TempDir()
-	state := filepath.Join(dir, "state")
+	state := filepath.Join(dir, "gateway-state")
 	const alice, bob = "sk-gw-status-alice-000001", "sk-gw-status-bob-0000002"
 	clients := filepath.Join(dir, "clients.toml")
 	os.WriteFile(clients, []byte("[[client]]\nname = \"alice\"\ntoken = \""+alice+"\"\nmax_cost = 5\n\n[[client]]\nname = \"bob\"\ntoken = \""+bob+"\"\n"), 0o600)
@@ -90,6 +90,12 @@ func TestStatusGatewayShowsClientsSpendAndBatches(t *testing.T) {
 			t.Fatalf("status never showed the gateway stopped:\n%s", out)
 		}
 		time.Sleep(200 * time.Millisecond)
+	}
+	// A plain 'status' where serve ran with its default --state-dir names it.
+	c := cliCmd(run, "status")
+	c.Dir = dir
+	if out, err := c.Output(); err != nil || !strings.Contains(string(out), "apidispatch status --gateway gateway-state") {
+		t.Errorf("status beside a gateway's state: %v\n%s", err, out)
 	}
 	if code, _, errOut := runCLI("status", "--gateway", dir); code != exitUsage || !strings.Contains(errOut, "status.json") {
 		t.Errorf("status --gateway on a directory without a gateway: %d %s", code, errOut)
