@@ -414,29 +414,36 @@ func (g *Gateway) disableOrg(u *upstream, reason string) {
 	g.log.Warn("org out of rotation", "org", u.Name, "key", u.Key.Fingerprint(), "reason", reason)
 }
 
-// Status is the gateway's state for 'apidispatch status', the metrics and
-// GET /apidispatch/status. The gateway-wide fields (Total, Requests …
-// OrgSpend) are omitted from a client's view.
+// Status is the whole gateway's state, for 'apidispatch status --gateway'
+// (the status file) and the metrics.
 type Status struct {
-	// Client names the client whose view this is ("" for the whole
-	// gateway's).
-	Client    string                  `json:"client,omitempty"`
 	Clients   []ClientSpend           `json:"clients"`
-	Total     *ClientSpend            `json:"total,omitempty"`
+	Total     ClientSpend             `json:"total"`
 	Queued    int                     `json:"queued"`
 	Lanes     []dispatch.LaneSnapshot `json:"lanes"`
-	Requests  int64                   `json:"requests,omitempty"`
-	Attempts  int64                   `json:"upstream_attempts,omitempty"`
-	Retries   int64                   `json:"retries,omitempty"`
-	Abandoned int64                   `json:"abandoned,omitempty"`
-	RefusedAt int64                   `json:"refused_by_cap,omitempty"`
+	Requests  int64                   `json:"requests"`
+	Attempts  int64                   `json:"upstream_attempts"`
+	Retries   int64                   `json:"retries"`
+	Abandoned int64                   `json:"abandoned"`
+	RefusedAt int64                   `json:"refused_by_cap"`
 	Orgs      map[string]string       `json:"orgs_out_of_rotation,omitempty"`
-	// Batches counts the gateway batches (a client's own in its view) by
-	// processing status.
-	Batches map[string]int `json:"batches"`
+	Batches   map[string]int          `json:"batches"`
 	// OrgSpend is what the ledger holds by org, in US dollars; gateway
 	// batches, which span orgs, under OrgGatewayBatches.
 	OrgSpend map[string]float64 `json:"spend_by_org_usd,omitempty"`
+}
+
+// ClientView is one client's view of the gateway (GET /apidispatch/status):
+// its own spend (by org too) and gateway batches by status, and the queue,
+// lanes and orgs out of rotation that every client shares; nothing of
+// another client, nor the gateway's totals.
+type ClientView struct {
+	Client  string                  `json:"client"`
+	Clients []ClientSpend           `json:"clients"` // the client's own
+	Queued  int                     `json:"queued"`
+	Lanes   []dispatch.LaneSnapshot `json:"lanes"`
+	Orgs    map[string]string       `json:"orgs_out_of_rotation,omitempty"`
+	Batches map[string]int          `json:"batches"`
 }
 
 // Status returns the whole gateway's state now.
@@ -458,7 +465,7 @@ func (g *Gateway) Status() Status {
 		}
 	}
 	tot.CapUSD, tot.InFlight = g.gate.Cap().USD(), (g.gate.Reserved() + g.gate.Held()).USD()
-	s := Status{Clients: cl, Total: &tot, Queued: g.lanes.queued(), Lanes: g.lanes.snapshots(time.Now()),
+	s := Status{Clients: cl, Total: tot, Queued: g.lanes.queued(), Lanes: g.lanes.snapshots(time.Now()),
 		Requests: g.stats.requests.Load(), Attempts: g.stats.upstreamAttempts.Load(), Retries: g.stats.retries.Load(),
 		Abandoned: g.stats.abandoned.Load(), RefusedAt: g.stats.refusedCap.Load(), Batches: g.batches.counts(""),
 		OrgSpend: usdByOrg(g.ledger.ByOrg())}
@@ -473,20 +480,17 @@ func (g *Gateway) Status() Status {
 	return s
 }
 
-// ClientStatus is client's view of the gateway: its own spend (by org
-// too) and batches, and the queue, lanes and orgs out of rotation that
-// every client shares; nothing of another client, nor the gateway's
-// totals.
-func (g *Gateway) ClientStatus(client string) Status {
+// ClientStatus is client's view of the gateway now.
+func (g *Gateway) ClientStatus(client string) ClientView {
 	st := g.Status()
-	var own []ClientSpend
+	v := ClientView{Client: client, Clients: []ClientSpend{}, Queued: st.Queued, Lanes: st.Lanes, Orgs: st.Orgs,
+		Batches: g.batches.counts(client)}
 	for _, c := range st.Clients {
 		if c.Client == client {
-			own = append(own, c)
+			v.Clients = append(v.Clients, c)
 		}
 	}
-	return Status{Client: client, Clients: own, Queued: st.Queued, Lanes: st.Lanes, Orgs: st.Orgs,
-		Batches: g.batches.counts(client)}
+	return v
 }
 
 // status serves GET /apidispatch/status: the caller's view (ClientStatus).

@@ -139,12 +139,9 @@ func gatewayStatus(dir string, asJSON bool, now time.Time, stdout, stderr io.Wri
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "\nclient\tspent\treserved\tmax_cost\tanswers\tabandoned\tspent by org")
-	rows := s.Clients
-	if s.Total != nil {
-		t := *s.Total
-		t.ByOrg = s.OrgSpend
-		rows = append(rows, t)
-	}
+	t := s.Total
+	t.ByOrg = s.OrgSpend
+	rows := append(s.Clients, t)
 	for _, c := range rows {
 		name := c.Client
 		if name == "*" {

@@ -64,7 +64,7 @@ func TestStatusGatewayShowsClientsSpendAndBatches(t *testing.T) {
 	}
 	a, b := s.Clients[0], s.Clients[1]
 	if a.Client != "alice" || b.Client != "bob" || a.SpentUSD <= 0 || b.SpentUSD <= 0 || a.CapUSD != 5 || b.CapUSD != 0 ||
-		a.InFlight <= 0 || len(a.ByOrg) != 1 || len(b.ByOrg) != 1 || s.Total == nil || s.Total.SpentUSD != a.SpentUSD+b.SpentUSD ||
+		a.InFlight <= 0 || len(a.ByOrg) != 1 || len(b.ByOrg) != 1 || s.Total.SpentUSD != a.SpentUSD+b.SpentUSD ||
 		len(s.OrgSpend) == 0 || s.Stopped || s.PID != p.Pid || len(s.Lanes) == 0 {
 		t.Errorf("status: %+v", s)
 	}
