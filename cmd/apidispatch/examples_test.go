@@ -1,3 +1,5 @@
+//go:build sdkexamples
+
 package main
 
 import (
@@ -14,13 +16,12 @@ import (
 // The README's SDK examples (examples/python/judge.py, examples/ts/judge.mjs)
 // run against 'apidispatch serve' in front of the simulator with only
 // ANTHROPIC_BASE_URL and ANTHROPIC_API_KEY set, and every check passes.
-// Each is skipped where its SDK is not installed: python3 must import
-// anthropic (with PYTHONPATH as given), and examples/ts must have had its
-// 'npm install'.
+// It needs both SDKs, which CI cannot install (no PyPI), so it builds only
+// with the tag: python3 must import anthropic (with PYTHONPATH as given) and
+// examples/ts must have had its 'npm install'; a missing SDK fails it.
+//
+//	go test -tags sdkexamples -run TestSDKExamplesAgainstServe -v ./cmd/apidispatch
 func TestSDKExamplesAgainstServe(t *testing.T) {
-	if testing.Short() {
-		t.Skip("spawns processes")
-	}
 	root, err := filepath.Abs("../../examples")
 	if err != nil {
 		t.Fatal(err)
@@ -37,7 +38,7 @@ func TestSDKExamplesAgainstServe(t *testing.T) {
 			probe := exec.Command(ex.probe[0], ex.probe[1:]...)
 			probe.Dir = ex.dir
 			if out, err := probe.CombinedOutput(); err != nil {
-				t.Skipf("the %s SDK is not installed here (%v %s)", ex.name, err, out)
+				t.Fatalf("the %s SDK is not installed here (%v %s)", ex.name, err, out)
 			}
 			run, _ := simtest.Start(t, sim.PresetOrigin3Org, 200, nil)
 			dir := t.TempDir()
