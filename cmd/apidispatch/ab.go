@@ -215,7 +215,7 @@ flags:`)
 				errf(stderr, "shared budget: %v", err)
 				return
 			}
-			b.Start()
+			b.Start(context.WithoutCancel(ctx))
 			budgets = append(budgets, b)
 			c.NewGate = b.NewGate
 		}

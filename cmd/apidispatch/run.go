@@ -213,7 +213,7 @@ flags:`)
 			}
 			if sb != nil {
 				c.NewGate = sb.NewGate
-				sb.Start()
+				sb.Start(context.WithoutCancel(ctx))
 				closers = append(closers, func() { sb.Close() })
 				shared = func() any { return sb.Stats() }
 			}

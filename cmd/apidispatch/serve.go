@@ -156,7 +156,7 @@ flags:`)
 	}
 	if sb != nil {
 		cfg.NewGate = sb.NewGate
-		sb.Start()
+		sb.Start(context.WithoutCancel(ctx))
 		defer sb.Close()
 	}
 	var mset *metrics.Metrics

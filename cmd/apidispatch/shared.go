@@ -5,7 +5,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net/http"
 	"os"
 
 	"github.com/apidispatch/apidispatch/dispatch"
@@ -45,18 +44,18 @@ func (s *sharedFlags) open(ctx context.Context, orgs []org.Org, events *dispatch
 // metricsServer is 'run --metrics': the registry and its server.
 type metricsServer struct {
 	*metrics.Metrics
-	srv *http.Server
+	srv *metrics.Server
 }
 
 func startMetrics(addr string, stderr io.Writer) (*metricsServer, error) {
 	m := metrics.New()
-	srv, at, err := m.Serve(addr)
+	srv, err := m.Start(context.Background(), addr)
 	if err != nil {
 		return nil, fmt.Errorf("--metrics %s: %w", addr, err)
 	}
-	fmt.Fprintf(stderr, "metrics: http://%s/metrics\n", at)
+	fmt.Fprintf(stderr, "metrics: http://%s/metrics\n", srv.Addr())
 	return &metricsServer{Metrics: m, srv: srv}, nil
 }
 
-// Close stops the server.
-func (m *metricsServer) Close() error { return m.srv.Close() }
+// Close stops the server and waits for it.
+func (m *metricsServer) Close() error { return m.srv.Stop() }
