@@ -29,11 +29,13 @@ import (
 	"github.com/apidispatch/apidispatch/workload"
 )
 
-// Errors Run returns; the command maps them to exit codes (design.md §10).
+// Errors Run returns. Each is a runner.StopError (or wraps one), so
+// runner.StopOf gives the kind of stop, and its ExitCode the exit code
+// (design.md §10).
 var (
 	// ErrRefused: a precondition failed or --confirm is missing; nothing
 	// was sent (exit 3). The errors below that wrap it say which.
-	ErrRefused = errors.New("ab: refused")
+	ErrRefused error = &runner.StopError{Kind: runner.Refused, Err: errors.New("ab: refused")}
 	// ErrTooFewOrgs: the A/B needs at least two orgs.
 	ErrTooFewOrgs = fmt.Errorf("%w: the A/B needs at least 2 orgs (the dispatcher arm fans out over them)", ErrRefused)
 	// ErrConfirmRequired: the total of both arms needs --confirm.
@@ -43,14 +45,14 @@ var (
 	ErrStormTest = fmt.Errorf("%w: the storm self-test failed", ErrRefused)
 	// ErrPaused: the projected total is over budget × (1 + tolerance);
 	// nothing was sent (exit 2).
-	ErrPaused = errors.New("ab: paused by the budget gate")
+	ErrPaused error = &runner.StopError{Kind: runner.Paused, Err: errors.New("ab: paused by the budget gate")}
 	// ErrDataLoss: an item was lost or duplicated (exit 5). For the
 	// dispatcher any failed data-loss check counts; for the legacy arm only
 	// missing or duplicate results do, since its retryable causes marked
 	// terminal are the legacy behaviour the A/B demonstrates.
-	ErrDataLoss = errors.New("ab: data-loss check failed")
+	ErrDataLoss error = &runner.StopError{Kind: runner.DataLoss, Err: errors.New("ab: data-loss check failed")}
 	// ErrConfig: the configuration is unusable; nothing was sent (exit 1).
-	ErrConfig = errors.New("ab: configuration")
+	ErrConfig error = &runner.StopError{Kind: runner.Usage, Err: errors.New("ab: configuration")}
 )
 
 // Orders of the arms.
@@ -128,6 +130,11 @@ type Config struct {
 	OnSim func(*sim.Running)
 	// Dispatch adjusts the dispatcher arm's configuration (for tests).
 	Dispatch func(*dispatch.Config)
+	// Shared, when its URL is set, is the shared budget (--shared) of the
+	// arms that run on lanes: Run refuses at once when Redis cannot be
+	// reached (unless Fallback), and each arm then opens its own, on a
+	// local share during an outage.
+	Shared runner.Shared
 	// Now is the clock for rotation reminders (default time.Now).
 	Now func() time.Time
 	// Report, when set, renders the HTML report of the A/B directory at
@@ -211,6 +218,13 @@ type harness struct {
 // ErrConfig, ErrRefused, ErrPaused, dispatch.ErrIncomplete or ErrDataLoss.
 // Nothing is sent to any API before every gate and the self-test pass.
 func Run(ctx context.Context, cfg Config) (*Result, error) {
+	if cfg.Shared.URL != "" {
+		if err := cfg.Shared.Check(ctx); err != nil {
+			return nil, &runner.StopError{Kind: runner.Usage, Err: err}
+		}
+		// Reachable a moment ago: an outage now is mid-run.
+		cfg.Shared.Fallback = "local"
+	}
 	h, err := newHarness(cfg)
 	if err != nil {
 		return nil, err
@@ -970,7 +984,7 @@ func (h *harness) runJob(ctx context.Context, dir, arm string, round int, route 
 		defer tr.CloseIdleConnections()
 		dcfg.Client = apihttp.NewClient(tr, 0, 0)
 	}
-	x := runner.Exec{Route: route, Sync: dcfg}
+	x := runner.Exec{Route: route, Sync: dcfg, Shared: h.cfg.Shared}
 	switch route {
 	case runner.RouteBatch:
 		x.OnBatch = func(*batch.Route) func() { return h.watch(arm, round, storeProgress(ctx, job)) }
