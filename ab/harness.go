@@ -22,6 +22,7 @@ import (
 	"github.com/apidispatch/apidispatch/cost"
 	"github.com/apidispatch/apidispatch/dispatch"
 	"github.com/apidispatch/apidispatch/internal/host"
+	"github.com/apidispatch/apidispatch/internal/numfmt"
 	"github.com/apidispatch/apidispatch/org"
 	"github.com/apidispatch/apidispatch/plan"
 	"github.com/apidispatch/apidispatch/runner"
@@ -1066,8 +1067,8 @@ func (h *harness) reportArm(a *ArmResult) {
 		ledger = fmt.Sprintf(", simulator ledger %s (%s)", cost.Nanos(*a.LedgerCostNanos), map[bool]string{true: "matches", false: "DIFFERS"}[*a.CostMatchesLedger])
 	}
 	msg := fmt.Sprintf("%s arm (round %d) done: %.1f s (API-equivalent %s), %s succeeded, %s errored, %s unfinished, cost %s from usage%s, %s 429s, data-loss check %s",
-		a.Arm, a.Round, a.WallS, dur(a.APIEquivalentWallS), commas(a.Succeeded), commas(a.Errored), commas(a.Unfinished),
-		cost.Nanos(a.CostNanos), ledger, commas(a.RateLimited429), passFail(a.DataLoss.Passed))
+		a.Arm, a.Round, a.WallS, dur(a.APIEquivalentWallS), numfmt.Commas(a.Succeeded), numfmt.Commas(a.Errored), numfmt.Commas(a.Unfinished),
+		cost.Nanos(a.CostNanos), ledger, numfmt.Commas(a.RateLimited429), passFail(a.DataLoss.Passed))
 	h.say("%s", msg)
 	h.events.Emit(dispatch.EventProgress, msg, armHeadline(a))
 	h.events.Flush()
