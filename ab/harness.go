@@ -19,6 +19,7 @@ import (
 
 	"github.com/apidispatch/apidispatch/apihttp"
 	"github.com/apidispatch/apidispatch/batch"
+	"github.com/apidispatch/apidispatch/cache"
 	"github.com/apidispatch/apidispatch/cost"
 	"github.com/apidispatch/apidispatch/dispatch"
 	"github.com/apidispatch/apidispatch/internal/host"
@@ -131,6 +132,12 @@ type Config struct {
 	OnSim func(*sim.Running)
 	// Dispatch adjusts the dispatcher arm's configuration (for tests).
 	Dispatch func(*dispatch.Config)
+	// Cache, when set, is the dispatcher arm's result cache in CacheMode
+	// (CacheSampled: requests with temperature above 0 too); the legacy
+	// arm has none.
+	Cache        *cache.Cache
+	CacheMode    cache.Mode
+	CacheSampled bool
 	// Shared, when its URL is set, is the shared budget (--shared) of the
 	// arms that run on lanes: Run refuses at once when Redis cannot be
 	// reached (unless Fallback), and each arm then opens its own, on a
@@ -771,6 +778,9 @@ func (h *harness) caps() map[string]int {
 // dispatchConfig is the dispatcher arm's configuration.
 func (h *harness) dispatchConfig() dispatch.Config {
 	cfg := dispatch.Config{Orgs: h.orgs, BaseURL: h.baseURL, Caps: h.cfg.Caps, Speed: h.speed, Prices: h.prices, Log: h.cfg.Log}
+	if h.cfg.Cache != nil {
+		cfg.Cache, cfg.CacheMode, cfg.CacheSampled = h.cfg.Cache, h.cfg.CacheMode, h.cfg.CacheSampled
+	}
 	if h.cfg.Dispatch != nil {
 		h.cfg.Dispatch(&cfg)
 	}

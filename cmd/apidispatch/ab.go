@@ -16,7 +16,6 @@ import (
 	"time"
 
 	"github.com/apidispatch/apidispatch/ab"
-	"github.com/apidispatch/apidispatch/dispatch"
 	"github.com/apidispatch/apidispatch/org"
 	"github.com/apidispatch/apidispatch/report"
 	"github.com/apidispatch/apidispatch/runner"
@@ -219,7 +218,7 @@ func (f *abFlags) config(stderr io.Writer) (ab.Config, func(), error) {
 		return cfg, func() {}, nil
 	}
 	fmt.Fprintf(stderr, "the dispatcher arm uses the result cache %s (%s): its hits are not sent, so a warm cache makes the speed-up no like-for-like comparison\n", rc.Path(), cmode)
-	cfg.Dispatch = func(c *dispatch.Config) { f.cf.wire(c, rc, cmode) }
+	cfg.Cache, cfg.CacheMode, cfg.CacheSampled = rc, cmode, f.cf.sampled
 	return cfg, func() { rc.Close() }, nil
 }
 
