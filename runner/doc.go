@@ -1,5 +1,5 @@
 // Package runner is a run's lifecycle, shared by every front door ('run',
-// the A/B harness's arms, 'plan”s projection and the gateway's batches):
+// the A/B harness's arms, the projection of 'plan' and the gateway's batches):
 // validate the input, project its cost and wall-clock (Project), apply the
 // gates, open the run directory and the services beside the lanes (the
 // shared budget and the metrics: StartServices), send the items by the
