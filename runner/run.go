@@ -69,9 +69,10 @@ type Config struct {
 	// Abort, when set, abandons the requests in flight when its Abort is
 	// called (the second signal).
 	Abort *Aborter
-	// Quiet: no progress display. TTY: Stderr is a terminal (the progress
-	// line is redrawn in place).
-	Quiet, TTY bool
+	// Progress shows the run's progress on Stderr (the engines' lines,
+	// and the open batches every few seconds); TTY says Stderr is a
+	// terminal (the progress line is redrawn in place).
+	Progress, TTY bool
 	// Stderr gets the gate's arithmetic, the router's decision, progress
 	// and warnings (nil: discarded).
 	Stderr io.Writer
@@ -254,7 +255,7 @@ func (r *run) send(ctx context.Context) Outcome {
 	names := orgNames(cfg.Sync.Orgs)
 	x := Exec{Route: cfg.Route, Sync: cfg.Sync, OnEngine: cfg.onEngine(r.w),
 		Batch: batch.Config{Size: cfg.BatchSize, Cancel: cfg.Cancel, QueueCap: queueCaps(cfg.Limits, names), RPM: batchRPM(cfg.Limits, names)}}
-	if !cfg.Quiet {
+	if cfg.Progress {
 		x.OnBatch = func(rt *batch.Route) func() { return watchBatches(rt, r.w) }
 	}
 	if cfg.Pilot > 0 && cfg.Pilot < r.ws.N && !cfg.Cancel && len(open) == 0 {

@@ -46,11 +46,11 @@ func (a *Aborter) attach(eng *dispatch.Engine) {
 }
 
 // onEngine is Run's Exec.OnEngine: the engine joins the Aborter, and,
-// unless Quiet, a progress display on Stderr runs while it does.
+// with Progress, a progress display on w runs while it does.
 func (cfg *Config) onEngine(w io.Writer) func(*dispatch.Engine) func() {
 	return func(eng *dispatch.Engine) func() {
 		cfg.Abort.attach(eng)
-		if cfg.Quiet {
+		if !cfg.Progress {
 			return func() { cfg.Abort.attach(nil) }
 		}
 		pctx, pstop := context.WithCancel(context.Background())

@@ -149,7 +149,7 @@ func (rf *runFlags) config(fs *flag.FlagSet, input string, stderr io.Writer) (cf
 		Input: input, RunDir: sf.runDir, ResultsPath: sf.out, SummaryPath: sf.summary, Prices: c.prices, Sync: sync,
 		Budget: c.budget, Tolerance: sf.tolerance, Confirm: sf.confirm, Limits: limits, ExpectOutput: rf.gf.expectOut,
 		Pilot: *rf.pilot, Deadline: *rf.deadline, Route: *rf.route, BatchSize: *rf.batchSize, Cancel: *rf.cancel,
-		Shared: rf.shf.shared(), MetricsAddr: *rf.metricsAddr, Quiet: sf.quiet, TTY: isTerminal(stderr), Stderr: stderr,
+		Shared: rf.shf.shared(), MetricsAddr: *rf.metricsAddr, Progress: !sf.quiet, TTY: isTerminal(stderr), Stderr: stderr,
 	}
 	return cfg, closeAll, nil
 }
