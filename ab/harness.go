@@ -19,9 +19,11 @@ import (
 
 	"github.com/apidispatch/apidispatch/apihttp"
 	"github.com/apidispatch/apidispatch/batch"
+	"github.com/apidispatch/apidispatch/cache"
 	"github.com/apidispatch/apidispatch/cost"
 	"github.com/apidispatch/apidispatch/dispatch"
 	"github.com/apidispatch/apidispatch/internal/host"
+	"github.com/apidispatch/apidispatch/internal/numfmt"
 	"github.com/apidispatch/apidispatch/org"
 	"github.com/apidispatch/apidispatch/plan"
 	"github.com/apidispatch/apidispatch/runner"
@@ -29,11 +31,13 @@ import (
 	"github.com/apidispatch/apidispatch/workload"
 )
 
-// Errors Run returns; the command maps them to exit codes (design.md §10).
+// Errors Run returns. Each is a runner.StopError (or wraps one), so
+// runner.StopOf gives the kind of stop, and its ExitCode the exit code
+// (design.md §10).
 var (
 	// ErrRefused: a precondition failed or --confirm is missing; nothing
 	// was sent (exit 3). The errors below that wrap it say which.
-	ErrRefused = errors.New("ab: refused")
+	ErrRefused error = &runner.StopError{Kind: runner.Refused, Err: errors.New("ab: refused")}
 	// ErrTooFewOrgs: the A/B needs at least two orgs.
 	ErrTooFewOrgs = fmt.Errorf("%w: the A/B needs at least 2 orgs (the dispatcher arm fans out over them)", ErrRefused)
 	// ErrConfirmRequired: the total of both arms needs --confirm.
@@ -43,14 +47,14 @@ var (
 	ErrStormTest = fmt.Errorf("%w: the storm self-test failed", ErrRefused)
 	// ErrPaused: the projected total is over budget × (1 + tolerance);
 	// nothing was sent (exit 2).
-	ErrPaused = errors.New("ab: paused by the budget gate")
+	ErrPaused error = &runner.StopError{Kind: runner.Paused, Err: errors.New("ab: paused by the budget gate")}
 	// ErrDataLoss: an item was lost or duplicated (exit 5). For the
 	// dispatcher any failed data-loss check counts; for the legacy arm only
 	// missing or duplicate results do, since its retryable causes marked
 	// terminal are the legacy behaviour the A/B demonstrates.
-	ErrDataLoss = errors.New("ab: data-loss check failed")
+	ErrDataLoss error = &runner.StopError{Kind: runner.DataLoss, Err: errors.New("ab: data-loss check failed")}
 	// ErrConfig: the configuration is unusable; nothing was sent (exit 1).
-	ErrConfig = errors.New("ab: configuration")
+	ErrConfig error = &runner.StopError{Kind: runner.Usage, Err: errors.New("ab: configuration")}
 )
 
 // Orders of the arms.
@@ -128,6 +132,17 @@ type Config struct {
 	OnSim func(*sim.Running)
 	// Dispatch adjusts the dispatcher arm's configuration (for tests).
 	Dispatch func(*dispatch.Config)
+	// Cache, when set, is the dispatcher arm's result cache in CacheMode
+	// (CacheSampled: requests with temperature above 0 too); the legacy
+	// arm has none.
+	Cache        *cache.Cache
+	CacheMode    cache.Mode
+	CacheSampled bool
+	// Shared, when its URL is set, is the shared budget (--shared) of the
+	// arms that run on lanes: Run refuses at once when Redis cannot be
+	// reached (unless Fallback), and each arm then opens its own, on a
+	// local share during an outage.
+	Shared runner.Shared
 	// Now is the clock for rotation reminders (default time.Now).
 	Now func() time.Time
 	// Report, when set, renders the HTML report of the A/B directory at
@@ -211,6 +226,13 @@ type harness struct {
 // ErrConfig, ErrRefused, ErrPaused, dispatch.ErrIncomplete or ErrDataLoss.
 // Nothing is sent to any API before every gate and the self-test pass.
 func Run(ctx context.Context, cfg Config) (*Result, error) {
+	if cfg.Shared.URL != "" {
+		if err := cfg.Shared.Check(ctx); err != nil {
+			return nil, &runner.StopError{Kind: runner.Usage, Err: err}
+		}
+		// Reachable a moment ago: an outage now is mid-run.
+		cfg.Shared.Fallback = "local"
+	}
 	h, err := newHarness(cfg)
 	if err != nil {
 		return nil, err
@@ -756,6 +778,9 @@ func (h *harness) caps() map[string]int {
 // dispatchConfig is the dispatcher arm's configuration.
 func (h *harness) dispatchConfig() dispatch.Config {
 	cfg := dispatch.Config{Orgs: h.orgs, BaseURL: h.baseURL, Caps: h.cfg.Caps, Speed: h.speed, Prices: h.prices, Log: h.cfg.Log}
+	if h.cfg.Cache != nil {
+		cfg.Cache, cfg.CacheMode, cfg.CacheSampled = h.cfg.Cache, h.cfg.CacheMode, h.cfg.CacheSampled
+	}
 	if h.cfg.Dispatch != nil {
 		h.cfg.Dispatch(&cfg)
 	}
@@ -970,7 +995,7 @@ func (h *harness) runJob(ctx context.Context, dir, arm string, round int, route 
 		defer tr.CloseIdleConnections()
 		dcfg.Client = apihttp.NewClient(tr, 0, 0)
 	}
-	x := runner.Exec{Route: route, Sync: dcfg}
+	x := runner.Exec{Route: route, Sync: dcfg, Shared: h.cfg.Shared}
 	switch route {
 	case runner.RouteBatch:
 		x.OnBatch = func(*batch.Route) func() { return h.watch(arm, round, storeProgress(ctx, job)) }
@@ -1052,8 +1077,8 @@ func (h *harness) reportArm(a *ArmResult) {
 		ledger = fmt.Sprintf(", simulator ledger %s (%s)", cost.Nanos(*a.LedgerCostNanos), map[bool]string{true: "matches", false: "DIFFERS"}[*a.CostMatchesLedger])
 	}
 	msg := fmt.Sprintf("%s arm (round %d) done: %.1f s (API-equivalent %s), %s succeeded, %s errored, %s unfinished, cost %s from usage%s, %s 429s, data-loss check %s",
-		a.Arm, a.Round, a.WallS, dur(a.APIEquivalentWallS), commas(a.Succeeded), commas(a.Errored), commas(a.Unfinished),
-		cost.Nanos(a.CostNanos), ledger, commas(a.RateLimited429), passFail(a.DataLoss.Passed))
+		a.Arm, a.Round, a.WallS, dur(a.APIEquivalentWallS), numfmt.Commas(a.Succeeded), numfmt.Commas(a.Errored), numfmt.Commas(a.Unfinished),
+		cost.Nanos(a.CostNanos), ledger, numfmt.Commas(a.RateLimited429), passFail(a.DataLoss.Passed))
 	h.say("%s", msg)
 	h.events.Emit(dispatch.EventProgress, msg, armHeadline(a))
 	h.events.Flush()

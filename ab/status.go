@@ -10,6 +10,7 @@ import (
 
 	"github.com/apidispatch/apidispatch/cost"
 	"github.com/apidispatch/apidispatch/dispatch"
+	"github.com/apidispatch/apidispatch/internal/numfmt"
 )
 
 // Markers around the A/B section of a status file. Everything between
@@ -98,7 +99,7 @@ func StatusSection(r *Result, dir string) []byte {
 	fmt.Fprintf(&b, "## A/B validation: legacy single-org vs %s — %s\n\n", vs, title)
 	fmt.Fprintf(&b, "%s\n\n", r.Headline)
 	fmt.Fprintf(&b, "N = %s per arm, model `%s`, max_tokens %d, order %s, finished %s.\n\n",
-		commas(r.Config.N), r.Config.Model, r.Config.MaxTokens, r.Config.Order, r.FinishedAt.Format("2006-01-02 15:04:05 MST"))
+		numfmt.Commas(r.Config.N), r.Config.Model, r.Config.MaxTokens, r.Config.Order, r.FinishedAt.Format("2006-01-02 15:04:05 MST"))
 	b.WriteString(HeadlineTable(r))
 	b.WriteString("\n")
 	if len(r.Rounds) > 1 {
@@ -169,7 +170,7 @@ func HeadlineTable(r *Result) string {
 		row("requests/min", func(x *ArmResult) string { return fmt.Sprintf("%.0f", x.RequestsPerMin) })
 	}
 	row("succeeded / errored / unfinished", func(x *ArmResult) string {
-		return fmt.Sprintf("%s / %s / %s", commas(x.Succeeded), commas(x.Errored), commas(x.Unfinished))
+		return fmt.Sprintf("%s / %s / %s", numfmt.Commas(x.Succeeded), numfmt.Commas(x.Errored), numfmt.Commas(x.Unfinished))
 	})
 	row("cost from usage", func(x *ArmResult) string { return usdF(x.CostUSD) })
 	if r.Simulated && a.LedgerCostNanos != nil && d.LedgerCostNanos != nil && (c == nil || c.LedgerCostNanos != nil) {
@@ -181,9 +182,9 @@ func HeadlineTable(r *Result) string {
 			return fmt.Sprintf("%s (%s)", cost.Nanos(*x.LedgerCostNanos), m)
 		})
 	}
-	row("attempts", func(x *ArmResult) string { return commas(x.Attempts) })
+	row("attempts", func(x *ArmResult) string { return numfmt.Commas(x.Attempts) })
 	row("429s / 529s / other retries", func(x *ArmResult) string {
-		return fmt.Sprintf("%s / %s / %s", commas(x.RateLimited429), commas(x.Overloaded529), commas(x.OtherRetries))
+		return fmt.Sprintf("%s / %s / %s", numfmt.Commas(x.RateLimited429), numfmt.Commas(x.Overloaded529), numfmt.Commas(x.OtherRetries))
 	})
 	lat := func(l ArmResult) string {
 		v := l.LatencyMs
@@ -200,7 +201,7 @@ func HeadlineTable(r *Result) string {
 	row("per org (succeeded)", func(x *ArmResult) string {
 		var parts []string
 		for _, o := range x.Orgs {
-			parts = append(parts, fmt.Sprintf("%s %s", o, commas(x.ByOrg[o].Succeeded)))
+			parts = append(parts, fmt.Sprintf("%s %s", o, numfmt.Commas(x.ByOrg[o].Succeeded)))
 		}
 		return strings.Join(parts, ", ")
 	})
@@ -249,22 +250,4 @@ func dur(s float64) string {
 		return fmt.Sprintf("%d h %02d min %02d s", h, m, sec)
 	}
 	return fmt.Sprintf("%d min %02d s", m, sec)
-}
-
-// commas formats n with thousands separators.
-func commas(n int64) string {
-	s := fmt.Sprint(n)
-	neg := strings.HasPrefix(s, "-")
-	s = strings.TrimPrefix(s, "-")
-	var b strings.Builder
-	for i, c := range s {
-		if i > 0 && (len(s)-i)%3 == 0 {
-			b.WriteByte(',')
-		}
-		b.WriteRune(c)
-	}
-	if neg {
-		return "-" + b.String()
-	}
-	return b.String()
 }

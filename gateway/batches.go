@@ -419,7 +419,7 @@ func (s *batchStore) execute(gb *gwBatch) {
 		if g.ctx.Err() != nil {
 			return // the gateway is closing: resume next time
 		}
-		if out.Code == runner.ExitOK || canceling || expired {
+		if out.Stop.Kind == runner.Complete || canceling || expired {
 			s.finalize(gb, canceling, expired, out)
 			return
 		}
@@ -428,7 +428,7 @@ func (s *batchStore) execute(gb *gwBatch) {
 			continue
 		default:
 		}
-		if out.Code == runner.ExitUsage || out.Code == runner.ExitDataLoss {
+		if k := out.Stop.Kind; k == runner.Usage || k == runner.DataLoss {
 			// Will not get better by running again: end it, the rest errored.
 			g.log.Error("gateway batch cannot run", "batch", m.ID, "error", out.Err)
 			s.finalize(gb, false, false, out)
@@ -458,7 +458,7 @@ func (s *batchStore) runOnce(ctx context.Context, gb *gwBatch, cancelOpen bool) 
 	gb.mu.Unlock()
 	route := m.Route
 	if cancelOpen && route == runner.RouteSync {
-		return runner.Outcome{Code: runner.ExitIncomplete}
+		return runner.Outcome{Stop: runner.Stop{Kind: runner.Incomplete}}
 	}
 	sync := dispatch.Config{
 		Orgs: g.cfg.Orgs, BaseURL: g.cfg.BaseURL, Caps: g.cfg.Caps, Speed: g.cfg.Speed, Prices: g.cfg.Prices,

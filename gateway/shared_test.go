@@ -28,7 +28,7 @@ func TestThreeGatewaysOnOneRedisStayUnderTheCap(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		sb.Start()
+		sb.Start(context.Background())
 		t.Cleanup(func() { sb.Close() })
 		g, err := New(Config{Orgs: run.Server.Orgs(), BaseURL: run.URL, Speed: 100, Prices: cost.Default(),
 			Caps: map[string]int{"sonnet": capN}, NewGate: sb.NewGate, RetryFor: time.Minute,

@@ -6,6 +6,7 @@
 package metrics
 
 import (
+	"context"
 	"net"
 	"net/http"
 	"sync"
@@ -188,25 +189,52 @@ func (l *lanes) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-// Serve listens on addr, which must be a loopback address, and serves
-// /metrics until Close.
-func (m *Metrics) Serve(addr string) (*http.Server, net.Addr, error) {
+// Server serves a registry's /metrics in the background. Start makes one;
+// Stop ends it. It is safe for concurrent use.
+type Server struct {
+	srv  *http.Server
+	addr net.Addr
+	done chan struct{} // closed when the serving goroutine has returned
+	once sync.Once
+	err  error
+}
+
+// Start listens on addr, which must be a loopback address, and serves
+// /metrics on its own goroutine until Stop. ctx bounds the listen only.
+func (m *Metrics) Start(ctx context.Context, addr string) (*Server, error) {
 	host, _, err := net.SplitHostPort(addr)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	if ip := net.ParseIP(host); host != "localhost" && (ip == nil || !ip.IsLoopback()) {
-		return nil, nil, &net.AddrError{Err: "metrics are served on a loopback address only", Addr: addr}
+		return nil, &net.AddrError{Err: "metrics are served on a loopback address only", Addr: addr}
 	}
-	ln, err := net.Listen("tcp", addr)
+	var lc net.ListenConfig
+	ln, err := lc.Listen(ctx, "tcp", addr)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", m.Handler())
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	go srv.Serve(ln)
-	return srv, ln.Addr(), nil
+	s := &Server{srv: &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}, addr: ln.Addr(), done: make(chan struct{})}
+	go func() {
+		defer close(s.done)
+		s.srv.Serve(ln)
+	}()
+	return s, nil
+}
+
+// Addr is the address the server listens on.
+func (s *Server) Addr() net.Addr { return s.addr }
+
+// Stop closes the listener and every connection, and waits for the
+// serving goroutine. It is safe to call more than once.
+func (s *Server) Stop() error {
+	s.once.Do(func() {
+		s.err = s.srv.Close()
+		<-s.done
+	})
+	return s.err
 }
 
 // GatewayStats is what a gateway ('apidispatch serve') reports at every

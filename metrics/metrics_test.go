@@ -1,6 +1,7 @@
 package metrics
 
 import (
+	"context"
 	"io"
 	"net/http"
 	"strings"
@@ -26,11 +27,12 @@ func TestMetricsCountALane(t *testing.T) {
 	g.Done(now, p1, dispatch.Feedback{Outcome: anthropic.Outcome{Kind: anthropic.Success, Status: 200}, Billed: true, Cost: cost.Nanos(2_500_000)})
 	g.Done(now, p2, dispatch.Feedback{Outcome: anthropic.Outcome{Kind: anthropic.Retryable, Status: 429, RateLimited: true}})
 
-	srv, addr, err := m.Serve("127.0.0.1:0")
+	srv, err := m.Start(context.Background(), "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer srv.Close()
+	defer srv.Stop()
+	addr := srv.Addr()
 	resp, err := http.Get("http://" + addr.String() + "/metrics")
 	if err != nil {
 		t.Fatal(err)
@@ -53,7 +55,7 @@ func TestMetricsCountALane(t *testing.T) {
 			t.Errorf("metrics lack %s", want)
 		}
 	}
-	if _, _, err := m.Serve("0.0.0.0:0"); err == nil {
+	if _, err := m.Start(context.Background(), "0.0.0.0:0"); err == nil {
 		t.Error("served metrics on a non-loopback address")
 	}
 }
@@ -74,11 +76,12 @@ func TestGatewayMetrics(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	srv, addr, err := m.Serve("127.0.0.1:0")
+	srv, err := m.Start(context.Background(), "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer srv.Close()
+	defer srv.Stop()
+	addr := srv.Addr()
 	scrape := func() string {
 		resp, err := http.Get("http://" + addr.String() + "/metrics")
 		if err != nil {
@@ -109,5 +112,28 @@ func TestGatewayMetrics(t *testing.T) {
 	}
 	if strings.Contains(body, `apidispatch_gateway_client_max_cost_usd{client="b"}`) {
 		t.Error("a client without max_cost has a max_cost metric")
+	}
+}
+
+// Stop ends the serving goroutine and waits for it; a second Stop does
+// nothing more.
+func TestServerStopTwice(t *testing.T) {
+	srv, err := New().Start(context.Background(), "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-srv.done:
+	default:
+		t.Fatal("Stop returned before the serving goroutine")
+	}
+	if err := srv.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := http.Get("http://" + srv.Addr().String() + "/metrics"); err == nil {
+		t.Fatal("still serving after Stop")
 	}
 }

@@ -7,27 +7,8 @@ import (
 	"strings"
 
 	"github.com/apidispatch/apidispatch/cost"
+	"github.com/apidispatch/apidispatch/internal/numfmt"
 )
-
-// commas formats an integer with thousands separators: 141,600.
-func commas(n int64) string {
-	s := strconv.FormatInt(n, 10)
-	neg := strings.HasPrefix(s, "-")
-	if neg {
-		s = s[1:]
-	}
-	var b strings.Builder
-	for i, c := range s {
-		if i > 0 && (len(s)-i)%3 == 0 {
-			b.WriteByte(',')
-		}
-		b.WriteRune(c)
-	}
-	if neg {
-		return "-" + b.String()
-	}
-	return b.String()
-}
 
 // usd formats money for people: cents with thousands separators from $1
 // up ("$1,019.52"), six decimals below ("$0.002340").
@@ -39,7 +20,7 @@ func usd(n cost.Nanos) string {
 		return fmt.Sprintf("$%.6f", n.USD())
 	}
 	cents := (int64(n) + 5_000_000) / 10_000_000 // round half up to a cent
-	return fmt.Sprintf("$%s.%02d", commas(cents/100), cents%100)
+	return fmt.Sprintf("$%s.%02d", numfmt.Commas(cents/100), cents%100)
 }
 
 // perM formats a per-token price in nano-dollars as dollars per million
@@ -54,7 +35,7 @@ func perM(n cost.Nanos) string {
 // others with one.
 func tok(f float64) string {
 	if f == math.Trunc(f) {
-		return commas(int64(f))
+		return numfmt.Commas(int64(f))
 	}
 	return strconv.FormatFloat(f, 'f', 1, 64)
 }
@@ -79,5 +60,5 @@ func rpm(f float64) string {
 	if f <= 0 {
 		return "-"
 	}
-	return commas(int64(math.Round(f)))
+	return numfmt.Commas(int64(math.Round(f)))
 }

@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/apidispatch/apidispatch/cost"
+	"github.com/apidispatch/apidispatch/internal/numfmt"
 )
 
 // Gate decisions.
@@ -98,11 +99,11 @@ func Gate(p *Projection, n int64, g GateConfig) GateResult {
 		why = append(why, fmt.Sprintf("expected %s ≥ %s", usd(exp), usd(ConfirmCost)))
 	}
 	if n >= ConfirmN {
-		why = append(why, fmt.Sprintf("N = %s ≥ %s", commas(n), commas(ConfirmN)))
+		why = append(why, fmt.Sprintf("N = %s ≥ %s", numfmt.Commas(n), numfmt.Commas(ConfirmN)))
 	}
 	switch {
 	case len(why) == 0:
-		lines = append(lines, fmt.Sprintf("confirm: expected %s < %s and N = %s < %s → not required", usd(exp), usd(ConfirmCost), commas(n), commas(ConfirmN)))
+		lines = append(lines, fmt.Sprintf("confirm: expected %s < %s and N = %s < %s → not required", usd(exp), usd(ConfirmCost), numfmt.Commas(n), numfmt.Commas(ConfirmN)))
 	case g.Confirm:
 		lines = append(lines, "confirm: "+strings.Join(why, " and ")+" → --confirm given")
 	default:

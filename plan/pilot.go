@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/apidispatch/apidispatch/cost"
+	"github.com/apidispatch/apidispatch/internal/numfmt"
 	"github.com/apidispatch/apidispatch/store"
 	"github.com/apidispatch/apidispatch/workload"
 )
@@ -173,6 +174,6 @@ func (v *pilotView) describe() string {
 		return fmt.Sprintf("pilot: %d items terminal, none succeeded (spent %s): nothing measured, defaults used", ps.Items, ps.Spent)
 	}
 	return fmt.Sprintf("pilot: %s items done (%d succeeded, %d errored) spent %s exactly; measured %.1f output tokens and %.1f billed input tokens a request (%.3f × the local estimate), mean latency %.2f s; the projection is that spend plus the %s items left at these rates",
-		commas(v.done), ps.Succeeded, ps.Errored, ps.Spent, v.outPer,
-		float64(ps.InputTokens+ps.CacheWrite+ps.CacheRead)/float64(ps.Succeeded), v.ratio, v.latencyS, commas(v.w.N-v.done))
+		numfmt.Commas(v.done), ps.Succeeded, ps.Errored, ps.Spent, v.outPer,
+		float64(ps.InputTokens+ps.CacheWrite+ps.CacheRead)/float64(ps.Succeeded), v.ratio, v.latencyS, numfmt.Commas(v.w.N-v.done))
 }

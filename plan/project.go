@@ -9,6 +9,7 @@ import (
 	"github.com/apidispatch/apidispatch/anthropic"
 	"github.com/apidispatch/apidispatch/cost"
 	"github.com/apidispatch/apidispatch/dispatch"
+	"github.com/apidispatch/apidispatch/internal/numfmt"
 	"github.com/apidispatch/apidispatch/workload"
 )
 
@@ -310,10 +311,10 @@ func Project(in Input) (*Projection, error) {
 		mp.BatchRates, mp.BatchExpected, mp.BatchWorstCase = rb, nanos(eb), nanos(wb)
 		mp.Expected, mp.AllMaxTokens, mp.WorstCase = nanos(e), nanos(a), nanos(w)
 		mp.Arithmetic = fmt.Sprintf("%s × (%s input × %s/M + %s output × %s/M) = %s",
-			commas(rem.N), tok(mp.InputPerReq), perM(r.Input), tok(mp.OutputPerReq), perM(r.Output), usd(mp.Expected))
+			numfmt.Commas(rem.N), tok(mp.InputPerReq), perM(r.Input), tok(mp.OutputPerReq), perM(r.Output), usd(mp.Expected))
 		if mix.write > 0 || mix.read > 0 {
 			mp.Arithmetic = fmt.Sprintf("%s × (%s input [%.0f%% uncached × %s/M, %.0f%% cache write × %s/M, %.0f%% cache read × %s/M] + %s output × %s/M) = %s",
-				commas(rem.N), tok(mp.InputPerReq), mix.uncached*100, perM(r.Input), mix.write*100, perM(r.CacheWrite5m), mix.read*100, perM(r.CacheRead),
+				numfmt.Commas(rem.N), tok(mp.InputPerReq), mix.uncached*100, perM(r.Input), mix.write*100, perM(r.CacheWrite5m), mix.read*100, perM(r.CacheRead),
 				tok(mp.OutputPerReq), perM(r.Output), usd(mp.Expected))
 		}
 		expected += e
@@ -615,10 +616,10 @@ func wall(d poolDemand, ceilingRPM float64, capBound bool) (float64, string) {
 		return 0, "nothing to send"
 	}
 	if ceilingRPM <= 0 {
-		return math.Inf(1), fmt.Sprintf("%s items but no lane can serve %s", commas(d.n), d.pool)
+		return math.Inf(1), fmt.Sprintf("%s items but no lane can serve %s", numfmt.Commas(d.n), d.pool)
 	}
 	s := float64(d.n) / ceilingRPM * 60
-	arith := fmt.Sprintf("%s items ÷ %s req/min = %s", commas(d.n), commas(int64(math.Round(ceilingRPM))), dur(s))
+	arith := fmt.Sprintf("%s items ÷ %s req/min = %s", numfmt.Commas(d.n), numfmt.Commas(int64(math.Round(ceilingRPM))), dur(s))
 	if capBound {
 		s += rampS
 		arith += fmt.Sprintf(" + %.2f s warm-up", rampS)

@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/apidispatch/apidispatch/cost"
+	"github.com/apidispatch/apidispatch/internal/numfmt"
 )
 
 // Routes an item can take (design.md §12 --route).
@@ -94,7 +95,7 @@ func (m BatchModel) check() error {
 		}
 	}
 	if m.Queue < 0 || m.MaxBatch < 0 || m.MaxBatch > MaxBatchRequests {
-		return fmt.Errorf("%w: queue must not be negative and max_batch must be 0 to %s", ErrBatchModel, commas(MaxBatchRequests))
+		return fmt.Errorf("%w: queue must not be negative and max_batch must be 0 to %s", ErrBatchModel, numfmt.Commas(MaxBatchRequests))
 	}
 	return nil
 }
@@ -235,13 +236,13 @@ func ProjectRoutes(p *Projection, in Input, m BatchModel, deadlineS float64) (*R
 	if given.WithDefaults() != DefaultBatchModel() {
 		d := DefaultBatchModel()
 		src = fmt.Sprintf("overridden where they differ from the defaults of %s, %s a minute, %s, %s and %s",
-			dur(d.QueueWaitS), commas(int64(d.PerMinute)), commas(d.Queue), commas(d.MaxBatch), dur(d.PollS))
+			dur(d.QueueWaitS), numfmt.Commas(int64(d.PerMinute)), numfmt.Commas(d.Queue), numfmt.Commas(d.MaxBatch), dur(d.PollS))
 		if in.Limits != nil && in.Limits.Batch != nil {
 			src += ", by the limits file's \"batch\""
 		}
 	}
 	p.addAssumption(fmt.Sprintf("batch route: per org a queue wait of %s from create until processing, then %s requests per API minute, the org's batches one after another (FIFO), a processing queue of %s requests, %s requests a batch, results harvested up to %s after a batch ends (%s); these are the simulator's model: no batch timing was ever measured (origin.md §4)",
-		dur(m.QueueWaitS), commas(int64(math.Round(m.PerMinute))), commas(m.Queue), commas(m.MaxBatch), dur(m.PollS), src))
+		dur(m.QueueWaitS), numfmt.Commas(int64(math.Round(m.PerMinute))), numfmt.Commas(m.Queue), numfmt.Commas(m.MaxBatch), dur(m.PollS), src))
 	p.addAssumption("batch cost: the sync projection's tokens per request at the price table's batch rates")
 	if r.Auto != nil {
 		p.addAssumption(fmt.Sprintf("auto: the cheapest split that ends by %.0f%% of the deadline, leaving time to send one org's batch again by sync should it run late; its cost is pro rata per model (the batch share of every model at batch rates, the rest at sync rates) and the sync share's wall-clock is the sync projection scaled linearly", autoMargin*100))
@@ -288,7 +289,7 @@ func (r *Routes) auto(p *Projection, items int64, deadlineS float64) RouteProjec
 		a := r.split(p, items, items)
 		a.Meets = true
 		a.Explain = fmt.Sprintf("%s; all %s items by batch take %s, and one org's batch again by sync %s: %s ≤ target → all batch, %s",
-			head, commas(items), dur(batchW), dur(redo), dur(batchW+redo), usd(a.ExpectedCost))
+			head, numfmt.Commas(items), dur(batchW), dur(redo), dur(batchW+redo), usd(a.ExpectedCost))
 		return a
 	}
 	// The largest b that fits: both terms are non-decreasing in b, and
@@ -303,14 +304,14 @@ func (r *Routes) auto(p *Projection, items int64, deadlineS float64) RouteProjec
 		}
 	}
 	b := lo
-	head += fmt.Sprintf("; all %s by batch take %s > target", commas(items), dur(batchW))
+	head += fmt.Sprintf("; all %s by batch take %s > target", numfmt.Commas(items), dur(batchW))
 	if b >= minBatchItems {
 		if sw := p.SyncWallS(items - b); sw <= target {
 			a := r.split(p, items, b)
 			a.Meets = true
 			end, redo, _ := fits(b)
 			a.Explain = fmt.Sprintf("%s; the largest batch share that ends in time is %s items (%s, and one org's %s again by sync %s: %s ≤ target), the other %s by sync take %s ≤ target → %s by batch + %s by sync, %s (pro rata per model: all sync %s, all batch %s)",
-				head, commas(b), dur(end), commas(perOrg(b, r.orgs)), dur(redo), dur(end+redo), commas(items-b), dur(sw), commas(b), commas(items-b),
+				head, numfmt.Commas(b), dur(end), numfmt.Commas(perOrg(b, r.orgs)), dur(redo), dur(end+redo), numfmt.Commas(items-b), dur(sw), numfmt.Commas(b), numfmt.Commas(items-b),
 				usd(a.ExpectedCost), usd(r.Sync.ExpectedCost), usd(r.Batch.ExpectedCost))
 			return a
 		}
@@ -320,10 +321,10 @@ func (r *Routes) auto(p *Projection, items int64, deadlineS float64) RouteProjec
 	a.Meets = sw <= target
 	switch {
 	case a.Meets:
-		a.Explain = fmt.Sprintf("%s; a batch share ending in time would be %s items, fewer than %d → all sync: %s ≤ target, %s", head, commas(b), minBatchItems, dur(sw), usd(a.ExpectedCost))
+		a.Explain = fmt.Sprintf("%s; a batch share ending in time would be %s items, fewer than %d → all sync: %s ≤ target, %s", head, numfmt.Commas(b), minBatchItems, dur(sw), usd(a.ExpectedCost))
 	case b >= minBatchItems:
 		a.Explain = fmt.Sprintf("%s; even the largest batch share that ends in time (%s items) leaves %s for sync, which take %s; all sync takes %s, %s over the target (%s) → all sync, deadline missed",
-			head, commas(b), commas(items-b), dur(p.SyncWallS(items-b)), dur(sw), dur(sw-target), overBy(sw, deadlineS))
+			head, numfmt.Commas(b), numfmt.Commas(items-b), dur(p.SyncWallS(items-b)), dur(sw), dur(sw-target), overBy(sw, deadlineS))
 	default:
 		a.Explain = fmt.Sprintf("%s; even all sync takes %s, %s over the target (%s) → all sync, deadline missed", head, dur(sw), dur(sw-target), overBy(sw, deadlineS))
 	}
@@ -337,7 +338,7 @@ func (r *Routes) auto(p *Projection, items int64, deadlineS float64) RouteProjec
 				a = r.split(p, items, fb)
 				a.Meets = false
 				a.Explain = explain + fmt.Sprintf("; both routes at once are faster: the fastest split, %s by batch + %s by sync, takes %s (%s) → that split, deadline missed by least, %s",
-					commas(fb), commas(items-fb), dur(fw), overBy(fw, deadlineS), usd(a.ExpectedCost))
+					numfmt.Commas(fb), numfmt.Commas(items-fb), dur(fw), overBy(fw, deadlineS), usd(a.ExpectedCost))
 			}
 		}
 	}
@@ -430,7 +431,7 @@ func (p *Projection) syncExplain(items int64) string {
 	for _, pp := range p.Pools {
 		parts = append(parts, fmt.Sprintf("pool %s: %s", pp.Pool, pp.Arithmetic))
 	}
-	return fmt.Sprintf("%s items by the lanes at sync rates, %s; %s", commas(items), usd(p.PerArmExpected), strings.Join(parts, "; "))
+	return fmt.Sprintf("%s items by the lanes at sync rates, %s; %s", numfmt.Commas(items), usd(p.PerArmExpected), strings.Join(parts, "; "))
 }
 
 func (r *Routes) batchExplain(p *Projection, items int64) string {
@@ -439,27 +440,27 @@ func (r *Routes) batchExplain(p *Projection, items int64) string {
 		return "nothing to send"
 	}
 	if r.orgs < 1 {
-		return fmt.Sprintf("%s items but no org can serve them", commas(items))
+		return fmt.Sprintf("%s items but no org can serve them", numfmt.Commas(items))
 	}
 	per := perOrg(items, r.orgs)
 	size := min(m.MaxBatch, m.Queue)
 	batches := (per + size - 1) / size
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s items over %s, %s per org in %s of up to %s: %s queue wait + %s ÷ %s/min = %s + %s poll = %s",
-		commas(items), plural(int64(r.orgs), "org"), commas(per), plural(batches, "batch"), commas(size), dur(m.QueueWaitS), commas(per),
-		commas(int64(math.Round(m.PerMinute))), dur(float64(per)/m.PerMinute*60), dur(m.PollS), dur(r.Batch.WallS))
+		numfmt.Commas(items), plural(int64(r.orgs), "org"), numfmt.Commas(per), plural(batches, "batch"), numfmt.Commas(size), dur(m.QueueWaitS), numfmt.Commas(per),
+		numfmt.Commas(int64(math.Round(m.PerMinute))), dur(float64(per)/m.PerMinute*60), dur(m.PollS), dur(r.Batch.WallS))
 	if per > m.Queue {
-		fmt.Fprintf(&b, "; %s per org is over the queue cap of %s, so batches go in as the queue drains (throughput unchanged)", commas(per), commas(m.Queue))
+		fmt.Fprintf(&b, "; %s per org is over the queue cap of %s, so batches go in as the queue drains (throughput unchanged)", numfmt.Commas(per), numfmt.Commas(m.Queue))
 	}
 	if m.MaxBatch > m.Queue {
-		fmt.Fprintf(&b, "; batches are cut to the queue cap of %s", commas(m.Queue))
+		fmt.Fprintf(&b, "; batches are cut to the queue cap of %s", numfmt.Commas(m.Queue))
 	}
 	if r.Batch.WallS > BatchExpiryS {
 		fmt.Fprintf(&b, "; longer than a batch's 24 h, so batches must be submitted as the queue drains or their requests expire")
 	}
 	fmt.Fprintf(&b, "; cost at batch rates")
 	for _, mp := range p.Models {
-		fmt.Fprintf(&b, ", %s: %s × (%s input × %s/M + %s output × %s/M) = %s", mp.Model, commas(mp.Remaining),
+		fmt.Fprintf(&b, ", %s: %s × (%s input × %s/M + %s output × %s/M) = %s", mp.Model, numfmt.Commas(mp.Remaining),
 			tok(round1(mp.InputPerReq)), perM(mp.BatchRates.Input), tok(round1(mp.OutputPerReq)), perM(mp.BatchRates.Output), usd(mp.BatchExpected))
 	}
 	if p.Spent > 0 {
@@ -484,7 +485,7 @@ func plural(n int64, word string) string {
 		return "1 " + word
 	}
 	if strings.HasSuffix(word, "ch") {
-		return commas(n) + " " + word + "es"
+		return numfmt.Commas(n) + " " + word + "es"
 	}
-	return commas(n) + " " + word + "s"
+	return numfmt.Commas(n) + " " + word + "s"
 }

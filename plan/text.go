@@ -6,6 +6,8 @@ import (
 	"io"
 	"strings"
 	"text/tabwriter"
+
+	"github.com/apidispatch/apidispatch/internal/numfmt"
 )
 
 // WriteText writes the projection as tables a person reads: per model
@@ -20,12 +22,12 @@ func (p *Projection) WriteText(w io.Writer, g GateResult) error {
 	if p.Arms > 1 {
 		armNote = fmt.Sprintf(" × %d arms", p.Arms)
 	}
-	fmt.Fprintf(bw, "plan: %s items%s", commas(p.N), armNote)
+	fmt.Fprintf(bw, "plan: %s items%s", numfmt.Commas(p.N), armNote)
 	if p.Done > 0 {
-		fmt.Fprintf(bw, " (%s already done, %s spent)", commas(p.Done), usd(p.Spent))
+		fmt.Fprintf(bw, " (%s already done, %s spent)", numfmt.Commas(p.Done), usd(p.Spent))
 	}
 	if p.Cached.Hits > 0 {
-		fmt.Fprintf(bw, " to send; %s more answered by the result cache (%s saved)", commas(p.Cached.Hits), usd(p.Cached.Saved))
+		fmt.Fprintf(bw, " to send; %s more answered by the result cache (%s saved)", numfmt.Commas(p.Cached.Hits), usd(p.Cached.Saved))
 	}
 	fmt.Fprintln(bw)
 	fmt.Fprintln(bw)
@@ -33,17 +35,17 @@ func (p *Projection) WriteText(w io.Writer, g GateResult) error {
 	tw := tabwriter.NewWriter(bw, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "model\titems\tinput/req\toutput/req\tmax_tokens\texpected\tall max_tokens\tworst case\t")
 	for _, m := range p.Models {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", m.Model, commas(m.Remaining), tok(round1(m.InputPerReq)),
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", m.Model, numfmt.Commas(m.Remaining), tok(round1(m.InputPerReq)),
 			tok(round1(m.OutputPerReq)), tok(round1(m.MaxTokensPerReq)), usd(m.Expected), usd(m.AllMaxTokens), usd(m.WorstCase))
 	}
 	if p.Done > 0 {
-		fmt.Fprintf(tw, "already spent\t%s\t\t\t\t%s\t%s\t%s\t\n", commas(p.Done), usd(p.Spent), usd(p.Spent), usd(p.Spent))
+		fmt.Fprintf(tw, "already spent\t%s\t\t\t\t%s\t%s\t%s\t\n", numfmt.Commas(p.Done), usd(p.Spent), usd(p.Spent), usd(p.Spent))
 	}
 	if p.Arms > 1 {
-		fmt.Fprintf(tw, "per arm\t%s\t\t\t\t%s\t%s\t%s\t\n", commas(p.N), usd(p.PerArmExpected), usd(p.PerArmAllMax), usd(p.PerArmWorst))
-		fmt.Fprintf(tw, "total (%d arms)\t%s\t\t\t\t%s\t%s\t%s\t\n", p.Arms, commas(p.N*int64(p.Arms)), usd(p.ExpectedCost), usd(p.AllMaxTokens), usd(p.WorstCase))
+		fmt.Fprintf(tw, "per arm\t%s\t\t\t\t%s\t%s\t%s\t\n", numfmt.Commas(p.N), usd(p.PerArmExpected), usd(p.PerArmAllMax), usd(p.PerArmWorst))
+		fmt.Fprintf(tw, "total (%d arms)\t%s\t\t\t\t%s\t%s\t%s\t\n", p.Arms, numfmt.Commas(p.N*int64(p.Arms)), usd(p.ExpectedCost), usd(p.AllMaxTokens), usd(p.WorstCase))
 	} else {
-		fmt.Fprintf(tw, "total\t%s\t\t\t\t%s\t%s\t%s\t\n", commas(p.N), usd(p.ExpectedCost), usd(p.AllMaxTokens), usd(p.WorstCase))
+		fmt.Fprintf(tw, "total\t%s\t\t\t\t%s\t%s\t%s\t\n", numfmt.Commas(p.N), usd(p.ExpectedCost), usd(p.AllMaxTokens), usd(p.WorstCase))
 	}
 	tw.Flush()
 	fmt.Fprintln(bw)
@@ -129,9 +131,9 @@ func (r *Routes) writeText(w io.Writer, speed float64) {
 		rows = append(rows, *r.Auto)
 	}
 	for _, rp := range rows {
-		items := commas(rp.Items)
+		items := numfmt.Commas(rp.Items)
 		if rp.Route == RouteAuto {
-			items = fmt.Sprintf("%s batch + %s sync", commas(rp.BatchItems), commas(rp.SyncItems))
+			items = fmt.Sprintf("%s batch + %s sync", numfmt.Commas(rp.BatchItems), numfmt.Commas(rp.SyncItems))
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", rp.Route, items, usd(rp.ExpectedCost), usd(rp.WorstCase),
 			dur(rp.WallS), dur(rp.WallAtSpeedS), dur(rp.BoundS), rp.Binding)
@@ -146,10 +148,10 @@ func (r *Routes) writeText(w io.Writer, speed float64) {
 			verdict = "MISSES the deadline"
 		}
 		fmt.Fprintf(w, "--route auto would send %s items by batch and %s by sync: %s, %s expected\n",
-			commas(r.Auto.BatchItems), commas(r.Auto.SyncItems), verdict, usd(r.Auto.ExpectedCost))
+			numfmt.Commas(r.Auto.BatchItems), numfmt.Commas(r.Auto.SyncItems), verdict, usd(r.Auto.ExpectedCost))
 	} else {
 		b, sy := r.Split()
 		fmt.Fprintf(w, "--route auto without --deadline would send %s items by batch and %s by sync (the cheapest; fewer than %d items go by sync)\n",
-			commas(b), commas(sy), minBatchItems)
+			numfmt.Commas(b), numfmt.Commas(sy), minBatchItems)
 	}
 }

@@ -299,7 +299,7 @@ func (b *bench) runAuto(t *testing.T, limits *plan.Limits, deadline time.Duratio
 	if a.out.Summary != nil {
 		a.wallS += a.out.Summary.WallS
 	}
-	for i := 0; i < 8 && a.out.Code == runner.ExitIncomplete && a.out.Summary != nil && strings.Contains(a.out.Summary.StopReason, "deadline reached"); i++ {
+	for i := 0; i < 8 && a.out.Code() == runner.ExitIncomplete && a.out.Summary != nil && strings.Contains(a.out.Summary.StopReason, "deadline reached"); i++ {
 		t.Logf("the deadline was missed (race build %v, load %.1f, %d CPUs); resuming, with the same deadline, to check the rest", raceBuild, host.LoadAverage(), runtime.NumCPU())
 		a.out = run(deadline)
 		a.resumes++
@@ -362,8 +362,8 @@ func TestAutoMeetsDeadlineCheaper(t *testing.T) {
 	deadline := 12 * time.Second // 60 API s; all by batch would take 80
 	a := b.runAuto(t, limits, deadline)
 	out := a.out
-	if out.Code != runner.ExitOK || out.Err != nil {
-		t.Fatalf("auto: exit %d, %v", out.Code, out.Err)
+	if out.Code() != runner.ExitOK || out.Err != nil {
+		t.Fatalf("auto: exit %d, %v", out.Code(), out.Err)
 	}
 	s := out.Summary
 	b.audit(out.Dir)
@@ -410,8 +410,8 @@ func TestAutoCancelsLateBatches(t *testing.T) {
 	deadline := 12 * time.Second // 120 API s
 	a := b.runAuto(t, limits, deadline)
 	out := a.out
-	if out.Code != runner.ExitOK || out.Err != nil {
-		t.Fatalf("auto: exit %d, %v", out.Code, out.Err)
+	if out.Code() != runner.ExitOK || out.Err != nil {
+		t.Fatalf("auto: exit %d, %v", out.Code(), out.Err)
 	}
 	s := out.Summary
 	evs := readEvents(t, out.Dir)
@@ -518,7 +518,7 @@ func TestBatchMaxCost(t *testing.T) {
 	const capUSD = 1.0
 	maxCost := cost.Nanos(capUSD * 1e9)
 	res, err, dir := b.exec(t.Context(), "", runner.Exec{Route: runner.RouteBatch, Sync: dispatch.Config{MaxCost: maxCost}})
-	if !errors.Is(err, dispatch.ErrIncomplete) || res == nil || !strings.Contains(res.StopReason, "--max-cost") {
+	if !errors.Is(err, dispatch.ErrIncomplete) || res == nil || !strings.Contains(res.Stop.Reason, "--max-cost") {
 		t.Fatalf("want an incomplete run stopped by --max-cost; got %v (%+v)", err, res)
 	}
 	s := res.Summary
@@ -530,7 +530,7 @@ func TestBatchMaxCost(t *testing.T) {
 	if err != nil || c.Repeated+c.Unknown != 0 || c.Lines != s.Succeeded {
 		t.Fatalf("results %+v, %v", c, err)
 	}
-	t.Logf("cap $%.2f: %d items in %d batches billed $%.6f, %d left pending: %s", capUSD, billed, s.Batches.Created, cost.Nanos(total).USD(), s.Unfinished, res.StopReason)
+	t.Logf("cap $%.2f: %d items in %d batches billed $%.6f, %d left pending: %s", capUSD, billed, s.Batches.Created, cost.Nanos(total).USD(), s.Unfinished, res.Stop.Reason)
 }
 
 // TestBatchPoll404: 404s while polling (eventual consistency) are polled
@@ -584,15 +584,15 @@ func TestAutoResumeKeepsOpenBatches(t *testing.T) {
 		}
 	}()
 	first := runner.Run(ctx, cfg)
-	if first.Code != runner.ExitIncomplete || first.Summary == nil || first.Summary.Batches.Open == 0 {
-		t.Fatalf("the stopped run: exit %d, %+v; want 4 with batches open", first.Code, first.Summary)
+	if first.Code() != runner.ExitIncomplete || first.Summary == nil || first.Summary.Batches.Open == 0 {
+		t.Fatalf("the stopped run: exit %d, %+v; want 4 with batches open", first.Code(), first.Summary)
 	}
 	out := runner.Run(t.Context(), cfg)
 	wallS := 0.0
 	if out.Summary != nil {
 		wallS = out.Summary.WallS
 	}
-	for i := 0; i < 8 && out.Code == runner.ExitIncomplete; i++ {
+	for i := 0; i < 8 && out.Code() == runner.ExitIncomplete; i++ {
 		t.Logf("the resumed run missed its deadline (race build %v, load %.1f); resuming again: %v", raceBuild, host.LoadAverage(), out.Err)
 		out = runner.Run(t.Context(), cfg)
 		if out.Summary != nil {
@@ -604,8 +604,8 @@ func TestAutoResumeKeepsOpenBatches(t *testing.T) {
 	if limit := wallMargin() * cfg.Deadline.Seconds(); wallS > limit {
 		t.Fatalf("the resumed run took %.1f s; the deadline was %s (at most %.1f s on this machine)", wallS, cfg.Deadline, limit)
 	}
-	if out.Code != runner.ExitOK {
-		t.Fatalf("the resumed run: exit %d, %v", out.Code, out.Err)
+	if out.Code() != runner.ExitOK {
+		t.Fatalf("the resumed run: exit %d, %v", out.Code(), out.Err)
 	}
 	b.audit(dir)
 	seen := map[sim.BodyHash]int{}

@@ -387,8 +387,8 @@ func TestChangedInputNamesOpenBatches(t *testing.T) {
 	f.Close()
 	out := runner.Run(t.Context(), runner.Config{Input: b.input, RunDir: dir, Prices: cost.Default(), Route: runner.RouteBatch,
 		Sync: dispatch.Config{Orgs: b.orgs, BaseURL: b.sim.URL, Speed: b.speed, Prices: cost.Default()}})
-	if out.Code != runner.ExitUsage || out.Err == nil {
-		t.Fatalf("a changed input: exit %d, %v; want 1 with a refusal", out.Code, out.Err)
+	if out.Code() != runner.ExitUsage || out.Err == nil {
+		t.Fatalf("a changed input: exit %d, %v; want 1 with a refusal", out.Code(), out.Err)
 	}
 	msg := out.Err.Error()
 	for _, r := range recs {
@@ -455,8 +455,8 @@ func TestForeignResultsNeedAPerson(t *testing.T) {
 	})
 	out := runner.Run(t.Context(), runner.Config{Input: b.input, RunDir: filepath.Join(t.TempDir(), "run"), Prices: cost.Default(),
 		Route: runner.RouteBatch, Sync: sync})
-	if out.Code != runner.ExitNeedsPerson || !errors.Is(out.Err, batch.ErrNeedsPerson) || !strings.Contains(out.Err.Error(), "someone_else_") {
-		t.Fatalf("foreign results: exit %d, %v; want 6 naming the custom_id", out.Code, out.Err)
+	if out.Code() != runner.ExitNeedsPerson || !errors.Is(out.Err, batch.ErrNeedsPerson) || !strings.Contains(out.Err.Error(), "someone_else_") {
+		t.Fatalf("foreign results: exit %d, %v; want 6 naming the custom_id", out.Code(), out.Err)
 	}
 }
 
@@ -468,8 +468,8 @@ func TestPilotWithBatchRouteSaysSyncPrice(t *testing.T) {
 	out := runner.Run(t.Context(), runner.Config{Input: b.input, RunDir: filepath.Join(t.TempDir(), "run"), Prices: cost.Default(),
 		Route: runner.RouteBatch, Pilot: 9, Stderr: &log,
 		Sync: dispatch.Config{Orgs: b.orgs, BaseURL: b.sim.URL, Speed: b.speed, Prices: cost.Default(), SampleEvery: -1}})
-	if out.Code != runner.ExitOK {
-		t.Fatalf("exit %d, %v", out.Code, out.Err)
+	if out.Code() != runner.ExitOK {
+		t.Fatalf("exit %d, %v", out.Code(), out.Err)
 	}
 	if !strings.Contains(log.String(), "the first 9 items go by sync, at the full (sync) price") {
 		t.Fatalf("the run does not say the pilot goes by sync at full price:\n%s", log.String())

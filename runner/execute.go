@@ -43,18 +43,24 @@ type Exec struct {
 	SyncItems int64
 	LateAt    func(b store.BatchRecord, ahead int64) (time.Time, string)
 	// OnEngine, when set, is called with each engine before it runs (a
-	// progress display, the second signal's Abort); the function it
-	// returns is called when that engine's run ends.
+	// progress display, an Aborter); the function it returns is called
+	// when that engine's run ends.
 	OnEngine func(*dispatch.Engine) (done func())
 	// OnBatch is OnEngine for the batch route.
 	OnBatch func(*batch.Route) (done func())
+	// Shared, when its URL is set, is a shared budget Execute opens for
+	// this execution alone and closes at its end (an A/B arm); its gates
+	// replace Sync.NewGate. Run opens one for the whole run instead.
+	Shared Shared
 }
 
 // Result is what Execute returns.
 type Result struct {
-	Summary    *dispatch.Summary
-	Complete   bool
-	StopReason string
+	Summary  *dispatch.Summary
+	Complete bool
+	// Stop is how it ended: Complete, or Incomplete with the reason and
+	// whether a stop condition ended it (Halted).
+	Stop Stop
 	// Batch is the batch route's result (batch and auto).
 	Batch *batch.Result
 }
@@ -84,6 +90,15 @@ func Execute(ctx context.Context, job *dispatch.Job, x Exec) (*Result, error) {
 			return nil, fmt.Errorf("%w: %w", ErrInput, err)
 		}
 	}
+	if x.Shared.URL != "" {
+		svc, err := StartServices(ctx, ServicesConfig{Shared: x.Shared, Orgs: x.Sync.Orgs, Events: job.Events})
+		if err != nil {
+			sink.Close()
+			return nil, err
+		}
+		defer svc.Stop()
+		x.Sync.NewGate = svc.NewGate(x.Sync.NewGate)
+	}
 	ex := &execution{job: job, x: x, sink: sink}
 	var runErr error
 	switch x.Route {
@@ -109,7 +124,7 @@ func Execute(ctx context.Context, job *dispatch.Job, x Exec) (*Result, error) {
 		if runErr == nil {
 			runErr = serr
 		}
-		return &Result{StopReason: ex.stopReason}, runErr
+		return &Result{Stop: ex.stop(false)}, runErr
 	}
 	s.Route = x.Route
 	s.Cache = ex.cacheSum
@@ -126,26 +141,26 @@ func Execute(ctx context.Context, job *dispatch.Job, x Exec) (*Result, error) {
 		}
 		s.Batches = bs
 	}
-	res := &Result{Summary: s, StopReason: ex.stopReason, Batch: ex.batchRes}
 	open := s.Batches != nil && s.Batches.Open > 0
-	res.Complete = s.Unfinished == 0 && !open && runErr == nil
+	complete := s.Unfinished == 0 && !open && runErr == nil
+	res := &Result{Summary: s, Complete: complete, Stop: ex.stop(complete), Batch: ex.batchRes}
 	if runErr != nil && !errors.Is(runErr, dispatch.ErrIncomplete) {
 		job.Events.Emit(dispatch.EventFailure, runErr.Error(), nil)
 		return res, runErr
 	}
 	if !res.Complete {
-		if res.StopReason == "" {
-			res.StopReason = "stopped"
+		if res.Stop.Reason == "" {
+			res.Stop.Reason = "stopped"
 		}
 		if open {
-			res.StopReason += fmt.Sprintf("; %d batches still running on the API; the same command re-attaches to them", s.Batches.Open)
+			res.Stop.Reason += fmt.Sprintf("; %d batches still running on the API; the same command re-attaches to them", s.Batches.Open)
 		}
-		s.StopReason = res.StopReason
+		s.StopReason = res.Stop.Reason
 		if x.Route != RouteSync {
 			// The sync engine emits its own incomplete event.
-			job.Events.Emit(dispatch.EventIncomplete, res.StopReason, s)
+			job.Events.Emit(dispatch.EventIncomplete, res.Stop.Reason, s)
 		}
-		return res, fmt.Errorf("%w: %s", dispatch.ErrIncomplete, res.StopReason)
+		return res, fmt.Errorf("%w: %s", dispatch.ErrIncomplete, res.Stop.Reason)
 	}
 	if x.Route != RouteSync {
 		job.Events.Emit(dispatch.EventCompleted, fmt.Sprintf("%d succeeded, %d errored", s.Succeeded, s.Errored), s)
@@ -187,6 +202,16 @@ func (ex *execution) warmStart(speed float64) float64 {
 		}
 	}
 	return f
+}
+
+// stop is how the execution ended: Complete, or Incomplete with the
+// reason a stop condition gave (Halted), if one did.
+func (ex *execution) stop(complete bool) Stop {
+	if complete {
+		return Stop{Kind: Complete}
+	}
+	reason := ex.stopped()
+	return Stop{Kind: Incomplete, Halted: reason != "", Reason: reason}
 }
 
 // stopped is why the run stopped, or "".

@@ -55,12 +55,12 @@ func resumeOverOpenBatches(t *testing.T, second func(*runner.Config)) {
 	first := runner.Run(ctx, cfg)
 	stop()
 	if first.Summary == nil || first.Summary.Batches == nil || first.Summary.Batches.Open == 0 {
-		t.Fatalf("the stopped batch run: exit %d, %v; want batches left open", first.Code, first.Err)
+		t.Fatalf("the stopped batch run: exit %d, %v; want batches left open", first.Code(), first.Err)
 	}
 	sc := cfg
 	second(&sc)
 	out := runner.Run(t.Context(), sc)
-	t.Logf("the %s run (pilot %d) over open batches: exit %d, %v", sc.Route, sc.Pilot, out.Code, out.Err)
+	t.Logf("the %s run (pilot %d) over open batches: exit %d, %v", sc.Route, sc.Pilot, out.Code(), out.Err)
 	deadline := time.Now().Add(time.Minute)
 	for simInProgress(b.sim) > 0 && time.Now().Before(deadline) {
 		time.Sleep(20 * time.Millisecond)
@@ -69,8 +69,8 @@ func resumeOverOpenBatches(t *testing.T, second func(*runner.Config)) {
 		t.Fatalf("%d of %d requests billed twice: the sync run sent items its open batches hold", twice, requests)
 	}
 	last := runner.Run(t.Context(), cfg)
-	if last.Code != runner.ExitOK {
-		t.Fatalf("the batch run after: exit %d, %v", last.Code, last.Err)
+	if last.Code() != runner.ExitOK {
+		t.Fatalf("the batch run after: exit %d, %v", last.Code(), last.Err)
 	}
 	b.audit(dir)
 	if _, _, twice := ledgerAudit(b.sim); twice != 0 {

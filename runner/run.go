@@ -17,21 +17,7 @@ import (
 	"github.com/apidispatch/apidispatch/report"
 	"github.com/apidispatch/apidispatch/spend"
 	"github.com/apidispatch/apidispatch/store"
-)
-
-// Exit codes (design.md §10).
-const (
-	ExitOK         = 0 // complete, data-loss check passed
-	ExitUsage      = 1 // usage, configuration or input error; nothing sent
-	ExitPaused     = 2 // paused by a cost gate
-	ExitRefused    = 3 // --confirm missing or a precondition failed
-	ExitIncomplete = 4 // stopped early; resumable
-	ExitDataLoss   = 5 // data-loss check failed
-	// ExitNeedsPerson: a failure that would repeat on every resume (a
-	// batch whose results hold custom_ids it was not given, a batch the
-	// API has not known for an hour, a lost create whose candidates never
-	// end); the error says what to do (design.md §13).
-	ExitNeedsPerson = 6
+	"github.com/apidispatch/apidispatch/workload"
 )
 
 // Config is one 'apidispatch run'.
@@ -60,125 +46,192 @@ type Config struct {
 	// admission stops then, and auto plans to end before it.
 	Deadline time.Duration
 	// Route is RouteSync (default), RouteBatch or RouteAuto; BatchSize the
-	// most requests per batch (0: the API's 100,000).
+	// most requests per batch (0: an even share of the orgs, at most the
+	// API's 100,000).
 	Route     string
 	BatchSize int
 	// Cancel cancels the run's open batches, harvests what they did and
 	// sends nothing new.
 	Cancel bool
-	// OnJob is called once the run directory is open, before anything is
-	// sent; it may change the sync configuration (the shared budget's
-	// gates, metrics). The cleanup it returns runs when the run ends.
+	// Shared is the shared budget (--shared); Run opens it once the run
+	// directory is open, gives its gates to every engine, adds what it
+	// saw to the summary and closes it at the end. The batch route holds
+	// no request slots, so a batch run without a pilot goes without it.
+	Shared Shared
+	// MetricsAddr, when set, is where Run serves the lanes' Prometheus
+	// metrics while it runs.
+	MetricsAddr string
+	// OnJob, when set, is called once the run directory is open, before
+	// anything is sent: a library front door (the gateway) takes the
+	// job's store and may set the sync configuration's spend gate. The
+	// cleanup it returns runs when the run ends.
 	OnJob func(job *dispatch.Job, sync *dispatch.Config) (cleanup func(), err error)
-	// OnEngine and OnBatch are Exec's.
-	OnEngine func(*dispatch.Engine) (done func())
-	OnBatch  func(*batch.Route) (done func())
-	// Finish, when set, adds to the summary before it is written (the
-	// shared budget's figures).
-	Finish func(*dispatch.Summary)
-	// Stderr gets the gate's arithmetic, the router's decision and
-	// warnings (nil: discarded).
+	// Abort, when set, abandons the requests in flight when its Abort is
+	// called (the second signal).
+	Abort *Aborter
+	// Progress shows the run's progress on Stderr (the engines' lines,
+	// and the open batches every few seconds); TTY says Stderr is a
+	// terminal (the progress line is redrawn in place).
+	Progress, TTY bool
+	// Stderr gets the gate's arithmetic, the router's decision, progress
+	// and warnings (nil: discarded).
 	Stderr io.Writer
 }
 
-// Outcome is what Run returns: the exit code, the summary (nil when the
+// Outcome is what Run returns: how it stopped, the summary (nil when the
 // run never started), where its results are, and the error, if any.
 type Outcome struct {
-	Code        int
+	Stop        Stop
 	Summary     *dispatch.Summary
 	Dir         string
 	ResultsPath string
 	Err         error
 }
 
-func fail(code int, format string, a ...any) Outcome {
-	return Outcome{Code: code, Err: fmt.Errorf(format, a...)}
+// Code is the outcome's process exit code (design.md §10).
+func (o Outcome) Code() int { return o.Stop.Kind.ExitCode() }
+
+// fail is an outcome that stopped for err, of kind k.
+func fail(k StopKind, err error) Outcome {
+	return Outcome{Stop: Stop{Kind: k}, Err: err}
 }
 
-// Run is the lifecycle of one run: validate → project → gate → open the
-// run directory → pilot → routes → finish (summary, events, report).
-func Run(ctx context.Context, cfg Config) Outcome {
-	w := cfg.Stderr
-	if w == nil {
-		w = io.Discard
-	}
-	prices := cfg.Prices
+// failf is fail with a formatted error.
+func failf(k StopKind, format string, a ...any) Outcome {
+	return fail(k, fmt.Errorf(format, a...))
+}
+
+// with is o stopped for err, of kind k, keeping where its results are.
+func (o Outcome) with(k StopKind, err error) Outcome {
+	o.Stop, o.Err = Stop{Kind: k}, err
+	return o
+}
+
+// check validates what Run can judge before reading the input.
+func (cfg *Config) check() error {
 	switch cfg.Route {
 	case "":
 		cfg.Route = RouteSync
 	case RouteSync, RouteBatch, RouteAuto:
 	default:
-		return fail(ExitUsage, "--route %q: want sync, batch or auto", cfg.Route)
+		return fmt.Errorf("--route %q: want sync, batch or auto", cfg.Route)
 	}
-	if cfg.BatchSize < 0 || cfg.BatchSize > batch.MaxRequests {
-		return fail(ExitUsage, "--batch-size %d: a batch holds 1 to %d requests (the API's limit)", cfg.BatchSize, batch.MaxRequests)
+	switch {
+	case cfg.BatchSize < 0 || cfg.BatchSize > batch.MaxRequests:
+		return fmt.Errorf("--batch-size %d: a batch holds 1 to %d requests (the API's limit)", cfg.BatchSize, batch.MaxRequests)
+	case cfg.Deadline < 0:
+		return fmt.Errorf("--deadline %s: want a positive duration", cfg.Deadline)
+	case cfg.Route != RouteSync && cfg.Sync.Cache != nil:
+		return errors.New("--cache answers and stores results of the sync route only; use --route sync with --cache, or leave --cache off")
+	case cfg.Cancel && cfg.Route == RouteSync:
+		return errors.New("--cancel cancels a run's open batches: it needs --route batch or auto")
 	}
-	if cfg.Route != RouteSync && cfg.Sync.Cache != nil {
-		return fail(ExitUsage, "--cache answers and stores results of the sync route only; use --route sync with --cache, or leave --cache off")
+	return nil
+}
+
+// Run is the lifecycle of one run: validate → project → gate → open the
+// run directory and the services → pilot → routes → finish (summary,
+// events, report). Everything it starts it stops before it returns.
+func Run(ctx context.Context, cfg Config) Outcome {
+	w := cfg.Stderr
+	if w == nil {
+		w = io.Discard
 	}
-	if cfg.Cancel && cfg.Route == RouteSync {
-		return fail(ExitUsage, "--cancel cancels a run's open batches: it needs --route batch or auto")
+	if err := cfg.check(); err != nil {
+		return fail(Usage, err)
 	}
-	ws, err := dispatch.Validate(cfg.Input, prices)
+	ws, err := dispatch.Validate(cfg.Input, cfg.Prices)
 	if err != nil {
-		return fail(ExitUsage, "%s: %w", cfg.Input, err)
+		return failf(Usage, "%s: %w", cfg.Input, err)
 	}
-	orgNames := make([]string, len(cfg.Sync.Orgs))
-	for i, o := range cfg.Sync.Orgs {
-		orgNames[i] = o.Name
-	}
-	pin := plan.Input{Workload: ws, Prices: prices, Orgs: orgNames, Caps: cfg.Sync.Caps, Limits: cfg.Limits,
+	pin := plan.Input{Workload: ws, Prices: cfg.Prices, Orgs: orgNames(cfg.Sync.Orgs), Caps: cfg.Sync.Caps, Limits: cfg.Limits,
 		ExpectOutput: cfg.ExpectOutput, Speed: cfg.Sync.Speed}
 	if err := ProjectCache(ctx, cfg.Input, &pin, cfg.Sync.Cache, cfg.Sync.CacheMode, cfg.Sync.CacheSampled, cfg.Sync.BaseURL); err != nil {
-		return fail(ExitUsage, "%w", err)
+		return fail(Usage, err)
 	}
 	gcfg := plan.GateConfig{Budget: cfg.Budget, Tolerance: cfg.Tolerance, Confirm: cfg.Confirm}
 	pr, err := cfg.project(pin)
 	if err != nil {
-		return fail(ExitUsage, "projecting: %w", err)
+		return failf(Usage, "projecting: %w", err)
 	}
-	if code := pr.gate(ws.N, gcfg, w); code != ExitOK {
-		return Outcome{Code: code}
+	if k := pr.gate(ws.N, gcfg, w); k != Complete {
+		return Outcome{Stop: Stop{Kind: k}}
 	}
 	for _, r := range RotationReminders(cfg.Sync.Orgs, time.Now()) {
 		fmt.Fprintln(w, r)
 	}
-
-	job, err := dispatch.OpenJob(ctx, dispatch.JobConfig{InputPath: cfg.Input, RunDir: cfg.RunDir, ResultsPath: cfg.ResultsPath, Prices: prices}, ws)
+	job, err := dispatch.OpenJob(ctx, dispatch.JobConfig{InputPath: cfg.Input, RunDir: cfg.RunDir, ResultsPath: cfg.ResultsPath, Prices: cfg.Prices}, ws)
 	if err != nil {
 		if errors.Is(err, dispatch.ErrRunDirBusy) {
-			return Outcome{Code: ExitRefused, Err: err}
+			return fail(Refused, err)
 		}
-		return Outcome{Code: ExitUsage, Err: err}
+		return fail(Usage, err)
 	}
 	defer job.Close()
 	out := Outcome{Dir: job.Dir, ResultsPath: job.ResultsPath}
+	svc, err := cfg.startServices(ctx, job, w)
+	if err != nil {
+		return out.with(Usage, err)
+	}
+	defer svc.Stop()
+	cfg.Sync.NewGate = svc.NewGate(cfg.Sync.NewGate)
 	if cfg.OnJob != nil {
 		cleanup, err := cfg.OnJob(job, &cfg.Sync)
 		if err != nil {
-			out.Code, out.Err = ExitUsage, err
-			return out
+			return out.with(Usage, err)
 		}
 		if cleanup != nil {
 			defer cleanup()
 		}
 	}
+	r := &run{cfg: &cfg, job: job, ws: ws, pin: pin, pr: pr, gcfg: gcfg, svc: svc, w: w, out: out}
+	return r.send(ctx)
+}
+
+// startServices starts the shared budget and the metrics the run asks for.
+func (cfg *Config) startServices(ctx context.Context, job *dispatch.Job, w io.Writer) (*Services, error) {
+	sh := cfg.Shared
+	if cfg.Route == RouteBatch && sh.URL != "" && cfg.Pilot <= 0 {
+		// The batch route holds no request slots: nothing to share (a
+		// pilot sends its items by sync, on the key's slots).
+		msg := "--shared is not used by --route batch (the Message Batches API holds no request slots of a key); going on without Redis"
+		fmt.Fprintln(w, "note: "+msg)
+		job.Events.Emit(dispatch.EventWarning, msg, nil)
+		sh = Shared{}
+	}
+	return StartServices(ctx, ServicesConfig{Shared: sh, MetricsAddr: cfg.MetricsAddr, Orgs: cfg.Sync.Orgs, Events: job.Events, Stderr: w})
+}
+
+// run is one Run once its run directory is open.
+type run struct {
+	cfg  *Config
+	job  *dispatch.Job
+	ws   *workload.Summary
+	pin  plan.Input
+	pr   *Projection
+	gcfg plan.GateConfig
+	svc  *Services
+	w    io.Writer
+	out  Outcome
+}
+
+// send checks the run's batches and spend, runs the pilot and the routes,
+// and finishes.
+func (r *run) send(ctx context.Context) Outcome {
+	cfg, job, out := r.cfg, r.job, r.out
 	if cfg.Route != RouteSync {
 		if err := batch.CheckItems(ctx, job.Store, 0); err != nil {
-			out.Code, out.Err = ExitUsage, err
-			return out
+			return out.with(Usage, err)
 		}
 	}
 	open, err := openBatches(ctx, job.Store)
 	if err != nil {
-		out.Code, out.Err = ExitIncomplete, fmt.Errorf("reading the run's batches: %w", err)
-		return out
+		return out.with(Incomplete, fmt.Errorf("reading the run's batches: %w", err))
 	}
 	if len(open) > 0 && cfg.Route == RouteSync {
 		// Their items are still pending: a sync run would send them again
 		// and the API bill them twice when the batches end.
-		out.Code, out.Err = ExitRefused, fmt.Errorf("%d batches of this run are still open on the API (%s): their items would be sent and paid twice by sync; rerun with --route batch (or auto) to re-attach and harvest them, adding --cancel to cancel them first", len(open), strings.Join(open, ", "))
-		return out
+		return out.with(Refused, fmt.Errorf("%d batches of this run are still open on the API (%s): their items would be sent and paid twice by sync; rerun with --route batch (or auto) to re-attach and harvest them, adding --cancel to cancel them first", len(open), strings.Join(open, ", ")))
 	}
 	if cfg.Sync.Spend == nil {
 		// One spend gate for the whole run (the pilot and every route),
@@ -187,13 +240,11 @@ func Run(ctx context.Context, cfg Config) Outcome {
 		// What a process that died on this directory may have had billed
 		// counts too.
 		if err := job.ReplayJournals(ctx); err != nil {
-			out.Code, out.Err = ExitIncomplete, fmt.Errorf("reading the attempt journals: %w", err)
-			return out
+			return out.with(Incomplete, fmt.Errorf("reading the attempt journals: %w", err))
 		}
 		agg, err := job.Store.Aggregate(ctx)
 		if err != nil {
-			out.Code, out.Err = ExitIncomplete, fmt.Errorf("reading what the run spent: %w", err)
-			return out
+			return out.with(Incomplete, fmt.Errorf("reading what the run spent: %w", err))
 		}
 		cfg.Sync.Spend = spend.New("--max-cost", cfg.Sync.MaxCost, dispatch.SpentBefore(agg))
 	}
@@ -201,136 +252,82 @@ func Run(ctx context.Context, cfg Config) Outcome {
 	if cfg.Deadline > 0 {
 		cfg.Sync.Deadline = start.Add(cfg.Deadline)
 	}
-	x := Exec{Route: cfg.Route, Sync: cfg.Sync, OnEngine: cfg.OnEngine, OnBatch: cfg.OnBatch,
-		Batch: batch.Config{Size: cfg.BatchSize, Cancel: cfg.Cancel, QueueCap: queueCaps(cfg.Limits, orgNames), RPM: batchRPM(cfg.Limits, orgNames)}}
-
-	if cfg.Pilot > 0 && cfg.Pilot < ws.N && !cfg.Cancel && len(open) == 0 {
+	names := orgNames(cfg.Sync.Orgs)
+	x := Exec{Route: cfg.Route, Sync: cfg.Sync, OnEngine: cfg.onEngine(r.w),
+		Batch: batch.Config{Size: cfg.BatchSize, Cancel: cfg.Cancel, QueueCap: queueCaps(cfg.Limits, names), RPM: batchRPM(cfg.Limits, names)}}
+	if cfg.Progress {
+		x.OnBatch = func(rt *batch.Route) func() { return watchBatches(rt, r.w) }
+	}
+	if cfg.Pilot > 0 && cfg.Pilot < r.ws.N && !cfg.Cancel && len(open) == 0 {
 		// (With batches open the pilot is past: its sync sends would not
 		// skip the items they hold.)
-		if cfg.Route != RouteSync {
-			// The pilot measures what requests cost before the rest are
-			// sent; a batch would take up to 24 h to say it.
-			msg := fmt.Sprintf("pilot: the first %d items go by sync, at the full (sync) price, twice their batch price, to measure their cost before the rest go by %s", cfg.Pilot, cfg.Route)
-			fmt.Fprintln(w, msg)
-			job.Events.Emit(dispatch.EventBatch, msg, map[string]any{"pilot": cfg.Pilot, "route": RouteSync})
-		}
-		px := x
-		px.Route = RouteSync
-		px.Sync.MaxSeq = cfg.Pilot
-		res, err := Execute(ctx, job, px)
-		if err != nil && !errors.Is(err, dispatch.ErrIncomplete) {
-			return cfg.finish(job, out, res, err, pr, ws.N, gcfg)
-		}
-		if ctx.Err() != nil || (res != nil && res.StopReason != "" && res.StopReason != "stopped") {
-			return cfg.finish(job, out, res, err, pr, ws.N, gcfg)
-		}
-		ps, perr := plan.PilotFromStore(ctx, job.Store, cfg.Pilot)
-		if perr != nil {
-			out.Code, out.Err = ExitIncomplete, fmt.Errorf("reading the pilot: %w", perr)
-			return out
-		}
-		pin.Pilot = ps
-		if pr, err = cfg.project(pin); err != nil {
-			out.Code, out.Err = ExitIncomplete, fmt.Errorf("re-projecting: %w", err)
-			return out
-		}
-		fmt.Fprintf(w, "pilot of %d items done; re-projected expected cost %s (worst case %s)\n", cfg.Pilot, pr.gated.ExpectedCost, pr.gated.WorstCase)
-		if code := pr.gate(ws.N, gcfg, w); code != ExitOK {
-			out.Code = code
-			return out
+		if o, done := r.pilot(ctx, x); done {
+			return o
 		}
 	}
 	if cfg.Route == RouteAuto {
-		cfg.router(job, pr, &x, start, w)
+		cfg.router(job, r.pr, &x, start, r.w)
 	}
 	res, err := Execute(ctx, job, x)
 	if errors.Is(err, ErrInput) {
-		out.Code, out.Err = ExitUsage, err
-		return out
+		return out.with(Usage, err)
 	}
-	if res != nil && res.Summary != nil && pr.routes != nil && pr.routes.Auto != nil {
-		res.Summary.Router = pr.routes.Doc().Auto
+	if res != nil && res.Summary != nil && r.pr.Routes != nil && r.pr.Routes.Auto != nil {
+		res.Summary.Router = r.pr.Routes.Doc().Auto
 	}
-	return cfg.finish(job, out, res, err, pr, ws.N, gcfg)
+	return r.finish(res, err)
 }
 
-// projection is a run's projection and the routes beside it.
-type projection struct {
-	*plan.Projection
-	routes *plan.Routes
-	// gated is the projection the gates judge: the chosen route's cost.
-	gated *plan.Projection
-	route string
+// pilot sends the first Pilot items by sync, re-projects from what they
+// cost and gates again. done is true when the run ends with o.
+func (r *run) pilot(ctx context.Context, x Exec) (o Outcome, done bool) {
+	cfg, out := r.cfg, r.out
+	if cfg.Route != RouteSync {
+		// The pilot measures what requests cost before the rest are
+		// sent; a batch would take up to 24 h to say it.
+		msg := fmt.Sprintf("pilot: the first %d items go by sync, at the full (sync) price, twice their batch price, to measure their cost before the rest go by %s", cfg.Pilot, cfg.Route)
+		fmt.Fprintln(r.w, msg)
+		r.job.Events.Emit(dispatch.EventBatch, msg, map[string]any{"pilot": cfg.Pilot, "route": RouteSync})
+	}
+	px := x
+	px.Route = RouteSync
+	px.Sync.MaxSeq = cfg.Pilot
+	res, err := Execute(ctx, r.job, px)
+	if err != nil && !errors.Is(err, dispatch.ErrIncomplete) {
+		return r.finish(res, err), true
+	}
+	if ctx.Err() != nil || (res != nil && res.Stop.Halted) {
+		return r.finish(res, err), true
+	}
+	ps, perr := plan.PilotFromStore(ctx, r.job.Store, cfg.Pilot)
+	if perr != nil {
+		return out.with(Incomplete, fmt.Errorf("reading the pilot: %w", perr)), true
+	}
+	r.pin.Pilot = ps
+	if r.pr, err = cfg.project(r.pin); err != nil {
+		return out.with(Incomplete, fmt.Errorf("re-projecting: %w", err)), true
+	}
+	fmt.Fprintf(r.w, "pilot of %d items done; re-projected expected cost %s (worst case %s)\n", cfg.Pilot, r.pr.Gated.ExpectedCost, r.pr.Gated.WorstCase)
+	if k := r.pr.gate(r.ws.N, r.gcfg, r.w); k != Complete {
+		return out.with(k, nil), true
+	}
+	return Outcome{}, false
 }
 
-// project projects pin for cfg's route: both routes side by side, and the
-// auto split for the deadline.
-func (cfg *Config) project(pin plan.Input) (*projection, error) {
-	p, err := plan.Project(pin)
-	if err != nil {
-		return nil, err
+// orgNames are the orgs' names.
+func orgNames(orgs []org.Org) []string {
+	names := make([]string, len(orgs))
+	for i, o := range orgs {
+		names[i] = o.Name
 	}
-	m := plan.DefaultBatchModel()
-	if cfg.Limits != nil {
-		m = cfg.Limits.BatchModel()
-	}
-	if cfg.BatchSize > 0 {
-		m.MaxBatch = int64(cfg.BatchSize)
-	}
-	speed := cfg.Sync.Speed
-	if speed <= 0 {
-		speed = 1
-	}
-	deadlineS := cfg.Deadline.Seconds() * speed // API seconds
-	r, err := plan.ProjectRoutes(p, pin, m, deadlineS)
-	if err != nil {
-		return nil, err
-	}
-	pr := &projection{Projection: p, routes: r, route: cfg.Route}
-	g := *p
-	switch cfg.Route {
-	case RouteBatch:
-		g.ExpectedCost, g.WorstCase = r.Batch.ExpectedCost, r.Batch.WorstCase
-	case RouteAuto:
-		if r.Auto != nil {
-			g.ExpectedCost, g.WorstCase = r.Auto.ExpectedCost, r.Auto.WorstCase
-		} else {
-			g.ExpectedCost, g.WorstCase = r.Batch.ExpectedCost, r.Batch.WorstCase
-		}
-	}
-	g.PerArmExpected, g.PerArmWorst = g.ExpectedCost, g.WorstCase
-	pr.gated = &g
-	return pr, nil
-}
-
-// gate prints the gate's arithmetic for the chosen route and returns the
-// exit code it demands.
-func (pr *projection) gate(n int64, g plan.GateConfig, w io.Writer) int {
-	gr := plan.Gate(pr.gated, n, g)
-	if pr.route != RouteSync {
-		fmt.Fprintf(w, "route %s: projected at its prices\n", pr.route)
-	}
-	switch gr.Decision {
-	case plan.Pause:
-		fmt.Fprintln(w, "paused by the budget gate; nothing sent:")
-		fmt.Fprintln(w, gr.Explain)
-		return ExitPaused
-	case plan.ConfirmRequired:
-		fmt.Fprintln(w, "refused: --confirm is required for this run; nothing sent:")
-		fmt.Fprintln(w, gr.Explain)
-		return ExitRefused
-	}
-	if gr.Explain != "" {
-		fmt.Fprintln(w, gr.Explain)
-	}
-	return ExitOK
+	return names
 }
 
 // router sets auto's split from the projection, and when a batch is late:
 // when, at the projected sync rate, its requests would no longer end by
 // the deadline if it were cancelled and they were sent by sync.
-func (cfg *Config) router(job *dispatch.Job, pr *projection, x *Exec, start time.Time, w io.Writer) {
-	r := pr.routes
+func (cfg *Config) router(job *dispatch.Job, pr *Projection, x *Exec, start time.Time, w io.Writer) {
+	r := pr.Routes
 	nb, ns := r.Split()
 	x.SyncItems = ns
 	msg := fmt.Sprintf("route auto: %d by batch, %d by sync", nb, ns)
@@ -391,20 +388,25 @@ func batchRPM(l *plan.Limits, orgs []string) map[string]float64 {
 	return out
 }
 
-// finish writes the summary, events and report, and picks the exit code.
-func (cfg *Config) finish(job *dispatch.Job, out Outcome, res *Result, runErr error, pr *projection, n int64, g plan.GateConfig) Outcome {
+// finish writes the summary, events and report, and says how the run
+// stopped.
+func (r *run) finish(res *Result, runErr error) Outcome {
+	cfg, job, out := r.cfg, r.job, r.out
 	out.Err = runErr
 	if res == nil || res.Summary == nil {
-		out.Code = ExitIncomplete
+		out.Stop = Stop{Kind: Incomplete}
+		if res != nil {
+			out.Stop.Halted, out.Stop.Reason = res.Stop.Halted, res.Stop.Reason
+		}
 		if errors.Is(runErr, batch.ErrNeedsPerson) {
-			out.Code = ExitNeedsPerson
+			out.Stop.Kind = NeedsPerson
 		}
 		return out
 	}
 	s := res.Summary
-	s.Projection, _ = pr.JSON(plan.Gate(pr.gated, n, g))
-	if cfg.Finish != nil {
-		cfg.Finish(s)
+	s.Projection, _ = r.pr.JSON(r.pr.Gate(r.ws.N, r.gcfg))
+	if st := r.svc.SharedStats(); st != nil {
+		s.Shared = st
 	}
 	out.Summary = s
 	var errs []error
@@ -422,16 +424,17 @@ func (cfg *Config) finish(job *dispatch.Job, out Outcome, res *Result, runErr er
 			fmt.Fprintln(cfg.Stderr, "apidispatch:", e)
 		}
 	}
+	out.Stop = res.Stop
 	switch {
 	case !s.DataLoss.Passed:
-		out.Code = ExitDataLoss
+		out.Stop.Kind = DataLoss
 		out.Err = fmt.Errorf("DATA-LOSS CHECK FAILED: %+v", s.DataLoss)
 	case errors.Is(runErr, batch.ErrNeedsPerson):
-		out.Code = ExitNeedsPerson
+		out.Stop.Kind = NeedsPerson
 	case runErr != nil || !res.Complete:
-		out.Code = ExitIncomplete
+		out.Stop.Kind = Incomplete
 	default:
-		out.Code = ExitOK
+		out.Stop.Kind = Complete
 	}
 	return out
 }

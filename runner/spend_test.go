@@ -90,7 +90,7 @@ func TestAutoMaxCostHoldsWithBothRoutes(t *testing.T) {
 			Input: b.input, RunDir: dir, Prices: cost.Default(), Route: runner.RouteAuto, Deadline: deadline, Limits: limits, Stderr: &log,
 			Sync: dispatch.Config{Orgs: b.orgs, BaseURL: b.sim.URL, Speed: b.speed, Prices: cost.Default(), SampleEvery: -1, MaxCost: maxCost},
 		})
-		t.Logf("run (--max-cost %s, --deadline %s): exit %d, %v\n%s", maxCost, deadline, out.Code, out.Err, log.String())
+		t.Logf("run (--max-cost %s, --deadline %s): exit %d, %v\n%s", maxCost, deadline, out.Code(), out.Err, log.String())
 		return out
 	}
 	first := run(maxCost, 20*time.Second)
@@ -122,8 +122,8 @@ func TestAutoMaxCostHoldsWithBothRoutes(t *testing.T) {
 	if sr == nil || sr.Items == 0 || created == 0 {
 		t.Errorf("by_route sync %+v, %d batches created: both routes must have run", sr, created)
 	}
-	if first.Code != runner.ExitIncomplete || !strings.Contains(s.StopReason, "--max-cost") || s.Unfinished == 0 {
-		t.Errorf("exit %d, %d unfinished, stop %q: want exit 4 (resumable), stopped by --max-cost", first.Code, s.Unfinished, s.StopReason)
+	if first.Code() != runner.ExitIncomplete || !strings.Contains(s.StopReason, "--max-cost") || s.Unfinished == 0 {
+		t.Errorf("exit %d, %d unfinished, stop %q: want exit 4 (resumable), stopped by --max-cost", first.Code(), s.Unfinished, s.StopReason)
 	}
 	if t.Failed() {
 		return
@@ -131,14 +131,14 @@ func TestAutoMaxCostHoldsWithBothRoutes(t *testing.T) {
 	// The same command again: the gate is seeded with what the run spent,
 	// so it goes on against the same cap and stops at once.
 	again := run(maxCost, 20*time.Second)
-	if billed, _, _ := ledgerAudit(b.sim); billed > maxCost || again.Code != runner.ExitIncomplete || again.Summary == nil || !strings.Contains(again.Summary.StopReason, "--max-cost") {
-		t.Fatalf("resumed with the same cap: exit %d, ledger %s (cap %s), %v", again.Code, billed, maxCost, again.Err)
+	if billed, _, _ := ledgerAudit(b.sim); billed > maxCost || again.Code() != runner.ExitIncomplete || again.Summary == nil || !strings.Contains(again.Summary.StopReason, "--max-cost") {
+		t.Fatalf("resumed with the same cap: exit %d, ledger %s (cap %s), %v", again.Code(), billed, maxCost, again.Err)
 	}
 	// Resume without the cap (and without a deadline: every free item by
 	// batch).
 	out := run(0, 0)
-	if out.Code != runner.ExitOK {
-		t.Fatalf("the resume: exit %d, %v", out.Code, out.Err)
+	if out.Code() != runner.ExitOK {
+		t.Fatalf("the resume: exit %d, %v", out.Code(), out.Err)
 	}
 	c := b.audit(dir)
 	total, requests, twice := ledgerAudit(b.sim)
@@ -170,7 +170,7 @@ func TestPilotMaxCostOneGate(t *testing.T) {
 				Input: b.input, RunDir: filepath.Join(t.TempDir(), "run"), Prices: cost.Default(), Route: runner.RouteBatch, Pilot: pilot, Stderr: &log,
 				Sync: dispatch.Config{Orgs: b.orgs, BaseURL: b.sim.URL, Speed: b.speed, Prices: cost.Default(), SampleEvery: -1, MaxCost: maxCost},
 			})
-			t.Logf("exit %d, %v\n%s", out.Code, out.Err, log.String())
+			t.Logf("exit %d, %v\n%s", out.Code(), out.Err, log.String())
 			billed, requests, twice := ledgerAudit(b.sim)
 			s := out.Summary
 			if s == nil {
@@ -182,8 +182,8 @@ func TestPilotMaxCostOneGate(t *testing.T) {
 			if billed > maxCost || twice != 0 {
 				t.Fatalf("the simulator billed %s (%d twice) under --max-cost %s", billed, twice, maxCost)
 			}
-			if out.Code != runner.ExitIncomplete || !strings.Contains(s.StopReason, "--max-cost") {
-				t.Fatalf("exit %d, stop %q: want 4, stopped by --max-cost", out.Code, s.StopReason)
+			if out.Code() != runner.ExitIncomplete || !strings.Contains(s.StopReason, "--max-cost") {
+				t.Fatalf("exit %d, stop %q: want 4, stopped by --max-cost", out.Code(), s.StopReason)
 			}
 			_, created := simCreated(b.sim)
 			pilotDone := sr != nil && sr.Items == pilot

@@ -25,7 +25,7 @@ func BenchmarkSharedAdmissions(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		bd.Start()
+		bd.Start(context.Background())
 		defer bd.Close()
 		bs = append(bs, bd)
 		gs = append(gs, bd.NewGate(dispatch.LaneConfig{Org: "a", Pool: anthropic.PoolSonnet4, Cap: 100, StartFraction: 1, Speed: 1}))

@@ -102,7 +102,7 @@ type Stats struct {
 
 // Budget connects the gates of one process to Redis and renews their
 // leases. Make it with Open, hand NewGate to dispatch.Config, call Start
-// before the run and Close after it. It is safe for concurrent use.
+// before the run and Close (or Stop) after it. It is safe for concurrent use.
 type Budget struct {
 	cfg       Config
 	rdb       *redis.Client
@@ -125,12 +125,15 @@ type Budget struct {
 	periods    int
 	seen       int
 
-	trips     atomic.Int64 // script runs, for the benchmark
-	kickC     chan struct{}
-	cancel    context.CancelFunc
-	done      chan struct{}
-	closeOnce sync.Once
-	closeErr  error
+	trips atomic.Int64 // script runs, for the benchmark
+	kickC chan struct{}
+	// started and stopped (under mu) make Start run the loop once, and
+	// never after Stop.
+	started, stopped bool
+	cancel           context.CancelFunc
+	done             chan struct{}
+	closeOnce        sync.Once
+	closeErr         error
 }
 
 // Open connects to Redis (one PING). When it cannot be reached the error
@@ -265,35 +268,47 @@ func (b *Budget) kick() {
 	}
 }
 
-// Start runs the renewal loop until Close.
-func (b *Budget) Start() {
-	ctx, cancel := context.WithCancel(context.Background())
+// Start runs the renewal loop in the background until ctx ends or Stop
+// (or Close) is called. Only the first call starts it: a later one, or one
+// after Stop, does nothing.
+func (b *Budget) Start(ctx context.Context) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.started || b.stopped {
+		return
+	}
+	b.started = true
+	ctx, cancel := context.WithCancel(ctx)
 	b.cancel = cancel
-	go func() {
-		defer close(b.done)
-		t := time.NewTicker(b.every)
-		defer t.Stop()
-		// Kicks come when a gate has used its grant; renew at most every
-		// 5 ms for them, so a starved process does not flood Redis.
-		var last time.Time
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-			case <-b.kickC:
-				if d := 5*time.Millisecond - time.Since(last); d > 0 {
-					select {
-					case <-time.After(d):
-					case <-ctx.Done():
-						return
-					}
+	go b.renewLoop(ctx)
+}
+
+// renewLoop renews the leases every b.every, and soon after a kick, until
+// ctx ends.
+func (b *Budget) renewLoop(ctx context.Context) {
+	defer close(b.done)
+	t := time.NewTicker(b.every)
+	defer t.Stop()
+	// Kicks come when a gate has used its grant; renew at most every
+	// 5 ms for them, so a starved process does not flood Redis.
+	var last time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		case <-b.kickC:
+			if d := 5*time.Millisecond - time.Since(last); d > 0 {
+				select {
+				case <-time.After(d):
+				case <-ctx.Done():
+					return
 				}
 			}
-			last = time.Now()
-			b.renewAll(ctx)
 		}
-	}()
+		last = time.Now()
+		b.renewAll(ctx)
+	}
 }
 
 // renewAll renews every gate's lease at once (one round trip each, all
@@ -377,16 +392,24 @@ func (b *Budget) Stats() Stats {
 	return Stats{Host: b.host, ProcessesSeen: max(1, b.seen), FallbackPeriods: b.periods, Connected: !b.down}
 }
 
-// Close stops the renewal loop and hands every slot back at once. It waits
-// for the loop and is safe to call more than once.
+// Close stops the renewal loop, waits for it, and hands every slot back at
+// once. It is safe to call more than once (later calls return the first's
+// error), and before or without Start.
 func (b *Budget) Close() error {
 	b.closeOnce.Do(func() { b.closeErr = b.close() })
 	return b.closeErr
 }
 
+// Stop is Close, for callers that pair Start with Stop.
+func (b *Budget) Stop() error { return b.Close() }
+
 func (b *Budget) close() error {
-	if b.cancel != nil {
-		b.cancel()
+	b.mu.Lock()
+	b.stopped = true
+	cancel := b.cancel
+	b.mu.Unlock()
+	if cancel != nil {
+		cancel()
 		<-b.done
 	}
 	b.mu.Lock()
@@ -409,10 +432,13 @@ func (b *Budget) close() error {
 	return err
 }
 
-// quiet drops go-redis' own log lines (dial failures while Redis is down):
-// the budget reports an outage once, as an event, and its rejoin.
+// QuietRedisLog drops go-redis' own log lines (dial failures while Redis
+// is down) for the whole process: the budget reports an outage once, as an
+// event, and its rejoin. go-redis has one logger per process, not one per
+// client, so the program calls this where it starts rather than the
+// package changing it behind its importers' backs.
+func QuietRedisLog() { redis.SetLogger(quiet{}) }
+
 type quiet struct{}
 
 func (quiet) Printf(context.Context, string, ...any) {}
-
-func init() { redis.SetLogger(quiet{}) }

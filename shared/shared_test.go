@@ -30,7 +30,7 @@ func process(t *testing.T, url string, orgs []org.Org) *Budget {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b.Start()
+	b.Start(context.Background())
 	t.Cleanup(func() { b.Close() })
 	return b
 }
@@ -265,4 +265,61 @@ func TestSharedRedisLostAndBack(t *testing.T) {
 	if s := a.Stats(); s.FallbackPeriods != 1 || !s.Connected || s.ProcessesSeen != 2 {
 		t.Fatalf("stats %+v", s)
 	}
+}
+
+// Start and Stop are idempotent: a second Start neither panics nor runs a
+// second loop, Stop waits for the loop, and a second Stop (or Close) does
+// nothing more. Before the fix a second Start panicked closing done twice.
+func TestBudgetStartStopTwice(t *testing.T) {
+	url := testredis.URL(t)
+	b, err := Open(context.Background(), Config{URL: url, Orgs: []org.Org{freshOrg("a")}, TTL: 500 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	b.Start(ctx)
+	// A second loop, had it started, would close done a second time once
+	// the first ended: ending the first's context makes that happen.
+	b.Start(context.Background())
+	cancel()
+	<-b.done
+	if err := b.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-b.done:
+	default:
+		t.Fatal("Stop returned before the renewal loop ended")
+	}
+	if err := b.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	b.Start(context.Background()) // after Stop: nothing starts
+	b.mu.Lock()
+	started := b.cancel
+	b.mu.Unlock()
+	if started == nil {
+		t.Fatal("the first Start did not start the loop")
+	}
+}
+
+// A Budget's loop ends when Start's context does, and Stop still returns.
+func TestBudgetStartContextEnds(t *testing.T) {
+	url := testredis.URL(t)
+	b, err := Open(context.Background(), Config{URL: url, Orgs: []org.Org{freshOrg("a")}, TTL: 500 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	b.Start(ctx)
+	cancel()
+	select {
+	case <-b.done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the renewal loop outlived its context")
+	}
+	b.Stop()
 }

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/apidispatch/apidispatch/anthropic"
+	"github.com/apidispatch/apidispatch/internal/numfmt"
 )
 
 // Salts of the ids derived from (batch, request index).
@@ -48,7 +49,7 @@ func (s *Server) batchRoute(c *call) {
 		ob.mu.Unlock()
 		if refused != dimNone {
 			s.rateHeaders(c.h, view)
-			s.rateLimited(c, o, true, wait, fmt.Sprintf("This request would exceed your organization's rate limit of %s requests per minute for the Message Batches API (org: %s). For details, refer to: https://docs.claude.com/en/api/rate-limits. Please reduce the rate of requests, or try again later.", commas(ob.lim.RPM), o.id))
+			s.rateLimited(c, o, true, wait, fmt.Sprintf("This request would exceed your organization's rate limit of %s requests per minute for the Message Batches API (org: %s). For details, refer to: https://docs.claude.com/en/api/rate-limits. Please reduce the rate of requests, or try again later.", numfmt.Commas(ob.lim.RPM), o.id))
 			return
 		}
 	}
@@ -320,7 +321,7 @@ func (s *Server) createBatch(c *call, ks *keyState, ob *orgBatches) {
 		excess := queued + int64(n) - ob.lim.Queue
 		wait := s.real(time.Duration(float64(excess) / b.rate * float64(time.Second)))
 		s.rateLimited(c, o, true, wait, fmt.Sprintf("Number of batch requests in the processing queue would exceed your organization's limit of %s requests (org: %s): %s are queued and this batch has %s. For details, refer to: https://docs.claude.com/en/api/rate-limits.",
-			commas(ob.lim.Queue), o.id, commas(queued), commas(int64(n))))
+			numfmt.Commas(ob.lim.Queue), o.id, numfmt.Commas(queued), numfmt.Commas(int64(n))))
 		return
 	}
 	b.start = max(now+seconds(ob.lim.QueueWaitS), ob.busyUntil)

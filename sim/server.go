@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/apidispatch/apidispatch/anthropic"
+	"github.com/apidispatch/apidispatch/internal/numfmt"
 	"github.com/apidispatch/apidispatch/org"
 )
 
@@ -723,23 +724,7 @@ func limitMessage(d dim, v limitView, orgID, model string) string {
 		advice = "Please reduce the rate of requests, or try again later."
 	}
 	return fmt.Sprintf("This request would exceed your organization's rate limit of %s %s per minute (org: %s, model: %s). For details, refer to: https://docs.claude.com/en/api/rate-limits. You can see the response headers for current usage. %s You may also contact sales at https://claude.com/contact-sales to discuss your options for a rate limit increase.",
-		commas(int64(v.limit[d-1])), dimWords[d], orgID, model, advice)
-}
-
-// commas formats n with thousands separators.
-func commas(n int64) string {
-	s := strconv.FormatInt(n, 10)
-	if n < 0 {
-		return "-" + commas(-n)
-	}
-	var b strings.Builder
-	for i, ch := range s {
-		if i > 0 && (len(s)-i)%3 == 0 {
-			b.WriteByte(',')
-		}
-		b.WriteRune(ch)
-	}
-	return b.String()
+		numfmt.Commas(int64(v.limit[d-1])), dimWords[d], orgID, model, advice)
 }
 
 // roundThreshold: token limits at least this large report remaining rounded

@@ -315,3 +315,35 @@ func TestABBatchArm(t *testing.T) {
 		t.Fatalf("stderr lacks the batch arm's story:\n%s", errb.String())
 	}
 }
+
+// TestABDispatcherArmUsesTheCache: --cache reaches the dispatcher arm
+// (ab.Config.Cache, no longer a closure of the command's), and only it.
+func TestABDispatcherArmUsesTheCache(t *testing.T) {
+	t.Parallel()
+	dir := filepath.Join(t.TempDir(), "ab")
+	cachePath := filepath.Join(t.TempDir(), "cache.db")
+	var out, errb bytes.Buffer
+	args := []string{"--sim", "--n", "60", "--speed", "50", "--dir", dir, "--quiet", "--cache", cachePath}
+	if code := runAB(context.Background(), args, &out, &errb, smallStorm); code != exitOK {
+		t.Fatalf("exit %d; stderr %s", code, errb.String())
+	}
+	if !strings.Contains(errb.String(), "the dispatcher arm uses the result cache") {
+		t.Errorf("no note about the cache:\n%s", errb.String())
+	}
+	var s struct {
+		Cache *struct {
+			Mode         string `json:"mode"`
+			Hits, Misses int64
+		} `json:"cache"`
+	}
+	b, err := os.ReadFile(filepath.Join(dir, ab.ArmDispatcher, "summary.json"))
+	if err != nil || json.Unmarshal(b, &s) != nil {
+		t.Fatalf("the dispatcher arm's summary: %v", err)
+	}
+	if s.Cache == nil || s.Cache.Mode != "readwrite" || s.Cache.Hits+s.Cache.Misses != 60 {
+		t.Fatalf("the dispatcher arm's cache: %+v", s.Cache)
+	}
+	if b, _ := os.ReadFile(filepath.Join(dir, ab.ArmBaseline, "summary.json")); bytes.Contains(b, []byte(`"cache"`)) {
+		t.Error("the legacy arm has a cache")
+	}
+}

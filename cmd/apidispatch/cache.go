@@ -138,54 +138,73 @@ flags:`)
 	}
 	defer c.Close()
 	ctx := context.Background()
+	var code int
 	switch sub {
 	case "stats":
-		s, err := c.Stats(ctx)
-		if err != nil {
-			errf(stderr, "%v", err)
-			return exitUsage
-		}
-		if *jsonOut {
-			b, _ := json.Marshal(s)
-			fmt.Fprintln(stdout, string(b))
-			return exitOK
-		}
-		fmt.Fprintf(stdout, "%s: format %d, %d entries, %d bytes of responses, %d bytes on disk, stored requests cost $%.6f\n", s.Path, s.Format, s.Entries, s.BodyBytes, s.FileBytes, s.CostUSD)
-		for m, n := range s.ByModel {
-			fmt.Fprintf(stdout, "  %-36s %d\n", m, n)
-		}
-		fmt.Fprintln(stdout, "by origin (a run is answered only by its own origin's entries):")
-		for _, o := range slices.Sorted(maps.Keys(s.ByOrigin)) {
-			fmt.Fprintf(stdout, "  %-36s %d\n", o, s.ByOrigin[o])
-		}
-		if s.Oldest != nil {
-			fmt.Fprintf(stdout, "oldest %s, newest %s\n", s.Oldest.Format(time.RFC3339), s.Newest.Format(time.RFC3339))
-		}
+		code = cacheStats(ctx, c, *jsonOut, stdout, stderr)
 	case "export":
-		w := stdout
-		if *out != "" {
-			f, err := os.OpenFile(*out, os.O_RDWR|os.O_CREATE|os.O_TRUNC, dispatch.FilePerm)
-			if err != nil {
-				errf(stderr, "%v", err)
-				return exitUsage
-			}
-			defer f.Close()
-			w = f
-		}
-		n, err := c.Export(ctx, w)
-		if err != nil {
-			errf(stderr, "%v", err)
-			return exitUsage
-		}
-		fmt.Fprintf(stderr, "exported %d entries\n", n)
+		code = cacheExport(ctx, c, *out, stdout, stderr)
 	case "prune":
-		n, err := c.Prune(ctx, cutoff)
+		code = cachePrune(ctx, c, cutoff, stdout, stderr)
+	}
+	return code
+}
+
+// cacheStats is 'cache stats'.
+func cacheStats(ctx context.Context, c *cache.Cache, jsonOut bool, stdout, stderr io.Writer) int {
+	s, err := c.Stats(ctx)
+	if err != nil {
+		errf(stderr, "%v", err)
+		return exitUsage
+	}
+	if jsonOut {
+		b, _ := json.Marshal(s)
+		fmt.Fprintln(stdout, string(b))
+		return exitOK
+	}
+	fmt.Fprintf(stdout, "%s: format %d, %d entries, %d bytes of responses, %d bytes on disk, stored requests cost $%.6f\n", s.Path, s.Format, s.Entries, s.BodyBytes, s.FileBytes, s.CostUSD)
+	for m, n := range s.ByModel {
+		fmt.Fprintf(stdout, "  %-36s %d\n", m, n)
+	}
+	fmt.Fprintln(stdout, "by origin (a run is answered only by its own origin's entries):")
+	for _, o := range slices.Sorted(maps.Keys(s.ByOrigin)) {
+		fmt.Fprintf(stdout, "  %-36s %d\n", o, s.ByOrigin[o])
+	}
+	if s.Oldest != nil {
+		fmt.Fprintf(stdout, "oldest %s, newest %s\n", s.Oldest.Format(time.RFC3339), s.Newest.Format(time.RFC3339))
+	}
+	return exitOK
+}
+
+// cacheExport is 'cache export': to out, or stdout without it.
+func cacheExport(ctx context.Context, c *cache.Cache, out string, stdout, stderr io.Writer) int {
+	w := stdout
+	if out != "" {
+		f, err := os.OpenFile(out, os.O_RDWR|os.O_CREATE|os.O_TRUNC, dispatch.FilePerm)
 		if err != nil {
 			errf(stderr, "%v", err)
 			return exitUsage
 		}
-		fmt.Fprintf(stdout, "pruned %d entries stored before %s\n", n, cutoff.UTC().Format(time.RFC3339))
+		defer f.Close()
+		w = f
 	}
+	n, err := c.Export(ctx, w)
+	if err != nil {
+		errf(stderr, "%v", err)
+		return exitUsage
+	}
+	fmt.Fprintf(stderr, "exported %d entries\n", n)
+	return exitOK
+}
+
+// cachePrune is 'cache prune': entries stored before cutoff go.
+func cachePrune(ctx context.Context, c *cache.Cache, cutoff time.Time, stdout, stderr io.Writer) int {
+	n, err := c.Prune(ctx, cutoff)
+	if err != nil {
+		errf(stderr, "%v", err)
+		return exitUsage
+	}
+	fmt.Fprintf(stdout, "pruned %d entries stored before %s\n", n, cutoff.UTC().Format(time.RFC3339))
 	return exitOK
 }
 

@@ -13,28 +13,26 @@ import (
 	"strings"
 
 	"github.com/apidispatch/apidispatch/cost"
+	"github.com/apidispatch/apidispatch/dispatch"
 	"github.com/apidispatch/apidispatch/internal/wirelog"
 	"github.com/apidispatch/apidispatch/org"
+	"github.com/apidispatch/apidispatch/plan"
 )
 
 // sendFlags are the flags every sending command understands (design.md §2).
 type sendFlags struct {
-	// sharedStats, with --shared, reports the shared budget for the summary.
-	sharedStats func() any
-	orgsFile    string
-	baseURL     string
-	runDir      string
-	out         string
-	caps        capsFlag
-	maxCost     string
-	budget      string
-	tolerance   float64
-	confirm     bool
-	summary     string
-	quiet       bool
-	json        bool
-	prices      string
-	speed       float64
+	gateFlags
+	orgsFile string
+	baseURL  string
+	runDir   string
+	out      string
+	caps     capsFlag
+	maxCost  string
+	summary  string
+	quiet    bool
+	json     bool
+	prices   string
+	speed    float64
 }
 
 func (s *sendFlags) register(fs *flag.FlagSet) {
@@ -44,14 +42,96 @@ func (s *sendFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&s.out, "out", "", "results JSONL `FILE` (default RUN_DIR/results.jsonl)")
 	fs.Var(&s.caps, "cap", "polite per-key concurrency caps `FAMILY=N,...` (default sonnet=100,haiku=120,opus=40,other=40)")
 	fs.StringVar(&s.maxCost, "max-cost", "", "hard spend cap in `USD` for the run directory, one gate over every route (sync, batch, the pilot, a resume); admission stops before it could be passed")
-	fs.StringVar(&s.budget, "budget", "", "pre-flight gate in `USD`: refuse when the projected cost exceeds budget×(1+tolerance)")
-	fs.Float64Var(&s.tolerance, "tolerance", 0.5, "tolerance `F` of the budget gate")
-	fs.BoolVar(&s.confirm, "confirm", false, "required when the projected cost is ≥ $100 or N ≥ 50,000")
+	s.gateFlags.register(fs, "pre-flight gate in `USD`: refuse when the projected cost exceeds budget×(1+tolerance)", "required when the projected cost is ≥ $100 or N ≥ 50,000")
 	fs.StringVar(&s.summary, "summary", "", "also write the final summary JSON to `FILE`")
 	fs.BoolVar(&s.quiet, "quiet", false, "no progress display")
 	fs.BoolVar(&s.json, "json", false, "print the final summary as one JSON line on stdout")
 	fs.StringVar(&s.prices, "prices", "", "price table `FILE` overriding the embedded one")
 	fs.Float64Var(&s.speed, "speed", 1, "time compression `K` of the server (the simulator's --speed); 1 for the real API")
+}
+
+// sent is what a sending command's flags load: the price table, the orgs
+// and the dollar amounts.
+type sent struct {
+	prices          *cost.Table
+	orgs            []org.Org
+	maxCost, budget cost.Nanos
+}
+
+// load reads the price table and the orgs, checks --base-url and parses
+// --max-cost and --budget, in that order.
+func (s *sendFlags) load(stderr io.Writer) (sent, error) {
+	var c sent
+	var err error
+	if c.prices, err = s.loadPrices(); err != nil {
+		return c, err
+	}
+	if c.orgs, err = s.loadOrgs(stderr); err != nil {
+		return c, err
+	}
+	if s.baseURL != "" {
+		if _, err := dispatch.CheckBaseURL(s.baseURL); err != nil {
+			return c, err
+		}
+	}
+	if c.maxCost, err = parseUSD("--max-cost", s.maxCost); err != nil {
+		return c, err
+	}
+	c.budget, err = s.gateFlags.parse()
+	return c, err
+}
+
+// gateFlags are the budget gate's flags of run, plan and ab (design.md
+// §7): --budget, --tolerance and --confirm, whose help each command words
+// for what it gates.
+type gateFlags struct {
+	budget    string
+	tolerance float64
+	confirm   bool
+}
+
+func (g *gateFlags) register(fs *flag.FlagSet, budgetUsage, confirmUsage string) {
+	fs.StringVar(&g.budget, "budget", "", budgetUsage)
+	fs.Float64Var(&g.tolerance, "tolerance", 0.5, "tolerance `F` of the budget gate")
+	fs.BoolVar(&g.confirm, "confirm", false, confirmUsage)
+}
+
+// parse reads --budget (0 without it).
+func (g *gateFlags) parse() (cost.Nanos, error) { return parseUSD("--budget", g.budget) }
+
+// parseUSD reads a positive dollar amount given to flag name; "" is 0.
+func parseUSD(name, v string) (cost.Nanos, error) {
+	if v == "" {
+		return 0, nil
+	}
+	n, err := cost.ParseUSD(v)
+	if err != nil || n <= 0 {
+		return 0, fmt.Errorf("%s %q: want a positive dollar amount", name, v)
+	}
+	return n, nil
+}
+
+// projectionFlags are the projection's flags of run and plan: --limits
+// and --expect-output.
+type projectionFlags struct {
+	limits    string
+	expectOut int64
+}
+
+func (p *projectionFlags) register(fs *flag.FlagSet, limitsUsage, expectUsage string) {
+	fs.StringVar(&p.limits, "limits", "", limitsUsage)
+	fs.Int64Var(&p.expectOut, "expect-output", 0, expectUsage)
+}
+
+// load reads the limits file (nil without one).
+func (p *projectionFlags) load() (*plan.Limits, error) { return loadLimits(p.limits) }
+
+// loadLimits reads a limits file from 'apidispatch probe' (nil for "").
+func loadLimits(path string) (*plan.Limits, error) {
+	if path == "" {
+		return nil, nil
+	}
+	return plan.LoadLimits(path)
 }
 
 func (s *sendFlags) loadPrices() (*cost.Table, error) {

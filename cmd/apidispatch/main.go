@@ -8,10 +8,12 @@ package main
 
 import (
 	"fmt"
-	"github.com/apidispatch/apidispatch/runner"
 	"io"
 	"os"
 	"sort"
+
+	"github.com/apidispatch/apidispatch/runner"
+	"github.com/apidispatch/apidispatch/shared"
 )
 
 // Exit codes (design.md §10).
@@ -41,6 +43,7 @@ func register(name, summary string, run func(args []string, stdout, stderr io.Wr
 }
 
 func main() {
+	shared.QuietRedisLog()
 	os.Exit(mainCode(os.Args[1:], os.Stdout, os.Stderr))
 }
 

@@ -53,17 +53,12 @@ flags:`)
 		fs.Usage()
 		return exitUsage
 	}
-	var ms []string
-	for _, m := range strings.Split(*models, ",") {
-		if m = strings.TrimSpace(m); m != "" {
-			ms = append(ms, m)
-		}
-	}
+	ms := splitList(*models)
 	if len(ms) == 0 {
 		errf(stderr, "--models: no model given")
 		return exitUsage
 	}
-	prices, err := sf.loadPrices()
+	c, err := sf.load(stderr)
 	if err != nil {
 		errf(stderr, "%v", err)
 		return exitUsage
@@ -72,19 +67,8 @@ flags:`)
 	if sf.prices != "" {
 		pricesSource = sf.prices
 	}
-	orgs, err := sf.loadOrgs(stderr)
-	if err != nil {
-		errf(stderr, "%v", err)
-		return exitUsage
-	}
-	if sf.baseURL != "" {
-		if _, err := dispatch.CheckBaseURL(sf.baseURL); err != nil {
-			errf(stderr, "%v", err)
-			return exitUsage
-		}
-	}
 	now := time.Now()
-	for _, r := range runner.RotationReminders(orgs, now) {
+	for _, r := range runner.RotationReminders(c.orgs, now) {
 		fmt.Fprintln(stderr, r)
 	}
 	wrap, closeWire, err := openWireLog(*debugHTTP, stderr)
@@ -94,7 +78,7 @@ flags:`)
 	}
 	defer closeWire()
 	l, calls, err := plan.Probe(context.Background(), plan.ProbeConfig{
-		Orgs: orgs, BaseURL: sf.baseURL, Models: ms, Prices: prices, PricesSource: pricesSource, Now: now,
+		Orgs: c.orgs, BaseURL: sf.baseURL, Models: ms, Prices: c.prices, PricesSource: pricesSource, Now: now,
 		WrapTransport: wrap,
 	})
 	if err != nil {
@@ -111,23 +95,40 @@ flags:`)
 		return exitUsage
 	}
 
+	return printProbe(l, calls, b, *out, sf.json, stdout, stderr)
+}
+
+// printProbe prints the limits file (or its table) and fails when no
+// probe was answered with 200.
+func printProbe(l *plan.Limits, calls []plan.ProbeCall, b []byte, out string, asJSON bool, stdout, stderr io.Writer) int {
 	ok := 0
 	for _, c := range calls {
 		if c.Limits.Status == 200 {
 			ok++
 		}
 	}
-	if sf.json {
+	if asJSON {
 		stdout.Write(b)
 	} else {
 		writeProbeTable(stdout, l, calls)
-		fmt.Fprintf(stdout, "wrote %s\n", *out)
+		fmt.Fprintf(stdout, "wrote %s\n", out)
 	}
 	if ok == 0 {
-		errf(stderr, "no probe was answered with 200: check the keys and --base-url (statuses are in %s)", *out)
+		errf(stderr, "no probe was answered with 200: check the keys and --base-url (statuses are in %s)", out)
 		return exitUsage
 	}
 	return exitOK
+}
+
+// splitList reads a comma-separated list, leaving out blanks.
+func splitList(v string) []string {
+	var out []string
+	for _, m := range strings.Split(v, ",") {
+		if m = strings.TrimSpace(m); m != "" {
+			out = append(out, m)
+		}
+	}
+	return out
 }
 
 // writeProbeTable prints one row per probe call, then the notes.

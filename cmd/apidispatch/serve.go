@@ -14,42 +14,17 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/apidispatch/apidispatch/cost"
-	"github.com/apidispatch/apidispatch/dispatch"
 	"github.com/apidispatch/apidispatch/gateway"
 	"github.com/apidispatch/apidispatch/metrics"
-	"github.com/apidispatch/apidispatch/plan"
+	"github.com/apidispatch/apidispatch/runner"
 )
 
 func init() {
 	register("serve", "serve a drop-in Anthropic API gateway over every org (sync, stream, batches)", serveCmd)
 }
 
-func serveCmd(args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
-	listen := fs.String("listen", "127.0.0.1:8787", "`ADDR` to serve the API on; anything but loopback needs --tls-cert and --tls-key")
-	orgsFile := fs.String("orgs", "", "TOML file of orgs (`FILE`); without it, orgs come from ANTHROPIC_API_KEY, ANTHROPIC_API_KEY_<NAME> and ANTHROPIC_BATCH_KEY")
-	baseURL := fs.String("base-url", os.Getenv("ANTHROPIC_BASE_URL"), "upstream API root `URL` (env ANTHROPIC_BASE_URL; default https://api.anthropic.com; http:// only for loopback)")
-	var caps capsFlag
-	fs.Var(&caps, "cap", "polite per-key concurrency caps `FAMILY=N,...` (default sonnet=100,haiku=120,opus=40,other=40)")
-	maxCost := fs.String("max-cost", "", "hard spend cap in `USD` for the whole gateway (every client together); a request that could pass it is refused")
-	prices := fs.String("prices", "", "price table `FILE` overriding the embedded one")
-	speed := fs.Float64("speed", 1, "time compression `K` of the upstream server (the simulator's --speed); 1 for the real API")
-	limitsFile := fs.String("limits", "", "limits `FILE` from 'apidispatch probe' (the batch queue caps of gateway batches)")
-	retryFor := fs.Duration("retry-for", gateway.DefaultRetryFor, "how long a request is retried inside the gateway (429, 529, 5xx, resets) before its last answer is passed on (`DURATION`)")
-	tokenFile := fs.String("token-file", "gateway.token", "`FILE` holding the gateway token clients send as their API key (created 0600 with a random token when absent)")
-	clientsFile := fs.String("clients", "", "TOML `FILE` of several clients ([[client]] name, token or token_file, max_cost), instead of --token-file")
-	stateDir := fs.String("state-dir", defaultGatewayStateDir, "`DIR` for the ledger and the gateway batches (resumed at start)")
-	tlsCert := fs.String("tls-cert", "", "TLS certificate `FILE` (required to listen beyond loopback)")
-	tlsKey := fs.String("tls-key", "", "TLS key `FILE`")
-	metricsAddr := fs.String("metrics", "", "serve Prometheus metrics on `ADDR` (a loopback address) at /metrics")
-	var shf sharedFlags
-	shf.register(fs)
-	var cf cacheFlags
-	cf.register(fs)
-	quiet := fs.Bool("quiet", false, "log warnings only")
-	fs.Usage = func() {
-		fmt.Fprintln(stderr, `usage: apidispatch serve [--listen 127.0.0.1:8787] [flags]
+// serveUsage is 'serve --help' before the flags.
+const serveUsage = `usage: apidispatch serve [--listen 127.0.0.1:8787] [flags]
 
 Serves the Anthropic API at a base URL: POST /v1/messages (streaming too),
 /v1/messages/count_tokens, /v1/models and the Message Batches API. Clients
@@ -61,9 +36,50 @@ Batches are run directories under --state-dir, executed by the batch route
 (header x-apidispatch-route: batch, auto with x-apidispatch-deadline, or
 sync); a restarted gateway resumes them. Upstream keys never leave it.
 
-flags:`)
+flags:`
+
+// serveFlags are the flags of 'apidispatch serve'.
+type serveFlags struct {
+	listen, orgsFile, baseURL, maxCost, prices, limitsFile *string
+	tokenFile, clientsFile, stateDir, tlsCert, tlsKey      *string
+	metricsAddr                                            *string
+	speed                                                  *float64
+	retryFor                                               *time.Duration
+	quiet                                                  *bool
+	caps                                                   capsFlag
+	shf                                                    sharedFlags
+	cf                                                     cacheFlags
+}
+
+func (f *serveFlags) register(fs *flag.FlagSet, stderr io.Writer) {
+	f.listen = fs.String("listen", "127.0.0.1:8787", "`ADDR` to serve the API on; anything but loopback needs --tls-cert and --tls-key")
+	f.orgsFile = fs.String("orgs", "", "TOML file of orgs (`FILE`); without it, orgs come from ANTHROPIC_API_KEY, ANTHROPIC_API_KEY_<NAME> and ANTHROPIC_BATCH_KEY")
+	f.baseURL = fs.String("base-url", os.Getenv("ANTHROPIC_BASE_URL"), "upstream API root `URL` (env ANTHROPIC_BASE_URL; default https://api.anthropic.com; http:// only for loopback)")
+	fs.Var(&f.caps, "cap", "polite per-key concurrency caps `FAMILY=N,...` (default sonnet=100,haiku=120,opus=40,other=40)")
+	f.maxCost = fs.String("max-cost", "", "hard spend cap in `USD` for the whole gateway (every client together); a request that could pass it is refused")
+	f.prices = fs.String("prices", "", "price table `FILE` overriding the embedded one")
+	f.speed = fs.Float64("speed", 1, "time compression `K` of the upstream server (the simulator's --speed); 1 for the real API")
+	f.limitsFile = fs.String("limits", "", "limits `FILE` from 'apidispatch probe' (the batch queue caps of gateway batches)")
+	f.retryFor = fs.Duration("retry-for", gateway.DefaultRetryFor, "how long a request is retried inside the gateway (429, 529, 5xx, resets) before its last answer is passed on (`DURATION`)")
+	f.tokenFile = fs.String("token-file", "gateway.token", "`FILE` holding the gateway token clients send as their API key (created 0600 with a random token when absent)")
+	f.clientsFile = fs.String("clients", "", "TOML `FILE` of several clients ([[client]] name, token or token_file, max_cost), instead of --token-file")
+	f.stateDir = fs.String("state-dir", defaultGatewayStateDir, "`DIR` for the ledger and the gateway batches (resumed at start)")
+	f.tlsCert = fs.String("tls-cert", "", "TLS certificate `FILE` (required to listen beyond loopback)")
+	f.tlsKey = fs.String("tls-key", "", "TLS key `FILE`")
+	f.metricsAddr = fs.String("metrics", "", "serve Prometheus metrics on `ADDR` (a loopback address) at /metrics")
+	f.shf.register(fs)
+	f.cf.register(fs)
+	f.quiet = fs.Bool("quiet", false, "log warnings only")
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, serveUsage)
 		fs.PrintDefaults()
 	}
+}
+
+func serveCmd(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	var f serveFlags
+	f.register(fs, stderr)
 	if code, ok := parseFlags(fs, args, stderr); !ok {
 		return code
 	}
@@ -71,105 +87,20 @@ flags:`)
 		fs.Usage()
 		return exitUsage
 	}
-	// The gateway does not serve from the result cache: a --cache given on
-	// the command line is refused, one from the environment left out.
-	if cf.path != "" {
-		given := false
-		fs.Visit(func(f *flag.Flag) {
-			given = given || f.Name == "cache" || f.Name == "cache-mode" || f.Name == "cache-sampled"
-		})
-		if given {
-			errf(stderr, "--cache: the gateway does not serve from the result cache: every request is sent (leave out --cache, --cache-mode and --cache-sampled)")
-			return exitUsage
-		}
-		fmt.Fprintf(stderr, "note: APIDISPATCH_CACHE=%s is not used: the gateway does not serve from the result cache\n", cf.path)
-	}
-	logger := newLogger(stderr, *quiet)
-	if !gateway.IsLoopback(*listen) && (*tlsCert == "" || *tlsKey == "") {
-		errf(stderr, "--listen %s is not loopback: serving beyond loopback needs --tls-cert and --tls-key", *listen)
-		return exitUsage
-	}
-	if (*tlsCert == "") != (*tlsKey == "") {
-		errf(stderr, "--tls-cert and --tls-key go together")
-		return exitUsage
-	}
-	sf := sendFlags{orgsFile: *orgsFile, prices: *prices}
-	table, err := sf.loadPrices()
+	cfg, oneToken, err := f.config(fs, stderr)
 	if err != nil {
 		errf(stderr, "%v", err)
 		return exitUsage
-	}
-	orgs, err := sf.loadOrgs(stderr)
-	if err != nil {
-		errf(stderr, "%v", err)
-		return exitUsage
-	}
-	if *baseURL != "" {
-		if _, err := dispatch.CheckBaseURL(*baseURL); err != nil {
-			errf(stderr, "%v", err)
-			return exitUsage
-		}
-	}
-	var mc cost.Nanos
-	if *maxCost != "" {
-		if mc, err = cost.ParseUSD(*maxCost); err != nil || mc <= 0 {
-			errf(stderr, "--max-cost %q: want a positive dollar amount", *maxCost)
-			return exitUsage
-		}
-	}
-	var limits *plan.Limits
-	if *limitsFile != "" {
-		if limits, err = plan.LoadLimits(*limitsFile); err != nil {
-			errf(stderr, "%v", err)
-			return exitUsage
-		}
-	}
-	var clients []gateway.Client
-	oneToken := ""
-	if *clientsFile != "" {
-		if clients, err = gateway.LoadClients(*clientsFile); err != nil {
-			errf(stderr, "%v", err)
-			return exitUsage
-		}
-	} else {
-		tok, created, err := gateway.TokenFile(*tokenFile)
-		if err != nil {
-			errf(stderr, "%v", err)
-			return exitUsage
-		}
-		if created {
-			fmt.Fprintf(stderr, "created %s (mode 0600) with a new gateway token\n", *tokenFile)
-		}
-		clients = []gateway.Client{{Name: "default", Token: tok}}
-		oneToken = tok
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	cfg := gateway.Config{
-		Orgs: orgs, BaseURL: *baseURL, Caps: caps, Speed: *speed, Prices: table, MaxCost: mc,
-		Clients: clients, RetryFor: *retryFor, StateDir: *stateDir, Log: logger, Limits: limits,
-	}
-	sb, err := shf.open(ctx, orgs, nil)
+	svc, err := runner.StartServices(ctx, runner.ServicesConfig{Shared: f.shf.shared(), MetricsAddr: *f.metricsAddr, Orgs: cfg.Orgs, Stderr: stderr})
 	if err != nil {
 		errf(stderr, "%v", err)
 		return exitUsage
 	}
-	if sb != nil {
-		cfg.NewGate = sb.NewGate
-		sb.Start()
-		defer sb.Close()
-	}
-	var mset *metrics.Metrics
-	if *metricsAddr != "" {
-		m, err := startMetrics(*metricsAddr, stderr)
-		if err != nil {
-			errf(stderr, "%v", err)
-			return exitUsage
-		}
-		defer m.Close()
-		cfg.NewGate = m.Wrap(cfg.NewGate)
-		mset = m.Metrics
-	}
+	defer svc.Stop()
+	cfg.NewGate = svc.NewGate(nil)
 	g, err := gateway.New(cfg)
 	if err != nil {
 		errf(stderr, "%v", err)
@@ -179,36 +110,104 @@ flags:`)
 		return exitUsage
 	}
 	defer g.Close()
-	if mset != nil {
-		if err := mset.Gateway(func() metrics.GatewayStats { return gatewayStats(g.Status()) }); err != nil {
+	if svc.Metrics != nil {
+		if err := svc.Metrics.Gateway(func() metrics.GatewayStats { return gatewayStats(g.Status()) }); err != nil {
 			errf(stderr, "--metrics: %v", err)
 			return exitUsage
 		}
 	}
-	ln, err := net.Listen("tcp", *listen)
+	ln, err := net.Listen("tcp", *f.listen)
 	if err != nil {
-		errf(stderr, "--listen %s: %v", *listen, err)
+		errf(stderr, "--listen %s: %v", *f.listen, err)
 		return exitUsage
 	}
+	f.announce(stdout, ln.Addr(), oneToken)
+	return f.serve(ctx, g, ln, stderr)
+}
+
+// config is the gateway the flags describe, and its one client's token
+// when there is one (not --clients).
+func (f *serveFlags) config(fs *flag.FlagSet, stderr io.Writer) (cfg gateway.Config, oneToken string, err error) {
+	if err := f.noCache(fs, stderr); err != nil {
+		return cfg, "", err
+	}
+	if !gateway.IsLoopback(*f.listen) && (*f.tlsCert == "" || *f.tlsKey == "") {
+		return cfg, "", fmt.Errorf("--listen %s is not loopback: serving beyond loopback needs --tls-cert and --tls-key", *f.listen)
+	}
+	if (*f.tlsCert == "") != (*f.tlsKey == "") {
+		return cfg, "", errors.New("--tls-cert and --tls-key go together")
+	}
+	sf := sendFlags{orgsFile: *f.orgsFile, prices: *f.prices, baseURL: *f.baseURL, maxCost: *f.maxCost}
+	c, err := sf.load(stderr)
+	if err != nil {
+		return cfg, "", err
+	}
+	limits, err := loadLimits(*f.limitsFile)
+	if err != nil {
+		return cfg, "", err
+	}
+	cfg = gateway.Config{
+		Orgs: c.orgs, BaseURL: *f.baseURL, Caps: f.caps, Speed: *f.speed, Prices: c.prices, MaxCost: c.maxCost,
+		RetryFor: *f.retryFor, StateDir: *f.stateDir, Log: newLogger(stderr, *f.quiet), Limits: limits,
+	}
+	if *f.clientsFile != "" {
+		cfg.Clients, err = gateway.LoadClients(*f.clientsFile)
+		return cfg, "", err
+	}
+	tok, created, err := gateway.TokenFile(*f.tokenFile)
+	if err != nil {
+		return cfg, "", err
+	}
+	if created {
+		fmt.Fprintf(stderr, "created %s (mode 0600) with a new gateway token\n", *f.tokenFile)
+	}
+	cfg.Clients = []gateway.Client{{Name: "default", Token: tok}}
+	return cfg, tok, nil
+}
+
+// noCache refuses a --cache given on the command line and leaves out one
+// from the environment: the gateway does not serve from the result cache.
+func (f *serveFlags) noCache(fs *flag.FlagSet, stderr io.Writer) error {
+	if f.cf.path == "" {
+		return nil
+	}
+	given := false
+	fs.Visit(func(fl *flag.Flag) {
+		given = given || fl.Name == "cache" || fl.Name == "cache-mode" || fl.Name == "cache-sampled"
+	})
+	if given {
+		return errors.New("--cache: the gateway does not serve from the result cache: every request is sent (leave out --cache, --cache-mode and --cache-sampled)")
+	}
+	fmt.Fprintf(stderr, "note: APIDISPATCH_CACHE=%s is not used: the gateway does not serve from the result cache\n", f.cf.path)
+	return nil
+}
+
+// announce prints the base URL and key clients use.
+func (f *serveFlags) announce(stdout io.Writer, addr net.Addr, oneToken string) {
 	scheme := "http"
-	if *tlsCert != "" {
+	if *f.tlsCert != "" {
 		scheme = "https"
 	}
-	fmt.Fprintf(stdout, "ANTHROPIC_BASE_URL=%s://%s\n", scheme, ln.Addr())
+	fmt.Fprintf(stdout, "ANTHROPIC_BASE_URL=%s://%s\n", scheme, addr)
 	if oneToken != "" {
 		fmt.Fprintf(stdout, "ANTHROPIC_API_KEY=%s\n", oneToken)
 	} else {
-		fmt.Fprintf(stdout, "ANTHROPIC_API_KEY=<your client's token in %s>\n", *clientsFile)
+		fmt.Fprintf(stdout, "ANTHROPIC_API_KEY=<your client's token in %s>\n", *f.clientsFile)
 	}
-	if f, ok := stdout.(*os.File); ok {
-		f.Sync()
+	if fl, ok := stdout.(*os.File); ok {
+		fl.Sync()
 	}
+}
+
+// serve serves g on ln until ctx ends (then lets requests in flight
+// finish for up to 30 s) or serving fails.
+func (f *serveFlags) serve(ctx context.Context, g *gateway.Gateway, ln net.Listener, stderr io.Writer) int {
 	srv := &http.Server{Handler: g.Handler(), ReadHeaderTimeout: 30 * time.Second, IdleTimeout: 5 * time.Minute,
 		ErrorLog: log.New(io.Discard, "", 0)}
 	done := make(chan error, 1)
 	go func() {
-		if *tlsCert != "" {
-			done <- srv.ServeTLS(ln, *tlsCert, *tlsKey)
+		if *f.tlsCert != "" {
+			done <- srv.ServeTLS(ln, *f.tlsCert, *f.tlsKey)
 		} else {
 			done <- srv.Serve(ln)
 		}
@@ -224,6 +223,7 @@ flags:`)
 		sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		srv.Shutdown(sctx)
+		<-done
 	}
 	return exitOK
 }

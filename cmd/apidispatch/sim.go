@@ -125,32 +125,9 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if err := sim.CheckLoopback(*listen); err != nil {
 		return fail("%v", err)
 	}
-	var cfg sim.Config
-	var err error
-	switch {
-	case *config != "":
-		cfg, err = sim.LoadConfig(*config)
-		if err == nil && *preset != "" {
-			err = fmt.Errorf("give --preset or a config file (which may name a preset), not both")
-		}
-	default:
-		name := *preset
-		if name == "" {
-			name = sim.PresetOrigin3Org
-		}
-		cfg, err = sim.Preset(name)
-	}
+	cfg, err := simConfig(*config, *preset, set["speed"], *speed, set["seed"], *seed)
 	if err != nil {
 		return fail("%v", err)
-	}
-	if set["speed"] {
-		if *speed <= 0 {
-			return fail("--speed must be positive")
-		}
-		cfg.Speed = *speed
-	}
-	if set["seed"] {
-		cfg = cfg.WithSeed(*seed)
 	}
 	if *ledger != "" {
 		cfg.LedgerPath = *ledger
@@ -177,7 +154,53 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 
 	<-ctx.Done()
 	closeErr := run.Close()
-	st := run.Server.Stats()
+	printSimTotals(stdout, run.Server)
+	if closeErr != nil {
+		fmt.Fprintf(stderr, "apidispatch sim: closing: %v\n", closeErr)
+		return exitUsage
+	}
+	if *ledger != "" {
+		fmt.Fprintf(stdout, "ledger: %s\n", *ledger)
+	}
+	return exitOK
+}
+
+// simConfig is the simulator's configuration: a config file or a preset
+// (origin-3org by default), then the --speed and --seed given.
+func simConfig(config, preset string, speedSet bool, speed float64, seedSet bool, seed int64) (sim.Config, error) {
+	var cfg sim.Config
+	var err error
+	switch {
+	case config != "":
+		cfg, err = sim.LoadConfig(config)
+		if err == nil && preset != "" {
+			err = fmt.Errorf("give --preset or a config file (which may name a preset), not both")
+		}
+	default:
+		name := preset
+		if name == "" {
+			name = sim.PresetOrigin3Org
+		}
+		cfg, err = sim.Preset(name)
+	}
+	if err != nil {
+		return cfg, err
+	}
+	if speedSet {
+		if speed <= 0 {
+			return cfg, fmt.Errorf("--speed must be positive")
+		}
+		cfg.Speed = speed
+	}
+	if seedSet {
+		cfg = cfg.WithSeed(seed)
+	}
+	return cfg, nil
+}
+
+// printSimTotals prints what a stopped simulator billed, in all and by org.
+func printSimTotals(stdout io.Writer, srv *sim.Server) {
+	st := srv.Stats()
 	t := st.Billed
 	fmt.Fprintf(stdout, "apidispatch sim: stopped after %.1f s (%.1f s API-equivalent)\n", st.ElapsedS, st.APIElapsedS)
 	fmt.Fprintf(stdout, "billed %d requests: %d input, %d output, %d cache-write, %d cache-read tokens; $%.6f (%d nano-USD); %d duplicate billings\n",
@@ -192,14 +215,6 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		ost := st.Org(n)
 		fmt.Fprintf(stdout, "  %-12s %8d billed  $%.6f  %d answered 429  max in flight %d\n", n, o.Requests, o.CostUSD, ost.RateLimited429, ost.MaxInFlight)
 	}
-	if closeErr != nil {
-		fmt.Fprintf(stderr, "apidispatch sim: closing: %v\n", closeErr)
-		return exitUsage
-	}
-	if *ledger != "" {
-		fmt.Fprintf(stdout, "ledger: %s\n", *ledger)
-	}
-	return exitOK
 }
 
 // writeKeysEnv writes lines to path with mode 0600 (tightening an existing

@@ -59,34 +59,44 @@ flags:`)
 		return gatewayStatus(*gw, *asJSON, time.Now(), stdout, stderr)
 	}
 	if shf.url != "" {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		ls, err := shared.Status(ctx, shf.url, shf.passwordFile)
-		if err != nil {
-			errf(stderr, "%v", err)
-			return exitUsage
-		}
-		if *asJSON {
-			return printJSON(stdout, map[string]any{"lanes": ls})
-		}
-		tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', tabwriter.AlignRight)
-		fmt.Fprintln(tw, "key\tpool\tprocs\tin flight\tlimit\tcap\thold s\trequests left\tinput left\toutput left\t429s/60s\tcuts\t")
-		for _, l := range ls {
-			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%.0f\t%d\t%.1f\t%s\t%s\t%s\t%d\t%d\t\n", l.Key, l.Pool, l.Processes, l.InFlight, l.Limit, l.Cap, l.HoldS,
-				left(l, "requests"), left(l, "input_tokens"), left(l, "output_tokens"), l.Recent429, l.Cuts)
-		}
-		tw.Flush()
-		if len(ls) == 0 {
-			fmt.Fprintln(stdout, "no shared lanes in Redis")
-		}
-		return exitOK
+		return sharedStatus(shf, *asJSON, stdout, stderr)
 	}
-	rows, err := localStatus(*runs)
+	return runsStatus(*runs, *asJSON, stdout, stderr)
+}
+
+// sharedStatus prints the shared budget's lanes in Redis.
+func sharedStatus(shf sharedFlags, asJSON bool, stdout, stderr io.Writer) int {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	ls, err := shared.Status(ctx, shf.url, shf.passwordFile)
 	if err != nil {
 		errf(stderr, "%v", err)
 		return exitUsage
 	}
-	if *asJSON {
+	if asJSON {
+		return printJSON(stdout, map[string]any{"lanes": ls})
+	}
+	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "key\tpool\tprocs\tin flight\tlimit\tcap\thold s\trequests left\tinput left\toutput left\t429s/60s\tcuts\t")
+	for _, l := range ls {
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%.0f\t%d\t%.1f\t%s\t%s\t%s\t%d\t%d\t\n", l.Key, l.Pool, l.Processes, l.InFlight, l.Limit, l.Cap, l.HoldS,
+			left(l, "requests"), left(l, "input_tokens"), left(l, "output_tokens"), l.Recent429, l.Cuts)
+	}
+	tw.Flush()
+	if len(ls) == 0 {
+		fmt.Fprintln(stdout, "no shared lanes in Redis")
+	}
+	return exitOK
+}
+
+// runsStatus prints the newest lane sample of each run directory under runs.
+func runsStatus(runs string, asJSON bool, stdout, stderr io.Writer) int {
+	rows, err := localStatus(runs)
+	if err != nil {
+		errf(stderr, "%v", err)
+		return exitUsage
+	}
+	if asJSON {
 		return printJSON(stdout, map[string]any{"runs": rows})
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
@@ -99,7 +109,7 @@ flags:`)
 	}
 	tw.Flush()
 	if len(rows) == 0 {
-		fmt.Fprintf(stdout, "no run directories with lane samples under %s\n", *runs)
+		fmt.Fprintf(stdout, "no run directories with lane samples under %s\n", runs)
 	}
 	if _, err := gateway.ReadStatus(defaultGatewayStateDir); err == nil {
 		fmt.Fprintf(stdout, "a gateway's state is in %s: apidispatch status --gateway %[1]s\n", defaultGatewayStateDir)
