@@ -22,6 +22,7 @@ import (
 	"github.com/apidispatch/apidispatch/apihttp"
 	"github.com/apidispatch/apidispatch/cost"
 	"github.com/apidispatch/apidispatch/dispatch"
+	"github.com/apidispatch/apidispatch/gate"
 	"github.com/apidispatch/apidispatch/org"
 	"github.com/apidispatch/apidispatch/store"
 	"github.com/apidispatch/apidispatch/workload"
@@ -416,7 +417,7 @@ func (l *Legacy) sampler(done <-chan struct{}) {
 			l.cfg.Events.Emit(dispatch.EventSample, "", map[string]any{
 				"t_s": now.Sub(l.start).Seconds(), "dt_s": now.Sub(last).Seconds(),
 				"completed_by_org": map[string]int64{l.cfg.Org.Name: d - lastDone},
-				"lanes":            []dispatch.LaneSnapshot{l.lane()},
+				"lanes":            []gate.LaneSnapshot{l.lane()},
 				"rate_limited_429": l.c.rateLimited.Load(), "retries": l.c.overloaded.Load() + l.c.otherRetries.Load(),
 				"cost_usd": cost.Nanos(l.c.costN.Load()).USD(), "in_flight": l.inFlight.Load(),
 			})
@@ -432,9 +433,9 @@ func (l *Legacy) sampler(done <-chan struct{}) {
 }
 
 // lane is the legacy arm's one fixed lane, in the dispatcher's shape.
-func (l *Legacy) lane() dispatch.LaneSnapshot {
+func (l *Legacy) lane() gate.LaneSnapshot {
 	pool, _ := l.pool.Load().(anthropic.Pool)
-	return dispatch.LaneSnapshot{Org: l.cfg.Org.Name, Pool: string(pool), Cap: l.cfg.Concurrency,
+	return gate.LaneSnapshot{Org: l.cfg.Org.Name, Pool: string(pool), Cap: l.cfg.Concurrency,
 		Limit: float64(l.cfg.Concurrency), InFlight: int(l.inFlight.Load()), MaxInFlight: int(l.maxIn.Load())}
 }
 
@@ -446,7 +447,7 @@ func (l *Legacy) Progress() dispatch.Progress {
 		Done: succ + errd, Total: l.n, Succeeded: succ, Errored: errd, InFlight: int(l.inFlight.Load()),
 		CostUSD: cost.Nanos(l.c.costN.Load()).USD(), RateLimited: l.c.rateLimited.Load(),
 		Retries:  l.c.rateLimited.Load() + l.c.overloaded.Load() + l.c.otherRetries.Load(),
-		ElapsedS: el, Lanes: []dispatch.LaneSnapshot{l.lane()},
+		ElapsedS: el, Lanes: []gate.LaneSnapshot{l.lane()},
 	}
 	if el > 0 {
 		p.RequestsPerMin = float64(p.Done) / el * 60
@@ -471,7 +472,7 @@ func (l *Legacy) summary(agg store.Aggregate, dl dispatch.DataLoss, costN cost.N
 		CompletedThisRun: agg.Succeeded + agg.Errored,
 		WallS:            wall.Seconds(), Speed: l.cfg.Speed, APIEquivalentWallS: wall.Seconds() * l.cfg.Speed,
 		ByOrg: map[string]dispatch.OrgSplit{l.cfg.Org.Name: {Succeeded: agg.Succeeded, Errored: agg.Errored, CostUSD: costN.USD(), Key: fp}},
-		Lanes: []dispatch.LaneSnapshot{l.lane()},
+		Lanes: []gate.LaneSnapshot{l.lane()},
 		Orgs:  []map[string]string{{"org": l.cfg.Org.Name, "key_fingerprint": fp}},
 		Extra: map[string]any{"arm": ArmBaseline, "concurrency": l.cfg.Concurrency, "max_retries": l.cfg.Retry.MaxRetries,
 			"latency_note": "latency of each item's last attempt, succeeded items only (as the dispatcher reports it)"},

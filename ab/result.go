@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/apidispatch/apidispatch/dispatch"
+	"github.com/apidispatch/apidispatch/gate"
 	"github.com/apidispatch/apidispatch/plan"
 	"github.com/apidispatch/apidispatch/sim"
 )
@@ -202,7 +203,7 @@ type ArmResult struct {
 	APIEquivalentLatencyMs      dispatch.Latency             `json:"api_equivalent_latency_ms"`
 	ByOrg                       map[string]dispatch.OrgSplit `json:"by_org"`
 	DataLoss                    dispatch.DataLoss            `json:"data_loss"`
-	Lanes                       []dispatch.LaneSnapshot      `json:"lanes"`
+	Lanes                       []gate.LaneSnapshot          `json:"lanes"`
 	Complete                    bool                         `json:"complete"`
 	// Host is what the machine did during the arm, to judge a simulated
 	// wall-clock by: the simulator shares the CPU with the client.

@@ -34,6 +34,7 @@ import (
 	"github.com/apidispatch/apidispatch/apihttp"
 	"github.com/apidispatch/apidispatch/cache"
 	"github.com/apidispatch/apidispatch/cost"
+	"github.com/apidispatch/apidispatch/gate"
 	"github.com/apidispatch/apidispatch/org"
 	"github.com/apidispatch/apidispatch/ratelimit"
 	"github.com/apidispatch/apidispatch/spend"
@@ -115,10 +116,10 @@ type Config struct {
 	WrapTransport func(http.RoundTripper) http.RoundTripper
 	// Lane tunes every lane's controller (Org, Pool, Cap and Speed are set
 	// per lane).
-	Lane LaneConfig
+	Lane gate.LaneConfig
 	// NewGate makes a lane's gate (default: NewLane, in-process). A shared
 	// implementation lets several processes keep one budget per key.
-	NewGate func(LaneConfig) Gate
+	NewGate func(gate.LaneConfig) gate.Gate
 	Log     *slog.Logger
 	// SampleEvery is the period of "sample" events for the report (default 1 s; <0 disables).
 	SampleEvery time.Duration
@@ -188,7 +189,7 @@ func NewTransport(maxConns int) *http.Transport { return apihttp.NewTransport(ma
 
 // laneRef is one lane's gate with its org.
 type laneRef struct {
-	Gate
+	gate.Gate
 	cap  int
 	org  *orgState
 	pool anthropic.Pool
@@ -199,7 +200,7 @@ type laneRef struct {
 }
 
 // Snapshot is the gate's snapshot with the lane's attempts and 429s.
-func (l *laneRef) Snapshot(now time.Time) LaneSnapshot {
+func (l *laneRef) Snapshot(now time.Time) gate.LaneSnapshot {
 	s := l.Gate.Snapshot(now)
 	s.Attempts, s.RateLimited429 = l.attempts.Load(), l.rateLimited.Load()
 	if s.Attempts > 0 {
@@ -231,7 +232,7 @@ type work struct {
 type attempt struct {
 	w        *work
 	lane     *laneRef
-	permit   Permit
+	permit   gate.Permit
 	outcome  anthropic.Outcome
 	latency  time.Duration
 	body     []byte
@@ -358,9 +359,9 @@ func New(cfg Config) (*Engine, error) {
 		cfg.CacheMode = cache.ModeReadWrite
 	}
 	if cfg.NewGate == nil {
-		cfg.NewGate = func(c LaneConfig) Gate {
+		cfg.NewGate = func(c gate.LaneConfig) gate.Gate {
 			c.ProbeFirst = true
-			return NewLane(c)
+			return gate.NewLane(c)
 		}
 	}
 	e := &Engine{cfg: cfg, base: base, log: cfg.Log, lanes: map[anthropic.Pool][]*laneRef{}, ready: map[anthropic.Pool][]*work{},
@@ -398,7 +399,7 @@ func (e *Engine) lanesFor(pool anthropic.Pool, model string) []*laneRef {
 		lc := e.cfg.Lane
 		lc.Org, lc.Pool, lc.Cap, lc.Speed = o.Name, pool, e.cfg.CapFor(model), e.cfg.Speed
 		l := &laneRef{Gate: e.cfg.NewGate(lc), cap: lc.Cap, org: o, pool: pool, key: o.Name + "/" + string(pool)}
-		if w, ok := l.Gate.(Waker); ok {
+		if w, ok := l.Gate.(gate.Waker); ok {
 			w.SetWake(e.signal)
 		}
 		if o.disabled != "" {
@@ -426,7 +427,7 @@ func (e *Engine) emitSample(now, last time.Time, lastDone map[string]int64) {
 		return
 	}
 	lanes := e.lanesSnapshotSafe()
-	snaps := make([]LaneSnapshot, 0, len(lanes))
+	snaps := make([]gate.LaneSnapshot, 0, len(lanes))
 	for _, l := range lanes {
 		snaps = append(snaps, l.Snapshot(now))
 	}
@@ -902,7 +903,7 @@ func (e *Engine) admit(now time.Time, workers *sync.WaitGroup) time.Duration {
 					e.ready[pool] = q
 					return next
 				}
-				p, wait, ok := l.TryAdmit(now, Demand{EstInput: w.it.EstInput, MaxTokens: w.it.MaxTokens})
+				p, wait, ok := l.TryAdmit(now, gate.Demand{EstInput: w.it.EstInput, MaxTokens: w.it.MaxTokens})
 				if !ok {
 					res.Release()
 					blocked[i] = true
@@ -972,7 +973,7 @@ func (e *Engine) worstCase(w *work) cost.Nanos {
 	return n
 }
 
-func (e *Engine) start1(w *work, l *laneRef, p Permit, res *spend.Reservation, workers *sync.WaitGroup) {
+func (e *Engine) start1(w *work, l *laneRef, p gate.Permit, res *spend.Reservation, workers *sync.WaitGroup) {
 	e.inflight++
 	e.inflightPub.Store(int64(e.inflight))
 	w.sending = true
@@ -991,7 +992,7 @@ func (e *Engine) send(a *attempt) {
 	body, err := e.cfg.Body(a.w.it)
 	if err != nil {
 		a.readErr = err
-		a.lane.Done(time.Now(), a.permit, Feedback{Outcome: anthropic.Outcome{Kind: anthropic.Retryable}})
+		a.lane.Done(time.Now(), a.permit, gate.Feedback{Outcome: anthropic.Outcome{Kind: anthropic.Retryable}})
 		return
 	}
 	ctx, cancel := context.WithTimeout(e.abortCtx, e.cfg.Timeout)
@@ -1004,7 +1005,7 @@ func (e *Engine) send(a *attempt) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, e.base.JoinPath("v1", "messages").String(), bytes.NewReader(body))
 	if err != nil {
 		a.readErr = err
-		a.lane.Done(time.Now(), a.permit, Feedback{Outcome: anthropic.Outcome{Kind: anthropic.Retryable}})
+		a.lane.Done(time.Now(), a.permit, gate.Feedback{Outcome: anthropic.Outcome{Kind: anthropic.Retryable}})
 		return
 	}
 	req.Header.Set(anthropic.HeaderAPIKey, a.lane.org.Key.Reveal())
@@ -1017,7 +1018,7 @@ func (e *Engine) send(a *attempt) {
 		// was admitted on: Redis may have given the slot away. Not sent.
 		a.fenced = true
 		a.outcome = anthropic.Outcome{Kind: anthropic.Retryable, Reason: "not sent: the shared lease ended before the request went out"}
-		a.lane.Done(t0, a.permit, Feedback{Outcome: a.outcome})
+		a.lane.Done(t0, a.permit, gate.Feedback{Outcome: a.outcome})
 		return
 	}
 	resp, err := e.client.Do(req)
@@ -1063,7 +1064,7 @@ func (e *Engine) send(a *attempt) {
 			e.c.maybeBilled.Add(1)
 		}
 	}
-	fb := Feedback{Outcome: a.outcome}
+	fb := gate.Feedback{Outcome: a.outcome}
 	if hdr != nil {
 		fb.Limits = anthropic.ParseRateLimits(hdr)
 		a.reqID = hdr.Get(anthropic.HeaderRequestID)

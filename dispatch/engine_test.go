@@ -17,6 +17,7 @@ import (
 
 	"github.com/apidispatch/apidispatch/cost"
 	"github.com/apidispatch/apidispatch/dispatch"
+	"github.com/apidispatch/apidispatch/gate"
 	"github.com/apidispatch/apidispatch/internal/simtest"
 	"github.com/apidispatch/apidispatch/org"
 	"github.com/apidispatch/apidispatch/sim"
@@ -204,7 +205,7 @@ func TestTwoKeysOneOrg(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var aliasLane dispatch.LaneSnapshot
+	var aliasLane gate.LaneSnapshot
 	for _, l := range res.Summary.Lanes {
 		if l.Org == "alias" {
 			aliasLane = l

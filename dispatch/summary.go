@@ -17,6 +17,7 @@ import (
 
 	"github.com/apidispatch/apidispatch/anthropic"
 	"github.com/apidispatch/apidispatch/cost"
+	"github.com/apidispatch/apidispatch/gate"
 	"github.com/apidispatch/apidispatch/org"
 	"github.com/apidispatch/apidispatch/store"
 )
@@ -100,7 +101,7 @@ type Summary struct {
 	Speed                    float64             `json:"speed_factor"`
 	APIEquivalentWallS       float64             `json:"api_equivalent_wall_s"`
 	ByOrg                    map[string]OrgSplit `json:"by_org"`
-	Lanes                    []LaneSnapshot      `json:"lanes"`
+	Lanes                    []gate.LaneSnapshot `json:"lanes"`
 	StopReason               string              `json:"stop_reason,omitempty"`
 	Projection               json.RawMessage     `json:"projection,omitempty"`
 	Extra                    map[string]any      `json:"extra,omitempty"`
@@ -153,7 +154,7 @@ const (
 
 func (e *Engine) summarize(ctx context.Context) (*Summary, error) {
 	now := time.Now()
-	var lanes []LaneSnapshot
+	var lanes []gate.LaneSnapshot
 	for _, l := range e.allLanes() {
 		lanes = append(lanes, l.Snapshot(now))
 	}
@@ -187,7 +188,7 @@ type SummaryInput struct {
 	Start      time.Time
 	DoneStart  int64
 	Speed      float64
-	Lanes      []LaneSnapshot
+	Lanes      []gate.LaneSnapshot
 	StopReason string
 }
 
@@ -383,18 +384,18 @@ func fastID(line []byte) ([]byte, bool) {
 
 // Progress is a snapshot for displays and progress events.
 type Progress struct {
-	Done           int64          `json:"done"`
-	Total          int64          `json:"total"`
-	Succeeded      int64          `json:"succeeded"`
-	Errored        int64          `json:"errored"`
-	InFlight       int            `json:"in_flight"`
-	RequestsPerMin float64        `json:"requests_per_min"`
-	ETA            float64        `json:"eta_s"`
-	CostUSD        float64        `json:"cost_usd"`
-	RateLimited    int64          `json:"rate_limited_429"`
-	Retries        int64          `json:"retries"`
-	ElapsedS       float64        `json:"elapsed_s"`
-	Lanes          []LaneSnapshot `json:"lanes"`
+	Done           int64               `json:"done"`
+	Total          int64               `json:"total"`
+	Succeeded      int64               `json:"succeeded"`
+	Errored        int64               `json:"errored"`
+	InFlight       int                 `json:"in_flight"`
+	RequestsPerMin float64             `json:"requests_per_min"`
+	ETA            float64             `json:"eta_s"`
+	CostUSD        float64             `json:"cost_usd"`
+	RateLimited    int64               `json:"rate_limited_429"`
+	Retries        int64               `json:"retries"`
+	ElapsedS       float64             `json:"elapsed_s"`
+	Lanes          []gate.LaneSnapshot `json:"lanes"`
 	// CacheHits are items answered without a request in this run, and
 	// CacheSavedUSD what those requests cost when they were sent.
 	CacheHits     int64   `json:"cache_hits,omitempty"`

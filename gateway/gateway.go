@@ -32,6 +32,7 @@ import (
 	"github.com/apidispatch/apidispatch/apihttp"
 	"github.com/apidispatch/apidispatch/cost"
 	"github.com/apidispatch/apidispatch/dispatch"
+	"github.com/apidispatch/apidispatch/gate"
 	"github.com/apidispatch/apidispatch/org"
 	"github.com/apidispatch/apidispatch/plan"
 	"github.com/apidispatch/apidispatch/spend"
@@ -84,8 +85,8 @@ type Config struct {
 	StateDir string
 	// Lane tunes the lanes; NewGate makes a lane's gate (default
 	// dispatch.NewLane; the shared budget's with --shared).
-	Lane    dispatch.LaneConfig
-	NewGate func(dispatch.LaneConfig) dispatch.Gate
+	Lane    gate.LaneConfig
+	NewGate func(gate.LaneConfig) gate.Gate
 	// HTTPClient sends upstream, for sync requests and gateway batches
 	// (default: apihttp.NewClient). Whatever it is, the gateway uses a copy
 	// guarded by apihttp.Guard: no redirect is followed, so no upstream key
@@ -357,17 +358,17 @@ func (g *Gateway) disableOrg(u *upstream, reason string) {
 
 // Status is the gateway's state for 'apidispatch status' and /apidispatch/status.
 type Status struct {
-	Clients   []ClientSpend           `json:"clients"`
-	Total     ClientSpend             `json:"total"`
-	Queued    int                     `json:"queued"`
-	Lanes     []dispatch.LaneSnapshot `json:"lanes"`
-	Requests  int64                   `json:"requests"`
-	Attempts  int64                   `json:"upstream_attempts"`
-	Retries   int64                   `json:"retries"`
-	Abandoned int64                   `json:"abandoned"`
-	RefusedAt int64                   `json:"refused_by_cap"`
-	Orgs      map[string]string       `json:"orgs_out_of_rotation,omitempty"`
-	Batches   map[string]int          `json:"batches"`
+	Clients   []ClientSpend       `json:"clients"`
+	Total     ClientSpend         `json:"total"`
+	Queued    int                 `json:"queued"`
+	Lanes     []gate.LaneSnapshot `json:"lanes"`
+	Requests  int64               `json:"requests"`
+	Attempts  int64               `json:"upstream_attempts"`
+	Retries   int64               `json:"retries"`
+	Abandoned int64               `json:"abandoned"`
+	RefusedAt int64               `json:"refused_by_cap"`
+	Orgs      map[string]string   `json:"orgs_out_of_rotation,omitempty"`
+	Batches   map[string]int      `json:"batches"`
 	// OrgSpend is what the ledger holds by org, in US dollars; gateway
 	// batches, which span orgs, under OrgGatewayBatches.
 	OrgSpend map[string]float64 `json:"spend_by_org_usd,omitempty"`

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/apidispatch/apidispatch/dispatch"
+	"github.com/apidispatch/apidispatch/gate"
 )
 
 // synth describes a synthetic but plausible run: lanes that start at a
@@ -90,7 +91,7 @@ func writeSynth(t testing.TB, dir string, s synth) dispatch.Summary {
 		tm += dt
 		remaining := int64(s.n) - done
 		byOrg := map[string]int64{}
-		var snaps []dispatch.LaneSnapshot
+		var snaps []gate.LaneSnapshot
 		inStorm := tm >= s.storm[0] && tm < s.storm[1]
 		for i, l := range lanes {
 			if s.laneStop && i == len(lanes)-1 && l.stopped == "" && float64(done) > float64(s.n)/2 {
@@ -100,7 +101,7 @@ func writeSynth(t testing.TB, dir string, s synth) dispatch.Summary {
 			if l.stopped != "" {
 				l.inflight = 0
 				byOrg[l.org] += 0
-				snaps = append(snaps, dispatch.LaneSnapshot{Org: l.org, Pool: "sonnet", Cap: s.cap, Limit: l.limit, MaxInFlight: l.maxIn, Cuts: l.cuts, HeldS: l.heldS, Disabled: l.stopped})
+				snaps = append(snaps, gate.LaneSnapshot{Org: l.org, Pool: "sonnet", Cap: s.cap, Limit: l.limit, MaxInFlight: l.maxIn, Cuts: l.cuts, HeldS: l.heldS, Disabled: l.stopped})
 				continue
 			}
 			held := l.held > 0
@@ -146,7 +147,7 @@ func writeSynth(t testing.TB, dir string, s synth) dispatch.Summary {
 			if others {
 				l.othersSeen++
 			}
-			snaps = append(snaps, dispatch.LaneSnapshot{Org: l.org, Pool: "sonnet", Cap: s.cap, Limit: math.Round(l.limit*10) / 10,
+			snaps = append(snaps, gate.LaneSnapshot{Org: l.org, Pool: "sonnet", Cap: s.cap, Limit: math.Round(l.limit*10) / 10,
 				InFlight: l.inflight, MaxInFlight: l.maxIn, Cuts: l.cuts, HeldS: l.heldS, Held: held, Others: others, OthersSeen: l.othersSeen})
 			cost += float64(c) * s.costPer
 		}
@@ -181,7 +182,7 @@ func writeSynth(t testing.TB, dir string, s synth) dispatch.Summary {
 		c := float64(l.done) * s.costPer
 		sum.Cost.ByOrg[l.org] = c
 		sum.ByOrg[l.org] = dispatch.OrgSplit{Succeeded: l.succeeded, CostUSD: c, Key: fingerprints[l.org]}
-		sum.Lanes = append(sum.Lanes, dispatch.LaneSnapshot{Org: l.org, Pool: "sonnet", Cap: s.cap, Limit: l.limit, MaxInFlight: l.maxIn, Cuts: l.cuts, HeldS: l.heldS, OthersSeen: l.othersSeen, Disabled: l.stopped})
+		sum.Lanes = append(sum.Lanes, gate.LaneSnapshot{Org: l.org, Pool: "sonnet", Cap: s.cap, Limit: l.limit, MaxInFlight: l.maxIn, Cuts: l.cuts, HeldS: l.heldS, OthersSeen: l.othersSeen, Disabled: l.stopped})
 	}
 	emit(tm, dispatch.EventCompleted, fmt.Sprintf("%d succeeded, %d errored", sum.Succeeded, sum.Errored), sum)
 	if err := w.Flush(); err != nil {

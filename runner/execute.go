@@ -9,6 +9,7 @@ import (
 
 	"github.com/apidispatch/apidispatch/batch"
 	"github.com/apidispatch/apidispatch/dispatch"
+	"github.com/apidispatch/apidispatch/gate"
 	"github.com/apidispatch/apidispatch/spend"
 	"github.com/apidispatch/apidispatch/store"
 )
@@ -158,7 +159,7 @@ type execution struct {
 	job   *dispatch.Job
 	x     Exec
 	sink  *dispatch.Sink
-	lanes []dispatch.LaneSnapshot
+	lanes []gate.LaneSnapshot
 	// mu guards stopReason: auto's batch route runs on its own goroutine.
 	mu         sync.Mutex
 	stopReason string
@@ -166,7 +167,7 @@ type execution struct {
 	batchRes   *batch.Result
 	cacheSum   *dispatch.CacheSummary
 	// lastLanes and lastEnd are the previous engine's lanes and end.
-	lastLanes []dispatch.LaneSnapshot
+	lastLanes []gate.LaneSnapshot
 	lastEnd   time.Time
 }
 

@@ -46,6 +46,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/apidispatch/apidispatch/dispatch"
+	"github.com/apidispatch/apidispatch/gate"
 	"github.com/apidispatch/apidispatch/org"
 )
 
@@ -231,7 +232,7 @@ func (b *Budget) Host() string { return b.host }
 // others the process holds nothing while the other has the cap in flight.
 // NewGate therefore hands a later engine the lane's existing gate, which
 // judges the key anew (not disabled) and asks for slots at once.
-func (b *Budget) NewGate(lc dispatch.LaneConfig) dispatch.Gate {
+func (b *Budget) NewGate(lc gate.LaneConfig) gate.Gate {
 	g := newGate(b, lc, b.fps[lc.Org])
 	b.mu.Lock()
 	for _, old := range b.gates {

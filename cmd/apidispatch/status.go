@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/apidispatch/apidispatch/dispatch"
+	"github.com/apidispatch/apidispatch/gate"
 	"github.com/apidispatch/apidispatch/shared"
 )
 
@@ -104,9 +105,9 @@ func printJSON(w io.Writer, v any) int {
 
 // runStatus is the newest lane sample of one run directory.
 type runStatus struct {
-	Dir   string                  `json:"run_dir"`
-	At    time.Time               `json:"sampled_at"`
-	Lanes []dispatch.LaneSnapshot `json:"lanes"`
+	Dir   string              `json:"run_dir"`
+	At    time.Time           `json:"sampled_at"`
+	Lanes []gate.LaneSnapshot `json:"lanes"`
 }
 
 // localStatus reads the newest "sample" event of each run directory under
@@ -142,7 +143,7 @@ func localStatus(root string) ([]runStatus, error) {
 			var ev struct {
 				TS   time.Time `json:"ts"`
 				Data struct {
-					Lanes []dispatch.LaneSnapshot `json:"lanes"`
+					Lanes []gate.LaneSnapshot `json:"lanes"`
 				} `json:"data"`
 			}
 			if json.Unmarshal(lines[i], &ev) == nil {
