@@ -24,6 +24,7 @@ import (
 	"github.com/apidispatch/apidispatch/dispatch"
 	"github.com/apidispatch/apidispatch/gate"
 	"github.com/apidispatch/apidispatch/org"
+	"github.com/apidispatch/apidispatch/rundir"
 	"github.com/apidispatch/apidispatch/store"
 	"github.com/apidispatch/apidispatch/workload"
 )
@@ -55,7 +56,7 @@ type LegacyConfig struct {
 	Client *http.Client
 	// Events receives started, sample, progress and completed or
 	// incomplete events (nil: none).
-	Events *dispatch.EventLog
+	Events *rundir.EventLog
 	// SampleEvery is the period of "sample" events (default 1 s; < 0: none).
 	SampleEvery time.Duration
 	// Jitter returns uniform numbers in [0, 1) for the back-off jitter
@@ -153,7 +154,7 @@ type legacyOutcome struct {
 // Cancelling ctx abandons the requests in flight: their items are
 // unfinished and Run returns dispatch.ErrIncomplete (wrapped) with the
 // summary of what was written.
-func (l *Legacy) Run(ctx context.Context, inputPath, resultsPath string, n int64) (*dispatch.Summary, error) {
+func (l *Legacy) Run(ctx context.Context, inputPath, resultsPath string, n int64) (*rundir.Summary, error) {
 	l.start = time.Now()
 	l.n = n
 	if l.owned != nil {
@@ -164,13 +165,13 @@ func (l *Legacy) Run(ctx context.Context, inputPath, resultsPath string, n int64
 		return nil, err
 	}
 	defer in.Close()
-	rf, err := os.OpenFile(resultsPath, os.O_RDWR|os.O_CREATE|os.O_TRUNC, dispatch.FilePerm)
+	rf, err := os.OpenFile(resultsPath, os.O_RDWR|os.O_CREATE|os.O_TRUNC, rundir.FilePerm)
 	if err != nil {
 		return nil, err
 	}
 	defer rf.Close()
 	ev := l.cfg.Events
-	ev.Emit(dispatch.EventStarted, fmt.Sprintf("legacy arm: %d items, org %s alone at a fixed concurrency of %d, SDK retries (max %d)", n, l.cfg.Org.Name, l.cfg.Concurrency, l.cfg.Retry.MaxRetries),
+	ev.Emit(rundir.EventStarted, fmt.Sprintf("legacy arm: %d items, org %s alone at a fixed concurrency of %d, SDK retries (max %d)", n, l.cfg.Org.Name, l.cfg.Concurrency, l.cfg.Retry.MaxRetries),
 		map[string]any{"n": n, "arm": ArmBaseline, "orgs": []map[string]string{{"org": l.cfg.Org.Name, "key": l.cfg.Org.Key.Fingerprint()}},
 			"base_url": l.base.Redacted(), "speed": l.cfg.Speed, "concurrency": l.cfg.Concurrency, "max_retries": l.cfg.Retry.MaxRetries})
 
@@ -232,7 +233,7 @@ func (l *Legacy) Run(ctx context.Context, inputPath, resultsPath string, n int64
 	var (
 		byType     = map[string]int64{}
 		latencies  []int64
-		tok        dispatch.Tokens
+		tok        rundir.Tokens
 		succ, errd int64
 		costN      cost.Nanos
 		werr       error
@@ -277,7 +278,7 @@ func (l *Legacy) Run(ctx context.Context, inputPath, resultsPath string, n int64
 
 	wall := time.Since(l.start)
 	agg := store.Aggregate{N: n, Pending: max(0, n-succ-errd), Succeeded: succ, Errored: errd, ErroredByType: byType}
-	dl, err := dispatch.CheckResults(resultsPath, agg)
+	dl, err := rundir.CheckResults(resultsPath, agg)
 	if err != nil && fatal == nil {
 		fatal = err
 	}
@@ -285,14 +286,14 @@ func (l *Legacy) Run(ctx context.Context, inputPath, resultsPath string, n int64
 	s := l.summary(agg, dl, costN, tok, latencies, wall)
 	switch {
 	case fatal != nil:
-		ev.Emit(dispatch.EventFailure, fatal.Error(), s)
+		ev.Emit(rundir.EventFailure, fatal.Error(), s)
 		return s, fatal
 	case ctx.Err() != nil || s.Unfinished > 0:
 		s.StopReason = "stopped by signal"
-		ev.Emit(dispatch.EventIncomplete, s.StopReason, s)
+		ev.Emit(rundir.EventIncomplete, s.StopReason, s)
 		return s, fmt.Errorf("%w: legacy arm %s (it is run again from the start)", dispatch.ErrIncomplete, s.StopReason)
 	}
-	ev.Emit(dispatch.EventCompleted, fmt.Sprintf("%d succeeded, %d errored", s.Succeeded, s.Errored), s)
+	ev.Emit(rundir.EventCompleted, fmt.Sprintf("%d succeeded, %d errored", s.Succeeded, s.Errored), s)
 	return s, nil
 }
 
@@ -414,7 +415,7 @@ func (l *Legacy) sampler(done <-chan struct{}) {
 			return
 		case now := <-t.C:
 			d := l.c.succeeded.Load() + l.c.errored.Load()
-			l.cfg.Events.Emit(dispatch.EventSample, "", map[string]any{
+			l.cfg.Events.Emit(rundir.EventSample, "", map[string]any{
 				"t_s": now.Sub(l.start).Seconds(), "dt_s": now.Sub(last).Seconds(),
 				"completed_by_org": map[string]int64{l.cfg.Org.Name: d - lastDone},
 				"lanes":            []gate.LaneSnapshot{l.lane()},
@@ -425,7 +426,7 @@ func (l *Legacy) sampler(done <-chan struct{}) {
 			if l.n > 0 {
 				if m := d * 10 / l.n; m > milestone {
 					milestone = m
-					l.cfg.Events.Emit(dispatch.EventProgress, fmt.Sprintf("%d%% done", m*10), l.Progress())
+					l.cfg.Events.Emit(rundir.EventProgress, fmt.Sprintf("%d%% done", m*10), l.Progress())
 				}
 			}
 		}
@@ -459,19 +460,19 @@ func (l *Legacy) Progress() dispatch.Progress {
 }
 
 // summary fills the dispatcher's summary shape for the legacy arm.
-func (l *Legacy) summary(agg store.Aggregate, dl dispatch.DataLoss, costN cost.Nanos, tok dispatch.Tokens, lat []int64, wall time.Duration) *dispatch.Summary {
+func (l *Legacy) summary(agg store.Aggregate, dl rundir.DataLoss, costN cost.Nanos, tok rundir.Tokens, lat []int64, wall time.Duration) *rundir.Summary {
 	slices.Sort(lat)
 	fp := l.cfg.Org.Key.Fingerprint()
-	s := &dispatch.Summary{
+	s := &rundir.Summary{
 		N: agg.N, Succeeded: agg.Succeeded, Errored: agg.Errored, ErroredByType: agg.ErroredByType,
 		Unfinished: agg.Pending, DataLoss: dl,
-		Cost:   dispatch.CostUSD{Total: costN.USD(), TotalNanos: int64(costN), ByOrg: map[string]float64{l.cfg.Org.Name: costN.USD()}},
+		Cost:   rundir.CostUSD{Total: costN.USD(), TotalNanos: int64(costN), ByOrg: map[string]float64{l.cfg.Org.Name: costN.USD()}},
 		Tokens: tok, Attempts: l.c.attempts.Load(), RateLimited429: l.c.rateLimited.Load(),
 		Overloaded529: l.c.overloaded.Load(), OtherRetries: l.c.otherRetries.Load(),
-		LatencyMs:        dispatch.Latency{P50: nearestRank(lat, 0.50), P95: nearestRank(lat, 0.95), P99: nearestRank(lat, 0.99)},
+		LatencyMs:        rundir.Latency{P50: nearestRank(lat, 0.50), P95: nearestRank(lat, 0.95), P99: nearestRank(lat, 0.99)},
 		CompletedThisRun: agg.Succeeded + agg.Errored,
 		WallS:            wall.Seconds(), Speed: l.cfg.Speed, APIEquivalentWallS: wall.Seconds() * l.cfg.Speed,
-		ByOrg: map[string]dispatch.OrgSplit{l.cfg.Org.Name: {Succeeded: agg.Succeeded, Errored: agg.Errored, CostUSD: costN.USD(), Key: fp}},
+		ByOrg: map[string]rundir.OrgSplit{l.cfg.Org.Name: {Succeeded: agg.Succeeded, Errored: agg.Errored, CostUSD: costN.USD(), Key: fp}},
 		Lanes: []gate.LaneSnapshot{l.lane()},
 		Orgs:  []map[string]string{{"org": l.cfg.Org.Name, "key_fingerprint": fp}},
 		Extra: map[string]any{"arm": ArmBaseline, "concurrency": l.cfg.Concurrency, "max_retries": l.cfg.Retry.MaxRetries,

@@ -12,7 +12,7 @@ import (
 
 	"github.com/apidispatch/apidispatch/anthropic"
 	"github.com/apidispatch/apidispatch/cost"
-	"github.com/apidispatch/apidispatch/dispatch"
+	"github.com/apidispatch/apidispatch/rundir"
 	"github.com/apidispatch/apidispatch/store"
 )
 
@@ -300,7 +300,7 @@ func (r *Route) harvest(ctx context.Context, b *rec) error {
 			}
 		}
 		if taken > 0 {
-			r.count(ctx, map[string]int64{dispatch.CounterBatchSyncPriceNanos: taken})
+			r.count(ctx, map[string]int64{rundir.CounterBatchSyncPriceNanos: taken})
 		}
 		outs, syncOf = outs[:0], syncOf[:0]
 		return nil

@@ -17,6 +17,7 @@ import (
 	"github.com/apidispatch/apidispatch/anthropic"
 	"github.com/apidispatch/apidispatch/cache"
 	"github.com/apidispatch/apidispatch/cost"
+	"github.com/apidispatch/apidispatch/rundir"
 	"github.com/apidispatch/apidispatch/store"
 	"github.com/apidispatch/apidispatch/workload"
 )
@@ -30,34 +31,6 @@ import (
 // its result, just before it: a crash in between leaves an entry whose
 // result the resume answers from the cache, never a result without its
 // entry being attempted, and never a wrong one.
-
-// Store counters of the cache, so a resumed run counts its earlier hits.
-const (
-	CounterCacheHits       = "cache_hits"        // items answered without a request of their own
-	CounterCacheSavedNanos = "cache_saved_nanos" // what those requests cost when they were sent
-	CounterCacheDuplicates = "cache_duplicates"  // hits that were duplicates inside this input
-)
-
-// CacheSummary is the summary's "cache" object.
-type CacheSummary struct {
-	Mode string `json:"mode"`
-	// Hits are items answered without being sent: from the cache file, or
-	// by a duplicate of theirs inside the input (InputDuplicates of them).
-	Hits            int64 `json:"hits"`
-	InputDuplicates int64 `json:"input_duplicates"`
-	// Misses are items that ended by being sent (succeeded or errored).
-	Misses   int64   `json:"misses"`
-	SavedUSD float64 `json:"saved_usd"`
-	// Damaged counts entries found but refused (checksum), each a miss.
-	Damaged int64 `json:"damaged,omitempty"`
-	// Origin is the API this run asks (cache.OriginOf its base URL): only
-	// answers it gave are hits. OtherOrigin counts the items whose request
-	// the cache holds only with another origin's answer (a simulator's,
-	// another host's, or one stored before origins were recorded), each
-	// a miss.
-	Origin      string `json:"origin"`
-	OtherOrigin int64  `json:"other_origin,omitempty"`
-}
 
 // elsewhere counts, per engine, the items whose request the cache holds
 // only with another origin's answer: they are misses, and the run says so
@@ -165,7 +138,7 @@ func (e *Engine) keyItems(ctx context.Context, items []store.Item, com *committe
 	for _, b := range bad {
 		e.c.cacheDamaged.Add(1)
 		e.log.Warn("a damaged cache entry is treated as a miss", "cache", e.cfg.Cache.Path(), "key", b.Key.String(), "reason", b.Reason)
-		e.cfg.Events.Emit(EventWarning, "cache "+e.cfg.Cache.Path()+": entry "+b.Key.String()+" is damaged ("+b.Reason+"); treated as a miss", nil)
+		e.cfg.Events.Emit(rundir.EventWarning, "cache "+e.cfg.Cache.Path()+": entry "+b.Key.String()+" is damaged ("+b.Reason+"); treated as a miss", nil)
 	}
 	rest := out[:0]
 	for _, f := range out {
@@ -300,22 +273,22 @@ func (e *Engine) dropFollowers() {
 	}
 }
 
-func (e *Engine) cacheSummary(agg store.Aggregate) *CacheSummary {
+func (e *Engine) cacheSummary(agg store.Aggregate) *rundir.CacheSummary {
 	if !e.caching() {
 		return nil
 	}
-	hits := agg.Counters[CounterCacheHits]
+	hits := agg.Counters[rundir.CounterCacheHits]
 	other, from := e.c.cacheElsewhere.total()
 	if other > 0 {
 		msg := fmt.Sprintf("cache %s: %d items were sent although the cache holds their request, answered by another API than this run's %s (%s): "+
 			"an answer is reused only from the origin that gave it, so a simulator's never answers a real run",
 			e.cfg.Cache.Path(), other, e.origin(), from)
 		e.log.Warn(msg)
-		e.cfg.Events.Emit(EventWarning, msg, map[string]any{"other_origin": other, "origin": e.origin()})
+		e.cfg.Events.Emit(rundir.EventWarning, msg, map[string]any{"other_origin": other, "origin": e.origin()})
 	}
-	return &CacheSummary{
-		Mode: string(e.cfg.CacheMode), Hits: hits, InputDuplicates: agg.Counters[CounterCacheDuplicates],
-		Misses: agg.Succeeded + agg.Errored - hits, SavedUSD: cost.Nanos(agg.Counters[CounterCacheSavedNanos]).USD(),
+	return &rundir.CacheSummary{
+		Mode: string(e.cfg.CacheMode), Hits: hits, InputDuplicates: agg.Counters[rundir.CounterCacheDuplicates],
+		Misses: agg.Succeeded + agg.Errored - hits, SavedUSD: cost.Nanos(agg.Counters[rundir.CounterCacheSavedNanos]).USD(),
 		Damaged: e.c.cacheDamaged.Load(), Origin: e.origin(), OtherOrigin: other,
 	}
 }

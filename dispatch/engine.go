@@ -37,6 +37,7 @@ import (
 	"github.com/apidispatch/apidispatch/gate"
 	"github.com/apidispatch/apidispatch/org"
 	"github.com/apidispatch/apidispatch/ratelimit"
+	"github.com/apidispatch/apidispatch/rundir"
 	"github.com/apidispatch/apidispatch/spend"
 	"github.com/apidispatch/apidispatch/store"
 )
@@ -50,9 +51,6 @@ var (
 	ErrInsecureURL = errors.New("dispatch: http:// is only allowed for loopback addresses; use https://")
 )
 
-// BodyReader returns the params object of an item, read from the input file.
-type BodyReader func(it store.Item) (json.RawMessage, error)
-
 // Config is everything a run needs. Zero fields take the defaults noted.
 type Config struct {
 	Orgs    []org.Org
@@ -64,14 +62,14 @@ type Config struct {
 	// real API. The controller's time constants are divided by it.
 	Speed  float64
 	Store  store.Store
-	Body   BodyReader
+	Body   rundir.BodyReader
 	Prices *cost.Table
 	// ResultsPath is results.jsonl; EventsPath events.jsonl (optional).
 	ResultsPath string
 	// Sink, when set, is the run's results writer, shared with the batch
 	// route (the engine then neither opens nor closes it); otherwise the
 	// engine opens ResultsPath itself.
-	Sink *Sink
+	Sink *rundir.Sink
 	// Skip, when set, leaves out the pending items it returns true for
 	// (those an open batch holds).
 	Skip func(seq int64) bool
@@ -81,7 +79,7 @@ type Config struct {
 	// answered but not yet durable) in possible_duplicate_billing. One
 	// engine at a time per directory (OpenJob locks the run directory).
 	JournalDir string
-	Events     *EventLog
+	Events     *rundir.EventLog
 	// MaxCost stops admission when spent plus the worst case of in-flight
 	// requests would pass it (0: no cap). It covers the whole run directory.
 	// Without Spend, Run makes the gate that keeps it (seeded with what the
@@ -302,7 +300,7 @@ type Engine struct {
 	// counters (atomic: read by progress while the run goes on)
 	c counters
 	// jr is this run's attempt journal (nil without Config.JournalDir).
-	jr *journal
+	jr *rundir.Journal
 
 	start     time.Time
 	total     int64 // N
@@ -437,7 +435,7 @@ func (e *Engine) emitSample(now, last time.Time, lastDone map[string]int64) {
 		done[o.Name] = v - lastDone[o.Name]
 		lastDone[o.Name] = v
 	}
-	e.cfg.Events.Emit(EventSample, "", map[string]any{
+	e.cfg.Events.Emit(rundir.EventSample, "", map[string]any{
 		"t_s": now.Sub(e.start).Seconds(), "dt_s": now.Sub(last).Seconds(),
 		"completed_by_org": done, "lanes": snaps,
 		"rate_limited_429": e.c.rateLimited.Load(), "retries": e.c.overloaded.Load() + e.c.otherRetries.Load(),
@@ -460,7 +458,7 @@ func (e *Engine) allLanes() []*laneRef {
 
 // Result is what Run returns.
 type Result struct {
-	Summary  *Summary
+	Summary  *rundir.Summary
 	Complete bool
 	// StopReason says why an incomplete run stopped.
 	StopReason string
@@ -496,13 +494,13 @@ func (e *Engine) Run(ctx context.Context) (*Result, error) {
 		// before it seeds the run's spend gate; an engine run alone does
 		// it here). The replay only adds counters, which nothing below
 		// reads: agg stays valid.
-		if replayedN, err = replay(ctx, e.cfg.JournalDir, st, agg.Counters, e.cfg.Events, e.log); err != nil {
+		if replayedN, err = rundir.Replay(ctx, e.cfg.JournalDir, st, agg.Counters, e.cfg.Events, e.log); err != nil {
 			return nil, err
 		}
 	}
 	e.doneStart = agg.Succeeded + agg.Errored
 	if e.gate = e.cfg.Spend; e.gate == nil {
-		e.gate = spend.New("--max-cost", e.cfg.MaxCost, SpentBefore(agg))
+		e.gate = spend.New("--max-cost", e.cfg.MaxCost, rundir.SpentBefore(agg))
 	}
 	if replayedN > 0 {
 		// What the dead process may have had billed: counted for good, as
@@ -512,11 +510,11 @@ func (e *Engine) Run(ctx context.Context) (*Result, error) {
 	}
 	sink := e.cfg.Sink
 	if sink == nil {
-		if sink, err = OpenSink(ctx, e.cfg.ResultsPath, st); err != nil {
+		if sink, err = rundir.OpenSink(ctx, e.cfg.ResultsPath, st); err != nil {
 			return nil, err
 		}
 		if sink.Rebuilt > 0 {
-			e.cfg.Events.Emit(EventWarning, fmt.Sprintf("results file was %d lines short of the run's state; rebuilt them", sink.Rebuilt), map[string]any{"rebuilt": sink.Rebuilt})
+			e.cfg.Events.Emit(rundir.EventWarning, fmt.Sprintf("results file was %d lines short of the run's state; rebuilt them", sink.Rebuilt), map[string]any{"rebuilt": sink.Rebuilt})
 		}
 	}
 	closeSink := func() error {
@@ -529,7 +527,7 @@ func (e *Engine) Run(ctx context.Context) (*Result, error) {
 	for _, o := range e.orgs {
 		orgNames = append(orgNames, map[string]string{"org": o.Name, "key": o.Key.Fingerprint()})
 	}
-	e.cfg.Events.Emit(EventStarted, fmt.Sprintf("%d items, %d already done, %d orgs", e.total, e.doneStart, len(e.orgs)),
+	e.cfg.Events.Emit(rundir.EventStarted, fmt.Sprintf("%d items, %d already done, %d orgs", e.total, e.doneStart, len(e.orgs)),
 		map[string]any{"n": e.total, "done": e.doneStart, "orgs": orgNames, "base_url": e.base.Redacted(), "speed": e.cfg.Speed})
 
 	e.results = make(chan *attempt, 1024)
@@ -537,7 +535,7 @@ func (e *Engine) Run(ctx context.Context) (*Result, error) {
 
 	// The committer makes outcomes durable, then appends their lines.
 	if e.cfg.JournalDir != "" {
-		if e.jr, err = openJournal(e.cfg.JournalDir); err != nil {
+		if e.jr, err = rundir.OpenJournal(e.cfg.JournalDir); err != nil {
 			closeSink()
 			return nil, err
 		}
@@ -547,7 +545,7 @@ func (e *Engine) Run(ctx context.Context) (*Result, error) {
 		com.cache = e.cfg.Cache
 	}
 	if e.jr != nil {
-		com.journalKey = e.jr.key
+		com.journalKey = e.jr.Key()
 	}
 	var wg sync.WaitGroup
 	wg.Go(com.run)
@@ -627,7 +625,7 @@ func (e *Engine) Run(ctx context.Context) (*Result, error) {
 	closeErr := closeSink()
 	// Every attempt has ended; once every outcome and counter is durable
 	// the journal has nothing left to say.
-	if err := e.jr.close(com.err == nil); err != nil && closeErr == nil {
+	if err := e.jr.Close(com.err == nil); err != nil && closeErr == nil {
 		closeErr = err
 	}
 	if runErr == nil && closeErr != nil {
@@ -639,7 +637,7 @@ func (e *Engine) Run(ctx context.Context) (*Result, error) {
 	}
 	res := &Result{Summary: sum, StopReason: e.stopReason, Stopped: e.stopReason != ""}
 	if runErr != nil {
-		e.cfg.Events.Emit(EventFailure, runErr.Error(), nil)
+		e.cfg.Events.Emit(rundir.EventFailure, runErr.Error(), nil)
 		return res, runErr
 	}
 	res.Complete = sum != nil && sum.Unfinished == 0
@@ -650,11 +648,11 @@ func (e *Engine) Run(ctx context.Context) (*Result, error) {
 		if res.StopReason == "" {
 			res.StopReason = "stopped"
 		}
-		kind := EventIncomplete
+		kind := rundir.EventIncomplete
 		if !res.Stopped && (e.cfg.MaxSeq > 0 || e.cfg.Skip != nil) {
 			// It did what it was given (a pilot, a route's share); the
 			// run goes on.
-			kind = EventProgress
+			kind = rundir.EventProgress
 		}
 		e.cfg.Events.Emit(kind, res.StopReason, sum)
 		if e.costErr != nil {
@@ -663,7 +661,7 @@ func (e *Engine) Run(ctx context.Context) (*Result, error) {
 		}
 		return res, fmt.Errorf("%w: %s", ErrIncomplete, res.StopReason)
 	}
-	e.cfg.Events.Emit(EventCompleted, fmt.Sprintf("%d succeeded, %d errored", sum.Succeeded, sum.Errored), sum)
+	e.cfg.Events.Emit(rundir.EventCompleted, fmt.Sprintf("%d succeeded, %d errored", sum.Succeeded, sum.Errored), sum)
 	return res, nil
 }
 
@@ -783,7 +781,7 @@ func (e *Engine) schedule(ctx context.Context, feed chan []fed, com *committer, 
 				m := done * 10 / e.total
 				if m > milestone {
 					milestone = m
-					e.cfg.Events.Emit(EventProgress, fmt.Sprintf("%d%% done", m*10), e.Progress())
+					e.cfg.Events.Emit(rundir.EventProgress, fmt.Sprintf("%d%% done", m*10), e.Progress())
 				}
 			}
 		}
@@ -834,7 +832,7 @@ func (e *Engine) noteReach(now time.Time, a *attempt) {
 	if !e.warnedDown && (e.lastReached.IsZero() || now.Sub(since) >= downWarnAfter) {
 		e.warnedDown = true
 		e.log.Warn("cannot reach the API; retrying", "base_url", e.base.Redacted(), "error", a.outcome.Reason)
-		e.cfg.Events.Emit(EventWarning, "cannot reach the API: "+a.outcome.Reason, map[string]any{"base_url": e.base.Redacted()})
+		e.cfg.Events.Emit(rundir.EventWarning, "cannot reach the API: "+a.outcome.Reason, map[string]any{"base_url": e.base.Redacted()})
 	}
 	if d := e.cfg.GiveUpAfter; d > 0 && e.unreachable == "" && now.Sub(since) >= d {
 		e.unreachable = fmt.Sprintf("no request reached %s for %s (last error: %s)", e.base.Redacted(), d, a.outcome.Reason)
@@ -999,7 +997,7 @@ func (e *Engine) send(a *attempt) {
 	defer cancel()
 	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{WroteRequest: func(i httptrace.WroteRequestInfo) {
 		if i.Err == nil && !a.wrote.Swap(true) {
-			e.jr.sent(a.w.it.Seq, a.w.attempts, a.res.Worst())
+			e.jr.Sent(a.w.it.Seq, a.w.attempts, a.res.Worst())
 		}
 	}})
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, e.base.JoinPath("v1", "messages").String(), bytes.NewReader(body))
@@ -1050,12 +1048,12 @@ func (e *Engine) send(a *attempt) {
 		a.maybeBilled = a.wrote.Load()
 	}
 	if a.outcome.Kind == anthropic.Success {
-		e.jr.succeeded(a.w.it.Seq, a.w.attempts)
+		e.jr.Succeeded(a.w.it.Seq, a.w.attempts)
 	} else {
 		mb := a.maybeBilled && a.outcome.Kind == anthropic.Retryable
 		// Journal first, count second: the committer never flushes a
 		// count the journal does not hold.
-		e.jr.ended(a.w.it.Seq, a.w.attempts, mb)
+		e.jr.Ended(a.w.it.Seq, a.w.attempts, mb)
 		if mb {
 			// The worst case first: a flush between the two counts it
 			// with a record the replay will count again (never passing
@@ -1100,7 +1098,7 @@ func (e *Engine) handle(a *attempt, com *committer, stopping bool) {
 		w.attempts--
 		e.c.attempts.Add(-1)
 		l.attempts.Add(-1)
-		e.cfg.Events.Emit(EventLane, l.key+": "+a.outcome.Reason, map[string]any{"custom_id": w.it.CustomID, "fenced": true})
+		e.cfg.Events.Emit(rundir.EventLane, l.key+": "+a.outcome.Reason, map[string]any{"custom_id": w.it.CustomID, "fenced": true})
 		w.notBefore = now
 		if stopping {
 			e.held--
@@ -1142,7 +1140,7 @@ func (e *Engine) handle(a *attempt, com *committer, stopping bool) {
 			e.disableOrg(l.org, reason)
 		} else {
 			l.Disable(reason)
-			e.cfg.Events.Emit(EventLane, l.key+" stopped: "+reason, l.Snapshot(now))
+			e.cfg.Events.Emit(rundir.EventLane, l.key+" stopped: "+reason, l.Snapshot(now))
 		}
 		w.transient = 0
 		w.notBefore = now
@@ -1207,7 +1205,7 @@ func (e *Engine) disableOrg(o *orgState, reason string) {
 			}
 		}
 	}
-	e.cfg.Events.Emit(EventLane, "org "+o.Name+" ("+o.Key.String()+") stopped: "+reason, map[string]any{"org": o.Name, "reason": reason})
+	e.cfg.Events.Emit(rundir.EventLane, "org "+o.Name+" ("+o.Key.String()+") stopped: "+reason, map[string]any{"org": o.Name, "reason": reason})
 	e.log.Warn("org stopped", "org", o.Name, "key", o.Key.Fingerprint(), "reason", reason)
 }
 
@@ -1228,7 +1226,7 @@ func (e *Engine) noteOrgID(o *orgState, id string) {
 			keep, drop = o, other
 		}
 		reason := fmt.Sprintf("key %s reaches the same organisation as org %s (%s): limits do not add, so its work goes through %s's lanes", drop.Key.Fingerprint(), keep.Name, id, keep.Name)
-		e.cfg.Events.Emit(EventWarning, "org "+drop.Name+": "+reason, map[string]any{"org": drop.Name, "same_as": keep.Name, "organization_id": id})
+		e.cfg.Events.Emit(rundir.EventWarning, "org "+drop.Name+": "+reason, map[string]any{"org": drop.Name, "same_as": keep.Name, "organization_id": id})
 		e.log.Warn("two keys reach one organisation", "org", drop.Name, "same_as", keep.Name)
 		e.disableOrg(drop, reason)
 		return

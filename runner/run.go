@@ -15,6 +15,7 @@ import (
 	"github.com/apidispatch/apidispatch/org"
 	"github.com/apidispatch/apidispatch/plan"
 	"github.com/apidispatch/apidispatch/report"
+	"github.com/apidispatch/apidispatch/rundir"
 	"github.com/apidispatch/apidispatch/spend"
 	"github.com/apidispatch/apidispatch/store"
 )
@@ -69,13 +70,13 @@ type Config struct {
 	// OnJob is called once the run directory is open, before anything is
 	// sent; it may change the sync configuration (the shared budget's
 	// gates, metrics). The cleanup it returns runs when the run ends.
-	OnJob func(job *dispatch.Job, sync *dispatch.Config) (cleanup func(), err error)
+	OnJob func(job *rundir.Job, sync *dispatch.Config) (cleanup func(), err error)
 	// OnEngine and OnBatch are Exec's.
 	OnEngine func(*dispatch.Engine) (done func())
 	OnBatch  func(*batch.Route) (done func())
 	// Finish, when set, adds to the summary before it is written (the
 	// shared budget's figures).
-	Finish func(*dispatch.Summary)
+	Finish func(*rundir.Summary)
 	// Stderr gets the gate's arithmetic, the router's decision and
 	// warnings (nil: discarded).
 	Stderr io.Writer
@@ -85,7 +86,7 @@ type Config struct {
 // run never started), where its results are, and the error, if any.
 type Outcome struct {
 	Code        int
-	Summary     *dispatch.Summary
+	Summary     *rundir.Summary
 	Dir         string
 	ResultsPath string
 	Err         error
@@ -119,7 +120,7 @@ func Run(ctx context.Context, cfg Config) Outcome {
 	if cfg.Cancel && cfg.Route == RouteSync {
 		return fail(ExitUsage, "--cancel cancels a run's open batches: it needs --route batch or auto")
 	}
-	ws, err := dispatch.Validate(cfg.Input, prices)
+	ws, err := rundir.Validate(cfg.Input, prices)
 	if err != nil {
 		return fail(ExitUsage, "%s: %w", cfg.Input, err)
 	}
@@ -144,9 +145,9 @@ func Run(ctx context.Context, cfg Config) Outcome {
 		fmt.Fprintln(w, r)
 	}
 
-	job, err := dispatch.OpenJob(ctx, dispatch.JobConfig{InputPath: cfg.Input, RunDir: cfg.RunDir, ResultsPath: cfg.ResultsPath, Prices: prices}, ws)
+	job, err := rundir.OpenJob(ctx, rundir.JobConfig{InputPath: cfg.Input, RunDir: cfg.RunDir, ResultsPath: cfg.ResultsPath, Prices: prices}, ws)
 	if err != nil {
-		if errors.Is(err, dispatch.ErrRunDirBusy) {
+		if errors.Is(err, rundir.ErrRunDirBusy) {
 			return Outcome{Code: ExitRefused, Err: err}
 		}
 		return Outcome{Code: ExitUsage, Err: err}
@@ -195,7 +196,7 @@ func Run(ctx context.Context, cfg Config) Outcome {
 			out.Code, out.Err = ExitIncomplete, fmt.Errorf("reading what the run spent: %w", err)
 			return out
 		}
-		cfg.Sync.Spend = spend.New("--max-cost", cfg.Sync.MaxCost, dispatch.SpentBefore(agg))
+		cfg.Sync.Spend = spend.New("--max-cost", cfg.Sync.MaxCost, rundir.SpentBefore(agg))
 	}
 	start := time.Now()
 	if cfg.Deadline > 0 {
@@ -212,7 +213,7 @@ func Run(ctx context.Context, cfg Config) Outcome {
 			// sent; a batch would take up to 24 h to say it.
 			msg := fmt.Sprintf("pilot: the first %d items go by sync, at the full (sync) price, twice their batch price, to measure their cost before the rest go by %s", cfg.Pilot, cfg.Route)
 			fmt.Fprintln(w, msg)
-			job.Events.Emit(dispatch.EventBatch, msg, map[string]any{"pilot": cfg.Pilot, "route": RouteSync})
+			job.Events.Emit(rundir.EventBatch, msg, map[string]any{"pilot": cfg.Pilot, "route": RouteSync})
 		}
 		px := x
 		px.Route = RouteSync
@@ -329,7 +330,7 @@ func (pr *projection) gate(n int64, g plan.GateConfig, w io.Writer) int {
 // router sets auto's split from the projection, and when a batch is late:
 // when, at the projected sync rate, its requests would no longer end by
 // the deadline if it were cancelled and they were sent by sync.
-func (cfg *Config) router(job *dispatch.Job, pr *projection, x *Exec, start time.Time, w io.Writer) {
+func (cfg *Config) router(job *rundir.Job, pr *projection, x *Exec, start time.Time, w io.Writer) {
 	r := pr.routes
 	nb, ns := r.Split()
 	x.SyncItems = ns
@@ -340,7 +341,7 @@ func (cfg *Config) router(job *dispatch.Job, pr *projection, x *Exec, start time
 		msg += ": no --deadline, so every item that can goes by batch (the cheapest)"
 	}
 	fmt.Fprintln(w, msg)
-	job.Events.Emit(dispatch.EventBatch, msg, map[string]any{"batch_items": nb, "sync_items": ns, "deadline_s": r.DeadlineS})
+	job.Events.Emit(rundir.EventBatch, msg, map[string]any{"batch_items": nb, "sync_items": ns, "deadline_s": r.DeadlineS})
 	if cfg.Deadline <= 0 {
 		return
 	}
@@ -392,7 +393,7 @@ func batchRPM(l *plan.Limits, orgs []string) map[string]float64 {
 }
 
 // finish writes the summary, events and report, and picks the exit code.
-func (cfg *Config) finish(job *dispatch.Job, out Outcome, res *Result, runErr error, pr *projection, n int64, g plan.GateConfig) Outcome {
+func (cfg *Config) finish(job *rundir.Job, out Outcome, res *Result, runErr error, pr *projection, n int64, g plan.GateConfig) Outcome {
 	out.Err = runErr
 	if res == nil || res.Summary == nil {
 		out.Code = ExitIncomplete

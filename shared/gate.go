@@ -10,8 +10,8 @@ import (
 	"time"
 
 	"github.com/apidispatch/apidispatch/anthropic"
-	"github.com/apidispatch/apidispatch/dispatch"
 	"github.com/apidispatch/apidispatch/gate"
+	"github.com/apidispatch/apidispatch/rundir"
 )
 
 // Gate is one (key, model pool) lane whose budget is shared through Redis
@@ -330,7 +330,7 @@ func (g *Gate) congestion(now time.Time, p gate.Permit, o anthropic.Outcome) {
 	limit, epoch := g.limit, g.epoch
 	g.mu.Unlock()
 	if cut {
-		g.b.cfg.Events.Emit(dispatch.EventLane, fmt.Sprintf("%s/%s shared limit cut to %.0f (epoch %d)", g.cfg.Org, g.cfg.Pool, limit, epoch),
+		g.b.cfg.Events.Emit(rundir.EventLane, fmt.Sprintf("%s/%s shared limit cut to %.0f (epoch %d)", g.cfg.Org, g.cfg.Pool, limit, epoch),
 			map[string]any{"org": g.cfg.Org, "pool": string(g.cfg.Pool), "key": g.fp, "cut": true, "epoch": epoch, "limit": limit, "proc": g.b.proc})
 	}
 }
@@ -434,7 +434,7 @@ func (g *Gate) renew(ctx context.Context) error {
 	grew := g.available() > before || (wasFenced && g.grant > 0)
 	g.mu.Unlock()
 	if r := toInt(res[8]); r > 0 {
-		g.b.cfg.Events.Emit(dispatch.EventLane, fmt.Sprintf("%s/%s: %d slots of a process whose lease expired are back", g.cfg.Org, g.cfg.Pool, r),
+		g.b.cfg.Events.Emit(rundir.EventLane, fmt.Sprintf("%s/%s: %d slots of a process whose lease expired are back", g.cfg.Org, g.cfg.Pool, r),
 			map[string]any{"org": g.cfg.Org, "pool": string(g.cfg.Pool), "key": g.fp, "reclaimed": r})
 	}
 	if grew && wake != nil {

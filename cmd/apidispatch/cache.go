@@ -15,6 +15,7 @@ import (
 	"github.com/apidispatch/apidispatch/cache"
 	"github.com/apidispatch/apidispatch/dispatch"
 	"github.com/apidispatch/apidispatch/plan"
+	"github.com/apidispatch/apidispatch/rundir"
 	"github.com/apidispatch/apidispatch/runner"
 )
 
@@ -164,7 +165,7 @@ flags:`)
 	case "export":
 		w := stdout
 		if *out != "" {
-			f, err := os.OpenFile(*out, os.O_RDWR|os.O_CREATE|os.O_TRUNC, dispatch.FilePerm)
+			f, err := os.OpenFile(*out, os.O_RDWR|os.O_CREATE|os.O_TRUNC, rundir.FilePerm)
 			if err != nil {
 				errf(stderr, "%v", err)
 				return exitUsage

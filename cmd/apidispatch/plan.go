@@ -7,13 +7,12 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 
 	"github.com/apidispatch/apidispatch/cost"
 	"github.com/apidispatch/apidispatch/dispatch"
 	"github.com/apidispatch/apidispatch/org"
 	"github.com/apidispatch/apidispatch/plan"
-	"github.com/apidispatch/apidispatch/store/sqlite"
+	"github.com/apidispatch/apidispatch/rundir"
 	"github.com/apidispatch/apidispatch/workload"
 )
 
@@ -141,7 +140,7 @@ flags:`)
 		in.Arms = plan.Phase6Arms
 	} else {
 		input := fs.Arg(0)
-		if in.Workload, err = dispatch.Validate(input, prices); err != nil {
+		if in.Workload, err = rundir.Validate(input, prices); err != nil {
 			errf(stderr, "%s: %v", input, err)
 			return exitUsage
 		}
@@ -216,11 +215,7 @@ flags:`)
 // pilotFromRun measures the finished items of a run directory made for the
 // same input.
 func pilotFromRun(ctx context.Context, dir string, ws *workload.Summary) (*plan.PilotStats, error) {
-	path := filepath.Join(dir, dispatch.StateFile)
-	if _, err := os.Stat(path); err != nil {
-		return nil, fmt.Errorf("--from-run: %w", err)
-	}
-	st, err := sqlite.Open(path)
+	st, err := rundir.OpenStore(dir)
 	if err != nil {
 		return nil, fmt.Errorf("--from-run: %w", err)
 	}

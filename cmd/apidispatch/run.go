@@ -18,6 +18,7 @@ import (
 	"github.com/apidispatch/apidispatch/cost"
 	"github.com/apidispatch/apidispatch/dispatch"
 	"github.com/apidispatch/apidispatch/plan"
+	"github.com/apidispatch/apidispatch/rundir"
 	"github.com/apidispatch/apidispatch/runner"
 )
 
@@ -192,7 +193,7 @@ flags:`)
 		Input: input, RunDir: sf.runDir, ResultsPath: sf.out, SummaryPath: sf.summary, Prices: prices, Sync: sync,
 		Budget: budget, Tolerance: sf.tolerance, Confirm: sf.confirm, Limits: limits, ExpectOutput: *expectOut,
 		Pilot: *pilot, Deadline: *deadline, Route: *route, BatchSize: *batchSize, Cancel: *cancel, Stderr: stderr,
-		OnJob: func(job *dispatch.Job, c *dispatch.Config) (func(), error) {
+		OnJob: func(job *rundir.Job, c *dispatch.Config) (func(), error) {
 			var closers []func()
 			cleanup := func() {
 				for _, f := range slices.Backward(closers) {
@@ -204,7 +205,7 @@ flags:`)
 				// (a pilot sends its items by sync, on the key's slots).
 				msg := "--shared is not used by --route batch (the Message Batches API holds no request slots of a key); going on without Redis"
 				fmt.Fprintln(stderr, "note: "+msg)
-				job.Events.Emit(dispatch.EventWarning, msg, nil)
+				job.Events.Emit(rundir.EventWarning, msg, nil)
 				shf = sharedFlags{}
 			}
 			sb, err := shf.open(ctx, orgs, job.Events)
@@ -241,7 +242,7 @@ flags:`)
 			}()
 			return func() { pstop(); <-done }
 		},
-		Finish: func(s *dispatch.Summary) {
+		Finish: func(s *rundir.Summary) {
 			if shared != nil {
 				s.Shared = shared()
 			}
@@ -303,7 +304,7 @@ func report1(out runner.Outcome, sf sendFlags, stdout, stderr io.Writer) int {
 		if c := s.Cache; c != nil {
 			fmt.Fprintf(stdout, "cache: %d hits (%d duplicates inside the input), %d misses; $%.6f saved\n", c.Hits, c.InputDuplicates, c.Misses, c.SavedUSD)
 		}
-		fmt.Fprintf(stdout, "results: %s\nsummary: %s\n", out.ResultsPath, out.Dir+"/"+dispatch.SummaryFile)
+		fmt.Fprintf(stdout, "results: %s\nsummary: %s\n", out.ResultsPath, out.Dir+"/"+rundir.SummaryFile)
 	}
 	if out.Err != nil {
 		errf(stderr, "%v", out.Err)

@@ -8,9 +8,9 @@ import (
 	"net/http"
 	"os"
 
-	"github.com/apidispatch/apidispatch/dispatch"
 	"github.com/apidispatch/apidispatch/metrics"
 	"github.com/apidispatch/apidispatch/org"
+	"github.com/apidispatch/apidispatch/rundir"
 	"github.com/apidispatch/apidispatch/shared"
 )
 
@@ -26,7 +26,7 @@ func (s *sharedFlags) register(fs *flag.FlagSet) {
 }
 
 // open connects the shared budget, or returns nil without --shared.
-func (s *sharedFlags) open(ctx context.Context, orgs []org.Org, events *dispatch.EventLog) (*shared.Budget, error) {
+func (s *sharedFlags) open(ctx context.Context, orgs []org.Org, events *rundir.EventLog) (*shared.Budget, error) {
 	if s.url == "" {
 		if s.fallback != "" {
 			return nil, fmt.Errorf("--shared-fallback needs --shared")

@@ -14,8 +14,8 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/apidispatch/apidispatch/dispatch"
 	"github.com/apidispatch/apidispatch/gate"
+	"github.com/apidispatch/apidispatch/rundir"
 	"github.com/apidispatch/apidispatch/shared"
 )
 
@@ -125,7 +125,7 @@ func localStatus(root string) ([]runStatus, error) {
 		if !e.IsDir() {
 			continue
 		}
-		p := filepath.Join(root, e.Name(), dispatch.EventsFile)
+		p := filepath.Join(root, e.Name(), rundir.EventsFile)
 		f, err := os.Open(p)
 		if err != nil {
 			continue

@@ -123,6 +123,9 @@ func rewrite(file, oldPath, newPath string, names map[string]bool) error {
 				skip[x] = true
 			}
 		case *ast.CompositeLit:
+			if _, isMap := n.Type.(*ast.MapType); isMap {
+				break // a map literal's keys are values
+			}
 			for _, e := range n.Elts {
 				if kv, ok := e.(*ast.KeyValueExpr); ok {
 					if k, ok := kv.Key.(*ast.Ident); ok {
@@ -227,9 +230,18 @@ func fixImports(file string, src []byte, oldPath, newPath string, dropOld bool) 
 			at := fset2.Position(f2.Name.End()).Offset
 			out = slices.Concat(out[:at], []byte("\n\nimport "+spec+"\n"), out[at:])
 		case gd.Lparen.IsValid():
-			// Put it with the last group (the module's own packages come last here).
+			// Put it with the last group (the module's own packages come
+			// last here), or in a group of its own after the standard
+			// library's.
 			at := fset2.Position(gd.Rparen).Offset
-			out = slices.Concat(out[:at], []byte("\t"+spec+"\n"), out[at:])
+			text := "\t" + spec + "\n"
+			if n := len(gd.Specs); n > 0 {
+				last, _ := strconv.Unquote(gd.Specs[n-1].(*ast.ImportSpec).Path.Value)
+				if !strings.Contains(strings.Split(last, "/")[0], ".") {
+					text = "\n" + text
+				}
+			}
+			out = slices.Concat(out[:at], []byte(text), out[at:])
 		default:
 			s, e := fset2.Position(gd.Pos()).Offset, fset2.Position(gd.End()).Offset
 			old := string(out[s+len("import") : e])
