@@ -272,7 +272,7 @@ func newHarness(cfg Config) (*harness, error) {
 		if h.baseURL == "" {
 			h.baseURL = "https://api.anthropic.com"
 		}
-		if _, err := dispatch.CheckBaseURL(h.baseURL); err != nil {
+		if _, err := apihttp.CheckBaseURL(h.baseURL); err != nil {
 			return nil, fmt.Errorf("%w: %w", ErrConfig, err)
 		}
 		h.shownURL = h.baseURL

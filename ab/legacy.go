@@ -108,7 +108,7 @@ func NewLegacy(cfg LegacyConfig) (*Legacy, error) {
 	if cfg.Prices == nil {
 		return nil, errors.New("ab: LegacyConfig needs Prices")
 	}
-	base, err := dispatch.ResolveBaseURL(cfg.BaseURL)
+	base, err := apihttp.ResolveBaseURL(cfg.BaseURL)
 	if err != nil {
 		return nil, err
 	}

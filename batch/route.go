@@ -43,7 +43,6 @@ import (
 
 	"github.com/apidispatch/apidispatch/apihttp"
 	"github.com/apidispatch/apidispatch/cost"
-	"github.com/apidispatch/apidispatch/dispatch"
 	"github.com/apidispatch/apidispatch/org"
 	"github.com/apidispatch/apidispatch/rundir"
 	"github.com/apidispatch/apidispatch/spend"
@@ -249,7 +248,7 @@ func New(cfg Config) (*Route, error) {
 	if cfg.MaxBytes < 1 || cfg.MaxBytes > MaxBytes {
 		return nil, fmt.Errorf("batch: batch bytes %d: want 1 to %d (256 MB, the API's limit)", cfg.MaxBytes, MaxBytes)
 	}
-	base, err := dispatch.ResolveBaseURL(cfg.BaseURL)
+	base, err := apihttp.ResolveBaseURL(cfg.BaseURL)
 	if err != nil {
 		return nil, err
 	}

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/apidispatch/apidispatch/anthropic"
+	"github.com/apidispatch/apidispatch/apihttp"
 	"github.com/apidispatch/apidispatch/cache"
 	"github.com/apidispatch/apidispatch/cost"
 	"github.com/apidispatch/apidispatch/rundir"
@@ -75,7 +76,7 @@ func (w *elsewhere) total() (int64, string) {
 // meaning DefaultBaseURL): what 'plan' and the projection look answers up
 // by, as the engine does.
 func CacheOrigin(baseURL string) (string, error) {
-	u, err := ResolveBaseURL(baseURL)
+	u, err := apihttp.ResolveBaseURL(baseURL)
 	if err != nil {
 		return "", err
 	}

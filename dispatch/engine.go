@@ -20,7 +20,6 @@ import (
 	"log/slog"
 	"math"
 	"math/rand/v2"
-	"net"
 	"net/http"
 	"net/http/httptrace"
 	"net/url"
@@ -47,8 +46,6 @@ var (
 	// ErrIncomplete: the run stopped before every item ended (signal,
 	// deadline, --max-cost, or no usable lane). It is resumable.
 	ErrIncomplete = errors.New("dispatch: run incomplete")
-	// ErrInsecureURL: a plain-http base URL that is not loopback.
-	ErrInsecureURL = errors.New("dispatch: http:// is only allowed for loopback addresses; use https://")
 )
 
 // Config is everything a run needs. Zero fields take the defaults noted.
@@ -144,40 +141,6 @@ func (c *Config) CapFor(model string) int {
 		return v
 	}
 	return DefaultCaps[f]
-}
-
-// DefaultBaseURL is the API root used when none is given.
-const DefaultBaseURL = "https://api.anthropic.com"
-
-// ResolveBaseURL is CheckBaseURL of raw, or of DefaultBaseURL when raw is
-// empty.
-func ResolveBaseURL(raw string) (*url.URL, error) {
-	if raw == "" {
-		raw = DefaultBaseURL
-	}
-	return CheckBaseURL(raw)
-}
-
-// CheckBaseURL accepts https URLs and http URLs on loopback only.
-func CheckBaseURL(raw string) (*url.URL, error) {
-	u, err := url.Parse(raw)
-	if err != nil || u.Host == "" {
-		return nil, fmt.Errorf("dispatch: base URL %q is not an absolute URL", raw)
-	}
-	switch u.Scheme {
-	case "https":
-		return u, nil
-	case "http":
-		host := u.Hostname()
-		if host == "localhost" {
-			return u, nil
-		}
-		if ip := net.ParseIP(host); ip != nil && ip.IsLoopback() {
-			return u, nil
-		}
-		return nil, fmt.Errorf("%w (got %s)", ErrInsecureURL, u.Redacted())
-	}
-	return nil, fmt.Errorf("dispatch: base URL scheme %q is not http or https", u.Scheme)
 }
 
 // NewTransport returns the tuned transport the engine uses: enough idle
@@ -331,7 +294,7 @@ func New(cfg Config) (*Engine, error) {
 	if cfg.Store == nil || cfg.Body == nil || cfg.Prices == nil || cfg.ResultsPath == "" {
 		return nil, errors.New("dispatch: Config needs Store, Body, Prices and ResultsPath")
 	}
-	base, err := ResolveBaseURL(cfg.BaseURL)
+	base, err := apihttp.ResolveBaseURL(cfg.BaseURL)
 	if err != nil {
 		return nil, err
 	}

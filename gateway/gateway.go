@@ -145,7 +145,7 @@ func New(cfg Config) (*Gateway, error) {
 	if cfg.Prices == nil {
 		cfg.Prices = cost.Default()
 	}
-	base, err := dispatch.ResolveBaseURL(cfg.BaseURL)
+	base, err := apihttp.ResolveBaseURL(cfg.BaseURL)
 	if err != nil {
 		return nil, err
 	}

@@ -8,8 +8,8 @@ import (
 	"io"
 	"os"
 
+	"github.com/apidispatch/apidispatch/apihttp"
 	"github.com/apidispatch/apidispatch/cost"
-	"github.com/apidispatch/apidispatch/dispatch"
 	"github.com/apidispatch/apidispatch/org"
 	"github.com/apidispatch/apidispatch/plan"
 	"github.com/apidispatch/apidispatch/rundir"
@@ -146,7 +146,7 @@ flags:`)
 		}
 		if *countTokens {
 			if sf.baseURL != "" {
-				if _, err := dispatch.CheckBaseURL(sf.baseURL); err != nil {
+				if _, err := apihttp.CheckBaseURL(sf.baseURL); err != nil {
 					errf(stderr, "%v", err)
 					return exitUsage
 				}

@@ -10,8 +10,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/apidispatch/apidispatch/apihttp"
 	"github.com/apidispatch/apidispatch/cost"
-	"github.com/apidispatch/apidispatch/dispatch"
 	"github.com/apidispatch/apidispatch/plan"
 	"github.com/apidispatch/apidispatch/rundir"
 	"github.com/apidispatch/apidispatch/runner"
@@ -79,7 +79,7 @@ flags:`)
 		return exitUsage
 	}
 	if sf.baseURL != "" {
-		if _, err := dispatch.CheckBaseURL(sf.baseURL); err != nil {
+		if _, err := apihttp.CheckBaseURL(sf.baseURL); err != nil {
 			errf(stderr, "%v", err)
 			return exitUsage
 		}

@@ -14,6 +14,7 @@ import (
 
 	"golang.org/x/term"
 
+	"github.com/apidispatch/apidispatch/apihttp"
 	"github.com/apidispatch/apidispatch/batch"
 	"github.com/apidispatch/apidispatch/cost"
 	"github.com/apidispatch/apidispatch/dispatch"
@@ -99,7 +100,7 @@ flags:`)
 		return exitUsage
 	}
 	if sf.baseURL != "" {
-		if _, err := dispatch.CheckBaseURL(sf.baseURL); err != nil {
+		if _, err := apihttp.CheckBaseURL(sf.baseURL); err != nil {
 			errf(stderr, "%v", err)
 			return exitUsage
 		}

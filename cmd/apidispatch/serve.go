@@ -14,8 +14,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/apidispatch/apidispatch/apihttp"
 	"github.com/apidispatch/apidispatch/cost"
-	"github.com/apidispatch/apidispatch/dispatch"
 	"github.com/apidispatch/apidispatch/gateway"
 	"github.com/apidispatch/apidispatch/metrics"
 	"github.com/apidispatch/apidispatch/plan"
@@ -105,7 +105,7 @@ flags:`)
 		return exitUsage
 	}
 	if *baseURL != "" {
-		if _, err := dispatch.CheckBaseURL(*baseURL); err != nil {
+		if _, err := apihttp.CheckBaseURL(*baseURL); err != nil {
 			errf(stderr, "%v", err)
 			return exitUsage
 		}
