@@ -342,7 +342,7 @@ func (l *Legacy) call(ctx context.Context, in io.ReaderAt, it store.Item) (*lega
 		}
 		if !retry || retries >= p.MaxRetries {
 			return &legacyOutcome{it: it, errType: o.ErrorType,
-				line: resultLine(it.CustomID, erroredResult(o), l.cfg.Org.Name, int64(retries+1), a.latency.Milliseconds(), 0, a.reqID)}, nil
+				line: resultLine(it.CustomID, rundir.ErroredResult(o), l.cfg.Org.Name, int64(retries+1), a.latency.Milliseconds(), 0, a.reqID)}, nil
 		}
 		// The slot stays held while the SDK sleeps.
 		if !sleepCtx(ctx, p.Delay(a.header, retries, l.cfg.Jitter(), time.Now())) {
@@ -499,48 +499,21 @@ func nearestRank(sorted []int64, q float64) int64 {
 	return sorted[k-1]
 }
 
-// succeededResult is the Message Batches "succeeded" result object.
+// succeededResult is the "succeeded" result object of body. The legacy
+// arm has always compacted every body (the engine only one with line
+// breaks), and its lines stay as they were.
 func succeededResult(body []byte) []byte {
 	var buf bytes.Buffer
-	buf.WriteString(`{"type":"succeeded","message":`)
 	if json.Compact(&buf, body) != nil {
-		buf.Truncate(len(`{"type":"succeeded","message":`))
-		buf.Write(body)
+		return rundir.SucceededResult(body)
 	}
-	buf.WriteByte('}')
-	return buf.Bytes()
-}
-
-// erroredResult is the "errored" result object with the API's error
-// envelope, or one naming the local cause.
-func erroredResult(o anthropic.Outcome) []byte {
-	env := anthropic.ErrorEnvelope{Type: "error", Error: anthropic.ErrorDetail{Type: o.ErrorType, Message: o.Reason}}
-	if o.Envelope != nil {
-		env = *o.Envelope
-	}
-	e, _ := json.Marshal(env)
-	return append(append([]byte(`{"type":"errored","error":`), e...), '}')
+	return rundir.SucceededResult(buf.Bytes())
 }
 
 // resultLine is one results.jsonl line, in the dispatcher's format.
 func resultLine(customID string, result []byte, orgName string, attempts, latencyMs int64, c cost.Nanos, reqID string) []byte {
-	d, _ := json.Marshal(struct {
-		Org       string  `json:"org"`
-		Route     string  `json:"route"`
-		Attempts  int64   `json:"attempts"`
-		LatencyMs int64   `json:"latency_ms"`
-		CostUSD   float64 `json:"cost_usd"`
-		RequestID string  `json:"request_id,omitempty"`
-	}{orgName, store.RouteSync, attempts, latencyMs, c.USD(), reqID})
-	id, _ := json.Marshal(customID)
-	line := make([]byte, 0, len(result)+len(d)+len(id)+40)
-	line = append(line, `{"custom_id":`...)
-	line = append(line, id...)
-	line = append(line, `,"result":`...)
-	line = append(line, result...)
-	line = append(line, `,"dispatch":`...)
-	line = append(line, d...)
-	return append(line, '}')
+	return rundir.ResultLine(customID, result, rundir.Dispatch{Org: orgName, Route: store.RouteSync,
+		Attempts: attempts, LatencyMs: latencyMs, Cost: c, RequestID: reqID})
 }
 
 // sleepCtx waits d or until ctx ends, reporting whether d passed.

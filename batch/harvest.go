@@ -430,23 +430,8 @@ func (r *Route) outcome(b *rec, it *store.BatchItem, st store.State, errType str
 		res.Reset()
 		res.Write(result)
 	}
-	d, _ := json.Marshal(struct {
-		Org       string  `json:"org"`
-		Route     string  `json:"route"`
-		BatchID   string  `json:"batch_id"`
-		Attempts  int64   `json:"attempts"`
-		LatencyMs int64   `json:"latency_ms"`
-		CostUSD   float64 `json:"cost_usd"`
-	}{b.Org, store.RouteBatch, b.ID, it.Batches, latency.Milliseconds(), c.USD()})
-	id, _ := json.Marshal(it.CustomID)
-	line := make([]byte, 0, res.Len()+len(d)+len(id)+40)
-	line = append(line, `{"custom_id":`...)
-	line = append(line, id...)
-	line = append(line, `,"result":`...)
-	line = append(line, res.Bytes()...)
-	line = append(line, `,"dispatch":`...)
-	line = append(line, d...)
-	line = append(line, '}')
+	line := rundir.ResultLine(it.CustomID, res.Bytes(), rundir.Dispatch{Org: b.Org, Route: store.RouteBatch, BatchID: b.ID,
+		Attempts: it.Batches, LatencyMs: latency.Milliseconds(), Cost: c})
 	return store.Outcome{
 		Seq: it.Seq, State: st, Org: b.Org, Route: store.RouteBatch, ErrorType: errType, Attempts: it.Batches,
 		LatencyMs: latency.Milliseconds(), CostNanos: int64(c), InputTok: u.InputTokens, OutputTok: u.OutputTokens,

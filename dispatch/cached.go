@@ -1,10 +1,8 @@
 package dispatch
 
 import (
-	"bytes"
 	"cmp"
 	"context"
-	"encoding/json"
 	"fmt"
 	"maps"
 	"os"
@@ -174,33 +172,8 @@ const RouteCache = "cache"
 // latency percentiles and of every org's figures).
 func hitOutcome(it store.Item, a answer) store.Outcome {
 	out := store.Outcome{Seq: it.Seq, State: store.Succeeded, Route: RouteCache}
-	var buf bytes.Buffer
-	if bytes.IndexByte(a.body, '\n') < 0 && bytes.IndexByte(a.body, '\r') < 0 {
-		buf.Write(a.body)
-	} else if json.Compact(&buf, a.body) != nil {
-		buf.Reset()
-		buf.Write(a.body)
-	}
-	d, _ := json.Marshal(struct {
-		Org        string  `json:"org"`
-		Route      string  `json:"route"`
-		Attempts   int64   `json:"attempts"`
-		LatencyMs  int64   `json:"latency_ms"`
-		CostUSD    float64 `json:"cost_usd"`
-		RequestID  string  `json:"request_id,omitempty"`
-		Cached     bool    `json:"cached"`
-		ChargedUSD float64 `json:"charged_usd"`
-	}{a.org, store.RouteSync, 0, 0, a.costN.USD(), a.requestID, true, 0})
-	id, _ := json.Marshal(it.CustomID)
-	line := make([]byte, 0, buf.Len()+len(d)+len(id)+80)
-	line = append(line, `{"custom_id":`...)
-	line = append(line, id...)
-	line = append(line, `,"result":{"type":"succeeded","message":`...)
-	line = append(line, buf.Bytes()...)
-	line = append(line, `},"dispatch":`...)
-	line = append(line, d...)
-	line = append(line, '}')
-	out.Line = line
+	out.Line = rundir.ResultLine(it.CustomID, rundir.SucceededResult(a.body), rundir.Dispatch{Org: a.org, Route: store.RouteSync,
+		Cost: a.costN, RequestID: a.requestID, Cached: true})
 	return out
 }
 

@@ -13,7 +13,6 @@ import (
 	"cmp"
 	"container/heap"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -1205,48 +1204,15 @@ func (e *Engine) outcome(a *attempt, st store.State) store.Outcome {
 		CacheRead: a.usage.CacheReadInputTokens, CacheWrite: a.usage.CacheCreationInputTokens,
 	}
 	var res []byte
-	var buf bytes.Buffer
 	if st == store.Succeeded {
-		// Classify parsed the body, so it is valid JSON; only a body with
-		// line breaks needs compacting to stay one JSONL line.
-		if bytes.IndexByte(a.body, '\n') < 0 && bytes.IndexByte(a.body, '\r') < 0 {
-			buf.Write(a.body)
-		} else if json.Compact(&buf, a.body) != nil {
-			buf.Reset()
-			buf.Write(a.body)
-		}
-		res = append([]byte(`{"type":"succeeded","message":`), buf.Bytes()...)
-		res = append(res, '}')
+		// Classify parsed the body, so it is valid JSON.
+		res = rundir.SucceededResult(a.body)
 	} else {
 		out.ErrorType = a.outcome.ErrorType
-		var errObj []byte
-		if a.outcome.Envelope != nil {
-			env := *a.outcome.Envelope
-			errObj, _ = json.Marshal(env)
-		} else {
-			errObj, _ = json.Marshal(anthropic.ErrorEnvelope{Type: "error", Error: anthropic.ErrorDetail{Type: a.outcome.ErrorType, Message: a.outcome.Reason}})
-		}
-		res = append([]byte(`{"type":"errored","error":`), errObj...)
-		res = append(res, '}')
+		res = rundir.ErroredResult(a.outcome)
 	}
-	d, _ := json.Marshal(struct {
-		Org       string  `json:"org"`
-		Route     string  `json:"route"`
-		Attempts  int64   `json:"attempts"`
-		LatencyMs int64   `json:"latency_ms"`
-		CostUSD   float64 `json:"cost_usd"`
-		RequestID string  `json:"request_id,omitempty"`
-	}{a.lane.org.Name, store.RouteSync, a.w.attempts, out.LatencyMs, a.costN.USD(), a.reqID})
-	id, _ := json.Marshal(a.w.it.CustomID)
-	line := make([]byte, 0, len(res)+len(d)+len(id)+40)
-	line = append(line, `{"custom_id":`...)
-	line = append(line, id...)
-	line = append(line, `,"result":`...)
-	line = append(line, res...)
-	line = append(line, `,"dispatch":`...)
-	line = append(line, d...)
-	line = append(line, '}')
-	out.Line = line
+	out.Line = rundir.ResultLine(a.w.it.CustomID, res, rundir.Dispatch{Org: a.lane.org.Name, Route: store.RouteSync,
+		Attempts: a.w.attempts, LatencyMs: out.LatencyMs, Cost: a.costN, RequestID: a.reqID})
 	return out
 }
 

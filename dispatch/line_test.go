@@ -41,3 +41,16 @@ func TestSyncAndCacheLineShape(t *testing.T) {
 		t.Errorf("cache hit:\n got %s\nwant %s", got, want)
 	}
 }
+
+// BenchmarkOutcomeLine is the sync route's results line for one success,
+// built for every answer on the scheduler goroutine.
+func BenchmarkOutcomeLine(b *testing.B) {
+	body := []byte(`{"id":"msg_01","type":"message","role":"assistant","model":"claude-sonnet-4-5","content":[{"type":"text","text":"Hello there, how can I help?"}],"stop_reason":"end_turn","usage":{"input_tokens":120,"output_tokens":64}}`)
+	a := &attempt{w: &work{it: store.Item{Seq: 7, CustomID: "item_000001"}, attempts: 1}, lane: &laneRef{org: &orgState{Org: org.Org{Name: "high_prio"}}},
+		latency: 1840 * time.Millisecond, body: body, reqID: "req_011CUnm2kwQa", costN: 2_130_000}
+	e := &Engine{}
+	b.ReportAllocs()
+	for b.Loop() {
+		e.outcome(a, store.Succeeded)
+	}
+}
