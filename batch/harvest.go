@@ -231,7 +231,7 @@ func (r *Route) adopt(ctx context.Context, b *rec, ab *apiBatch, why string) err
 	r.known[ab.ID] = b.Local
 	r.res.Adopted++
 	r.res.Requests += b.N
-	r.count(ctx, map[string]int64{CounterBatchAdopted: 1, CounterBatches: 1, CounterBatchRequests: b.N})
+	r.count(ctx, map[string]int64{rundir.CounterBatchAdopted: 1, rundir.CounterBatches: 1, rundir.CounterBatchRequests: b.N})
 	r.emit(fmt.Sprintf("batch %d adopted as %s on org %s (%s); not created again", b.Local, ab.ID, b.Org, why), recData(&b.BatchRecord))
 	b.next, b.wait = now, r.api(pollMin)
 	if ab.ended() {
@@ -405,7 +405,7 @@ func (r *Route) harvest(ctx context.Context, b *rec) error {
 		return fmt.Errorf("recording batch %d as harvested: %w", b.Local, err)
 	}
 	if retried > 0 {
-		r.count(ctx, map[string]int64{CounterBatchRetried: retried, dispatchOverloaded: overloaded, dispatchOther: errRetry})
+		r.count(ctx, map[string]int64{rundir.CounterBatchRetried: retried, rundir.CounterOverloaded: overloaded, rundir.CounterOtherRetries: errRetry})
 	}
 	r.res.Harvested++
 	r.res.Retried += retried
@@ -415,12 +415,6 @@ func (r *Route) harvest(ctx context.Context, b *rec) error {
 		map[string]any{"batch": b.Local, "batch_id": b.ID, "org": b.Org, "succeeded": succ, "errored": errd, "retried": retried, "expired": expired, "missing": missing, "cost_usd": cost.Nanos(costN).USD()})
 	return r.release(ctx, b)
 }
-
-// Counter names shared with the sync route's summary.
-const (
-	dispatchOverloaded = "overloaded_529"
-	dispatchOther      = "other_retries"
-)
 
 // outcome builds the durable outcome and results.jsonl line of a batch
 // result: the API's result object as it came, and a dispatch object.
@@ -474,7 +468,7 @@ func (r *Route) pastRetention(ctx context.Context, b *rec, at time.Time) error {
 	if err := r.cfg.Store.UpdateBatch(context.WithoutCancel(ctx), b.BatchRecord); err != nil {
 		return fmt.Errorf("recording batch %d as past retention: %w", b.Local, err)
 	}
-	r.count(ctx, map[string]int64{CounterBatchArchived: 1, CounterBatchRetried: back})
+	r.count(ctx, map[string]int64{rundir.CounterBatchArchived: 1, rundir.CounterBatchRetried: back})
 	r.res.Archived++
 	r.res.Retried += back
 	r.emit(fmt.Sprintf("batch %d (%s, org %s): its results are past retention (archived %s; the API keeps them 29 days after creation) and cannot be read; its %d items not harvested are pending again and will be sent again", b.Local, b.ID, b.Org, at.UTC().Format(time.RFC3339), back),

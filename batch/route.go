@@ -59,17 +59,6 @@ const (
 // is not known: the lowest tier's (origin.md §4: T1 100k).
 const DefaultQueueCap = 100_000
 
-// Store counters the route keeps.
-const (
-	CounterBatches       = "batches_created"
-	CounterBatchRequests = "batch_requests"
-	CounterBatchRetried  = "batch_retried"
-	CounterBatchAdopted  = "batches_adopted"
-	// CounterBatchArchived counts batches whose results were past
-	// retention when the route came to read them.
-	CounterBatchArchived = "batches_archived"
-)
-
 // Times in API seconds (divided by Config.Speed).
 const (
 	pollMin       = 5 * time.Second

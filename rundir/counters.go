@@ -30,8 +30,17 @@ const (
 	CounterCacheDuplicates = "cache_duplicates"  // hits that were duplicates inside this input
 )
 
-// Store counters of the batch route that the summary reads.
+// Store counters of the batch route.
 const (
+	CounterBatches       = "batches_created"
+	CounterBatchRequests = "batch_requests"
+	CounterBatchRetried  = "batch_retried"
+	CounterBatchAdopted  = "batches_adopted"
+	// CounterBatchArchived counts batches whose results were past
+	// retention when the route came to read them.
+	CounterBatchArchived = "batches_archived"
+	// CounterBatchSyncPriceNanos is what the batch route's results would
+	// have cost at the standard (sync) price: the summary shows the saving.
 	CounterBatchSyncPriceNanos = "batch_sync_price_nanos"
 )
 

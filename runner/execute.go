@@ -410,8 +410,8 @@ func batchesSummary(ctx context.Context, st store.Store, s *rundir.Summary) (*ru
 	if err != nil {
 		return nil, err
 	}
-	b := &rundir.BatchesSummary{Created: agg.Counters[batch.CounterBatches], Adopted: agg.Counters[batch.CounterBatchAdopted],
-		Requests: agg.Counters[batch.CounterBatchRequests], Retried: agg.Counters[batch.CounterBatchRetried]}
+	b := &rundir.BatchesSummary{Created: agg.Counters[rundir.CounterBatches], Adopted: agg.Counters[rundir.CounterBatchAdopted],
+		Requests: agg.Counters[rundir.CounterBatchRequests], Retried: agg.Counters[rundir.CounterBatchRetried]}
 	for _, r := range recs {
 		switch {
 		case r.Status.Open():
