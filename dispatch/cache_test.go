@@ -15,6 +15,7 @@ import (
 	"github.com/apidispatch/apidispatch/cache"
 	"github.com/apidispatch/apidispatch/cost"
 	"github.com/apidispatch/apidispatch/dispatch"
+	"github.com/apidispatch/apidispatch/plan"
 	"github.com/apidispatch/apidispatch/rundir"
 	"github.com/apidispatch/apidispatch/sim"
 	"github.com/apidispatch/apidispatch/workload"
@@ -161,7 +162,7 @@ func TestCacheHalfOverlapSendsTheOtherHalf(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ph, err := dispatch.ProjectCache(context.Background(), b, ws, c, cache.ModeReadWrite, false, mustOrigin(t, h.sim.URL))
+	ph, err := plan.ProjectCache(context.Background(), b, ws, c, cache.ModeReadWrite, false, mustOrigin(t, h.sim.URL))
 	if err != nil || ph.Hits != 200 || ph.Misses.N != 200 || ph.Misses.Models[workload.DefaultModel].N != 200 || ph.Saved <= 0 {
 		t.Fatalf("ProjectCache: %+v, %v", ph, err)
 	}
@@ -221,7 +222,7 @@ func TestCacheDuplicatesInOneInputAreSentOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ph, err := dispatch.ProjectCache(context.Background(), in, ws, c, cache.ModeReadWrite, false, mustOrigin(t, h.sim.URL)); err != nil || ph.Misses.N != n || ph.InputDuplicates != n {
+	if ph, err := plan.ProjectCache(context.Background(), in, ws, c, cache.ModeReadWrite, false, mustOrigin(t, h.sim.URL)); err != nil || ph.Misses.N != n || ph.InputDuplicates != n {
 		t.Fatalf("ProjectCache of the duplicates: %+v, %v", ph, err)
 	}
 	s := h.runInto(in, "dups", c, nil)
@@ -324,7 +325,7 @@ func TestCacheDamagedEntryIsSentAgain(t *testing.T) {
 // mustOrigin is the cache's origin of a run against baseURL.
 func mustOrigin(t testing.TB, baseURL string) string {
 	t.Helper()
-	o, err := dispatch.CacheOrigin(baseURL)
+	o, err := plan.CacheOrigin(baseURL)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -444,11 +444,11 @@ func ProjectCache(ctx context.Context, input string, in *plan.Input, cc *cache.C
 	if cc == nil {
 		return nil
 	}
-	origin, err := dispatch.CacheOrigin(baseURL)
+	origin, err := plan.CacheOrigin(baseURL)
 	if err != nil {
 		return err
 	}
-	ch, err := dispatch.ProjectCache(ctx, input, in.Workload, cc, mode, sampled, origin)
+	ch, err := plan.ProjectCache(ctx, input, in.Workload, cc, mode, sampled, origin)
 	if err != nil {
 		return fmt.Errorf("looking the input up in the cache: %w", err)
 	}
