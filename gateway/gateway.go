@@ -84,7 +84,7 @@ type Config struct {
 	// StateDir holds ledger.jsonl and batches/ (default gateway-state).
 	StateDir string
 	// Lane tunes the lanes; NewGate makes a lane's gate (default
-	// dispatch.NewLane; the shared budget's with --shared).
+	// gate.NewLane; the shared budget's with --shared).
 	Lane    gate.LaneConfig
 	NewGate func(gate.LaneConfig) gate.Gate
 	// HTTPClient sends upstream, for sync requests and gateway batches

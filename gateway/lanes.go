@@ -70,7 +70,7 @@ type poolQueue struct {
 }
 
 // laneSet admits single requests through the same gates as 'run': one gate
-// per (org, pool) made by newGate (dispatch.NewLane in-process, or the
+// per (org, pool) made by newGate (gate.NewLane in-process, or the
 // shared budget's gate with --shared), so caps, AIMD, the header mirrors
 // and retry-after holds all apply. Requests wait in a FIFO per pool while
 // every lane is full; a release, a refill or a hold's end wakes them
@@ -272,13 +272,13 @@ type sharedLane struct {
 	s *laneSet
 }
 
-// Done implements dispatch.Gate: the engine's release wakes the gateway's
+// Done implements gate.Gate: the engine's release wakes the gateway's
 // waiters too.
 func (l *sharedLane) Done(now time.Time, p gate.Permit, fb gate.Feedback) {
 	l.s.release(grant{lane: l.lane, permit: p}, fb)
 }
 
-// SetWake implements dispatch.Waker.
+// SetWake implements gate.Waker.
 func (l *sharedLane) SetWake(f func()) {
 	l.s.mu.Lock()
 	defer l.s.mu.Unlock()

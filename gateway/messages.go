@@ -239,7 +239,7 @@ func (x *exchange) run() {
 }
 
 // errLeaseEnded: the shared lease the attempt was admitted on ended
-// before it went out (see dispatch.Permit.Until); it is not sent.
+// before it went out (see gate.Permit.Until); it is not sent.
 var errLeaseEnded = errors.New("not sent: the shared lease ended before the request went out")
 
 // newUpstream builds the upstream request of one attempt. Its context is

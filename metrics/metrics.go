@@ -1,7 +1,7 @@
 // Package metrics exposes a run's lanes as Prometheus metrics: per lane,
 // the requests in flight, the limit and the cap (read from the gate at
 // scrape time), and counters of admissions, outcomes by class, 429s and
-// cost. It wraps each lane's dispatch.Gate, so it works the same over the
+// cost. It wraps each lane's gate.Gate, so it works the same over the
 // in-process lane and the shared one.
 package metrics
 

@@ -15,8 +15,8 @@ import (
 )
 
 // Gate is one (key, model pool) lane whose budget is shared through Redis
-// with every other process on the same key. It implements dispatch.Gate and
-// dispatch.Waker. It is safe for concurrent use.
+// with every other process on the same key. It implements gate.Gate and
+// gate.Waker. It is safe for concurrent use.
 //
 // Admission is local and costs no round trip: the process holds a lease of
 // several slots (its grant) and admits while its requests in flight are
@@ -113,7 +113,7 @@ func newGate(b *Budget, lc gate.LaneConfig, fp string) *Gate {
 	return g
 }
 
-// SetWake implements dispatch.Waker.
+// SetWake implements gate.Waker.
 func (g *Gate) SetWake(wake func()) {
 	g.mu.Lock()
 	g.wake = wake
@@ -132,7 +132,7 @@ func (g *Gate) leaseCurrent(now time.Time) bool {
 	return now.Before(g.leaseMono) && now.Round(0).Before(g.leaseWall)
 }
 
-// TryAdmit implements dispatch.Gate. The fence is checked on the gate's
+// TryAdmit implements gate.Gate. The fence is checked on the gate's
 // own clock as well as at now, since now may have been read before the
 // process was paused.
 func (g *Gate) TryAdmit(now time.Time, d gate.Demand) (gate.Permit, time.Duration, bool) {
@@ -199,7 +199,7 @@ func (g *Gate) TryAdmit(now time.Time, d gate.Demand) (gate.Permit, time.Duratio
 	return p, 0, true
 }
 
-// Done implements dispatch.Gate.
+// Done implements gate.Gate.
 func (g *Gate) Done(now time.Time, p gate.Permit, fb gate.Feedback) {
 	g.mu.Lock()
 	g.inFlight--
@@ -460,7 +460,7 @@ func (g *Gate) release(ctx context.Context) error {
 	return releaseScript.Run(ctx, g.b.rdb, g.keys, g.b.proc).Err()
 }
 
-// Disable implements dispatch.Gate.
+// Disable implements gate.Gate.
 func (g *Gate) Disable(reason string) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -469,14 +469,14 @@ func (g *Gate) Disable(reason string) {
 	}
 }
 
-// Disabled implements dispatch.Gate.
+// Disabled implements gate.Gate.
 func (g *Gate) Disabled() string {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	return g.disabled
 }
 
-// Snapshot implements dispatch.Gate. Limit is the shared limit and Cuts the
+// Snapshot implements gate.Gate. Limit is the shared limit and Cuts the
 // cuts this process made (the shared count is in Redis, for status).
 func (g *Gate) Snapshot(now time.Time) gate.LaneSnapshot {
 	g.mu.Lock()

@@ -1,4 +1,4 @@
-// Package gatetest is the conformance suite every dispatch.Gate passes: the
+// Package gatetest is the conformance suite every gate.Gate passes: the
 // in-process Lane and the Redis-shared gate alike. An implementation's test
 // calls Run with a constructor.
 package gatetest
