@@ -325,20 +325,24 @@ func (w *world) fallbackShares() func(t int64) int {
 			if ps.noRedis {
 				continue
 			}
+			// A pass that says it fell back (its Redis was cut off before it
+			// first reached it, which on a loaded machine can be well after
+			// the pass started: seed 373, a partition 0.5 s after the start)
+			// runs on the share from its start until it joins after the
+			// first outage it overlaps.
+			fellBack := strings.Contains(ps.out, "running on a local share")
 			for _, a := range w.away {
-				if (a.proc < 0 || a.proc == p.i) && ps.from >= a.from && ps.from < a.to {
+				if a.proc >= 0 && a.proc != p.i {
+					continue
+				}
+				switch {
+				case ps.from >= a.from && ps.from < a.to:
+					spans = append(spans, span{ps.from, a.to, share})
+				case fellBack && a.from > ps.from && a.from < ps.to:
 					spans = append(spans, span{ps.from, a.to, share})
 				}
 			}
 		}
-	}
-	// After a SIGCONT: what the process had admitted but not yet written
-	// to the socket when it was stopped goes out on top of the slots Redis
-	// has since given the others (README "Fenced leases", worst case: the
-	// API has no fencing token), at most its --cap, ending within its
-	// latency.
-	for _, r := range w.resumed {
-		spans = append(spans, span{r.from, r.to, w.capOf(r.proc)})
 	}
 	w.mu.Unlock()
 	return func(t int64) int {

@@ -141,14 +141,17 @@ func openBatchStore(g *Gateway) (*batchStore, error) {
 	return s, nil
 }
 
-// counts returns how many batches are in each status.
-func (s *batchStore) counts() map[string]int {
+// counts returns how many batches of client ("" for every client) are in
+// each status.
+func (s *batchStore) counts(client string) map[string]int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	out := map[string]int{}
 	for _, b := range s.byID {
 		b.mu.Lock()
-		out[b.meta.Status]++
+		if client == "" || b.meta.Client == client {
+			out[b.meta.Status]++
+		}
 		b.mu.Unlock()
 	}
 	return out

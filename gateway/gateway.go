@@ -51,6 +51,7 @@ const (
 	headerRoute       = "x-apidispatch-route"
 	headerDeadline    = "x-apidispatch-deadline"
 	ledgerFile        = "ledger.jsonl"
+	statusFile        = "status.json"
 	batchesDir        = "batches"
 	defaultStateDir   = "gateway-state"
 	stateLockFile     = "lock"
@@ -217,24 +218,79 @@ func New(cfg Config) (*Gateway, error) {
 		lock.Close()
 		return nil, err
 	}
+	if err := g.writeStatus(time.Now(), false); err != nil {
+		g.log.Warn("writing the status file", "error", err)
+	}
 	g.wg.Go(g.flushLoop)
 	return g, nil
 }
 
-// flushLoop writes the ledger to its file every 100 ms.
+// flushLoop writes the ledger to its file every 100 ms and the status
+// file every StatusEvery.
 func (g *Gateway) flushLoop() {
 	t := time.NewTicker(100 * time.Millisecond)
 	defer t.Stop()
+	wrote := time.Now()
 	for {
 		select {
 		case <-g.ctx.Done():
 			return
-		case <-t.C:
+		case now := <-t.C:
 			if err := g.ledger.Flush(); err != nil {
 				g.log.Error("writing the ledger", "error", err)
 			}
+			if now.Sub(wrote) >= StatusEvery {
+				wrote = now
+				if err := g.writeStatus(now, false); err != nil {
+					g.log.Warn("writing the status file", "error", err)
+				}
+			}
 		}
 	}
+}
+
+// StatusEvery is how often a gateway writes STATE_DIR/status.json.
+const StatusEvery = time.Second
+
+// StatusSnapshot is what STATE_DIR/status.json holds: the whole gateway's
+// Status at At, written every StatusEvery while it runs and once more,
+// Stopped, when it closes. 'apidispatch status --gateway STATE_DIR' reads it.
+type StatusSnapshot struct {
+	At      time.Time `json:"at"`
+	PID     int       `json:"pid"`
+	Stopped bool      `json:"stopped,omitempty"`
+	Status
+}
+
+// writeStatus replaces the status file atomically (0600: it names the
+// clients and their spend).
+func (g *Gateway) writeStatus(now time.Time, stopped bool) error {
+	b, err := json.MarshalIndent(StatusSnapshot{At: now.UTC(), PID: os.Getpid(), Stopped: stopped, Status: g.Status()}, "", "  ")
+	if err != nil {
+		return err
+	}
+	path := filepath.Join(g.cfg.StateDir, statusFile)
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, append(b, '\n'), 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+// ReadStatus reads the status file of the gateway whose --state-dir is dir.
+func ReadStatus(dir string) (StatusSnapshot, error) {
+	var s StatusSnapshot
+	b, err := os.ReadFile(filepath.Join(dir, statusFile))
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return s, fmt.Errorf("%s: no %s: not a gateway's --state-dir, or its gateway never ran: %w", dir, statusFile, err)
+		}
+		return s, err
+	}
+	if err := json.Unmarshal(b, &s); err != nil {
+		return s, fmt.Errorf("%s: %w", filepath.Join(dir, statusFile), err)
+	}
+	return s, nil
 }
 
 // Close stops the gateway's batches (they resume at the next New on the
@@ -245,6 +301,9 @@ func (g *Gateway) Close() error {
 	g.wg.Wait()
 	g.lanes.stop()
 	err := g.ledger.Close()
+	if werr := g.writeStatus(time.Now(), true); werr != nil {
+		g.log.Warn("writing the status file", "error", werr)
+	}
 	g.lock.Close()
 	return err
 }
@@ -356,7 +415,8 @@ func (g *Gateway) disableOrg(u *upstream, reason string) {
 	g.log.Warn("org out of rotation", "org", u.Name, "key", u.Key.Fingerprint(), "reason", reason)
 }
 
-// Status is the gateway's state for 'apidispatch status' and /apidispatch/status.
+// Status is the whole gateway's state, for 'apidispatch status --gateway'
+// (the status file) and the metrics.
 type Status struct {
 	Clients   []ClientSpend       `json:"clients"`
 	Total     ClientSpend         `json:"total"`
@@ -374,7 +434,20 @@ type Status struct {
 	OrgSpend map[string]float64 `json:"spend_by_org_usd,omitempty"`
 }
 
-// Status returns the gateway's state now.
+// ClientView is one client's view of the gateway (GET /apidispatch/status):
+// its own spend (by org too) and gateway batches by status, and the queue,
+// lanes and orgs out of rotation that every client shares; nothing of
+// another client, nor the gateway's totals.
+type ClientView struct {
+	Client  string              `json:"client"`
+	Clients []ClientSpend       `json:"clients"` // the client's own
+	Queued  int                 `json:"queued"`
+	Lanes   []gate.LaneSnapshot `json:"lanes"`
+	Orgs    map[string]string   `json:"orgs_out_of_rotation,omitempty"`
+	Batches map[string]int      `json:"batches"`
+}
+
+// Status returns the whole gateway's state now.
 func (g *Gateway) Status() Status {
 	cl, tot := g.ledger.Totals()
 	listed := map[string]bool{}
@@ -395,13 +468,8 @@ func (g *Gateway) Status() Status {
 	tot.CapUSD, tot.InFlight = g.gate.Cap().USD(), (g.gate.Reserved() + g.gate.Held()).USD()
 	s := Status{Clients: cl, Total: tot, Queued: g.lanes.queued(), Lanes: g.lanes.snapshots(time.Now()),
 		Requests: g.stats.requests.Load(), Attempts: g.stats.upstreamAttempts.Load(), Retries: g.stats.retries.Load(),
-		Abandoned: g.stats.abandoned.Load(), RefusedAt: g.stats.refusedCap.Load(), Batches: g.batches.counts()}
-	for o, v := range g.ledger.ByOrg() {
-		if s.OrgSpend == nil {
-			s.OrgSpend = map[string]float64{}
-		}
-		s.OrgSpend[o] = v.USD()
-	}
+		Abandoned: g.stats.abandoned.Load(), RefusedAt: g.stats.refusedCap.Load(), Batches: g.batches.counts(""),
+		OrgSpend: usdByOrg(g.ledger.ByOrg())}
 	for _, u := range g.orgs {
 		if r := u.Disabled(); r != "" {
 			if s.Orgs == nil {
@@ -413,19 +481,22 @@ func (g *Gateway) Status() Status {
 	return s
 }
 
-// status serves GET /apidispatch/status: the caller's own spend, or
-// everything for a client of the gateway.
-func (g *Gateway) status(w http.ResponseWriter, r *http.Request, client string) {
+// ClientStatus is client's view of the gateway now.
+func (g *Gateway) ClientStatus(client string) ClientView {
 	st := g.Status()
-	// A client sees its own spend only.
-	var own []ClientSpend
+	v := ClientView{Client: client, Clients: []ClientSpend{}, Queued: st.Queued, Lanes: st.Lanes, Orgs: st.Orgs,
+		Batches: g.batches.counts(client)}
 	for _, c := range st.Clients {
 		if c.Client == client {
-			own = append(own, c)
+			v.Clients = append(v.Clients, c)
 		}
 	}
-	st.Clients = own
-	b, _ := json.Marshal(st)
+	return v
+}
+
+// status serves GET /apidispatch/status: the caller's view (ClientStatus).
+func (g *Gateway) status(w http.ResponseWriter, r *http.Request, client string) {
+	b, _ := json.Marshal(g.ClientStatus(client))
 	w.Header().Set("content-type", "application/json")
 	w.Write(b)
 }

@@ -109,10 +109,12 @@ func (l *Ledger) addLocked(e Entry) {
 		if org == "" {
 			org = OrgGatewayBatches // a gateway batch spans orgs
 		}
-		if l.total.byOrg == nil {
-			l.total.byOrg = map[string]cost.Nanos{}
+		for _, acc := range []*account{a, &l.total} {
+			if acc.byOrg == nil {
+				acc.byOrg = map[string]cost.Nanos{}
+			}
+			acc.byOrg[org] += e.Cost
 		}
-		l.total.byOrg[org] += e.Cost
 	}
 	l.total.spent += e.Cost
 	l.total.requests++
@@ -184,6 +186,20 @@ type ClientSpend struct {
 	InFlight  float64 `json:"reserved_usd"`
 	Requests  int64   `json:"requests"`
 	Abandoned int64   `json:"abandoned"`
+	// ByOrg is the client's spend by org in US dollars (gateway batches,
+	// which span orgs, under OrgGatewayBatches).
+	ByOrg map[string]float64 `json:"spend_by_org_usd,omitempty"`
+}
+
+func usdByOrg(m map[string]cost.Nanos) map[string]float64 {
+	if len(m) == 0 {
+		return nil
+	}
+	out := make(map[string]float64, len(m))
+	for k, v := range m {
+		out[k] = v.USD()
+	}
+	return out
 }
 
 // Totals returns every client's spend in the ledger, sorted by name, and
@@ -193,7 +209,7 @@ func (l *Ledger) Totals() ([]ClientSpend, ClientSpend) {
 	defer l.mu.Unlock()
 	var out []ClientSpend
 	for c, a := range l.clients {
-		out = append(out, ClientSpend{Client: c, SpentUSD: a.spent.USD(), Requests: a.requests, Abandoned: a.abandond})
+		out = append(out, ClientSpend{Client: c, SpentUSD: a.spent.USD(), Requests: a.requests, Abandoned: a.abandond, ByOrg: usdByOrg(a.byOrg)})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Client < out[j].Client })
 	t := l.total

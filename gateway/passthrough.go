@@ -7,6 +7,7 @@ import (
 	"math"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/apidispatch/apidispatch/anthropic"
@@ -26,8 +27,31 @@ func (g *Gateway) countTokens(w http.ResponseWriter, r *http.Request, client str
 }
 
 // passthrough serves GET /v1/models and /v1/models/{id} from any usable org.
+// A model id is only ever a name: one that is not (an escaped "/", "..",
+// "?") is the API's 404 and goes nowhere, so no client can steer the org's
+// key to another endpoint (GET /v1/models/..%2Fmessages%2Fbatches would
+// list the org's upstream batches behind a proxy that cleans paths).
 func (g *Gateway) passthrough(w http.ResponseWriter, r *http.Request, client string) {
+	if id := r.PathValue("id"); id != "" && !validModelID(id) {
+		writeError(w, http.StatusNotFound, anthropic.ErrNotFound, "model: "+id)
+		return
+	}
 	g.forward(w, r, nil)
+}
+
+// validModelID reports whether id can be a model's id or alias: letters,
+// digits, '-', '.', '_', ':' and '@', not "." or "..".
+func validModelID(id string) bool {
+	if id == "." || id == ".." || len(id) > 256 {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		c := id[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.IndexByte("-._:@", c) >= 0) {
+			return false
+		}
+	}
+	return true
 }
 
 // forward sends r (with body) to one usable org after another: a

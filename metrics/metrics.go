@@ -229,22 +229,26 @@ type ClientSpend struct {
 	// SpentUSD is what the ledger holds; ReservedUSD the worst case of
 	// its requests and batches in flight; CapUSD its max_cost (0: none).
 	SpentUSD, ReservedUSD, CapUSD float64
+	// ByOrgUSD is what the ledger holds for the client by org (gateway
+	// batches under "(gateway batches)").
+	ByOrgUSD map[string]float64
 }
 
 var (
-	descGWSpent    = prometheus.NewDesc("apidispatch_gateway_client_spent_usd", "What the gateway's ledger holds for the client, in US dollars.", []string{"client"}, nil)
-	descGWReserved = prometheus.NewDesc("apidispatch_gateway_client_reserved_usd", "Worst case of the client's requests and batches in flight, in US dollars.", []string{"client"}, nil)
-	descGWCap      = prometheus.NewDesc("apidispatch_gateway_client_max_cost_usd", "The client's max_cost, in US dollars (clients with one only).", []string{"client"}, nil)
-	descGWOrg      = prometheus.NewDesc("apidispatch_gateway_org_spent_usd", "What the gateway's ledger holds by org, in US dollars (gateway batches, which span orgs, as org \"(gateway batches)\").", []string{"org"}, nil)
-	descGWQueued   = prometheus.NewDesc("apidispatch_gateway_queued", "Requests waiting in the gateway for a lane.", nil, nil)
-	descGWBatches  = prometheus.NewDesc("apidispatch_gateway_batches", "Gateway batches by status.", []string{"status"}, nil)
+	descGWSpent     = prometheus.NewDesc("apidispatch_gateway_client_spent_usd", "What the gateway's ledger holds for the client, in US dollars.", []string{"client"}, nil)
+	descGWReserved  = prometheus.NewDesc("apidispatch_gateway_client_reserved_usd", "Worst case of the client's requests and batches in flight, in US dollars.", []string{"client"}, nil)
+	descGWCap       = prometheus.NewDesc("apidispatch_gateway_client_max_cost_usd", "The client's max_cost, in US dollars (clients with one only).", []string{"client"}, nil)
+	descGWOrg       = prometheus.NewDesc("apidispatch_gateway_org_spent_usd", "What the gateway's ledger holds by org, in US dollars (gateway batches, which span orgs, as org \"(gateway batches)\").", []string{"org"}, nil)
+	descGWClientOrg = prometheus.NewDesc("apidispatch_gateway_client_org_spent_usd", "What the gateway's ledger holds for the client by org, in US dollars (gateway batches as org \"(gateway batches)\").", []string{"client", "org"}, nil)
+	descGWQueued    = prometheus.NewDesc("apidispatch_gateway_queued", "Requests waiting in the gateway for a lane.", nil, nil)
+	descGWBatches   = prometheus.NewDesc("apidispatch_gateway_batches", "Gateway batches by status.", []string{"status"}, nil)
 )
 
 // gatewayCollector reads a gateway's stats at scrape time.
 type gatewayCollector func() GatewayStats
 
 func (gatewayCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descGWSpent, descGWReserved, descGWCap, descGWOrg, descGWQueued, descGWBatches} {
+	for _, d := range []*prometheus.Desc{descGWSpent, descGWReserved, descGWCap, descGWClientOrg, descGWOrg, descGWQueued, descGWBatches} {
 		ch <- d
 	}
 }
@@ -256,6 +260,9 @@ func (f gatewayCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descGWReserved, prometheus.GaugeValue, c.ReservedUSD, c.Client)
 		if c.CapUSD > 0 {
 			ch <- prometheus.MustNewConstMetric(descGWCap, prometheus.GaugeValue, c.CapUSD, c.Client)
+		}
+		for o, v := range c.ByOrgUSD {
+			ch <- prometheus.MustNewConstMetric(descGWClientOrg, prometheus.GaugeValue, v, c.Client, o)
 		}
 	}
 	for o, v := range s.OrgSpentUSD {

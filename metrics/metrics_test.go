@@ -66,7 +66,7 @@ func TestGatewayMetrics(t *testing.T) {
 	if err := m.Gateway(func() GatewayStats {
 		n++
 		return GatewayStats{
-			Clients:     []ClientSpend{{Client: "a", SpentUSD: 0.25, ReservedUSD: 0.5, CapUSD: 1}, {Client: "b", SpentUSD: float64(n)}},
+			Clients:     []ClientSpend{{Client: "a", SpentUSD: 0.25, ReservedUSD: 0.5, CapUSD: 1, ByOrgUSD: map[string]float64{"org1": 0.2, "(gateway batches)": 0.05}}, {Client: "b", SpentUSD: float64(n)}},
 			OrgSpentUSD: map[string]float64{"org1": 0.2, "(gateway batches)": 0.05},
 			Queued:      7,
 			Batches:     map[string]int{"in_progress": 2, "ended": 3},
@@ -95,6 +95,8 @@ func TestGatewayMetrics(t *testing.T) {
 		`apidispatch_gateway_client_spent_usd{client="b"} 2`,
 		`apidispatch_gateway_client_reserved_usd{client="a"} 0.5`,
 		`apidispatch_gateway_client_max_cost_usd{client="a"} 1`,
+		`apidispatch_gateway_client_org_spent_usd{client="a",org="org1"} 0.2`,
+		`apidispatch_gateway_client_org_spent_usd{client="a",org="(gateway batches)"} 0.05`,
 		`apidispatch_gateway_org_spent_usd{org="org1"} 0.2`,
 		`apidispatch_gateway_org_spent_usd{org="(gateway batches)"} 0.05`,
 		`apidispatch_gateway_queued 7`,

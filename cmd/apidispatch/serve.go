@@ -39,7 +39,7 @@ func serveCmd(args []string, stdout, stderr io.Writer) int {
 	retryFor := fs.Duration("retry-for", gateway.DefaultRetryFor, "how long a request is retried inside the gateway (429, 529, 5xx, resets) before its last answer is passed on (`DURATION`)")
 	tokenFile := fs.String("token-file", "gateway.token", "`FILE` holding the gateway token clients send as their API key (created 0600 with a random token when absent)")
 	clientsFile := fs.String("clients", "", "TOML `FILE` of several clients ([[client]] name, token or token_file, max_cost), instead of --token-file")
-	stateDir := fs.String("state-dir", "gateway-state", "`DIR` for the ledger and the gateway batches (resumed at start)")
+	stateDir := fs.String("state-dir", defaultGatewayStateDir, "`DIR` for the ledger and the gateway batches (resumed at start)")
 	tlsCert := fs.String("tls-cert", "", "TLS certificate `FILE` (required to listen beyond loopback)")
 	tlsKey := fs.String("tls-key", "", "TLS key `FILE`")
 	metricsAddr := fs.String("metrics", "", "serve Prometheus metrics on `ADDR` (a loopback address) at /metrics")
@@ -232,7 +232,7 @@ flags:`)
 func gatewayStats(st gateway.Status) metrics.GatewayStats {
 	out := metrics.GatewayStats{OrgSpentUSD: st.OrgSpend, Queued: st.Queued, Batches: st.Batches}
 	for _, c := range st.Clients {
-		out.Clients = append(out.Clients, metrics.ClientSpend{Client: c.Client, SpentUSD: c.SpentUSD, ReservedUSD: c.InFlight, CapUSD: c.CapUSD})
+		out.Clients = append(out.Clients, metrics.ClientSpend{Client: c.Client, SpentUSD: c.SpentUSD, ReservedUSD: c.InFlight, CapUSD: c.CapUSD, ByOrgUSD: c.ByOrg})
 	}
 	return out
 }

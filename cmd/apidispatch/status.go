@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/apidispatch/apidispatch/gate"
+	"github.com/apidispatch/apidispatch/gateway"
 	"github.com/apidispatch/apidispatch/rundir"
 	"github.com/apidispatch/apidispatch/shared"
 )
@@ -29,8 +30,10 @@ func statusCmd(args []string, stdout, stderr io.Writer) int {
 	shf.register(fs)
 	asJSON := fs.Bool("json", false, "print JSON instead of a table")
 	runs := fs.String("runs", "runs", "without --shared: the `DIR` whose run directories are read")
+	gw := fs.String("gateway", "", "show the gateway ('apidispatch serve') whose --state-dir is `DIR` instead")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, `usage: apidispatch status [--shared URL] [--json] [--runs DIR]
+       apidispatch status --gateway STATE_DIR [--json]
 
 With --shared (or APIDISPATCH_REDIS_URL), one row per key and model pool from
 Redis: live processes, requests in flight, slots held, the shared limit and
@@ -38,11 +41,23 @@ the cap, any retry-after hold, what the newest rate-limit headers had
 remaining, and the 429s of the last 60 s. Without it, the newest lane sample
 of each run directory under --runs on this machine.
 
+With --gateway, the gateway serving from STATE_DIR (its --state-dir, default
+gateway-state), as it wrote it at most a second ago: every client's spend,
+what it holds reserved and its max_cost; the spend by org (gateway batches,
+which span orgs, apart); the requests queued for a lane; the gateway batches
+by status; each lane; retries, abandoned requests and orgs out of rotation.
+It reads the state directory's status.json, so it needs no token and shows
+every client: it is the operator's view (a client's own is GET
+/apidispatch/status with its token).
+
 flags:`)
 		fs.PrintDefaults()
 	}
 	if code, ok := parseFlags(fs, args, stderr); !ok {
 		return code
+	}
+	if *gw != "" {
+		return gatewayStatus(*gw, *asJSON, time.Now(), stdout, stderr)
 	}
 	if shf.url != "" {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -87,7 +102,99 @@ flags:`)
 	if len(rows) == 0 {
 		fmt.Fprintf(stdout, "no run directories with lane samples under %s\n", *runs)
 	}
+	if _, err := gateway.ReadStatus(defaultGatewayStateDir); err == nil {
+		fmt.Fprintf(stdout, "a gateway's state is in %s: apidispatch status --gateway %[1]s\n", defaultGatewayStateDir)
+	}
 	return exitOK
+}
+
+// defaultGatewayStateDir is serve's default --state-dir.
+const defaultGatewayStateDir = "gateway-state"
+
+// gatewayStatus prints the status file of the gateway whose state
+// directory is dir, as of now.
+func gatewayStatus(dir string, asJSON bool, now time.Time, stdout, stderr io.Writer) int {
+	s, err := gateway.ReadStatus(dir)
+	if err != nil {
+		errf(stderr, "--gateway %v", err)
+		return exitUsage
+	}
+	if asJSON {
+		return printJSON(stdout, s)
+	}
+	age := now.Sub(s.At).Round(time.Second)
+	switch {
+	case s.Stopped:
+		fmt.Fprintf(stdout, "gateway %s: stopped %s ago (pid %d); its last status:\n", dir, age, s.PID)
+	case age > 5*gateway.StatusEvery:
+		fmt.Fprintf(stdout, "gateway %s: no status for %s (pid %d): is it still running? Its last status:\n", dir, age, s.PID)
+	default:
+		fmt.Fprintf(stdout, "gateway %s: running (pid %d), status of %s ago\n", dir, s.PID, age)
+	}
+	usd := func(v float64) string { return fmt.Sprintf("$%.6f", v) }
+	capUSD := func(v float64) string {
+		if v == 0 {
+			return "-"
+		}
+		return usd(v)
+	}
+	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "\nclient\tspent\treserved\tmax_cost\tanswers\tabandoned\tspent by org")
+	t := s.Total
+	t.ByOrg = s.OrgSpend
+	rows := append(s.Clients, t)
+	for _, c := range rows {
+		name := c.Client
+		if name == "*" {
+			name = "(all clients)"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\n", name, usd(c.SpentUSD), usd(c.InFlight), capUSD(c.CapUSD), c.Requests, c.Abandoned, byOrg(c.ByOrg))
+	}
+	tw.Flush()
+	fmt.Fprintf(stdout, "\nqueued %d, requests %d, upstream attempts %d, retries %d, abandoned %d, refused by a cap %d\n",
+		s.Queued, s.Requests, s.Attempts, s.Retries, s.Abandoned, s.RefusedAt)
+	var bs []string
+	for _, k := range sortedKeys(s.Batches) {
+		bs = append(bs, fmt.Sprintf("%s %d", k, s.Batches[k]))
+	}
+	if len(bs) == 0 {
+		bs = []string{"none"}
+	}
+	fmt.Fprintf(stdout, "gateway batches: %s\n", strings.Join(bs, ", "))
+	for _, o := range sortedKeys(s.Orgs) {
+		fmt.Fprintf(stdout, "org %s out of rotation: %s\n", o, s.Orgs[o])
+	}
+	if len(s.Lanes) > 0 {
+		tw = tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "\norg\tpool\tin flight\tmax in flight\tlimit\tcap\theld\tcuts\tattempts\t429s\tdisabled")
+		for _, l := range s.Lanes {
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%.0f\t%d\t%v\t%d\t%d\t%d\t%s\n", l.Org, l.Pool, l.InFlight, l.MaxInFlight, l.Limit, l.Cap, l.Held, l.Cuts,
+				l.Attempts, l.RateLimited429, l.Disabled)
+		}
+		tw.Flush()
+	}
+	return exitOK
+}
+
+// byOrg renders spend by org as "org $x, ..." in org order.
+func byOrg(m map[string]float64) string {
+	if len(m) == 0 {
+		return "-"
+	}
+	var parts []string
+	for _, k := range sortedKeys(m) {
+		parts = append(parts, fmt.Sprintf("%s $%.6f", k, m[k]))
+	}
+	return strings.Join(parts, ", ")
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
 }
 
 func left(l shared.LaneStatus, k string) string {
