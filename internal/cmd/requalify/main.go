@@ -7,7 +7,8 @@
 //
 // In a file of the old package itself (its package clause names it and it
 // does not import it), an unqualified A becomes new.A; in any other file
-// that imports the old package, old.A becomes new.A. The new package is
+// that imports the old package, old.A becomes new.A (A in a file of the
+// new package itself). The new package is
 // imported where it is used, and the old one's import is dropped where it
 // no longer is. It is purely syntactic, so it also runs on code that no
 // longer compiles because the names moved: selectors' field names,
@@ -86,6 +87,8 @@ func rewrite(file, oldPath, newPath string, names map[string]bool) error {
 	if !self && oldLocal == "" {
 		return nil
 	}
+	// A file of the new package itself names the moved names bare.
+	inNew := !self && f.Name.Name == newName
 	declared := map[string]bool{}
 	for _, d := range f.Decls {
 		switch d := d.(type) {
@@ -115,9 +118,12 @@ func rewrite(file, oldPath, newPath string, names map[string]bool) error {
 		case *ast.SelectorExpr:
 			skip[n.Sel] = true
 			if x, ok := n.X.(*ast.Ident); ok && !self && x.Name == oldLocal {
-				if names[n.Sel.Name] {
+				switch {
+				case names[n.Sel.Name] && inNew:
+					edits = append(edits, edit{off(x.Pos()), off(n.Sel.Pos()), ""})
+				case names[n.Sel.Name]:
 					edits = append(edits, edit{off(x.Pos()), off(x.End()), newName})
-				} else {
+				default:
 					oldUses++
 				}
 				skip[x] = true
@@ -169,7 +175,7 @@ func rewrite(file, oldPath, newPath string, names map[string]bool) error {
 	for _, e := range edits {
 		out = slices.Concat(out[:e.off], []byte(e.text), out[e.end:])
 	}
-	out, err = fixImports(file, out, oldPath, newPath, !self && oldUses == 0)
+	out, err = fixImports(file, out, oldPath, newPath, !self && oldUses == 0, !inNew)
 	if err != nil {
 		return err
 	}
@@ -178,7 +184,7 @@ func rewrite(file, oldPath, newPath string, names map[string]bool) error {
 
 // fixImports adds newPath to the file's imports (unless there) and drops
 // oldPath when dropOld, then formats the file (which sorts the imports).
-func fixImports(file string, src []byte, oldPath, newPath string, dropOld bool) ([]byte, error) {
+func fixImports(file string, src []byte, oldPath, newPath string, dropOld, addNew bool) ([]byte, error) {
 	fset := token.NewFileSet()
 	f, err := parser.ParseFile(fset, file, src, parser.ImportsOnly|parser.ParseComments)
 	if err != nil {
@@ -211,7 +217,7 @@ func fixImports(file string, src []byte, oldPath, newPath string, dropOld bool) 
 		}
 		out = slices.Concat(out[:start], out[end:])
 	}
-	if !have {
+	if !have && addNew {
 		spec := strconv.Quote(newPath)
 		fset2 := token.NewFileSet()
 		f2, err := parser.ParseFile(fset2, file, out, parser.ImportsOnly)
@@ -244,8 +250,12 @@ func fixImports(file string, src []byte, oldPath, newPath string, dropOld bool) 
 			out = slices.Concat(out[:at], []byte(text), out[at:])
 		default:
 			s, e := fset2.Position(gd.Pos()).Offset, fset2.Position(gd.End()).Offset
-			old := string(out[s+len("import") : e])
-			out = slices.Concat(out[:s], []byte("import (\n\t"+strings.TrimSpace(old)+"\n\t"+spec+"\n)"), out[e:])
+			old := strings.TrimSpace(string(out[s+len("import") : e]))
+			sep := "\n\t"
+			if p, _ := strconv.Unquote(gd.Specs[0].(*ast.ImportSpec).Path.Value); !strings.Contains(strings.Split(p, "/")[0], ".") {
+				sep = "\n\n\t" // the standard library's group, then ours
+			}
+			out = slices.Concat(out[:s], []byte("import ("+"\n\t"+old+sep+spec+"\n)"), out[e:])
 		}
 	}
 	res, err := format.Source(out)
