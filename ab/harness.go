@@ -26,6 +26,7 @@ import (
 	"github.com/apidispatch/apidispatch/internal/numfmt"
 	"github.com/apidispatch/apidispatch/org"
 	"github.com/apidispatch/apidispatch/plan"
+	"github.com/apidispatch/apidispatch/rundir"
 	"github.com/apidispatch/apidispatch/runner"
 	"github.com/apidispatch/apidispatch/sim"
 	"github.com/apidispatch/apidispatch/workload"
@@ -212,7 +213,7 @@ type harness struct {
 	pipeSrv    *http.Server
 	simCfg     sim.Config
 	prices     *cost.Table
-	events     *dispatch.EventLog
+	events     *rundir.EventLog
 	out        io.Writer
 	ws         *workload.Summary
 	input      string
@@ -293,7 +294,7 @@ func newHarness(cfg Config) (*harness, error) {
 		if h.baseURL == "" {
 			h.baseURL = "https://api.anthropic.com"
 		}
-		if _, err := dispatch.CheckBaseURL(h.baseURL); err != nil {
+		if _, err := apihttp.CheckBaseURL(h.baseURL); err != nil {
 			return nil, fmt.Errorf("%w: %w", ErrConfig, err)
 		}
 		h.shownURL = h.baseURL
@@ -302,10 +303,10 @@ func newHarness(cfg Config) (*harness, error) {
 		}
 		h.speed = max(cfg.Speed, 1)
 	}
-	if err := os.MkdirAll(cfg.Dir, dispatch.DirPerm); err != nil {
+	if err := os.MkdirAll(cfg.Dir, rundir.DirPerm); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
-	ev, err := dispatch.OpenEventLog(filepath.Join(cfg.Dir, dispatch.EventsFile))
+	ev, err := rundir.OpenEventLog(filepath.Join(cfg.Dir, rundir.EventsFile))
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
@@ -329,7 +330,7 @@ func (h *harness) say(format string, a ...any) {
 
 // block records a refusal: a "blocked" event, the reason on Stderr.
 func (h *harness) block(err error, note string, data any) error {
-	h.events.Emit(dispatch.EventBlocked, note, data)
+	h.events.Emit(rundir.EventBlocked, note, data)
 	h.events.Flush()
 	h.say("blocked: %s", note)
 	return err
@@ -375,7 +376,7 @@ func (h *harness) run(ctx context.Context) (*Result, error) {
 		names[i] = o.Name
 		orgInfo[i] = OrgInfo{Org: o.Name, KeyFingerprint: o.Key.Fingerprint()}
 	}
-	h.events.Emit(dispatch.EventStarted, fmt.Sprintf("A/B of %d items per arm, order %s, %s", cfg.N, cfg.Order, h.modeText()),
+	h.events.Emit(rundir.EventStarted, fmt.Sprintf("A/B of %d items per arm, order %s, %s", cfg.N, cfg.Order, h.modeText()),
 		map[string]any{"n": cfg.N, "order": cfg.Order, "arms": cfg.Arms, "simulated": h.simulated, "speed_factor": h.speed, "orgs": orgInfo})
 
 	// Precondition: the dispatcher arm needs several orgs.
@@ -446,7 +447,7 @@ func (h *harness) run(ctx context.Context) (*Result, error) {
 	}
 	h.say("projected cost, from the price table:\n%s", arith)
 	h.say("%s", gate.Explain)
-	h.events.Emit(dispatch.EventProgress, "projection: "+strings.ReplaceAll(arith, "\n", "; "), map[string]any{"projected_cost_usd": pc, "gate": gate.Decision, "gate_explain": gate.Explain})
+	h.events.Emit(rundir.EventProgress, "projection: "+strings.ReplaceAll(arith, "\n", "; "), map[string]any{"projected_cost_usd": pc, "gate": gate.Decision, "gate_explain": gate.Explain})
 	switch gate.Decision {
 	case plan.Pause:
 		return nil, h.block(ErrPaused, "paused by the budget gate; nothing sent: "+strings.ReplaceAll(gate.Explain, "\n", "; "),
@@ -470,7 +471,7 @@ func (h *harness) run(ctx context.Context) (*Result, error) {
 		return nil, h.block(fmt.Errorf("%w: %s", ErrStormTest, st.Reason), "blocked: the storm self-test failed: "+st.Reason, st)
 	}
 	h.say("storm self-test passed: %s (%.1f s)", st.Reason, st.WallS)
-	h.events.Emit(dispatch.EventProgress, "storm self-test passed: "+st.Reason, st)
+	h.events.Emit(rundir.EventProgress, "storm self-test passed: "+st.Reason, st)
 
 	// The workload both arms send.
 	if err := h.prepareInput(ws); err != nil {
@@ -650,7 +651,7 @@ func (h *harness) finish(problems []string, dataLoss, incomplete bool) (*Result,
 		if p == "" {
 			continue
 		}
-		if err := dispatch.WriteFileAtomic(p, b, dispatch.FilePerm); err != nil {
+		if err := rundir.WriteFileAtomic(p, b, rundir.FilePerm); err != nil {
 			werrs = append(werrs, fmt.Errorf("writing %s: %w", p, err))
 		}
 	}
@@ -686,12 +687,12 @@ func (h *harness) finish(problems []string, dataLoss, incomplete bool) (*Result,
 	switch {
 	case dataLoss:
 		err = fmt.Errorf("%w: %s", ErrDataLoss, strings.Join(problems, "; "))
-		h.events.Emit(dispatch.EventFailure, "DATA-LOSS CHECK FAILED: "+strings.Join(problems, "; "), headline)
+		h.events.Emit(rundir.EventFailure, "DATA-LOSS CHECK FAILED: "+strings.Join(problems, "; "), headline)
 	case incomplete || !complete:
 		err = fmt.Errorf("%w: %s", dispatch.ErrIncomplete, strings.Join(problems, "; "))
-		h.events.Emit(dispatch.EventIncomplete, "A/B incomplete (rerun the same command to resume): "+strings.Join(problems, "; "), headline)
+		h.events.Emit(rundir.EventIncomplete, "A/B incomplete (rerun the same command to resume): "+strings.Join(problems, "; "), headline)
 	default:
-		h.events.Emit(dispatch.EventCompleted, r.Headline, headline)
+		h.events.Emit(rundir.EventCompleted, r.Headline, headline)
 	}
 	h.events.Flush()
 
@@ -791,14 +792,14 @@ func (h *harness) dispatchConfig() dispatch.Config {
 // validates it once for both arms.
 func (h *harness) prepareInput(want *workload.Summary) error {
 	h.input = filepath.Join(h.cfg.Dir, RequestsFile)
-	if ws, err := dispatch.Validate(h.input, h.prices); err == nil && ws.Hash == want.Hash {
+	if ws, err := rundir.Validate(h.input, h.prices); err == nil && ws.Hash == want.Hash {
 		h.ws = ws
 		return nil
 	}
 	if err := writeJudge(h.input, h.cfg.N, h.cfg.Seed); err != nil {
 		return fmt.Errorf("%w: writing the workload: %w", ErrConfig, err)
 	}
-	ws, err := dispatch.Validate(h.input, h.prices)
+	ws, err := rundir.Validate(h.input, h.prices)
 	if err != nil {
 		return fmt.Errorf("%w: the generated workload: %w", ErrConfig, err)
 	}
@@ -828,14 +829,14 @@ func (h *harness) runArm(ctx context.Context, arm string, round int) (*ArmResult
 		return a, nil
 	}
 	h.say("%s arm (round %d) starting: %s", arm, round, h.armText(arm))
-	h.events.Emit(dispatch.EventProgress, fmt.Sprintf("%s arm (round %d) started", arm, round), map[string]any{"arm": arm, "round": round, "dir": rel})
+	h.events.Emit(rundir.EventProgress, fmt.Sprintf("%s arm (round %d) started", arm, round), map[string]any{"arm": arm, "round": round, "dir": rel})
 	var mark int64
 	if h.srv != nil {
 		mark = h.srv.Server.Mark()
 	}
 	cpu0, load0 := host.ProcessCPU(), host.LoadAverage()
 	var (
-		s       *dispatch.Summary
+		s       *rundir.Summary
 		setup   time.Duration
 		resumed bool
 		note    string // why the arm was run again from the start
@@ -891,7 +892,7 @@ func (h *harness) runArm(ctx context.Context, arm string, round int) (*ArmResult
 		a.Note = note
 	}
 	if b, jerr := json.MarshalIndent(a, "", "  "); jerr == nil {
-		dispatch.WriteFileAtomic(filepath.Join(dir, ArmFile), append(b, '\n'), dispatch.FilePerm)
+		rundir.WriteFileAtomic(filepath.Join(dir, ArmFile), append(b, '\n'), rundir.FilePerm)
 	}
 	return a, err
 }
@@ -907,17 +908,17 @@ func (h *harness) completeArm(dir, arm string) (*ArmResult, bool) {
 	if json.Unmarshal(b, &a) != nil || a.Arm != arm || !a.Complete {
 		return nil, false
 	}
-	sb, err := os.ReadFile(filepath.Join(dir, dispatch.SummaryFile))
+	sb, err := os.ReadFile(filepath.Join(dir, rundir.SummaryFile))
 	if err != nil {
 		return nil, false
 	}
-	var s dispatch.Summary
+	var s rundir.Summary
 	if json.Unmarshal(sb, &s) != nil || s.N != int64(h.cfg.N) || s.Unfinished != 0 {
 		return nil, false
 	}
 	if arm != ArmBaseline {
 		// The run's store must hold this very workload.
-		if _, err := os.Stat(filepath.Join(dir, dispatch.StateFile)); err != nil {
+		if _, err := os.Stat(filepath.Join(dir, rundir.StateFile)); err != nil {
 			return nil, false
 		}
 	}
@@ -939,15 +940,15 @@ func (h *harness) armText(arm string) string {
 }
 
 // runLegacy runs the legacy arm from scratch in dir.
-func (h *harness) runLegacy(ctx context.Context, dir, arm string, round int) (*dispatch.Summary, error) {
+func (h *harness) runLegacy(ctx context.Context, dir, arm string, round int) (*rundir.Summary, error) {
 	// An earlier, incomplete legacy run is discarded: it keeps no state.
-	for _, f := range []string{dispatch.ResultsFile, dispatch.EventsFile, dispatch.SummaryFile, ArmFile} {
+	for _, f := range []string{rundir.ResultsFile, rundir.EventsFile, rundir.SummaryFile, ArmFile} {
 		os.Remove(filepath.Join(dir, f))
 	}
-	if err := os.MkdirAll(dir, dispatch.DirPerm); err != nil {
+	if err := os.MkdirAll(dir, rundir.DirPerm); err != nil {
 		return nil, err
 	}
-	ev, err := dispatch.OpenEventLog(filepath.Join(dir, dispatch.EventsFile))
+	ev, err := rundir.OpenEventLog(filepath.Join(dir, rundir.EventsFile))
 	if err != nil {
 		return nil, err
 	}
@@ -960,7 +961,7 @@ func (h *harness) runLegacy(ctx context.Context, dir, arm string, round int) (*d
 		return nil, err
 	}
 	stop := h.watch(arm, round, leg.Progress)
-	s, err := leg.Run(ctx, h.input, filepath.Join(dir, dispatch.ResultsFile), h.ws.N)
+	s, err := leg.Run(ctx, h.input, filepath.Join(dir, rundir.ResultsFile), h.ws.N)
 	stop()
 	if s != nil {
 		s.Projection = h.projJSON
@@ -970,7 +971,7 @@ func (h *harness) runLegacy(ctx context.Context, dir, arm string, round int) (*d
 }
 
 // runDispatcher runs (or resumes) the dispatcher arm in dir.
-func (h *harness) runDispatcher(ctx context.Context, dir, arm string, round int) (*dispatch.Summary, time.Duration, bool, error) {
+func (h *harness) runDispatcher(ctx context.Context, dir, arm string, round int) (*rundir.Summary, time.Duration, bool, error) {
 	return h.runJob(ctx, dir, arm, round, runner.RouteSync)
 }
 
@@ -979,9 +980,9 @@ func (h *harness) runDispatcher(ctx context.Context, dir, arm string, round int)
 // lifecycle that 'run' uses, runner.Execute. It returns the summary (also
 // written to dir), the setup time (the store's import), and whether it
 // resumed a partial run.
-func (h *harness) runJob(ctx context.Context, dir, arm string, round int, route string) (*dispatch.Summary, time.Duration, bool, error) {
+func (h *harness) runJob(ctx context.Context, dir, arm string, round int, route string) (*rundir.Summary, time.Duration, bool, error) {
 	t0 := time.Now()
-	job, err := dispatch.OpenJob(ctx, dispatch.JobConfig{InputPath: h.input, RunDir: dir, Prices: h.prices}, h.ws)
+	job, err := rundir.OpenJob(ctx, rundir.JobConfig{InputPath: h.input, RunDir: dir, Prices: h.prices}, h.ws)
 	if err != nil {
 		return nil, 0, false, err
 	}
@@ -1020,7 +1021,7 @@ func (h *harness) runJob(ctx context.Context, dir, arm string, round int, route 
 
 // storeProgress is the progress of a job read from its store, for a route
 // (the batch route) that keeps no live counters of its own.
-func storeProgress(ctx context.Context, job *dispatch.Job) func() dispatch.Progress {
+func storeProgress(ctx context.Context, job *rundir.Job) func() dispatch.Progress {
 	start := time.Now()
 	return func() dispatch.Progress {
 		agg, err := job.Store.Aggregate(context.WithoutCancel(ctx))
@@ -1059,7 +1060,7 @@ func (h *harness) watch(arm string, round int, progress func() dispatch.Progress
 				if p.Total > 0 {
 					if q := p.Done * 4 / p.Total; q > quarter && q < 4 {
 						quarter = q
-						h.events.Emit(dispatch.EventProgress, fmt.Sprintf("%s arm (round %d): %d%% done, %.0f req/min, $%.4f, %d 429s", arm, round, q*25, p.RequestsPerMin, p.CostUSD, p.RateLimited),
+						h.events.Emit(rundir.EventProgress, fmt.Sprintf("%s arm (round %d): %d%% done, %.0f req/min, $%.4f, %d 429s", arm, round, q*25, p.RequestsPerMin, p.CostUSD, p.RateLimited),
 							map[string]any{"arm": arm, "round": round, "done": p.Done, "total": p.Total, "requests_per_min": p.RequestsPerMin,
 								"cost_usd": p.CostUSD, "rate_limited_429": p.RateLimited, "elapsed_s": p.ElapsedS})
 					}
@@ -1080,7 +1081,7 @@ func (h *harness) reportArm(a *ArmResult) {
 		a.Arm, a.Round, a.WallS, dur(a.APIEquivalentWallS), numfmt.Commas(a.Succeeded), numfmt.Commas(a.Errored), numfmt.Commas(a.Unfinished),
 		cost.Nanos(a.CostNanos), ledger, numfmt.Commas(a.RateLimited429), passFail(a.DataLoss.Passed))
 	h.say("%s", msg)
-	h.events.Emit(dispatch.EventProgress, msg, armHeadline(a))
+	h.events.Emit(rundir.EventProgress, msg, armHeadline(a))
 	h.events.Flush()
 }
 
@@ -1105,10 +1106,10 @@ func maxCap(caps map[string]int) int {
 }
 
 // writeSummary writes summary.json into an arm's directory.
-func writeSummary(dir string, s *dispatch.Summary) error {
+func writeSummary(dir string, s *rundir.Summary) error {
 	b, err := json.MarshalIndent(s, "", "  ")
 	if err != nil {
 		return err
 	}
-	return dispatch.WriteFileAtomic(filepath.Join(dir, dispatch.SummaryFile), append(b, '\n'), dispatch.FilePerm)
+	return rundir.WriteFileAtomic(filepath.Join(dir, rundir.SummaryFile), append(b, '\n'), rundir.FilePerm)
 }

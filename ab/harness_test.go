@@ -14,6 +14,7 @@ import (
 
 	"github.com/apidispatch/apidispatch/cost"
 	"github.com/apidispatch/apidispatch/dispatch"
+	"github.com/apidispatch/apidispatch/rundir"
 	"github.com/apidispatch/apidispatch/sim"
 	"github.com/apidispatch/apidispatch/soak"
 )
@@ -30,15 +31,15 @@ func smallConfig(t *testing.T, n int) (Config, *[]*sim.Running) {
 	}, &sims
 }
 
-func readEvents(t *testing.T, path string) []dispatch.Event {
+func readEvents(t *testing.T, path string) []rundir.Event {
 	t.Helper()
 	b, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var out []dispatch.Event
+	var out []rundir.Event
 	for _, l := range bytes.Split(bytes.TrimSpace(b), []byte("\n")) {
-		var e dispatch.Event
+		var e rundir.Event
 		if err := json.Unmarshal(l, &e); err != nil {
 			t.Fatalf("event %q: %v", l, err)
 		}
@@ -47,7 +48,7 @@ func readEvents(t *testing.T, path string) []dispatch.Event {
 	return out
 }
 
-func kinds(evs []dispatch.Event) map[string]int {
+func kinds(evs []rundir.Event) map[string]int {
 	m := map[string]int{}
 	for _, e := range evs {
 		m[e.Kind]++
@@ -138,15 +139,15 @@ func TestRunSimEndToEnd(t *testing.T) {
 	}
 	// The arms' run directories and summaries.
 	for _, arm := range []string{ArmBaseline, ArmDispatcher} {
-		for _, f := range []string{dispatch.ResultsFile, dispatch.EventsFile, dispatch.SummaryFile, ArmFile} {
+		for _, f := range []string{rundir.ResultsFile, rundir.EventsFile, rundir.SummaryFile, ArmFile} {
 			if _, err := os.Stat(filepath.Join(cfg.Dir, arm, f)); err != nil {
 				t.Errorf("%s/%s: %v", arm, f, err)
 			}
 		}
 	}
 	// Events: started, progress, completed.
-	k := kinds(readEvents(t, filepath.Join(cfg.Dir, dispatch.EventsFile)))
-	if k[dispatch.EventStarted] != 1 || k[dispatch.EventProgress] < 4 || k[dispatch.EventCompleted] != 1 {
+	k := kinds(readEvents(t, filepath.Join(cfg.Dir, rundir.EventsFile)))
+	if k[rundir.EventStarted] != 1 || k[rundir.EventProgress] < 4 || k[rundir.EventCompleted] != 1 {
 		t.Fatalf("events %v", k)
 	}
 	// The status section, with the rest of the file kept.
@@ -186,7 +187,7 @@ func TestRunSimEndToEnd(t *testing.T) {
 	// An interrupted legacy arm (no arm.json, a partial results file) is run
 	// again from the start; the complete dispatcher arm is kept.
 	os.Remove(filepath.Join(cfg.Dir, ArmBaseline, ArmFile))
-	os.WriteFile(filepath.Join(cfg.Dir, ArmBaseline, dispatch.ResultsFile), []byte(`{"custom_id":"phase6_000000"}`+"\n"), 0o644)
+	os.WriteFile(filepath.Join(cfg.Dir, ArmBaseline, rundir.ResultsFile), []byte(`{"custom_id":"phase6_000000"}`+"\n"), 0o644)
 	res3, err := Run(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -235,8 +236,8 @@ func TestRunPausedSendsNothing(t *testing.T) {
 	if n := (*sims)[0].Server.LedgerTotals().Requests; n != 0 {
 		t.Fatalf("a paused A/B sent %d requests", n)
 	}
-	evs := readEvents(t, filepath.Join(cfg.Dir, dispatch.EventsFile))
-	if last := evs[len(evs)-1]; last.Kind != dispatch.EventBlocked || !strings.Contains(last.Note, "paused") {
+	evs := readEvents(t, filepath.Join(cfg.Dir, rundir.EventsFile))
+	if last := evs[len(evs)-1]; last.Kind != rundir.EventBlocked || !strings.Contains(last.Note, "paused") {
 		t.Fatalf("last event %+v", last)
 	}
 	for _, p := range []string{ResultFile, SelfTestDir, ArmBaseline, ArmDispatcher} {
@@ -257,7 +258,7 @@ func TestRunConfirmRequired(t *testing.T) {
 	if n := (*sims)[0].Server.LedgerTotals().Requests; n != 0 {
 		t.Fatalf("a refused A/B sent %d requests", n)
 	}
-	if k := kinds(readEvents(t, filepath.Join(cfg.Dir, dispatch.EventsFile))); k[dispatch.EventBlocked] != 1 {
+	if k := kinds(readEvents(t, filepath.Join(cfg.Dir, rundir.EventsFile))); k[rundir.EventBlocked] != 1 {
 		t.Fatalf("events %v", k)
 	}
 }
@@ -270,7 +271,7 @@ func TestRunTooFewOrgs(t *testing.T) {
 	if !errors.Is(err, ErrTooFewOrgs) || !errors.Is(err, ErrRefused) {
 		t.Fatalf("err %v", err)
 	}
-	if k := kinds(readEvents(t, filepath.Join(cfg.Dir, dispatch.EventsFile))); k[dispatch.EventBlocked] != 1 {
+	if k := kinds(readEvents(t, filepath.Join(cfg.Dir, rundir.EventsFile))); k[rundir.EventBlocked] != 1 {
 		t.Fatalf("events %v", k)
 	}
 }
@@ -297,9 +298,9 @@ func TestRunStormTestFailureBlocks(t *testing.T) {
 			if n := (*sims)[0].Server.LedgerTotals().Requests; n != 0 {
 				t.Fatalf("arms sent %d requests after a failed self-test", n)
 			}
-			evs := readEvents(t, filepath.Join(cfg.Dir, dispatch.EventsFile))
+			evs := readEvents(t, filepath.Join(cfg.Dir, rundir.EventsFile))
 			last := evs[len(evs)-1]
-			if last.Kind != dispatch.EventBlocked || !strings.Contains(last.Note, "storm self-test failed") {
+			if last.Kind != rundir.EventBlocked || !strings.Contains(last.Note, "storm self-test failed") {
 				t.Fatalf("last event %+v", last)
 			}
 			if _, err := os.Stat(filepath.Join(cfg.Dir, ArmBaseline)); err == nil {
@@ -347,7 +348,7 @@ func TestRunOrderBA(t *testing.T) {
 	if len(res.Rounds) != 1 || res.Rounds[0].Order != OrderBA || !res.Complete {
 		t.Fatalf("rounds %+v", res.Rounds)
 	}
-	evs := readEvents(t, filepath.Join(cfg.Dir, dispatch.EventsFile))
+	evs := readEvents(t, filepath.Join(cfg.Dir, rundir.EventsFile))
 	var started []string
 	for _, e := range evs {
 		if strings.HasSuffix(e.Note, "arm (round 1) started") {
@@ -395,7 +396,7 @@ func TestRunBatchArm(t *testing.T) {
 	}
 	// Every custom_id once in the batch arm's results, and only batch-tier
 	// billing in its ledger window.
-	chk, err := soak.CheckResults(filepath.Join(cfg.Dir, RequestsFile), filepath.Join(cfg.Dir, ArmBatch, dispatch.ResultsFile))
+	chk, err := soak.CheckResults(filepath.Join(cfg.Dir, RequestsFile), filepath.Join(cfg.Dir, ArmBatch, rundir.ResultsFile))
 	if err != nil || chk.Lost() {
 		t.Fatalf("batch arm results: %+v, %v", chk, err)
 	}
@@ -478,13 +479,13 @@ func TestParseArms(t *testing.T) {
 // legacy arm is allowed to mark terminal.
 func TestArmDataLossBatchIsABug(t *testing.T) {
 	t.Parallel()
-	bad := dispatch.DataLoss{Passed: false, RetryableMarkedTerminal: 1}
+	bad := rundir.DataLoss{Passed: false, RetryableMarkedTerminal: 1}
 	for arm, want := range map[string]bool{ArmBaseline: false, ArmDispatcher: true, ArmBatch: true} {
 		if got := armDataLoss(&ArmResult{Arm: arm, Round: 1, DataLoss: bad}) != ""; got != want {
 			t.Errorf("%s arm with %+v: a bug %v, want %v", arm, bad, got, want)
 		}
 	}
-	if p := armDataLoss(&ArmResult{Arm: ArmBatch, Round: 2, DataLoss: dispatch.DataLoss{Missing: 3}}); !strings.HasPrefix(p, "batch arm (round 2)") {
+	if p := armDataLoss(&ArmResult{Arm: ArmBatch, Round: 2, DataLoss: rundir.DataLoss{Missing: 3}}); !strings.HasPrefix(p, "batch arm (round 2)") {
 		t.Errorf("problem %q does not name the batch arm", p)
 	}
 }
@@ -515,7 +516,7 @@ func TestRunOrderABABBatch(t *testing.T) {
 		}
 	}
 	var started []string
-	for _, e := range readEvents(t, filepath.Join(cfg.Dir, dispatch.EventsFile)) {
+	for _, e := range readEvents(t, filepath.Join(cfg.Dir, rundir.EventsFile)) {
 		if strings.Contains(e.Note, "arm (round ") && strings.HasSuffix(e.Note, "started") {
 			started = append(started, strings.Fields(e.Note)[0])
 		}
@@ -574,7 +575,7 @@ func TestRunBatchArmResumes(t *testing.T) {
 	if !res2.Complete || !res2.Arms.Baseline.Reused || !res2.Arms.Dispatcher.Reused || c.Reused || !c.Complete || c.Succeeded != 300 || !c.DataLoss.Passed {
 		t.Fatalf("resumed: %+v", res2.Arms)
 	}
-	chk, err := soak.CheckResults(filepath.Join(cfg.Dir, RequestsFile), filepath.Join(cfg.Dir, ArmBatch, dispatch.ResultsFile))
+	chk, err := soak.CheckResults(filepath.Join(cfg.Dir, RequestsFile), filepath.Join(cfg.Dir, ArmBatch, rundir.ResultsFile))
 	if err != nil || chk.Lost() {
 		t.Fatalf("batch arm results after the resume: %+v, %v", chk, err)
 	}

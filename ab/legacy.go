@@ -22,7 +22,9 @@ import (
 	"github.com/apidispatch/apidispatch/apihttp"
 	"github.com/apidispatch/apidispatch/cost"
 	"github.com/apidispatch/apidispatch/dispatch"
+	"github.com/apidispatch/apidispatch/gate"
 	"github.com/apidispatch/apidispatch/org"
+	"github.com/apidispatch/apidispatch/rundir"
 	"github.com/apidispatch/apidispatch/store"
 	"github.com/apidispatch/apidispatch/workload"
 )
@@ -54,7 +56,7 @@ type LegacyConfig struct {
 	Client *http.Client
 	// Events receives started, sample, progress and completed or
 	// incomplete events (nil: none).
-	Events *dispatch.EventLog
+	Events *rundir.EventLog
 	// SampleEvery is the period of "sample" events (default 1 s; < 0: none).
 	SampleEvery time.Duration
 	// Jitter returns uniform numbers in [0, 1) for the back-off jitter
@@ -106,7 +108,7 @@ func NewLegacy(cfg LegacyConfig) (*Legacy, error) {
 	if cfg.Prices == nil {
 		return nil, errors.New("ab: LegacyConfig needs Prices")
 	}
-	base, err := dispatch.ResolveBaseURL(cfg.BaseURL)
+	base, err := apihttp.ResolveBaseURL(cfg.BaseURL)
 	if err != nil {
 		return nil, err
 	}
@@ -152,7 +154,7 @@ type legacyOutcome struct {
 // Cancelling ctx abandons the requests in flight: their items are
 // unfinished and Run returns dispatch.ErrIncomplete (wrapped) with the
 // summary of what was written.
-func (l *Legacy) Run(ctx context.Context, inputPath, resultsPath string, n int64) (*dispatch.Summary, error) {
+func (l *Legacy) Run(ctx context.Context, inputPath, resultsPath string, n int64) (*rundir.Summary, error) {
 	l.start = time.Now()
 	l.n = n
 	if l.owned != nil {
@@ -163,13 +165,13 @@ func (l *Legacy) Run(ctx context.Context, inputPath, resultsPath string, n int64
 		return nil, err
 	}
 	defer in.Close()
-	rf, err := os.OpenFile(resultsPath, os.O_RDWR|os.O_CREATE|os.O_TRUNC, dispatch.FilePerm)
+	rf, err := os.OpenFile(resultsPath, os.O_RDWR|os.O_CREATE|os.O_TRUNC, rundir.FilePerm)
 	if err != nil {
 		return nil, err
 	}
 	defer rf.Close()
 	ev := l.cfg.Events
-	ev.Emit(dispatch.EventStarted, fmt.Sprintf("legacy arm: %d items, org %s alone at a fixed concurrency of %d, SDK retries (max %d)", n, l.cfg.Org.Name, l.cfg.Concurrency, l.cfg.Retry.MaxRetries),
+	ev.Emit(rundir.EventStarted, fmt.Sprintf("legacy arm: %d items, org %s alone at a fixed concurrency of %d, SDK retries (max %d)", n, l.cfg.Org.Name, l.cfg.Concurrency, l.cfg.Retry.MaxRetries),
 		map[string]any{"n": n, "arm": ArmBaseline, "orgs": []map[string]string{{"org": l.cfg.Org.Name, "key": l.cfg.Org.Key.Fingerprint()}},
 			"base_url": l.base.Redacted(), "speed": l.cfg.Speed, "concurrency": l.cfg.Concurrency, "max_retries": l.cfg.Retry.MaxRetries})
 
@@ -231,7 +233,7 @@ func (l *Legacy) Run(ctx context.Context, inputPath, resultsPath string, n int64
 	var (
 		byType     = map[string]int64{}
 		latencies  []int64
-		tok        dispatch.Tokens
+		tok        rundir.Tokens
 		succ, errd int64
 		costN      cost.Nanos
 		werr       error
@@ -276,7 +278,7 @@ func (l *Legacy) Run(ctx context.Context, inputPath, resultsPath string, n int64
 
 	wall := time.Since(l.start)
 	agg := store.Aggregate{N: n, Pending: max(0, n-succ-errd), Succeeded: succ, Errored: errd, ErroredByType: byType}
-	dl, err := dispatch.CheckResults(resultsPath, agg)
+	dl, err := rundir.CheckResults(resultsPath, agg)
 	if err != nil && fatal == nil {
 		fatal = err
 	}
@@ -284,14 +286,14 @@ func (l *Legacy) Run(ctx context.Context, inputPath, resultsPath string, n int64
 	s := l.summary(agg, dl, costN, tok, latencies, wall)
 	switch {
 	case fatal != nil:
-		ev.Emit(dispatch.EventFailure, fatal.Error(), s)
+		ev.Emit(rundir.EventFailure, fatal.Error(), s)
 		return s, fatal
 	case ctx.Err() != nil || s.Unfinished > 0:
 		s.StopReason = "stopped by signal"
-		ev.Emit(dispatch.EventIncomplete, s.StopReason, s)
+		ev.Emit(rundir.EventIncomplete, s.StopReason, s)
 		return s, fmt.Errorf("%w: legacy arm %s (it is run again from the start)", dispatch.ErrIncomplete, s.StopReason)
 	}
-	ev.Emit(dispatch.EventCompleted, fmt.Sprintf("%d succeeded, %d errored", s.Succeeded, s.Errored), s)
+	ev.Emit(rundir.EventCompleted, fmt.Sprintf("%d succeeded, %d errored", s.Succeeded, s.Errored), s)
 	return s, nil
 }
 
@@ -340,7 +342,7 @@ func (l *Legacy) call(ctx context.Context, in io.ReaderAt, it store.Item) (*lega
 		}
 		if !retry || retries >= p.MaxRetries {
 			return &legacyOutcome{it: it, errType: o.ErrorType,
-				line: resultLine(it.CustomID, erroredResult(o), l.cfg.Org.Name, int64(retries+1), a.latency.Milliseconds(), 0, a.reqID)}, nil
+				line: resultLine(it.CustomID, rundir.ErroredResult(o), l.cfg.Org.Name, int64(retries+1), a.latency.Milliseconds(), 0, a.reqID)}, nil
 		}
 		// The slot stays held while the SDK sleeps.
 		if !sleepCtx(ctx, p.Delay(a.header, retries, l.cfg.Jitter(), time.Now())) {
@@ -413,10 +415,10 @@ func (l *Legacy) sampler(done <-chan struct{}) {
 			return
 		case now := <-t.C:
 			d := l.c.succeeded.Load() + l.c.errored.Load()
-			l.cfg.Events.Emit(dispatch.EventSample, "", map[string]any{
+			l.cfg.Events.Emit(rundir.EventSample, "", map[string]any{
 				"t_s": now.Sub(l.start).Seconds(), "dt_s": now.Sub(last).Seconds(),
 				"completed_by_org": map[string]int64{l.cfg.Org.Name: d - lastDone},
-				"lanes":            []dispatch.LaneSnapshot{l.lane()},
+				"lanes":            []gate.LaneSnapshot{l.lane()},
 				"rate_limited_429": l.c.rateLimited.Load(), "retries": l.c.overloaded.Load() + l.c.otherRetries.Load(),
 				"cost_usd": cost.Nanos(l.c.costN.Load()).USD(), "in_flight": l.inFlight.Load(),
 			})
@@ -424,7 +426,7 @@ func (l *Legacy) sampler(done <-chan struct{}) {
 			if l.n > 0 {
 				if m := d * 10 / l.n; m > milestone {
 					milestone = m
-					l.cfg.Events.Emit(dispatch.EventProgress, fmt.Sprintf("%d%% done", m*10), l.Progress())
+					l.cfg.Events.Emit(rundir.EventProgress, fmt.Sprintf("%d%% done", m*10), l.Progress())
 				}
 			}
 		}
@@ -432,9 +434,9 @@ func (l *Legacy) sampler(done <-chan struct{}) {
 }
 
 // lane is the legacy arm's one fixed lane, in the dispatcher's shape.
-func (l *Legacy) lane() dispatch.LaneSnapshot {
+func (l *Legacy) lane() gate.LaneSnapshot {
 	pool, _ := l.pool.Load().(anthropic.Pool)
-	return dispatch.LaneSnapshot{Org: l.cfg.Org.Name, Pool: string(pool), Cap: l.cfg.Concurrency,
+	return gate.LaneSnapshot{Org: l.cfg.Org.Name, Pool: string(pool), Cap: l.cfg.Concurrency,
 		Limit: float64(l.cfg.Concurrency), InFlight: int(l.inFlight.Load()), MaxInFlight: int(l.maxIn.Load())}
 }
 
@@ -446,7 +448,7 @@ func (l *Legacy) Progress() dispatch.Progress {
 		Done: succ + errd, Total: l.n, Succeeded: succ, Errored: errd, InFlight: int(l.inFlight.Load()),
 		CostUSD: cost.Nanos(l.c.costN.Load()).USD(), RateLimited: l.c.rateLimited.Load(),
 		Retries:  l.c.rateLimited.Load() + l.c.overloaded.Load() + l.c.otherRetries.Load(),
-		ElapsedS: el, Lanes: []dispatch.LaneSnapshot{l.lane()},
+		ElapsedS: el, Lanes: []gate.LaneSnapshot{l.lane()},
 	}
 	if el > 0 {
 		p.RequestsPerMin = float64(p.Done) / el * 60
@@ -458,20 +460,20 @@ func (l *Legacy) Progress() dispatch.Progress {
 }
 
 // summary fills the dispatcher's summary shape for the legacy arm.
-func (l *Legacy) summary(agg store.Aggregate, dl dispatch.DataLoss, costN cost.Nanos, tok dispatch.Tokens, lat []int64, wall time.Duration) *dispatch.Summary {
+func (l *Legacy) summary(agg store.Aggregate, dl rundir.DataLoss, costN cost.Nanos, tok rundir.Tokens, lat []int64, wall time.Duration) *rundir.Summary {
 	slices.Sort(lat)
 	fp := l.cfg.Org.Key.Fingerprint()
-	s := &dispatch.Summary{
+	s := &rundir.Summary{
 		N: agg.N, Succeeded: agg.Succeeded, Errored: agg.Errored, ErroredByType: agg.ErroredByType,
 		Unfinished: agg.Pending, DataLoss: dl,
-		Cost:   dispatch.CostUSD{Total: costN.USD(), TotalNanos: int64(costN), ByOrg: map[string]float64{l.cfg.Org.Name: costN.USD()}},
+		Cost:   rundir.CostUSD{Total: costN.USD(), TotalNanos: int64(costN), ByOrg: map[string]float64{l.cfg.Org.Name: costN.USD()}},
 		Tokens: tok, Attempts: l.c.attempts.Load(), RateLimited429: l.c.rateLimited.Load(),
 		Overloaded529: l.c.overloaded.Load(), OtherRetries: l.c.otherRetries.Load(),
-		LatencyMs:        dispatch.Latency{P50: nearestRank(lat, 0.50), P95: nearestRank(lat, 0.95), P99: nearestRank(lat, 0.99)},
+		LatencyMs:        rundir.Latency{P50: nearestRank(lat, 0.50), P95: nearestRank(lat, 0.95), P99: nearestRank(lat, 0.99)},
 		CompletedThisRun: agg.Succeeded + agg.Errored,
 		WallS:            wall.Seconds(), Speed: l.cfg.Speed, APIEquivalentWallS: wall.Seconds() * l.cfg.Speed,
-		ByOrg: map[string]dispatch.OrgSplit{l.cfg.Org.Name: {Succeeded: agg.Succeeded, Errored: agg.Errored, CostUSD: costN.USD(), Key: fp}},
-		Lanes: []dispatch.LaneSnapshot{l.lane()},
+		ByOrg: map[string]rundir.OrgSplit{l.cfg.Org.Name: {Succeeded: agg.Succeeded, Errored: agg.Errored, CostUSD: costN.USD(), Key: fp}},
+		Lanes: []gate.LaneSnapshot{l.lane()},
 		Orgs:  []map[string]string{{"org": l.cfg.Org.Name, "key_fingerprint": fp}},
 		Extra: map[string]any{"arm": ArmBaseline, "concurrency": l.cfg.Concurrency, "max_retries": l.cfg.Retry.MaxRetries,
 			"latency_note": "latency of each item's last attempt, succeeded items only (as the dispatcher reports it)"},
@@ -497,48 +499,21 @@ func nearestRank(sorted []int64, q float64) int64 {
 	return sorted[k-1]
 }
 
-// succeededResult is the Message Batches "succeeded" result object.
+// succeededResult is the "succeeded" result object of body. The legacy
+// arm has always compacted every body (the engine only one with line
+// breaks), and its lines stay as they were.
 func succeededResult(body []byte) []byte {
 	var buf bytes.Buffer
-	buf.WriteString(`{"type":"succeeded","message":`)
 	if json.Compact(&buf, body) != nil {
-		buf.Truncate(len(`{"type":"succeeded","message":`))
-		buf.Write(body)
+		return rundir.SucceededResult(body)
 	}
-	buf.WriteByte('}')
-	return buf.Bytes()
-}
-
-// erroredResult is the "errored" result object with the API's error
-// envelope, or one naming the local cause.
-func erroredResult(o anthropic.Outcome) []byte {
-	env := anthropic.ErrorEnvelope{Type: "error", Error: anthropic.ErrorDetail{Type: o.ErrorType, Message: o.Reason}}
-	if o.Envelope != nil {
-		env = *o.Envelope
-	}
-	e, _ := json.Marshal(env)
-	return append(append([]byte(`{"type":"errored","error":`), e...), '}')
+	return rundir.SucceededResult(buf.Bytes())
 }
 
 // resultLine is one results.jsonl line, in the dispatcher's format.
 func resultLine(customID string, result []byte, orgName string, attempts, latencyMs int64, c cost.Nanos, reqID string) []byte {
-	d, _ := json.Marshal(struct {
-		Org       string  `json:"org"`
-		Route     string  `json:"route"`
-		Attempts  int64   `json:"attempts"`
-		LatencyMs int64   `json:"latency_ms"`
-		CostUSD   float64 `json:"cost_usd"`
-		RequestID string  `json:"request_id,omitempty"`
-	}{orgName, store.RouteSync, attempts, latencyMs, c.USD(), reqID})
-	id, _ := json.Marshal(customID)
-	line := make([]byte, 0, len(result)+len(d)+len(id)+40)
-	line = append(line, `{"custom_id":`...)
-	line = append(line, id...)
-	line = append(line, `,"result":`...)
-	line = append(line, result...)
-	line = append(line, `,"dispatch":`...)
-	line = append(line, d...)
-	return append(line, '}')
+	return rundir.ResultLine(customID, result, rundir.Dispatch{Org: orgName, Route: store.RouteSync,
+		Attempts: attempts, LatencyMs: latencyMs, Cost: c, RequestID: reqID})
 }
 
 // sleepCtx waits d or until ctx ends, reporting whether d passed.

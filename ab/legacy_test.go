@@ -16,9 +16,9 @@ import (
 
 	"github.com/apidispatch/apidispatch/anthropic"
 	"github.com/apidispatch/apidispatch/cost"
-	"github.com/apidispatch/apidispatch/dispatch"
 	"github.com/apidispatch/apidispatch/internal/simtest"
 	"github.com/apidispatch/apidispatch/org"
+	"github.com/apidispatch/apidispatch/rundir"
 	"github.com/apidispatch/apidispatch/sim"
 )
 
@@ -83,7 +83,7 @@ func TestLegacyCompletesAndMatchesLedger(t *testing.T) {
 	t.Parallel()
 	srv, orgs := startSim(t, 50, nil)
 	h := newLegacyHarness(t, 300)
-	ev, err := dispatch.OpenEventLog(h.events)
+	ev, err := rundir.OpenEventLog(h.events)
 	if err != nil {
 		t.Fatal(err)
 	}

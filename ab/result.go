@@ -4,8 +4,9 @@ import (
 	"math"
 	"time"
 
-	"github.com/apidispatch/apidispatch/dispatch"
+	"github.com/apidispatch/apidispatch/gate"
 	"github.com/apidispatch/apidispatch/plan"
+	"github.com/apidispatch/apidispatch/rundir"
 	"github.com/apidispatch/apidispatch/sim"
 )
 
@@ -187,23 +188,23 @@ type ArmResult struct {
 	CostMatchesLedger *bool    `json:"cost_matches_ledger"`
 	// RequestsPerMin is completions per real minute; the API equivalent is
 	// per API minute (÷K).
-	RequestsPerMin              float64                      `json:"requests_per_min"`
-	APIEquivalentRequestsPerMin float64                      `json:"api_equivalent_requests_per_min"`
-	Succeeded                   int64                        `json:"succeeded"`
-	Errored                     int64                        `json:"errored"`
-	ErroredByType               map[string]int64             `json:"errored_by_type"`
-	Unfinished                  int64                        `json:"unfinished"`
-	RateLimited429              int64                        `json:"rate_limited_429"`
-	Overloaded529               int64                        `json:"overloaded_529"`
-	OtherRetries                int64                        `json:"other_retries"`
-	Attempts                    int64                        `json:"attempts"`
-	Tokens                      dispatch.Tokens              `json:"tokens"`
-	LatencyMs                   dispatch.Latency             `json:"latency_ms"`
-	APIEquivalentLatencyMs      dispatch.Latency             `json:"api_equivalent_latency_ms"`
-	ByOrg                       map[string]dispatch.OrgSplit `json:"by_org"`
-	DataLoss                    dispatch.DataLoss            `json:"data_loss"`
-	Lanes                       []dispatch.LaneSnapshot      `json:"lanes"`
-	Complete                    bool                         `json:"complete"`
+	RequestsPerMin              float64                    `json:"requests_per_min"`
+	APIEquivalentRequestsPerMin float64                    `json:"api_equivalent_requests_per_min"`
+	Succeeded                   int64                      `json:"succeeded"`
+	Errored                     int64                      `json:"errored"`
+	ErroredByType               map[string]int64           `json:"errored_by_type"`
+	Unfinished                  int64                      `json:"unfinished"`
+	RateLimited429              int64                      `json:"rate_limited_429"`
+	Overloaded529               int64                      `json:"overloaded_529"`
+	OtherRetries                int64                      `json:"other_retries"`
+	Attempts                    int64                      `json:"attempts"`
+	Tokens                      rundir.Tokens              `json:"tokens"`
+	LatencyMs                   rundir.Latency             `json:"latency_ms"`
+	APIEquivalentLatencyMs      rundir.Latency             `json:"api_equivalent_latency_ms"`
+	ByOrg                       map[string]rundir.OrgSplit `json:"by_org"`
+	DataLoss                    rundir.DataLoss            `json:"data_loss"`
+	Lanes                       []gate.LaneSnapshot        `json:"lanes"`
+	Complete                    bool                       `json:"complete"`
 	// Host is what the machine did during the arm, to judge a simulated
 	// wall-clock by: the simulator shares the CPU with the client.
 	Host HostLoad `json:"host"`
@@ -235,7 +236,7 @@ type HostLoad struct {
 
 // armResult builds an ArmResult from a run's summary and, under the
 // simulator, the ledger of the arm's window.
-func armResult(arm string, round int, dir string, s *dispatch.Summary, speed float64, setup time.Duration, ledger *sim.LedgerTotals) *ArmResult {
+func armResult(arm string, round int, dir string, s *rundir.Summary, speed float64, setup time.Duration, ledger *sim.LedgerTotals) *ArmResult {
 	a := &ArmResult{
 		Arm: arm, Round: round, Dir: dir,
 		WallS: s.WallS, APIEquivalentWallS: s.WallS * speed, SetupS: setup.Seconds(),
@@ -244,7 +245,7 @@ func armResult(arm string, round int, dir string, s *dispatch.Summary, speed flo
 		Succeeded: s.Succeeded, Errored: s.Errored, ErroredByType: s.ErroredByType, Unfinished: s.Unfinished,
 		RateLimited429: s.RateLimited429, Overloaded529: s.Overloaded529, OtherRetries: s.OtherRetries,
 		Attempts: s.Attempts, Tokens: s.Tokens, LatencyMs: s.LatencyMs,
-		APIEquivalentLatencyMs: dispatch.Latency{
+		APIEquivalentLatencyMs: rundir.Latency{
 			P50: int64(math.Round(float64(s.LatencyMs.P50) * speed)),
 			P95: int64(math.Round(float64(s.LatencyMs.P95) * speed)),
 			P99: int64(math.Round(float64(s.LatencyMs.P99) * speed)),
@@ -259,7 +260,7 @@ func armResult(arm string, round int, dir string, s *dispatch.Summary, speed flo
 		a.ErroredByType = map[string]int64{}
 	}
 	if a.ByOrg == nil {
-		a.ByOrg = map[string]dispatch.OrgSplit{}
+		a.ByOrg = map[string]rundir.OrgSplit{}
 	}
 	if ledger != nil {
 		usd, n, req, dup := ledger.CostUSD, ledger.CostNanos, ledger.Requests, ledger.Duplicates

@@ -12,6 +12,7 @@ import (
 	"github.com/apidispatch/apidispatch/cost"
 	"github.com/apidispatch/apidispatch/dispatch"
 	"github.com/apidispatch/apidispatch/org"
+	"github.com/apidispatch/apidispatch/rundir"
 	"github.com/apidispatch/apidispatch/sim"
 	"github.com/apidispatch/apidispatch/workload"
 )
@@ -100,18 +101,18 @@ func driveStorm(srv *sim.Server, done <-chan struct{}) error {
 
 // SelfTestResult is what the storm self-test saw.
 type SelfTestResult struct {
-	Passed         bool              `json:"passed"`
-	Reason         string            `json:"reason"`
-	N              int64             `json:"n"`
-	Succeeded      int64             `json:"succeeded"`
-	Errored        int64             `json:"errored"`
-	Unfinished     int64             `json:"unfinished"`
-	RateLimited429 int64             `json:"rate_limited_429"`
-	Billed         int64             `json:"billed_requests"`
-	DataLoss       dispatch.DataLoss `json:"data_loss"`
-	WallS          float64           `json:"wall_s"`
-	SpeedFactor    float64           `json:"speed_factor"`
-	Dir            string            `json:"dir"`
+	Passed         bool            `json:"passed"`
+	Reason         string          `json:"reason"`
+	N              int64           `json:"n"`
+	Succeeded      int64           `json:"succeeded"`
+	Errored        int64           `json:"errored"`
+	Unfinished     int64           `json:"unfinished"`
+	RateLimited429 int64           `json:"rate_limited_429"`
+	Billed         int64           `json:"billed_requests"`
+	DataLoss       rundir.DataLoss `json:"data_loss"`
+	WallS          float64         `json:"wall_s"`
+	SpeedFactor    float64         `json:"speed_factor"`
+	Dir            string          `json:"dir"`
 }
 
 // RunStormTest runs the storm self-test in dir (emptied first) with the
@@ -143,7 +144,7 @@ func RunStormTest(ctx context.Context, st StormTest, base dispatch.Config, dir s
 	if err := os.RemoveAll(dir); err != nil {
 		return res, err
 	}
-	if err := os.MkdirAll(dir, dispatch.DirPerm); err != nil {
+	if err := os.MkdirAll(dir, rundir.DirPerm); err != nil {
 		return res, err
 	}
 	input := filepath.Join(dir, "requests.jsonl")
@@ -160,7 +161,7 @@ func RunStormTest(ctx context.Context, st StormTest, base dispatch.Config, dir s
 	if prices == nil {
 		prices = cost.Default()
 	}
-	job, err := dispatch.OpenJob(ctx, dispatch.JobConfig{InputPath: input, RunDir: filepath.Join(dir, "run"), Prices: prices}, nil)
+	job, err := rundir.OpenJob(ctx, rundir.JobConfig{InputPath: input, RunDir: filepath.Join(dir, "run"), Prices: prices}, nil)
 	if err != nil {
 		return res, err
 	}
@@ -176,7 +177,7 @@ func RunStormTest(ctx context.Context, st StormTest, base dispatch.Config, dir s
 	if st.Dispatch != nil {
 		st.Dispatch(&cfg)
 	}
-	eng, err := job.Engine(cfg)
+	eng, err := dispatch.NewForJob(job, cfg)
 	if err != nil {
 		res.Reason = "the dispatcher refused its configuration: " + err.Error()
 		return res, nil

@@ -9,8 +9,8 @@ import (
 	"strings"
 
 	"github.com/apidispatch/apidispatch/cost"
-	"github.com/apidispatch/apidispatch/dispatch"
 	"github.com/apidispatch/apidispatch/internal/numfmt"
+	"github.com/apidispatch/apidispatch/rundir"
 )
 
 // Markers around the A/B section of a status file. Everything between
@@ -77,7 +77,7 @@ func WriteStatusSection(path string, section []byte) error {
 	if st, err := os.Stat(path); err == nil {
 		perm = st.Mode().Perm()
 	}
-	return dispatch.WriteFileAtomic(path, out, perm)
+	return rundir.WriteFileAtomic(path, out, perm)
 }
 
 // StatusSection renders the markdown status section of a result, markers

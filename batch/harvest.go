@@ -12,7 +12,7 @@ import (
 
 	"github.com/apidispatch/apidispatch/anthropic"
 	"github.com/apidispatch/apidispatch/cost"
-	"github.com/apidispatch/apidispatch/dispatch"
+	"github.com/apidispatch/apidispatch/rundir"
 	"github.com/apidispatch/apidispatch/store"
 )
 
@@ -231,7 +231,7 @@ func (r *Route) adopt(ctx context.Context, b *rec, ab *apiBatch, why string) err
 	r.known[ab.ID] = b.Local
 	r.res.Adopted++
 	r.res.Requests += b.N
-	r.count(ctx, map[string]int64{CounterBatchAdopted: 1, CounterBatches: 1, CounterBatchRequests: b.N})
+	r.count(ctx, map[string]int64{rundir.CounterBatchAdopted: 1, rundir.CounterBatches: 1, rundir.CounterBatchRequests: b.N})
 	r.emit(fmt.Sprintf("batch %d adopted as %s on org %s (%s); not created again", b.Local, ab.ID, b.Org, why), recData(&b.BatchRecord))
 	b.next, b.wait = now, r.api(pollMin)
 	if ab.ended() {
@@ -300,7 +300,7 @@ func (r *Route) harvest(ctx context.Context, b *rec) error {
 			}
 		}
 		if taken > 0 {
-			r.count(ctx, map[string]int64{dispatch.CounterBatchSyncPriceNanos: taken})
+			r.count(ctx, map[string]int64{rundir.CounterBatchSyncPriceNanos: taken})
 		}
 		outs, syncOf = outs[:0], syncOf[:0]
 		return nil
@@ -405,7 +405,7 @@ func (r *Route) harvest(ctx context.Context, b *rec) error {
 		return fmt.Errorf("recording batch %d as harvested: %w", b.Local, err)
 	}
 	if retried > 0 {
-		r.count(ctx, map[string]int64{CounterBatchRetried: retried, dispatchOverloaded: overloaded, dispatchOther: errRetry})
+		r.count(ctx, map[string]int64{rundir.CounterBatchRetried: retried, rundir.CounterOverloaded: overloaded, rundir.CounterOtherRetries: errRetry})
 	}
 	r.res.Harvested++
 	r.res.Retried += retried
@@ -416,12 +416,6 @@ func (r *Route) harvest(ctx context.Context, b *rec) error {
 	return r.release(ctx, b)
 }
 
-// Counter names shared with the sync route's summary.
-const (
-	dispatchOverloaded = "overloaded_529"
-	dispatchOther      = "other_retries"
-)
-
 // outcome builds the durable outcome and results.jsonl line of a batch
 // result: the API's result object as it came, and a dispatch object.
 func (r *Route) outcome(b *rec, it *store.BatchItem, st store.State, errType string, result json.RawMessage, c cost.Nanos, u anthropic.Usage, latency time.Duration) store.Outcome {
@@ -430,23 +424,8 @@ func (r *Route) outcome(b *rec, it *store.BatchItem, st store.State, errType str
 		res.Reset()
 		res.Write(result)
 	}
-	d, _ := json.Marshal(struct {
-		Org       string  `json:"org"`
-		Route     string  `json:"route"`
-		BatchID   string  `json:"batch_id"`
-		Attempts  int64   `json:"attempts"`
-		LatencyMs int64   `json:"latency_ms"`
-		CostUSD   float64 `json:"cost_usd"`
-	}{b.Org, store.RouteBatch, b.ID, it.Batches, latency.Milliseconds(), c.USD()})
-	id, _ := json.Marshal(it.CustomID)
-	line := make([]byte, 0, res.Len()+len(d)+len(id)+40)
-	line = append(line, `{"custom_id":`...)
-	line = append(line, id...)
-	line = append(line, `,"result":`...)
-	line = append(line, res.Bytes()...)
-	line = append(line, `,"dispatch":`...)
-	line = append(line, d...)
-	line = append(line, '}')
+	line := rundir.ResultLine(it.CustomID, res.Bytes(), rundir.Dispatch{Org: b.Org, Route: store.RouteBatch, BatchID: b.ID,
+		Attempts: it.Batches, LatencyMs: latency.Milliseconds(), Cost: c})
 	return store.Outcome{
 		Seq: it.Seq, State: st, Org: b.Org, Route: store.RouteBatch, ErrorType: errType, Attempts: it.Batches,
 		LatencyMs: latency.Milliseconds(), CostNanos: int64(c), InputTok: u.InputTokens, OutputTok: u.OutputTokens,
@@ -489,7 +468,7 @@ func (r *Route) pastRetention(ctx context.Context, b *rec, at time.Time) error {
 	if err := r.cfg.Store.UpdateBatch(context.WithoutCancel(ctx), b.BatchRecord); err != nil {
 		return fmt.Errorf("recording batch %d as past retention: %w", b.Local, err)
 	}
-	r.count(ctx, map[string]int64{CounterBatchArchived: 1, CounterBatchRetried: back})
+	r.count(ctx, map[string]int64{rundir.CounterBatchArchived: 1, rundir.CounterBatchRetried: back})
 	r.res.Archived++
 	r.res.Retried += back
 	r.emit(fmt.Sprintf("batch %d (%s, org %s): its results are past retention (archived %s; the API keeps them 29 days after creation) and cannot be read; its %d items not harvested are pending again and will be sent again", b.Local, b.ID, b.Org, at.UTC().Format(time.RFC3339), back),

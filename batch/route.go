@@ -43,8 +43,8 @@ import (
 
 	"github.com/apidispatch/apidispatch/apihttp"
 	"github.com/apidispatch/apidispatch/cost"
-	"github.com/apidispatch/apidispatch/dispatch"
 	"github.com/apidispatch/apidispatch/org"
+	"github.com/apidispatch/apidispatch/rundir"
 	"github.com/apidispatch/apidispatch/spend"
 	"github.com/apidispatch/apidispatch/store"
 )
@@ -58,17 +58,6 @@ const (
 // DefaultQueueCap is the processing-queue cap assumed for an org whose cap
 // is not known: the lowest tier's (origin.md §4: T1 100k).
 const DefaultQueueCap = 100_000
-
-// Store counters the route keeps.
-const (
-	CounterBatches       = "batches_created"
-	CounterBatchRequests = "batch_requests"
-	CounterBatchRetried  = "batch_retried"
-	CounterBatchAdopted  = "batches_adopted"
-	// CounterBatchArchived counts batches whose results were past
-	// retention when the route came to read them.
-	CounterBatchArchived = "batches_archived"
-)
 
 // Times in API seconds (divided by Config.Speed).
 const (
@@ -92,10 +81,10 @@ type Config struct {
 	// Speed is the server's time compression (the simulator's K).
 	Speed  float64
 	Store  store.Store
-	Sink   *dispatch.Sink
-	Body   dispatch.BodyReader
+	Sink   *rundir.Sink
+	Body   rundir.BodyReader
 	Prices *cost.Table
-	Events *dispatch.EventLog
+	Events *rundir.EventLog
 	Log    *slog.Logger
 	// Size is the most requests per batch (default and maximum MaxRequests);
 	// MaxBytes the most bytes of create body (default and maximum MaxBytes).
@@ -248,7 +237,7 @@ func New(cfg Config) (*Route, error) {
 	if cfg.MaxBytes < 1 || cfg.MaxBytes > MaxBytes {
 		return nil, fmt.Errorf("batch: batch bytes %d: want 1 to %d (256 MB, the API's limit)", cfg.MaxBytes, MaxBytes)
 	}
-	base, err := dispatch.ResolveBaseURL(cfg.BaseURL)
+	base, err := apihttp.ResolveBaseURL(cfg.BaseURL)
 	if err != nil {
 		return nil, err
 	}
@@ -334,7 +323,7 @@ func (r *Route) orgNamed(name string) *orgState {
 // emit records a step of the route. Batch steps are few and each changes
 // what a crash leaves behind, so the log is flushed at once.
 func (r *Route) emit(note string, data map[string]any) {
-	r.cfg.Events.Emit(dispatch.EventBatch, note, data)
+	r.cfg.Events.Emit(rundir.EventBatch, note, data)
 	r.cfg.Events.Flush()
 	r.log.Info(note)
 }
@@ -361,7 +350,7 @@ func (r *Route) load(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		r.gate = spend.New("--max-cost", r.cfg.MaxCost, dispatch.SpentBefore(agg))
+		r.gate = spend.New("--max-cost", r.cfg.MaxCost, rundir.SpentBefore(agg))
 	}
 	now := time.Now()
 	for _, b := range recs {
@@ -596,7 +585,7 @@ func (r *Route) poll(ctx context.Context, b *rec) error {
 			}
 			if !b.warned404 && now.Sub(b.lost404) > r.api(notFoundWarn) {
 				b.warned404 = true
-				r.cfg.Events.Emit(dispatch.EventWarning, fmt.Sprintf("batch %d (%s, org %s): the API has answered 404 not_found_error for %s; still polling", b.Local, b.ID, b.Org, now.Sub(b.lost404).Round(time.Second)), recData(&b.BatchRecord))
+				r.cfg.Events.Emit(rundir.EventWarning, fmt.Sprintf("batch %d (%s, org %s): the API has answered 404 not_found_error for %s; still polling", b.Local, b.ID, b.Org, now.Sub(b.lost404).Round(time.Second)), recData(&b.BatchRecord))
 			}
 			if now.Sub(b.lost404) > r.api(notFoundLost) {
 				// Not resubmitted: it may exist (and be billed) where this

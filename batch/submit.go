@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/apidispatch/apidispatch/cost"
+	"github.com/apidispatch/apidispatch/rundir"
 	"github.com/apidispatch/apidispatch/spend"
 	"github.com/apidispatch/apidispatch/store"
 )
@@ -258,7 +259,7 @@ func (r *Route) create(ctx context.Context, o *orgState, items []store.Item, byt
 		}
 		r.res.Created++
 		r.res.Requests += b.N
-		r.count(ctx, map[string]int64{CounterBatches: 1, CounterBatchRequests: b.N})
+		r.count(ctx, map[string]int64{rundir.CounterBatches: 1, rundir.CounterBatchRequests: b.N})
 		r.emit(fmt.Sprintf("batch %d created on org %s as %s (%d requests)", local, o.Name, ab.ID, b.N), recData(&b.BatchRecord))
 		return nil
 	}

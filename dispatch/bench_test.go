@@ -15,6 +15,7 @@ import (
 	"github.com/apidispatch/apidispatch/cache"
 	"github.com/apidispatch/apidispatch/dispatch"
 	"github.com/apidispatch/apidispatch/internal/host"
+	"github.com/apidispatch/apidispatch/rundir"
 	"github.com/apidispatch/apidispatch/sim"
 	"github.com/apidispatch/apidispatch/soak"
 	"github.com/apidispatch/apidispatch/store"
@@ -36,7 +37,7 @@ func measureSteady(b testing.TB, h *harness, mod func(*dispatch.Config)) steady 
 
 func measureWindow(b testing.TB, h *harness, mod func(*dispatch.Config), from, to float64) steady {
 	ctx := context.Background()
-	job, err := dispatch.OpenJob(ctx, dispatch.JobConfig{InputPath: h.input, RunDir: h.dir, Prices: costDefault()}, nil)
+	job, err := rundir.OpenJob(ctx, rundir.JobConfig{InputPath: h.input, RunDir: h.dir, Prices: costDefault()}, nil)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -45,7 +46,7 @@ func measureWindow(b testing.TB, h *harness, mod func(*dispatch.Config), from, t
 	if mod != nil {
 		mod(&cfg)
 	}
-	eng, err := job.Engine(cfg)
+	eng, err := dispatch.NewForJob(job, cfg)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -82,7 +83,7 @@ func measureWindow(b testing.TB, h *harness, mod func(*dispatch.Config), from, t
 	if !t80.IsZero() && t80.After(t20) {
 		st.rate = float64(d80-d20) / t80.Sub(t20).Seconds()
 	}
-	st.meanLatS = meanLatency(b, filepath.Join(h.dir, dispatch.ResultsFile))
+	st.meanLatS = meanLatency(b, filepath.Join(h.dir, rundir.ResultsFile))
 	return st
 }
 
@@ -113,7 +114,7 @@ func BenchmarkCapBound(b *testing.B) {
 // limitCeiling is Σ over orgs of min(RPM, ITPM ÷ input, OTPM ÷ output,
 // cap ÷ latency) per API minute, from the simulator's limits and the run's
 // measured tokens per request and latency.
-func limitCeiling(h *harness, s *dispatch.Summary, meanLatS float64) float64 {
+func limitCeiling(h *harness, s *rundir.Summary, meanLatS float64) float64 {
 	in := float64(s.Tokens.Input+s.Tokens.CacheWrite) / float64(s.Succeeded)
 	out := float64(s.Tokens.Output) / float64(s.Succeeded)
 	var sum float64
@@ -212,11 +213,11 @@ func BenchmarkOverhead(b *testing.B) {
 	for range b.N {
 		h := zeroLatencyHarness(b, n)
 		ctx := context.Background()
-		job, err := dispatch.OpenJob(ctx, dispatch.JobConfig{InputPath: h.input, RunDir: h.dir, Prices: costDefault()}, nil)
+		job, err := rundir.OpenJob(ctx, rundir.JobConfig{InputPath: h.input, RunDir: h.dir, Prices: costDefault()}, nil)
 		if err != nil {
 			b.Fatal(err)
 		}
-		eng, err := job.Engine(dispatch.Config{Orgs: h.orgs, BaseURL: h.sim.URL, Prices: costDefault(), SampleEvery: -1})
+		eng, err := dispatch.NewForJob(job, dispatch.Config{Orgs: h.orgs, BaseURL: h.sim.URL, Prices: costDefault(), SampleEvery: -1})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -316,7 +317,7 @@ func BenchmarkCacheOverhead(b *testing.B) {
 		defer c.Close()
 		for _, arm := range []string{"none", "cold", "warm"} {
 			ctx := context.Background()
-			job, err := dispatch.OpenJob(ctx, dispatch.JobConfig{InputPath: h.input, RunDir: h.dir + arm, Prices: costDefault()}, nil)
+			job, err := rundir.OpenJob(ctx, rundir.JobConfig{InputPath: h.input, RunDir: h.dir + arm, Prices: costDefault()}, nil)
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -324,7 +325,7 @@ func BenchmarkCacheOverhead(b *testing.B) {
 			if arm != "none" {
 				cfg.Cache = c
 			}
-			eng, err := job.Engine(cfg)
+			eng, err := dispatch.NewForJob(job, cfg)
 			if err != nil {
 				b.Fatal(err)
 			}

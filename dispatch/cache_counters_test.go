@@ -4,12 +4,37 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/apidispatch/apidispatch/cost"
+	"github.com/apidispatch/apidispatch/rundir"
 	"github.com/apidispatch/apidispatch/store"
+	"github.com/apidispatch/apidispatch/store/sqlite"
 )
+
+// counterStore is a store of n pending items in dir.
+func counterStore(t *testing.T, dir string, n int) store.Store {
+	t.Helper()
+	ctx := context.Background()
+	st, err := sqlite.Open(filepath.Join(dir, rundir.StateFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	if _, err := st.Init(ctx, store.Meta{InputPath: "in.jsonl", InputHash: strings.Repeat("ab", 32), N: int64(n), CreatedAt: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	var its []store.Item
+	for i := 1; i <= n; i++ {
+		its = append(its, store.Item{Seq: int64(i), Line: int64(i), CustomID: "c" + string(rune('a'+i)), Model: "claude-sonnet-4-5", MaxTokens: 10})
+	}
+	if err := st.AddItems(ctx, its); err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
 
 // TestCacheCountersCountedOnce pins issue #19 case 8: a run answered
 // wholly by the cache reported hits: 800, misses: -400 for 400 items.
@@ -24,8 +49,8 @@ func TestCacheCountersCountedOnce(t *testing.T) {
 	const savedEach = cost.Nanos(1234)
 	ctx := context.Background()
 	dir := t.TempDir()
-	st := journalStore(t, dir, n)
-	sink, err := OpenSink(ctx, filepath.Join(dir, ResultsFile), st)
+	st := counterStore(t, dir, n)
+	sink, err := rundir.OpenSink(ctx, filepath.Join(dir, rundir.ResultsFile), st)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -65,7 +90,7 @@ func TestCacheCountersCountedOnce(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		hits, saved, dups := agg.Counters[CounterCacheHits], agg.Counters[CounterCacheSavedNanos], agg.Counters[CounterCacheDuplicates]
+		hits, saved, dups := agg.Counters[rundir.CounterCacheHits], agg.Counters[rundir.CounterCacheSavedNanos], agg.Counters[rundir.CounterCacheDuplicates]
 		if hits != n || saved != int64(n*savedEach) || dups != n/2 || agg.Succeeded != n || agg.Results != n {
 			t.Fatalf("%s: store counters: %d hits, %d saved nanos, %d duplicates, %d succeeded, %d results; want %d, %d, %d, %d, %d",
 				when, hits, saved, dups, agg.Succeeded, agg.Results, n, n*savedEach, n/2, n, n)

@@ -13,13 +13,14 @@ import (
 	"github.com/apidispatch/apidispatch/cache"
 	"github.com/apidispatch/apidispatch/dispatch"
 	"github.com/apidispatch/apidispatch/internal/simtest"
+	"github.com/apidispatch/apidispatch/rundir"
 	"github.com/apidispatch/apidispatch/sim"
 )
 
 // warnings are the warning notes of a run directory's events.
 func warnings(t *testing.T, dir string) []string {
 	t.Helper()
-	f, err := os.Open(filepath.Join(dir, dispatch.EventsFile))
+	f, err := os.Open(filepath.Join(dir, rundir.EventsFile))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -28,11 +29,11 @@ func warnings(t *testing.T, dir string) []string {
 	sc := bufio.NewScanner(f)
 	sc.Buffer(make([]byte, 1<<20), 1<<24)
 	for sc.Scan() {
-		var ev dispatch.Event
+		var ev rundir.Event
 		if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
 			t.Fatal(err)
 		}
-		if ev.Kind == dispatch.EventWarning {
+		if ev.Kind == rundir.EventWarning {
 			out = append(out, ev.Note)
 		}
 	}
@@ -120,7 +121,7 @@ func TestCacheHitCarriesItsRoute(t *testing.T) {
 	c := openCache(t, filepath.Join(t.TempDir(), "cache.db"))
 	h.runInto(h.input, "one", c, nil)
 	h.runInto(h.input, "two", c, nil)
-	b, err := os.ReadFile(filepath.Join(h.dir, dispatch.ResultsFile))
+	b, err := os.ReadFile(filepath.Join(h.dir, rundir.ResultsFile))
 	if err != nil {
 		t.Fatal(err)
 	}

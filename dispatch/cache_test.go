@@ -15,6 +15,8 @@ import (
 	"github.com/apidispatch/apidispatch/cache"
 	"github.com/apidispatch/apidispatch/cost"
 	"github.com/apidispatch/apidispatch/dispatch"
+	"github.com/apidispatch/apidispatch/plan"
+	"github.com/apidispatch/apidispatch/rundir"
 	"github.com/apidispatch/apidispatch/sim"
 	"github.com/apidispatch/apidispatch/workload"
 )
@@ -37,7 +39,7 @@ type resultLine struct {
 
 func readResults(t testing.TB, dir string) map[string]resultLine {
 	t.Helper()
-	f, err := os.Open(filepath.Join(dir, dispatch.ResultsFile))
+	f, err := os.Open(filepath.Join(dir, rundir.ResultsFile))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -89,7 +91,7 @@ func judgeLines(t testing.TB, n int, opts workload.GenOptions) []string {
 }
 
 // runInto runs h's simulator on input into a fresh run directory with c.
-func (h *harness) runInto(input, name string, c *cache.Cache, mod func(*dispatch.Config)) *dispatch.Summary {
+func (h *harness) runInto(input, name string, c *cache.Cache, mod func(*dispatch.Config)) *rundir.Summary {
 	h.t.Helper()
 	h.input, h.dir = input, filepath.Join(filepath.Dir(h.dir), name)
 	res, err := h.run(context.Background(), func(cfg *dispatch.Config) {
@@ -156,11 +158,11 @@ func TestCacheHalfOverlapSendsTheOtherHalf(t *testing.T) {
 	h.runInto(a, "a", c, nil)
 	sent := h.sim.Server.LedgerTotals().Requests
 	// plan projects only the misses.
-	ws, err := dispatch.Validate(b, cost.Default())
+	ws, err := rundir.Validate(b, cost.Default())
 	if err != nil {
 		t.Fatal(err)
 	}
-	ph, err := dispatch.ProjectCache(context.Background(), b, ws, c, cache.ModeReadWrite, false, mustOrigin(t, h.sim.URL))
+	ph, err := plan.ProjectCache(context.Background(), b, ws, c, cache.ModeReadWrite, false, mustOrigin(t, h.sim.URL))
 	if err != nil || ph.Hits != 200 || ph.Misses.N != 200 || ph.Misses.Models[workload.DefaultModel].N != 200 || ph.Saved <= 0 {
 		t.Fatalf("ProjectCache: %+v, %v", ph, err)
 	}
@@ -216,11 +218,11 @@ func TestCacheDuplicatesInOneInputAreSentOnce(t *testing.T) {
 	}
 	in := filepath.Join(filepath.Dir(h.dir), "dups.jsonl")
 	writeLines(t, in, lines)
-	ws, err := dispatch.Validate(in, cost.Default())
+	ws, err := rundir.Validate(in, cost.Default())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ph, err := dispatch.ProjectCache(context.Background(), in, ws, c, cache.ModeReadWrite, false, mustOrigin(t, h.sim.URL)); err != nil || ph.Misses.N != n || ph.InputDuplicates != n {
+	if ph, err := plan.ProjectCache(context.Background(), in, ws, c, cache.ModeReadWrite, false, mustOrigin(t, h.sim.URL)); err != nil || ph.Misses.N != n || ph.InputDuplicates != n {
 		t.Fatalf("ProjectCache of the duplicates: %+v, %v", ph, err)
 	}
 	s := h.runInto(in, "dups", c, nil)
@@ -314,7 +316,7 @@ func TestCacheDamagedEntryIsSentAgain(t *testing.T) {
 			t.Fatalf("%s was answered from the damaged entry", id)
 		}
 	}
-	ev, err := os.ReadFile(filepath.Join(h.dir, dispatch.EventsFile))
+	ev, err := os.ReadFile(filepath.Join(h.dir, rundir.EventsFile))
 	if err != nil || !bytes.Contains(ev, []byte("is damaged")) {
 		t.Fatalf("no warning in the events: %v", err)
 	}
@@ -323,7 +325,7 @@ func TestCacheDamagedEntryIsSentAgain(t *testing.T) {
 // mustOrigin is the cache's origin of a run against baseURL.
 func mustOrigin(t testing.TB, baseURL string) string {
 	t.Helper()
-	o, err := dispatch.CacheOrigin(baseURL)
+	o, err := plan.CacheOrigin(baseURL)
 	if err != nil {
 		t.Fatal(err)
 	}

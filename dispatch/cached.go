@@ -1,14 +1,10 @@
 package dispatch
 
 import (
-	"bytes"
 	"cmp"
 	"context"
-	"encoding/json"
 	"fmt"
 	"maps"
-	"os"
-	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -17,8 +13,8 @@ import (
 	"github.com/apidispatch/apidispatch/anthropic"
 	"github.com/apidispatch/apidispatch/cache"
 	"github.com/apidispatch/apidispatch/cost"
+	"github.com/apidispatch/apidispatch/rundir"
 	"github.com/apidispatch/apidispatch/store"
-	"github.com/apidispatch/apidispatch/workload"
 )
 
 // The cache seam. The feeder keys every pending item it streams (when the
@@ -30,34 +26,6 @@ import (
 // its result, just before it: a crash in between leaves an entry whose
 // result the resume answers from the cache, never a result without its
 // entry being attempted, and never a wrong one.
-
-// Store counters of the cache, so a resumed run counts its earlier hits.
-const (
-	CounterCacheHits       = "cache_hits"        // items answered without a request of their own
-	CounterCacheSavedNanos = "cache_saved_nanos" // what those requests cost when they were sent
-	CounterCacheDuplicates = "cache_duplicates"  // hits that were duplicates inside this input
-)
-
-// CacheSummary is the summary's "cache" object.
-type CacheSummary struct {
-	Mode string `json:"mode"`
-	// Hits are items answered without being sent: from the cache file, or
-	// by a duplicate of theirs inside the input (InputDuplicates of them).
-	Hits            int64 `json:"hits"`
-	InputDuplicates int64 `json:"input_duplicates"`
-	// Misses are items that ended by being sent (succeeded or errored).
-	Misses   int64   `json:"misses"`
-	SavedUSD float64 `json:"saved_usd"`
-	// Damaged counts entries found but refused (checksum), each a miss.
-	Damaged int64 `json:"damaged,omitempty"`
-	// Origin is the API this run asks (cache.OriginOf its base URL): only
-	// answers it gave are hits. OtherOrigin counts the items whose request
-	// the cache holds only with another origin's answer (a simulator's,
-	// another host's, or one stored before origins were recorded), each
-	// a miss.
-	Origin      string `json:"origin"`
-	OtherOrigin int64  `json:"other_origin,omitempty"`
-}
 
 // elsewhere counts, per engine, the items whose request the cache holds
 // only with another origin's answer: they are misses, and the run says so
@@ -96,17 +64,6 @@ func (w *elsewhere) total() (int64, string) {
 		parts[i] = fmt.Sprintf("%d from %s", w.by[n], n)
 	}
 	return w.n, strings.Join(parts, ", ")
-}
-
-// CacheOrigin is the cache's origin of a run against baseURL (""
-// meaning DefaultBaseURL): what 'plan' and the projection look answers up
-// by, as the engine does.
-func CacheOrigin(baseURL string) (string, error) {
-	u, err := ResolveBaseURL(baseURL)
-	if err != nil {
-		return "", err
-	}
-	return cache.OriginOf(u), nil
 }
 
 // origin is the API this engine asks, as the cache records it.
@@ -165,7 +122,7 @@ func (e *Engine) keyItems(ctx context.Context, items []store.Item, com *committe
 	for _, b := range bad {
 		e.c.cacheDamaged.Add(1)
 		e.log.Warn("a damaged cache entry is treated as a miss", "cache", e.cfg.Cache.Path(), "key", b.Key.String(), "reason", b.Reason)
-		e.cfg.Events.Emit(EventWarning, "cache "+e.cfg.Cache.Path()+": entry "+b.Key.String()+" is damaged ("+b.Reason+"); treated as a miss", nil)
+		e.cfg.Events.Emit(rundir.EventWarning, "cache "+e.cfg.Cache.Path()+": entry "+b.Key.String()+" is damaged ("+b.Reason+"); treated as a miss", nil)
 	}
 	rest := out[:0]
 	for _, f := range out {
@@ -200,33 +157,8 @@ const RouteCache = "cache"
 // latency percentiles and of every org's figures).
 func hitOutcome(it store.Item, a answer) store.Outcome {
 	out := store.Outcome{Seq: it.Seq, State: store.Succeeded, Route: RouteCache}
-	var buf bytes.Buffer
-	if bytes.IndexByte(a.body, '\n') < 0 && bytes.IndexByte(a.body, '\r') < 0 {
-		buf.Write(a.body)
-	} else if json.Compact(&buf, a.body) != nil {
-		buf.Reset()
-		buf.Write(a.body)
-	}
-	d, _ := json.Marshal(struct {
-		Org        string  `json:"org"`
-		Route      string  `json:"route"`
-		Attempts   int64   `json:"attempts"`
-		LatencyMs  int64   `json:"latency_ms"`
-		CostUSD    float64 `json:"cost_usd"`
-		RequestID  string  `json:"request_id,omitempty"`
-		Cached     bool    `json:"cached"`
-		ChargedUSD float64 `json:"charged_usd"`
-	}{a.org, store.RouteSync, 0, 0, a.costN.USD(), a.requestID, true, 0})
-	id, _ := json.Marshal(it.CustomID)
-	line := make([]byte, 0, buf.Len()+len(d)+len(id)+80)
-	line = append(line, `{"custom_id":`...)
-	line = append(line, id...)
-	line = append(line, `,"result":{"type":"succeeded","message":`...)
-	line = append(line, buf.Bytes()...)
-	line = append(line, `},"dispatch":`...)
-	line = append(line, d...)
-	line = append(line, '}')
-	out.Line = line
+	out.Line = rundir.ResultLine(it.CustomID, rundir.SucceededResult(a.body), rundir.Dispatch{Org: a.org, Route: store.RouteSync,
+		Cost: a.costN, RequestID: a.requestID, Cached: true})
 	return out
 }
 
@@ -300,179 +232,22 @@ func (e *Engine) dropFollowers() {
 	}
 }
 
-func (e *Engine) cacheSummary(agg store.Aggregate) *CacheSummary {
+func (e *Engine) cacheSummary(agg store.Aggregate) *rundir.CacheSummary {
 	if !e.caching() {
 		return nil
 	}
-	hits := agg.Counters[CounterCacheHits]
+	hits := agg.Counters[rundir.CounterCacheHits]
 	other, from := e.c.cacheElsewhere.total()
 	if other > 0 {
 		msg := fmt.Sprintf("cache %s: %d items were sent although the cache holds their request, answered by another API than this run's %s (%s): "+
 			"an answer is reused only from the origin that gave it, so a simulator's never answers a real run",
 			e.cfg.Cache.Path(), other, e.origin(), from)
 		e.log.Warn(msg)
-		e.cfg.Events.Emit(EventWarning, msg, map[string]any{"other_origin": other, "origin": e.origin()})
+		e.cfg.Events.Emit(rundir.EventWarning, msg, map[string]any{"other_origin": other, "origin": e.origin()})
 	}
-	return &CacheSummary{
-		Mode: string(e.cfg.CacheMode), Hits: hits, InputDuplicates: agg.Counters[CounterCacheDuplicates],
-		Misses: agg.Succeeded + agg.Errored - hits, SavedUSD: cost.Nanos(agg.Counters[CounterCacheSavedNanos]).USD(),
+	return &rundir.CacheSummary{
+		Mode: string(e.cfg.CacheMode), Hits: hits, InputDuplicates: agg.Counters[rundir.CounterCacheDuplicates],
+		Misses: agg.Succeeded + agg.Errored - hits, SavedUSD: cost.Nanos(agg.Counters[rundir.CounterCacheSavedNanos]).USD(),
 		Damaged: e.c.cacheDamaged.Load(), Origin: e.origin(), OtherOrigin: other,
 	}
-}
-
-// CacheHits is what the cache would answer of an input before it is sent.
-type CacheHits struct {
-	// Misses is the workload still to send: the input less its hits and
-	// less all but one of each set of duplicates.
-	Misses *workload.Summary
-	// Hits are the items answered without a request of their own, and
-	// Saved what the cached ones cost when they were sent (a duplicate
-	// saves about as much again, not counted: its request has no price yet).
-	Hits, InputDuplicates int64
-	Saved                 cost.Nanos
-}
-
-// ProjectCache reads the input and looks every item up in c as a run with
-// the same settings would, for 'plan' and the run's projection: only the
-// misses are projected. It reads the cache, never writes it. Batches of
-// items are keyed and looked up on every core (it runs before anything is
-// sent); the counts do not depend on the order they finish in.
-//
-// origin is the API the run would ask (cache.OriginOf its base URL): only
-// that origin's answers count as hits, as in the run.
-func ProjectCache(ctx context.Context, path string, ws *workload.Summary, c *cache.Cache, mode cache.Mode, sampled bool, origin string) (*CacheHits, error) {
-	out := &CacheHits{Misses: &workload.Summary{N: ws.N, Lines: ws.Lines, Bytes: ws.Bytes, Hash: ws.Hash, LongestLine: ws.LongestLine, Models: maps.Clone(ws.Models)}}
-	if c == nil || mode == cache.ModeOff {
-		return out, nil
-	}
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	type keyed struct {
-		it    store.Item
-		key   cache.Key
-		hit   bool
-		costN int64
-	}
-	parent := ctx
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	batches := make(chan []store.Item, runtime.GOMAXPROCS(0))
-	done := make(chan []keyed, runtime.GOMAXPROCS(0))
-	var errMu sync.Mutex
-	var firstErr error
-	setErr := func(err error) {
-		errMu.Lock()
-		if firstErr == nil {
-			firstErr = err
-		}
-		errMu.Unlock()
-		cancel()
-	}
-	var workers sync.WaitGroup
-	for range runtime.GOMAXPROCS(0) {
-		workers.Go(func() {
-			for b := range batches {
-				var ks []keyed
-				var keys []cache.Key
-				for _, it := range b {
-					body, err := workload.ReadAt(f, it)
-					if err != nil {
-						setErr(err)
-						return
-					}
-					k, isSampled, err := cache.Inspect(body)
-					if err != nil || isSampled && !sampled {
-						continue
-					}
-					ks, keys = append(ks, keyed{it: it, key: k}), append(keys, k)
-				}
-				if mode.Reads() && len(keys) > 0 {
-					costs, err := c.Costs(ctx, keys, origin)
-					if err != nil {
-						setErr(err)
-						return
-					}
-					for i := range ks {
-						ks[i].costN, ks[i].hit = costs[ks[i].key]
-					}
-				}
-				select {
-				case done <- ks:
-				case <-ctx.Done():
-					return
-				}
-			}
-		})
-	}
-	go func() {
-		workers.Wait()
-		close(done)
-	}()
-	var scanErr error
-	scanDone := make(chan struct{})
-	go func() {
-		defer close(scanDone)
-		defer close(batches)
-		batch := make([]store.Item, 0, 1024)
-		scanErr = workload.Scan(path, func(it store.Item) error {
-			batch = append(batch, it)
-			if len(batch) < cap(batch) {
-				return nil
-			}
-			select {
-			case batches <- batch:
-			case <-ctx.Done():
-				return ctx.Err()
-			}
-			batch = make([]store.Item, 0, 1024)
-			return nil
-		})
-		if scanErr == nil && len(batch) > 0 {
-			select {
-			case batches <- batch:
-			case <-ctx.Done():
-			}
-		}
-	}()
-	drop := func(it store.Item) {
-		ms := out.Misses.Models[it.Model]
-		ms.N--
-		ms.MaxTokens -= it.MaxTokens
-		ms.EstInput -= it.EstInput
-		out.Misses.Models[it.Model] = ms
-		out.Misses.N--
-	}
-	seen := map[cache.Key]bool{}
-	for ks := range done {
-		for _, k := range ks {
-			switch {
-			case k.hit:
-				out.Hits++
-				out.Saved += cost.Nanos(k.costN)
-				drop(k.it)
-			case seen[k.key]:
-				out.Hits++
-				out.InputDuplicates++
-				drop(k.it)
-			default:
-				seen[k.key] = true
-			}
-		}
-	}
-	// done is closed once every worker returned; the scanner returns
-	// once batches are drained or ctx ends (an error cancels it).
-	cancel()
-	<-scanDone
-	switch {
-	case firstErr != nil:
-		return nil, firstErr
-	case parent.Err() != nil:
-		return nil, parent.Err()
-	case scanErr != nil:
-		return nil, scanErr
-	}
-	return out, nil
 }

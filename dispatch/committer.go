@@ -8,6 +8,7 @@ import (
 
 	"github.com/apidispatch/apidispatch/cache"
 	"github.com/apidispatch/apidispatch/cost"
+	"github.com/apidispatch/apidispatch/rundir"
 	"github.com/apidispatch/apidispatch/store"
 )
 
@@ -22,9 +23,9 @@ const (
 // batches, and only then appends their result lines, so results.jsonl never
 // holds anything the store does not.
 type committer struct {
-	sink *Sink
+	sink *rundir.Sink
 	c    *counters
-	ev   *EventLog
+	ev   *rundir.EventLog
 	in   chan queued
 	// cache, when set, stores the entries of successes (queued.put) in
 	// the same group commit as their results, just before them.
@@ -42,7 +43,7 @@ type committer struct {
 	journalKey string
 }
 
-func newCommitter(sink *Sink, c *counters, ev *EventLog) *committer {
+func newCommitter(sink *rundir.Sink, c *counters, ev *rundir.EventLog) *committer {
 	return &committer{sink: sink, c: c, ev: ev, in: make(chan queued, 4096)}
 }
 
@@ -148,9 +149,9 @@ func (m *committer) commit(qs []queued) {
 		if q.hit {
 			// Counted by the store with the outcome, only when it takes
 			// it: once per item, whatever submits it again.
-			c := map[string]int64{CounterCacheHits: 1, CounterCacheSavedNanos: int64(q.saved)}
+			c := map[string]int64{rundir.CounterCacheHits: 1, rundir.CounterCacheSavedNanos: int64(q.saved)}
 			if q.dup {
-				c[CounterCacheDuplicates] = 1
+				c[rundir.CounterCacheDuplicates] = 1
 			}
 			batch[i].Counters = c
 		}
@@ -165,7 +166,7 @@ func (m *committer) commit(qs []queued) {
 			m.c.cachePutFailed.Add(int64(len(puts)))
 			if !m.warnedPut {
 				m.warnedPut = true
-				m.ev.Emit(EventWarning, "writing the cache failed; results are kept, the cache misses them: "+err.Error(), nil)
+				m.ev.Emit(rundir.EventWarning, "writing the cache failed; results are kept, the cache misses them: "+err.Error(), nil)
 			}
 		}
 	}
@@ -197,29 +198,6 @@ func (m *committer) commit(qs []queued) {
 	m.c.cacheSaved.Add(saved)
 }
 
-// Counter names kept in the store.
-const (
-	CounterAttempts     = "attempts"
-	CounterRateLimited  = "rate_limited_429"
-	CounterOverloaded   = "overloaded_529"
-	CounterOtherRetries = "other_retries"
-	CounterMaybeBilled  = "possible_duplicate_billing"
-	// CounterMaybeBilledNanos is the worst case, in nano-USD, of the
-	// requests counted in CounterMaybeBilled under --max-cost: what the API
-	// may have billed that no usage says. A resume's spend gate counts it
-	// as spent (SpentBefore), as the run that saw them counted it held.
-	CounterMaybeBilledNanos = "possible_duplicate_billing_nanos"
-)
-
-// SpentBefore is what a run directory counts as spent against --max-cost
-// when a process starts on it: the usage of what it recorded, and the
-// worst case of what may have been billed without an answer (a connection
-// lost after sending, a truncated answer, a request in flight or a
-// success not yet recorded when a process died).
-func SpentBefore(agg store.Aggregate) cost.Nanos {
-	return cost.Nanos(agg.CostNanos + agg.Counters[CounterMaybeBilledNanos])
-}
-
 func (m *committer) takeCounters() map[string]int64 {
 	out := map[string]int64{}
 	take := func(name string, v *atomic.Int64, last *int64) {
@@ -229,13 +207,13 @@ func (m *committer) takeCounters() map[string]int64 {
 			*last = cur
 		}
 	}
-	take(CounterAttempts, &m.c.attempts, &m.c.lastAttempts)
-	take(CounterRateLimited, &m.c.rateLimited, &m.c.lastRL)
-	take(CounterOverloaded, &m.c.overloaded, &m.c.lastOL)
-	take(CounterOtherRetries, &m.c.otherRetries, &m.c.lastOther)
-	take(CounterMaybeBilledNanos, &m.c.maybeBilledN, &m.c.lastMBN)
+	take(rundir.CounterAttempts, &m.c.attempts, &m.c.lastAttempts)
+	take(rundir.CounterRateLimited, &m.c.rateLimited, &m.c.lastRL)
+	take(rundir.CounterOverloaded, &m.c.overloaded, &m.c.lastOL)
+	take(rundir.CounterOtherRetries, &m.c.otherRetries, &m.c.lastOther)
+	take(rundir.CounterMaybeBilledNanos, &m.c.maybeBilledN, &m.c.lastMBN)
 	mb := m.c.lastMB
-	take(CounterMaybeBilled, &m.c.maybeBilled, &m.c.lastMB)
+	take(rundir.CounterMaybeBilled, &m.c.maybeBilled, &m.c.lastMB)
 	if d := m.c.lastMB - mb; d != 0 && m.journalKey != "" {
 		out[m.journalKey] = d
 	}

@@ -13,14 +13,12 @@ import (
 	"cmp"
 	"container/heap"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"math"
 	"math/rand/v2"
-	"net"
 	"net/http"
 	"net/http/httptrace"
 	"net/url"
@@ -34,8 +32,10 @@ import (
 	"github.com/apidispatch/apidispatch/apihttp"
 	"github.com/apidispatch/apidispatch/cache"
 	"github.com/apidispatch/apidispatch/cost"
+	"github.com/apidispatch/apidispatch/gate"
 	"github.com/apidispatch/apidispatch/org"
 	"github.com/apidispatch/apidispatch/ratelimit"
+	"github.com/apidispatch/apidispatch/rundir"
 	"github.com/apidispatch/apidispatch/spend"
 	"github.com/apidispatch/apidispatch/store"
 )
@@ -45,12 +45,7 @@ var (
 	// ErrIncomplete: the run stopped before every item ended (signal,
 	// deadline, --max-cost, or no usable lane). It is resumable.
 	ErrIncomplete = errors.New("dispatch: run incomplete")
-	// ErrInsecureURL: a plain-http base URL that is not loopback.
-	ErrInsecureURL = errors.New("dispatch: http:// is only allowed for loopback addresses; use https://")
 )
-
-// BodyReader returns the params object of an item, read from the input file.
-type BodyReader func(it store.Item) (json.RawMessage, error)
 
 // Config is everything a run needs. Zero fields take the defaults noted.
 type Config struct {
@@ -63,14 +58,14 @@ type Config struct {
 	// real API. The controller's time constants are divided by it.
 	Speed  float64
 	Store  store.Store
-	Body   BodyReader
+	Body   rundir.BodyReader
 	Prices *cost.Table
 	// ResultsPath is results.jsonl; EventsPath events.jsonl (optional).
 	ResultsPath string
 	// Sink, when set, is the run's results writer, shared with the batch
 	// route (the engine then neither opens nor closes it); otherwise the
 	// engine opens ResultsPath itself.
-	Sink *Sink
+	Sink *rundir.Sink
 	// Skip, when set, leaves out the pending items it returns true for
 	// (those an open batch holds).
 	Skip func(seq int64) bool
@@ -80,7 +75,7 @@ type Config struct {
 	// answered but not yet durable) in possible_duplicate_billing. One
 	// engine at a time per directory (OpenJob locks the run directory).
 	JournalDir string
-	Events     *EventLog
+	Events     *rundir.EventLog
 	// MaxCost stops admission when spent plus the worst case of in-flight
 	// requests would pass it (0: no cap). It covers the whole run directory.
 	// Without Spend, Run makes the gate that keeps it (seeded with what the
@@ -115,10 +110,10 @@ type Config struct {
 	WrapTransport func(http.RoundTripper) http.RoundTripper
 	// Lane tunes every lane's controller (Org, Pool, Cap and Speed are set
 	// per lane).
-	Lane LaneConfig
+	Lane gate.LaneConfig
 	// NewGate makes a lane's gate (default: NewLane, in-process). A shared
 	// implementation lets several processes keep one budget per key.
-	NewGate func(LaneConfig) Gate
+	NewGate func(gate.LaneConfig) gate.Gate
 	Log     *slog.Logger
 	// SampleEvery is the period of "sample" events for the report (default 1 s; <0 disables).
 	SampleEvery time.Duration
@@ -147,40 +142,6 @@ func (c *Config) CapFor(model string) int {
 	return DefaultCaps[f]
 }
 
-// DefaultBaseURL is the API root used when none is given.
-const DefaultBaseURL = "https://api.anthropic.com"
-
-// ResolveBaseURL is CheckBaseURL of raw, or of DefaultBaseURL when raw is
-// empty.
-func ResolveBaseURL(raw string) (*url.URL, error) {
-	if raw == "" {
-		raw = DefaultBaseURL
-	}
-	return CheckBaseURL(raw)
-}
-
-// CheckBaseURL accepts https URLs and http URLs on loopback only.
-func CheckBaseURL(raw string) (*url.URL, error) {
-	u, err := url.Parse(raw)
-	if err != nil || u.Host == "" {
-		return nil, fmt.Errorf("dispatch: base URL %q is not an absolute URL", raw)
-	}
-	switch u.Scheme {
-	case "https":
-		return u, nil
-	case "http":
-		host := u.Hostname()
-		if host == "localhost" {
-			return u, nil
-		}
-		if ip := net.ParseIP(host); ip != nil && ip.IsLoopback() {
-			return u, nil
-		}
-		return nil, fmt.Errorf("%w (got %s)", ErrInsecureURL, u.Redacted())
-	}
-	return nil, fmt.Errorf("dispatch: base URL scheme %q is not http or https", u.Scheme)
-}
-
 // NewTransport returns the tuned transport the engine uses: enough idle
 // connections for every in-flight request, TLS verification always on. It
 // is apihttp.NewTransport.
@@ -188,7 +149,7 @@ func NewTransport(maxConns int) *http.Transport { return apihttp.NewTransport(ma
 
 // laneRef is one lane's gate with its org.
 type laneRef struct {
-	Gate
+	gate.Gate
 	cap  int
 	org  *orgState
 	pool anthropic.Pool
@@ -199,7 +160,7 @@ type laneRef struct {
 }
 
 // Snapshot is the gate's snapshot with the lane's attempts and 429s.
-func (l *laneRef) Snapshot(now time.Time) LaneSnapshot {
+func (l *laneRef) Snapshot(now time.Time) gate.LaneSnapshot {
 	s := l.Gate.Snapshot(now)
 	s.Attempts, s.RateLimited429 = l.attempts.Load(), l.rateLimited.Load()
 	if s.Attempts > 0 {
@@ -231,7 +192,7 @@ type work struct {
 type attempt struct {
 	w        *work
 	lane     *laneRef
-	permit   Permit
+	permit   gate.Permit
 	outcome  anthropic.Outcome
 	latency  time.Duration
 	body     []byte
@@ -301,7 +262,7 @@ type Engine struct {
 	// counters (atomic: read by progress while the run goes on)
 	c counters
 	// jr is this run's attempt journal (nil without Config.JournalDir).
-	jr *journal
+	jr *rundir.Journal
 
 	start     time.Time
 	total     int64 // N
@@ -332,7 +293,7 @@ func New(cfg Config) (*Engine, error) {
 	if cfg.Store == nil || cfg.Body == nil || cfg.Prices == nil || cfg.ResultsPath == "" {
 		return nil, errors.New("dispatch: Config needs Store, Body, Prices and ResultsPath")
 	}
-	base, err := ResolveBaseURL(cfg.BaseURL)
+	base, err := apihttp.ResolveBaseURL(cfg.BaseURL)
 	if err != nil {
 		return nil, err
 	}
@@ -358,9 +319,9 @@ func New(cfg Config) (*Engine, error) {
 		cfg.CacheMode = cache.ModeReadWrite
 	}
 	if cfg.NewGate == nil {
-		cfg.NewGate = func(c LaneConfig) Gate {
+		cfg.NewGate = func(c gate.LaneConfig) gate.Gate {
 			c.ProbeFirst = true
-			return NewLane(c)
+			return gate.NewLane(c)
 		}
 	}
 	e := &Engine{cfg: cfg, base: base, log: cfg.Log, lanes: map[anthropic.Pool][]*laneRef{}, ready: map[anthropic.Pool][]*work{},
@@ -398,7 +359,7 @@ func (e *Engine) lanesFor(pool anthropic.Pool, model string) []*laneRef {
 		lc := e.cfg.Lane
 		lc.Org, lc.Pool, lc.Cap, lc.Speed = o.Name, pool, e.cfg.CapFor(model), e.cfg.Speed
 		l := &laneRef{Gate: e.cfg.NewGate(lc), cap: lc.Cap, org: o, pool: pool, key: o.Name + "/" + string(pool)}
-		if w, ok := l.Gate.(Waker); ok {
+		if w, ok := l.Gate.(gate.Waker); ok {
 			w.SetWake(e.signal)
 		}
 		if o.disabled != "" {
@@ -426,7 +387,7 @@ func (e *Engine) emitSample(now, last time.Time, lastDone map[string]int64) {
 		return
 	}
 	lanes := e.lanesSnapshotSafe()
-	snaps := make([]LaneSnapshot, 0, len(lanes))
+	snaps := make([]gate.LaneSnapshot, 0, len(lanes))
 	for _, l := range lanes {
 		snaps = append(snaps, l.Snapshot(now))
 	}
@@ -436,7 +397,7 @@ func (e *Engine) emitSample(now, last time.Time, lastDone map[string]int64) {
 		done[o.Name] = v - lastDone[o.Name]
 		lastDone[o.Name] = v
 	}
-	e.cfg.Events.Emit(EventSample, "", map[string]any{
+	e.cfg.Events.Emit(rundir.EventSample, "", map[string]any{
 		"t_s": now.Sub(e.start).Seconds(), "dt_s": now.Sub(last).Seconds(),
 		"completed_by_org": done, "lanes": snaps,
 		"rate_limited_429": e.c.rateLimited.Load(), "retries": e.c.overloaded.Load() + e.c.otherRetries.Load(),
@@ -459,7 +420,7 @@ func (e *Engine) allLanes() []*laneRef {
 
 // Result is what Run returns.
 type Result struct {
-	Summary  *Summary
+	Summary  *rundir.Summary
 	Complete bool
 	// StopReason says why an incomplete run stopped.
 	StopReason string
@@ -495,13 +456,13 @@ func (e *Engine) Run(ctx context.Context) (*Result, error) {
 		// before it seeds the run's spend gate; an engine run alone does
 		// it here). The replay only adds counters, which nothing below
 		// reads: agg stays valid.
-		if replayedN, err = replay(ctx, e.cfg.JournalDir, st, agg.Counters, e.cfg.Events, e.log); err != nil {
+		if replayedN, err = rundir.Replay(ctx, e.cfg.JournalDir, st, agg.Counters, e.cfg.Events, e.log); err != nil {
 			return nil, err
 		}
 	}
 	e.doneStart = agg.Succeeded + agg.Errored
 	if e.gate = e.cfg.Spend; e.gate == nil {
-		e.gate = spend.New("--max-cost", e.cfg.MaxCost, SpentBefore(agg))
+		e.gate = spend.New("--max-cost", e.cfg.MaxCost, rundir.SpentBefore(agg))
 	}
 	if replayedN > 0 {
 		// What the dead process may have had billed: counted for good, as
@@ -511,11 +472,11 @@ func (e *Engine) Run(ctx context.Context) (*Result, error) {
 	}
 	sink := e.cfg.Sink
 	if sink == nil {
-		if sink, err = OpenSink(ctx, e.cfg.ResultsPath, st); err != nil {
+		if sink, err = rundir.OpenSink(ctx, e.cfg.ResultsPath, st); err != nil {
 			return nil, err
 		}
 		if sink.Rebuilt > 0 {
-			e.cfg.Events.Emit(EventWarning, fmt.Sprintf("results file was %d lines short of the run's state; rebuilt them", sink.Rebuilt), map[string]any{"rebuilt": sink.Rebuilt})
+			e.cfg.Events.Emit(rundir.EventWarning, fmt.Sprintf("results file was %d lines short of the run's state; rebuilt them", sink.Rebuilt), map[string]any{"rebuilt": sink.Rebuilt})
 		}
 	}
 	closeSink := func() error {
@@ -528,7 +489,7 @@ func (e *Engine) Run(ctx context.Context) (*Result, error) {
 	for _, o := range e.orgs {
 		orgNames = append(orgNames, map[string]string{"org": o.Name, "key": o.Key.Fingerprint()})
 	}
-	e.cfg.Events.Emit(EventStarted, fmt.Sprintf("%d items, %d already done, %d orgs", e.total, e.doneStart, len(e.orgs)),
+	e.cfg.Events.Emit(rundir.EventStarted, fmt.Sprintf("%d items, %d already done, %d orgs", e.total, e.doneStart, len(e.orgs)),
 		map[string]any{"n": e.total, "done": e.doneStart, "orgs": orgNames, "base_url": e.base.Redacted(), "speed": e.cfg.Speed})
 
 	e.results = make(chan *attempt, 1024)
@@ -536,7 +497,7 @@ func (e *Engine) Run(ctx context.Context) (*Result, error) {
 
 	// The committer makes outcomes durable, then appends their lines.
 	if e.cfg.JournalDir != "" {
-		if e.jr, err = openJournal(e.cfg.JournalDir); err != nil {
+		if e.jr, err = rundir.OpenJournal(e.cfg.JournalDir); err != nil {
 			closeSink()
 			return nil, err
 		}
@@ -546,7 +507,7 @@ func (e *Engine) Run(ctx context.Context) (*Result, error) {
 		com.cache = e.cfg.Cache
 	}
 	if e.jr != nil {
-		com.journalKey = e.jr.key
+		com.journalKey = e.jr.Key()
 	}
 	var wg sync.WaitGroup
 	wg.Go(com.run)
@@ -626,7 +587,7 @@ func (e *Engine) Run(ctx context.Context) (*Result, error) {
 	closeErr := closeSink()
 	// Every attempt has ended; once every outcome and counter is durable
 	// the journal has nothing left to say.
-	if err := e.jr.close(com.err == nil); err != nil && closeErr == nil {
+	if err := e.jr.Close(com.err == nil); err != nil && closeErr == nil {
 		closeErr = err
 	}
 	if runErr == nil && closeErr != nil {
@@ -638,7 +599,7 @@ func (e *Engine) Run(ctx context.Context) (*Result, error) {
 	}
 	res := &Result{Summary: sum, StopReason: e.stopReason, Stopped: e.stopReason != ""}
 	if runErr != nil {
-		e.cfg.Events.Emit(EventFailure, runErr.Error(), nil)
+		e.cfg.Events.Emit(rundir.EventFailure, runErr.Error(), nil)
 		return res, runErr
 	}
 	res.Complete = sum != nil && sum.Unfinished == 0
@@ -649,11 +610,11 @@ func (e *Engine) Run(ctx context.Context) (*Result, error) {
 		if res.StopReason == "" {
 			res.StopReason = "stopped"
 		}
-		kind := EventIncomplete
+		kind := rundir.EventIncomplete
 		if !res.Stopped && (e.cfg.MaxSeq > 0 || e.cfg.Skip != nil) {
 			// It did what it was given (a pilot, a route's share); the
 			// run goes on.
-			kind = EventProgress
+			kind = rundir.EventProgress
 		}
 		e.cfg.Events.Emit(kind, res.StopReason, sum)
 		if e.costErr != nil {
@@ -662,7 +623,7 @@ func (e *Engine) Run(ctx context.Context) (*Result, error) {
 		}
 		return res, fmt.Errorf("%w: %s", ErrIncomplete, res.StopReason)
 	}
-	e.cfg.Events.Emit(EventCompleted, fmt.Sprintf("%d succeeded, %d errored", sum.Succeeded, sum.Errored), sum)
+	e.cfg.Events.Emit(rundir.EventCompleted, fmt.Sprintf("%d succeeded, %d errored", sum.Succeeded, sum.Errored), sum)
 	return res, nil
 }
 
@@ -782,7 +743,7 @@ func (e *Engine) schedule(ctx context.Context, feed chan []fed, com *committer, 
 				m := done * 10 / e.total
 				if m > milestone {
 					milestone = m
-					e.cfg.Events.Emit(EventProgress, fmt.Sprintf("%d%% done", m*10), e.Progress())
+					e.cfg.Events.Emit(rundir.EventProgress, fmt.Sprintf("%d%% done", m*10), e.Progress())
 				}
 			}
 		}
@@ -833,7 +794,7 @@ func (e *Engine) noteReach(now time.Time, a *attempt) {
 	if !e.warnedDown && (e.lastReached.IsZero() || now.Sub(since) >= downWarnAfter) {
 		e.warnedDown = true
 		e.log.Warn("cannot reach the API; retrying", "base_url", e.base.Redacted(), "error", a.outcome.Reason)
-		e.cfg.Events.Emit(EventWarning, "cannot reach the API: "+a.outcome.Reason, map[string]any{"base_url": e.base.Redacted()})
+		e.cfg.Events.Emit(rundir.EventWarning, "cannot reach the API: "+a.outcome.Reason, map[string]any{"base_url": e.base.Redacted()})
 	}
 	if d := e.cfg.GiveUpAfter; d > 0 && e.unreachable == "" && now.Sub(since) >= d {
 		e.unreachable = fmt.Sprintf("no request reached %s for %s (last error: %s)", e.base.Redacted(), d, a.outcome.Reason)
@@ -902,7 +863,7 @@ func (e *Engine) admit(now time.Time, workers *sync.WaitGroup) time.Duration {
 					e.ready[pool] = q
 					return next
 				}
-				p, wait, ok := l.TryAdmit(now, Demand{EstInput: w.it.EstInput, MaxTokens: w.it.MaxTokens})
+				p, wait, ok := l.TryAdmit(now, gate.Demand{EstInput: w.it.EstInput, MaxTokens: w.it.MaxTokens})
 				if !ok {
 					res.Release()
 					blocked[i] = true
@@ -972,7 +933,7 @@ func (e *Engine) worstCase(w *work) cost.Nanos {
 	return n
 }
 
-func (e *Engine) start1(w *work, l *laneRef, p Permit, res *spend.Reservation, workers *sync.WaitGroup) {
+func (e *Engine) start1(w *work, l *laneRef, p gate.Permit, res *spend.Reservation, workers *sync.WaitGroup) {
 	e.inflight++
 	e.inflightPub.Store(int64(e.inflight))
 	w.sending = true
@@ -991,20 +952,20 @@ func (e *Engine) send(a *attempt) {
 	body, err := e.cfg.Body(a.w.it)
 	if err != nil {
 		a.readErr = err
-		a.lane.Done(time.Now(), a.permit, Feedback{Outcome: anthropic.Outcome{Kind: anthropic.Retryable}})
+		a.lane.Done(time.Now(), a.permit, gate.Feedback{Outcome: anthropic.Outcome{Kind: anthropic.Retryable}})
 		return
 	}
 	ctx, cancel := context.WithTimeout(e.abortCtx, e.cfg.Timeout)
 	defer cancel()
 	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{WroteRequest: func(i httptrace.WroteRequestInfo) {
 		if i.Err == nil && !a.wrote.Swap(true) {
-			e.jr.sent(a.w.it.Seq, a.w.attempts, a.res.Worst())
+			e.jr.Sent(a.w.it.Seq, a.w.attempts, a.res.Worst())
 		}
 	}})
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, e.base.JoinPath("v1", "messages").String(), bytes.NewReader(body))
 	if err != nil {
 		a.readErr = err
-		a.lane.Done(time.Now(), a.permit, Feedback{Outcome: anthropic.Outcome{Kind: anthropic.Retryable}})
+		a.lane.Done(time.Now(), a.permit, gate.Feedback{Outcome: anthropic.Outcome{Kind: anthropic.Retryable}})
 		return
 	}
 	req.Header.Set(anthropic.HeaderAPIKey, a.lane.org.Key.Reveal())
@@ -1017,7 +978,7 @@ func (e *Engine) send(a *attempt) {
 		// was admitted on: Redis may have given the slot away. Not sent.
 		a.fenced = true
 		a.outcome = anthropic.Outcome{Kind: anthropic.Retryable, Reason: "not sent: the shared lease ended before the request went out"}
-		a.lane.Done(t0, a.permit, Feedback{Outcome: a.outcome})
+		a.lane.Done(t0, a.permit, gate.Feedback{Outcome: a.outcome})
 		return
 	}
 	resp, err := e.client.Do(req)
@@ -1049,12 +1010,12 @@ func (e *Engine) send(a *attempt) {
 		a.maybeBilled = a.wrote.Load()
 	}
 	if a.outcome.Kind == anthropic.Success {
-		e.jr.succeeded(a.w.it.Seq, a.w.attempts)
+		e.jr.Succeeded(a.w.it.Seq, a.w.attempts)
 	} else {
 		mb := a.maybeBilled && a.outcome.Kind == anthropic.Retryable
 		// Journal first, count second: the committer never flushes a
 		// count the journal does not hold.
-		e.jr.ended(a.w.it.Seq, a.w.attempts, mb)
+		e.jr.Ended(a.w.it.Seq, a.w.attempts, mb)
 		if mb {
 			// The worst case first: a flush between the two counts it
 			// with a record the replay will count again (never passing
@@ -1063,7 +1024,7 @@ func (e *Engine) send(a *attempt) {
 			e.c.maybeBilled.Add(1)
 		}
 	}
-	fb := Feedback{Outcome: a.outcome}
+	fb := gate.Feedback{Outcome: a.outcome}
 	if hdr != nil {
 		fb.Limits = anthropic.ParseRateLimits(hdr)
 		a.reqID = hdr.Get(anthropic.HeaderRequestID)
@@ -1099,7 +1060,7 @@ func (e *Engine) handle(a *attempt, com *committer, stopping bool) {
 		w.attempts--
 		e.c.attempts.Add(-1)
 		l.attempts.Add(-1)
-		e.cfg.Events.Emit(EventLane, l.key+": "+a.outcome.Reason, map[string]any{"custom_id": w.it.CustomID, "fenced": true})
+		e.cfg.Events.Emit(rundir.EventLane, l.key+": "+a.outcome.Reason, map[string]any{"custom_id": w.it.CustomID, "fenced": true})
 		w.notBefore = now
 		if stopping {
 			e.held--
@@ -1141,7 +1102,7 @@ func (e *Engine) handle(a *attempt, com *committer, stopping bool) {
 			e.disableOrg(l.org, reason)
 		} else {
 			l.Disable(reason)
-			e.cfg.Events.Emit(EventLane, l.key+" stopped: "+reason, l.Snapshot(now))
+			e.cfg.Events.Emit(rundir.EventLane, l.key+" stopped: "+reason, l.Snapshot(now))
 		}
 		w.transient = 0
 		w.notBefore = now
@@ -1206,7 +1167,7 @@ func (e *Engine) disableOrg(o *orgState, reason string) {
 			}
 		}
 	}
-	e.cfg.Events.Emit(EventLane, "org "+o.Name+" ("+o.Key.String()+") stopped: "+reason, map[string]any{"org": o.Name, "reason": reason})
+	e.cfg.Events.Emit(rundir.EventLane, "org "+o.Name+" ("+o.Key.String()+") stopped: "+reason, map[string]any{"org": o.Name, "reason": reason})
 	e.log.Warn("org stopped", "org", o.Name, "key", o.Key.Fingerprint(), "reason", reason)
 }
 
@@ -1227,7 +1188,7 @@ func (e *Engine) noteOrgID(o *orgState, id string) {
 			keep, drop = o, other
 		}
 		reason := fmt.Sprintf("key %s reaches the same organisation as org %s (%s): limits do not add, so its work goes through %s's lanes", drop.Key.Fingerprint(), keep.Name, id, keep.Name)
-		e.cfg.Events.Emit(EventWarning, "org "+drop.Name+": "+reason, map[string]any{"org": drop.Name, "same_as": keep.Name, "organization_id": id})
+		e.cfg.Events.Emit(rundir.EventWarning, "org "+drop.Name+": "+reason, map[string]any{"org": drop.Name, "same_as": keep.Name, "organization_id": id})
 		e.log.Warn("two keys reach one organisation", "org", drop.Name, "same_as", keep.Name)
 		e.disableOrg(drop, reason)
 		return
@@ -1243,48 +1204,15 @@ func (e *Engine) outcome(a *attempt, st store.State) store.Outcome {
 		CacheRead: a.usage.CacheReadInputTokens, CacheWrite: a.usage.CacheCreationInputTokens,
 	}
 	var res []byte
-	var buf bytes.Buffer
 	if st == store.Succeeded {
-		// Classify parsed the body, so it is valid JSON; only a body with
-		// line breaks needs compacting to stay one JSONL line.
-		if bytes.IndexByte(a.body, '\n') < 0 && bytes.IndexByte(a.body, '\r') < 0 {
-			buf.Write(a.body)
-		} else if json.Compact(&buf, a.body) != nil {
-			buf.Reset()
-			buf.Write(a.body)
-		}
-		res = append([]byte(`{"type":"succeeded","message":`), buf.Bytes()...)
-		res = append(res, '}')
+		// Classify parsed the body, so it is valid JSON.
+		res = rundir.SucceededResult(a.body)
 	} else {
 		out.ErrorType = a.outcome.ErrorType
-		var errObj []byte
-		if a.outcome.Envelope != nil {
-			env := *a.outcome.Envelope
-			errObj, _ = json.Marshal(env)
-		} else {
-			errObj, _ = json.Marshal(anthropic.ErrorEnvelope{Type: "error", Error: anthropic.ErrorDetail{Type: a.outcome.ErrorType, Message: a.outcome.Reason}})
-		}
-		res = append([]byte(`{"type":"errored","error":`), errObj...)
-		res = append(res, '}')
+		res = rundir.ErroredResult(a.outcome)
 	}
-	d, _ := json.Marshal(struct {
-		Org       string  `json:"org"`
-		Route     string  `json:"route"`
-		Attempts  int64   `json:"attempts"`
-		LatencyMs int64   `json:"latency_ms"`
-		CostUSD   float64 `json:"cost_usd"`
-		RequestID string  `json:"request_id,omitempty"`
-	}{a.lane.org.Name, store.RouteSync, a.w.attempts, out.LatencyMs, a.costN.USD(), a.reqID})
-	id, _ := json.Marshal(a.w.it.CustomID)
-	line := make([]byte, 0, len(res)+len(d)+len(id)+40)
-	line = append(line, `{"custom_id":`...)
-	line = append(line, id...)
-	line = append(line, `,"result":`...)
-	line = append(line, res...)
-	line = append(line, `,"dispatch":`...)
-	line = append(line, d...)
-	line = append(line, '}')
-	out.Line = line
+	out.Line = rundir.ResultLine(a.w.it.CustomID, res, rundir.Dispatch{Org: a.lane.org.Name, Route: store.RouteSync,
+		Attempts: a.w.attempts, LatencyMs: out.LatencyMs, Cost: a.costN, RequestID: a.reqID})
 	return out
 }
 

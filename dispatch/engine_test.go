@@ -17,8 +17,10 @@ import (
 
 	"github.com/apidispatch/apidispatch/cost"
 	"github.com/apidispatch/apidispatch/dispatch"
+	"github.com/apidispatch/apidispatch/gate"
 	"github.com/apidispatch/apidispatch/internal/simtest"
 	"github.com/apidispatch/apidispatch/org"
+	"github.com/apidispatch/apidispatch/rundir"
 	"github.com/apidispatch/apidispatch/sim"
 )
 
@@ -45,7 +47,7 @@ func newHarness(t testing.TB, preset string, speed float64, n int, mutate func(*
 
 func (h *harness) run(ctx context.Context, mod func(*dispatch.Config)) (*dispatch.Result, error) {
 	h.t.Helper()
-	job, err := dispatch.OpenJob(ctx, dispatch.JobConfig{InputPath: h.input, RunDir: h.dir, Prices: cost.Default()}, nil)
+	job, err := rundir.OpenJob(ctx, rundir.JobConfig{InputPath: h.input, RunDir: h.dir, Prices: cost.Default()}, nil)
 	if err != nil {
 		h.t.Fatal(err)
 	}
@@ -54,7 +56,7 @@ func (h *harness) run(ctx context.Context, mod func(*dispatch.Config)) (*dispatc
 	if mod != nil {
 		mod(&cfg)
 	}
-	eng, err := job.Engine(cfg)
+	eng, err := dispatch.NewForJob(job, cfg)
 	if err != nil {
 		h.t.Fatal(err)
 	}
@@ -80,7 +82,7 @@ func (h *harness) startFaults() {
 // resultIDs reads results.jsonl and returns custom_id → count.
 func (h *harness) resultIDs() map[string]int {
 	h.t.Helper()
-	f, err := os.Open(filepath.Join(h.dir, dispatch.ResultsFile))
+	f, err := os.Open(filepath.Join(h.dir, rundir.ResultsFile))
 	if err != nil {
 		h.t.Fatal(err)
 	}
@@ -180,7 +182,7 @@ func TestInvalidInputLeavesNothing(t *testing.T) {
 	dir := t.TempDir()
 	in := filepath.Join(dir, "bad.jsonl")
 	os.WriteFile(in, []byte(`{"custom_id":"a","params":{"model":"claude-sonnet-4-5","max_tokens":5,"messages":[{"role":"user","content":"hi"}]}}`+"\n{not json\n"), 0o644)
-	_, err := dispatch.OpenJob(context.Background(), dispatch.JobConfig{InputPath: in, RunDir: filepath.Join(dir, "run"), Prices: cost.Default()}, nil)
+	_, err := rundir.OpenJob(context.Background(), rundir.JobConfig{InputPath: in, RunDir: filepath.Join(dir, "run"), Prices: cost.Default()}, nil)
 	if err == nil || !strings.Contains(err.Error(), "line 2") {
 		t.Fatalf("want an error naming line 2, got %v", err)
 	}
@@ -204,7 +206,7 @@ func TestTwoKeysOneOrg(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var aliasLane dispatch.LaneSnapshot
+	var aliasLane gate.LaneSnapshot
 	for _, l := range res.Summary.Lanes {
 		if l.Org == "alias" {
 			aliasLane = l
@@ -216,7 +218,7 @@ func TestTwoKeysOneOrg(t *testing.T) {
 	if res.Summary.Succeeded != 400 || !res.Summary.DataLoss.Passed {
 		t.Fatalf("summary %+v", res.Summary.DataLoss)
 	}
-	ev, _ := os.ReadFile(filepath.Join(h.dir, dispatch.EventsFile))
+	ev, _ := os.ReadFile(filepath.Join(h.dir, rundir.EventsFile))
 	if !bytes.Contains(ev, []byte(`"kind":"warning"`)) || !bytes.Contains(ev, []byte("same organisation")) {
 		t.Fatal("no warning event about the shared organisation")
 	}

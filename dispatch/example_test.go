@@ -9,6 +9,7 @@ import (
 	"github.com/apidispatch/apidispatch/cost"
 	"github.com/apidispatch/apidispatch/dispatch"
 	"github.com/apidispatch/apidispatch/org"
+	"github.com/apidispatch/apidispatch/rundir"
 	"github.com/apidispatch/apidispatch/sim"
 	"github.com/apidispatch/apidispatch/workload"
 )
@@ -37,12 +38,12 @@ func Example() {
 	}
 	ctx := context.Background()
 	prices := cost.Default()
-	job, err := dispatch.OpenJob(ctx, dispatch.JobConfig{InputPath: input, RunDir: filepath.Join(dir, "run"), Prices: prices}, nil)
+	job, err := rundir.OpenJob(ctx, rundir.JobConfig{InputPath: input, RunDir: filepath.Join(dir, "run"), Prices: prices}, nil)
 	if err != nil {
 		panic(err)
 	}
 	defer job.Close()
-	eng, err := job.Engine(dispatch.Config{Orgs: orgs, BaseURL: api.URL, Speed: cfg.Speed, Prices: prices})
+	eng, err := dispatch.NewForJob(job, dispatch.Config{Orgs: orgs, BaseURL: api.URL, Speed: cfg.Speed, Prices: prices})
 	if err != nil {
 		panic(err)
 	}

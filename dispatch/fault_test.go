@@ -14,6 +14,7 @@ import (
 
 	"github.com/apidispatch/apidispatch/anthropic"
 	"github.com/apidispatch/apidispatch/dispatch"
+	"github.com/apidispatch/apidispatch/rundir"
 	"github.com/apidispatch/apidispatch/sim"
 )
 
@@ -48,15 +49,15 @@ type faultCase struct {
 	// e.g. when every org's key is revoked).
 	complete bool
 	// hit proves the fault struck; a fault that never fired proves nothing.
-	hit func(s *dispatch.Summary) bool
+	hit func(s *rundir.Summary) bool
 }
 
-func rateLimited(s *dispatch.Summary) bool { return s.RateLimited429 > 0 }
-func overloaded(s *dispatch.Summary) bool  { return s.Overloaded529 > 0 }
-func retried(s *dispatch.Summary) bool     { return s.OtherRetries > 0 }
-func maybeBilled(s *dispatch.Summary) bool { return s.PossibleDuplicateBilling > 0 }
-func errored(s *dispatch.Summary) bool     { return s.Errored > 0 }
-func laneStopped(s *dispatch.Summary) bool {
+func rateLimited(s *rundir.Summary) bool { return s.RateLimited429 > 0 }
+func overloaded(s *rundir.Summary) bool  { return s.Overloaded529 > 0 }
+func retried(s *rundir.Summary) bool     { return s.OtherRetries > 0 }
+func maybeBilled(s *rundir.Summary) bool { return s.PossibleDuplicateBilling > 0 }
+func errored(s *rundir.Summary) bool     { return s.Errored > 0 }
+func laneStopped(s *rundir.Summary) bool {
 	for _, l := range s.Lanes {
 		if l.Disabled != "" {
 			return true
@@ -96,7 +97,7 @@ func faultCases() []faultCase {
 		{name: "spend cap on one org", faults: []sim.Fault{{Kind: sim.FaultSpendCap, Org: "batch", Start: 3 * time.Second}}, complete: true, hit: laneStopped},
 		{name: "acceleration at start", faults: []sim.Fault{{Kind: sim.FaultAcceleration, FloorRPM: 100, Factor: 2}}, complete: true, hit: rateLimited},
 		{name: "invalid requests mixed in", poison: true, complete: true, hit: errored},
-		{name: "everything at once", faults: all, poison: true, mod: timeout, complete: true, hit: func(s *dispatch.Summary) bool {
+		{name: "everything at once", faults: all, poison: true, mod: timeout, complete: true, hit: func(s *rundir.Summary) bool {
 			return rateLimited(s) && overloaded(s) && retried(s) && maybeBilled(s) && errored(s) && laneStopped(s)
 		}},
 		{name: "every key revoked", faults: []sim.Fault{{Kind: sim.FaultKeyRevoked, Start: 5 * time.Second}}, hit: laneStopped},
@@ -153,7 +154,7 @@ func TestFaultMatrix(t *testing.T) {
 					t.Fatalf("%s has %d result lines", id, k)
 				}
 			}
-			checkErroredLines(t, filepath.Join(h.dir, dispatch.ResultsFile))
+			checkErroredLines(t, filepath.Join(h.dir, rundir.ResultsFile))
 			led := h.sim.Server.LedgerTotals()
 			if led.Duplicates > s.PossibleDuplicateBilling {
 				t.Fatalf("the ledger billed %d requests twice; the summary allows for %d", led.Duplicates, s.PossibleDuplicateBilling)

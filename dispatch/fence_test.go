@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/apidispatch/apidispatch/dispatch"
+	"github.com/apidispatch/apidispatch/gate"
 	"github.com/apidispatch/apidispatch/sim"
 )
 
@@ -14,11 +15,11 @@ import (
 // ended, as a shared gate does for a process paused between admission and
 // sending.
 type lapsingGate struct {
-	dispatch.Gate
+	gate.Gate
 	n, lapsed *atomic.Int64
 }
 
-func (g lapsingGate) TryAdmit(now time.Time, d dispatch.Demand) (dispatch.Permit, time.Duration, bool) {
+func (g lapsingGate) TryAdmit(now time.Time, d gate.Demand) (gate.Permit, time.Duration, bool) {
 	p, w, ok := g.Gate.TryAdmit(now, d)
 	if ok && g.n.Add(1)%3 == 0 {
 		p.Until = now.Add(-time.Nanosecond)
@@ -36,8 +37,8 @@ func TestPermitPastItsLeaseIsNotSent(t *testing.T) {
 	h := newHarness(t, sim.PresetOrigin3Org, 50, n, nil)
 	var count, lapsed atomic.Int64
 	res, err := h.run(context.Background(), func(c *dispatch.Config) {
-		c.NewGate = func(lc dispatch.LaneConfig) dispatch.Gate {
-			return lapsingGate{Gate: dispatch.NewLane(lc), n: &count, lapsed: &lapsed}
+		c.NewGate = func(lc gate.LaneConfig) gate.Gate {
+			return lapsingGate{Gate: gate.NewLane(lc), n: &count, lapsed: &lapsed}
 		}
 	})
 	if err != nil {

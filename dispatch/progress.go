@@ -4,8 +4,14 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math"
 	"strings"
 	"time"
+
+	"github.com/apidispatch/apidispatch/cost"
+	"github.com/apidispatch/apidispatch/gate"
+	"github.com/apidispatch/apidispatch/org"
+	"github.com/apidispatch/apidispatch/rundir"
 )
 
 // WatchProgress renders the engine's progress to w until ctx ends: on a
@@ -73,4 +79,77 @@ func ProgressLine(p Progress) string {
 		line += fmt.Sprintf("  cache hits %d ($%.4f saved)", p.CacheHits, p.CacheSavedUSD)
 	}
 	return line
+}
+
+// Progress is a snapshot for displays and progress events.
+type Progress struct {
+	Done           int64               `json:"done"`
+	Total          int64               `json:"total"`
+	Succeeded      int64               `json:"succeeded"`
+	Errored        int64               `json:"errored"`
+	InFlight       int                 `json:"in_flight"`
+	RequestsPerMin float64             `json:"requests_per_min"`
+	ETA            float64             `json:"eta_s"`
+	CostUSD        float64             `json:"cost_usd"`
+	RateLimited    int64               `json:"rate_limited_429"`
+	Retries        int64               `json:"retries"`
+	ElapsedS       float64             `json:"elapsed_s"`
+	Lanes          []gate.LaneSnapshot `json:"lanes"`
+	// CacheHits are items answered without a request in this run, and
+	// CacheSavedUSD what those requests cost when they were sent.
+	CacheHits     int64   `json:"cache_hits,omitempty"`
+	CacheSavedUSD float64 `json:"cache_saved_usd,omitempty"`
+}
+
+// Progress returns a snapshot of the run. It is safe to call from any goroutine.
+func (e *Engine) Progress() Progress {
+	now := time.Now()
+	el := now.Sub(e.start).Seconds()
+	succ, errd := e.c.succeeded.Load(), e.c.errored.Load()
+	p := Progress{
+		Done: e.doneStart + succ + errd, Total: e.total, Succeeded: succ, Errored: errd,
+		CostUSD: cost.Nanos(e.c.costN.Load()).USD(), RateLimited: e.c.rateLimited.Load(),
+		Retries: e.c.rateLimited.Load() + e.c.overloaded.Load() + e.c.otherRetries.Load(), ElapsedS: el,
+		CacheHits: e.c.cacheHits.Load(), CacheSavedUSD: cost.Nanos(e.c.cacheSaved.Load()).USD(),
+	}
+	if el > 0 {
+		p.RequestsPerMin = float64(succ+errd) / el * 60
+	}
+	if p.RequestsPerMin > 0 {
+		p.ETA = float64(p.Total-p.Done) / p.RequestsPerMin * 60
+	}
+	for _, l := range e.lanesSnapshotSafe() {
+		s := l.Snapshot(now)
+		p.InFlight += s.InFlight
+		p.Lanes = append(p.Lanes, s)
+	}
+	if math.IsInf(p.ETA, 0) || math.IsNaN(p.ETA) {
+		p.ETA = 0
+	}
+	return p
+}
+
+func (e *Engine) summarize(ctx context.Context) (*rundir.Summary, error) {
+	now := time.Now()
+	var lanes []gate.LaneSnapshot
+	for _, l := range e.allLanes() {
+		lanes = append(lanes, l.Snapshot(now))
+	}
+	s, agg, err := rundir.BuildSummary(ctx, rundir.SummaryInput{
+		Store: e.cfg.Store, ResultsPath: e.cfg.ResultsPath, Orgs: orgsOf(e.orgs), Start: e.start,
+		DoneStart: e.doneStart, Speed: e.cfg.Speed, Lanes: lanes, StopReason: e.stopReason,
+	})
+	if err != nil {
+		return nil, err
+	}
+	s.Cache = e.cacheSummary(agg)
+	return s, nil
+}
+
+func orgsOf(os []*orgState) []org.Org {
+	out := make([]org.Org, len(os))
+	for i, o := range os {
+		out[i] = o.Org
+	}
+	return out
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/apidispatch/apidispatch/anthropic"
 	"github.com/apidispatch/apidispatch/cost"
 	"github.com/apidispatch/apidispatch/dispatch"
+	"github.com/apidispatch/apidispatch/rundir"
 	"github.com/apidispatch/apidispatch/runner"
 	"github.com/apidispatch/apidispatch/spend"
 	"github.com/apidispatch/apidispatch/store"
@@ -325,7 +326,7 @@ func (g *Gateway) createBatch(w http.ResponseWriter, r *http.Request, client str
 		fail(err)
 		return
 	}
-	if _, err := dispatch.Validate(filepath.Join(dir, batchRequests), g.cfg.Prices); err != nil {
+	if _, err := rundir.Validate(filepath.Join(dir, batchRequests), g.cfg.Prices); err != nil {
 		hold.Settle(Entry{})
 		os.RemoveAll(dir)
 		writeError(w, http.StatusBadRequest, anthropic.ErrInvalidRequest, "requests: "+err.Error())
@@ -468,7 +469,7 @@ func (s *batchStore) runOnce(ctx context.Context, gb *gwBatch, cancelOpen bool) 
 		Input: filepath.Join(gb.dir, batchRequests), RunDir: filepath.Join(gb.dir, batchRun), Prices: g.cfg.Prices,
 		Sync: sync, Confirm: true, Route: route, Cancel: cancelOpen, Limits: g.cfg.Limits,
 		Deadline: time.Duration(m.DeadlineS * float64(time.Second)),
-		OnJob: func(job *dispatch.Job, sc *dispatch.Config) (func(), error) {
+		OnJob: func(job *rundir.Job, sc *dispatch.Config) (func(), error) {
 			bg, err := s.batchGate(ctx, gb, job.Store)
 			if err != nil {
 				return nil, err

@@ -32,6 +32,7 @@ import (
 	"github.com/apidispatch/apidispatch/apihttp"
 	"github.com/apidispatch/apidispatch/cost"
 	"github.com/apidispatch/apidispatch/dispatch"
+	"github.com/apidispatch/apidispatch/gate"
 	"github.com/apidispatch/apidispatch/org"
 	"github.com/apidispatch/apidispatch/plan"
 	"github.com/apidispatch/apidispatch/spend"
@@ -84,9 +85,9 @@ type Config struct {
 	// StateDir holds ledger.jsonl and batches/ (default gateway-state).
 	StateDir string
 	// Lane tunes the lanes; NewGate makes a lane's gate (default
-	// dispatch.NewLane; the shared budget's with --shared).
-	Lane    dispatch.LaneConfig
-	NewGate func(dispatch.LaneConfig) dispatch.Gate
+	// gate.NewLane; the shared budget's with --shared).
+	Lane    gate.LaneConfig
+	NewGate func(gate.LaneConfig) gate.Gate
 	// HTTPClient sends upstream, for sync requests and gateway batches
 	// (default: apihttp.NewClient). Whatever it is, the gateway uses a copy
 	// guarded by apihttp.Guard: no redirect is followed, so no upstream key
@@ -145,7 +146,7 @@ func New(cfg Config) (*Gateway, error) {
 	if cfg.Prices == nil {
 		cfg.Prices = cost.Default()
 	}
-	base, err := dispatch.ResolveBaseURL(cfg.BaseURL)
+	base, err := apihttp.ResolveBaseURL(cfg.BaseURL)
 	if err != nil {
 		return nil, err
 	}
@@ -417,17 +418,17 @@ func (g *Gateway) disableOrg(u *upstream, reason string) {
 // Status is the whole gateway's state, for 'apidispatch status --gateway'
 // (the status file) and the metrics.
 type Status struct {
-	Clients   []ClientSpend           `json:"clients"`
-	Total     ClientSpend             `json:"total"`
-	Queued    int                     `json:"queued"`
-	Lanes     []dispatch.LaneSnapshot `json:"lanes"`
-	Requests  int64                   `json:"requests"`
-	Attempts  int64                   `json:"upstream_attempts"`
-	Retries   int64                   `json:"retries"`
-	Abandoned int64                   `json:"abandoned"`
-	RefusedAt int64                   `json:"refused_by_cap"`
-	Orgs      map[string]string       `json:"orgs_out_of_rotation,omitempty"`
-	Batches   map[string]int          `json:"batches"`
+	Clients   []ClientSpend       `json:"clients"`
+	Total     ClientSpend         `json:"total"`
+	Queued    int                 `json:"queued"`
+	Lanes     []gate.LaneSnapshot `json:"lanes"`
+	Requests  int64               `json:"requests"`
+	Attempts  int64               `json:"upstream_attempts"`
+	Retries   int64               `json:"retries"`
+	Abandoned int64               `json:"abandoned"`
+	RefusedAt int64               `json:"refused_by_cap"`
+	Orgs      map[string]string   `json:"orgs_out_of_rotation,omitempty"`
+	Batches   map[string]int      `json:"batches"`
 	// OrgSpend is what the ledger holds by org, in US dollars; gateway
 	// batches, which span orgs, under OrgGatewayBatches.
 	OrgSpend map[string]float64 `json:"spend_by_org_usd,omitempty"`
@@ -438,12 +439,12 @@ type Status struct {
 // lanes and orgs out of rotation that every client shares; nothing of
 // another client, nor the gateway's totals.
 type ClientView struct {
-	Client  string                  `json:"client"`
-	Clients []ClientSpend           `json:"clients"` // the client's own
-	Queued  int                     `json:"queued"`
-	Lanes   []dispatch.LaneSnapshot `json:"lanes"`
-	Orgs    map[string]string       `json:"orgs_out_of_rotation,omitempty"`
-	Batches map[string]int          `json:"batches"`
+	Client  string              `json:"client"`
+	Clients []ClientSpend       `json:"clients"` // the client's own
+	Queued  int                 `json:"queued"`
+	Lanes   []gate.LaneSnapshot `json:"lanes"`
+	Orgs    map[string]string   `json:"orgs_out_of_rotation,omitempty"`
+	Batches map[string]int      `json:"batches"`
 }
 
 // Status returns the whole gateway's state now.

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/apidispatch/apidispatch/anthropic"
-	"github.com/apidispatch/apidispatch/dispatch"
+	"github.com/apidispatch/apidispatch/gate"
 	"github.com/apidispatch/apidispatch/org"
 )
 
@@ -36,7 +36,7 @@ func (u *upstream) Disabled() string {
 
 // lane is one (org, pool) gate.
 type lane struct {
-	dispatch.Gate
+	gate.Gate
 	up   *upstream
 	pool anthropic.Pool
 	// wakes are the engines (gateway batches by the sync route) that
@@ -48,13 +48,13 @@ type lane struct {
 // grant is an admitted request: the lane that admitted it and its permit.
 type grant struct {
 	lane   *lane
-	permit dispatch.Permit
+	permit gate.Permit
 	err    error
 }
 
 // waiter is one request queued for admission.
 type waiter struct {
-	d  dispatch.Demand
+	d  gate.Demand
 	ch chan grant // capacity 1: pump never blocks
 }
 
@@ -70,15 +70,15 @@ type poolQueue struct {
 }
 
 // laneSet admits single requests through the same gates as 'run': one gate
-// per (org, pool) made by newGate (dispatch.NewLane in-process, or the
+// per (org, pool) made by newGate (gate.NewLane in-process, or the
 // shared budget's gate with --shared), so caps, AIMD, the header mirrors
 // and retry-after holds all apply. Requests wait in a FIFO per pool while
 // every lane is full; a release, a refill or a hold's end wakes them
 // (no polling). It is safe for concurrent use.
 type laneSet struct {
 	orgs    []*upstream
-	newGate func(dispatch.LaneConfig) dispatch.Gate
-	laneCfg dispatch.LaneConfig
+	newGate func(gate.LaneConfig) gate.Gate
+	laneCfg gate.LaneConfig
 	capFor  func(model string) int
 	speed   float64
 
@@ -87,9 +87,9 @@ type laneSet struct {
 	all   []*lane
 }
 
-func newLaneSet(orgs []*upstream, lc dispatch.LaneConfig, capFor func(string) int, speed float64, newGate func(dispatch.LaneConfig) dispatch.Gate) *laneSet {
+func newLaneSet(orgs []*upstream, lc gate.LaneConfig, capFor func(string) int, speed float64, newGate func(gate.LaneConfig) gate.Gate) *laneSet {
 	if newGate == nil {
-		newGate = func(c dispatch.LaneConfig) dispatch.Gate { return dispatch.NewLane(c) }
+		newGate = func(c gate.LaneConfig) gate.Gate { return gate.NewLane(c) }
 	}
 	return &laneSet{orgs: orgs, newGate: newGate, laneCfg: lc, capFor: capFor, speed: speed, pools: map[anthropic.Pool]*poolQueue{}}
 }
@@ -110,7 +110,7 @@ func (s *laneSet) poolLocked(pool anthropic.Pool, capN int) *poolQueue {
 		lc := s.laneCfg
 		lc.Org, lc.Pool, lc.Cap, lc.Speed = u.Name, pool, capN, s.speed
 		l := &lane{Gate: s.newGate(lc), up: u, pool: pool}
-		if wk, ok := l.Gate.(dispatch.Waker); ok {
+		if wk, ok := l.Gate.(gate.Waker); ok {
 			wk.SetWake(func() {
 				s.kick(q)
 				s.wakeEngines(l)
@@ -185,7 +185,7 @@ func (s *laneSet) pumpLocked(q *poolQueue, now time.Time) {
 
 // admit waits until a lane of model's pool admits a request of demand d,
 // ctx ends (the client went away) or deadline passes.
-func (s *laneSet) admit(ctx context.Context, deadline time.Time, model string, d dispatch.Demand) (grant, error) {
+func (s *laneSet) admit(ctx context.Context, deadline time.Time, model string, d gate.Demand) (grant, error) {
 	w := &waiter{d: d, ch: make(chan grant, 1)}
 	s.mu.Lock()
 	q := s.queueLocked(model)
@@ -218,7 +218,7 @@ func (s *laneSet) admit(ctx context.Context, deadline time.Time, model string, d
 	}
 	// Admitted meanwhile: give the slot back unused.
 	if g := <-w.ch; g.err == nil {
-		g.lane.Done(time.Now(), g.permit, dispatch.Feedback{})
+		g.lane.Done(time.Now(), g.permit, gate.Feedback{})
 		s.pumpLocked(q, time.Now())
 	}
 	return grant{}, cause
@@ -226,7 +226,7 @@ func (s *laneSet) admit(ctx context.Context, deadline time.Time, model string, d
 
 // release returns g's permit with what the attempt taught and wakes the
 // pool's waiters.
-func (s *laneSet) release(g grant, fb dispatch.Feedback) {
+func (s *laneSet) release(g grant, fb gate.Feedback) {
 	now := time.Now()
 	g.lane.Done(now, g.permit, fb)
 	s.mu.Lock()
@@ -251,7 +251,7 @@ func (s *laneSet) wakeEngines(l *lane) {
 // batches: it hands them the gateway's own gate of (org, pool), so the
 // gateway's sync requests and its batches' sync items share one cap per
 // key. A release by either side wakes the other.
-func (s *laneSet) engineGate(lc dispatch.LaneConfig) dispatch.Gate {
+func (s *laneSet) engineGate(lc gate.LaneConfig) gate.Gate {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	q, ok := s.pools[lc.Pool]
@@ -263,7 +263,7 @@ func (s *laneSet) engineGate(lc dispatch.LaneConfig) dispatch.Gate {
 			return &sharedLane{lane: l, s: s}
 		}
 	}
-	return dispatch.NewLane(lc) // an org the gateway does not know (cannot happen: same orgs)
+	return gate.NewLane(lc) // an org the gateway does not know (cannot happen: same orgs)
 }
 
 // sharedLane is a gateway lane seen by an engine.
@@ -272,13 +272,13 @@ type sharedLane struct {
 	s *laneSet
 }
 
-// Done implements dispatch.Gate: the engine's release wakes the gateway's
+// Done implements gate.Gate: the engine's release wakes the gateway's
 // waiters too.
-func (l *sharedLane) Done(now time.Time, p dispatch.Permit, fb dispatch.Feedback) {
+func (l *sharedLane) Done(now time.Time, p gate.Permit, fb gate.Feedback) {
 	l.s.release(grant{lane: l.lane, permit: p}, fb)
 }
 
-// SetWake implements dispatch.Waker.
+// SetWake implements gate.Waker.
 func (l *sharedLane) SetWake(f func()) {
 	l.s.mu.Lock()
 	defer l.s.mu.Unlock()
@@ -325,11 +325,11 @@ func (s *laneSet) disableOrg(u *upstream, reason string) {
 }
 
 // snapshots describes every lane.
-func (s *laneSet) snapshots(now time.Time) []dispatch.LaneSnapshot {
+func (s *laneSet) snapshots(now time.Time) []gate.LaneSnapshot {
 	s.mu.Lock()
 	all := append([]*lane(nil), s.all...)
 	s.mu.Unlock()
-	out := make([]dispatch.LaneSnapshot, 0, len(all))
+	out := make([]gate.LaneSnapshot, 0, len(all))
 	for _, l := range all {
 		out = append(out, l.Snapshot(now))
 	}

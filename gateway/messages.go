@@ -18,7 +18,7 @@ import (
 
 	"github.com/apidispatch/apidispatch/anthropic"
 	"github.com/apidispatch/apidispatch/cost"
-	"github.com/apidispatch/apidispatch/dispatch"
+	"github.com/apidispatch/apidispatch/gate"
 	"github.com/apidispatch/apidispatch/ratelimit"
 	"github.com/apidispatch/apidispatch/workload"
 )
@@ -106,7 +106,7 @@ func (g *Gateway) messages(w http.ResponseWriter, r *http.Request, client string
 		return
 	}
 	x := &exchange{g: g, w: w, r: r, client: client, body: body, p: p, hold: hold, worst: worst,
-		demand: dispatch.Demand{EstInput: est, MaxTokens: *p.MaxTokens}}
+		demand: gate.Demand{EstInput: est, MaxTokens: *p.MaxTokens}}
 	x.run()
 }
 
@@ -130,7 +130,7 @@ type exchange struct {
 	worst  cost.Nanos // one attempt's worst case, reserved in hold
 	// wrote: the current attempt's request went out whole.
 	wrote    atomic.Bool
-	demand   dispatch.Demand
+	demand   gate.Demand
 	attempts int
 	settled  bool
 }
@@ -239,7 +239,7 @@ func (x *exchange) run() {
 }
 
 // errLeaseEnded: the shared lease the attempt was admitted on ended
-// before it went out (see dispatch.Permit.Until); it is not sent.
+// before it went out (see gate.Permit.Until); it is not sent.
 var errLeaseEnded = errors.New("not sent: the shared lease ended before the request went out")
 
 // newUpstream builds the upstream request of one attempt. Its context is
@@ -280,8 +280,8 @@ func copyClientHeaders(dst, src http.Header) {
 }
 
 // feedback is what an attempt teaches its lane, and its cost.
-func (x *exchange) feedback(o anthropic.Outcome, h http.Header, u *anthropic.Usage) (dispatch.Feedback, cost.Nanos) {
-	fb := dispatch.Feedback{Outcome: o}
+func (x *exchange) feedback(o anthropic.Outcome, h http.Header, u *anthropic.Usage) (gate.Feedback, cost.Nanos) {
+	fb := gate.Feedback{Outcome: o}
 	if h != nil {
 		fb.Limits = anthropic.ParseRateLimits(h)
 	}

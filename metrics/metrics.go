@@ -1,7 +1,7 @@
 // Package metrics exposes a run's lanes as Prometheus metrics: per lane,
 // the requests in flight, the limit and the cap (read from the gate at
 // scrape time), and counters of admissions, outcomes by class, 429s and
-// cost. It wraps each lane's dispatch.Gate, so it works the same over the
+// cost. It wraps each lane's gate.Gate, so it works the same over the
 // in-process lane and the shared one.
 package metrics
 
@@ -17,7 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/apidispatch/apidispatch/anthropic"
-	"github.com/apidispatch/apidispatch/dispatch"
+	"github.com/apidispatch/apidispatch/gate"
 )
 
 // Metrics is one run's registry. It is safe for concurrent use.
@@ -29,7 +29,7 @@ type Metrics struct {
 	costUSD  *prometheus.CounterVec
 
 	mu    sync.Mutex
-	gates []*gate
+	gates []*counted
 }
 
 var laneLabels = []string{"org", "pool"}
@@ -63,12 +63,12 @@ func (m *Metrics) Handler() http.Handler {
 
 // Wrap returns a gate constructor whose gates m counts (newGate nil: the
 // in-process lane).
-func (m *Metrics) Wrap(newGate func(dispatch.LaneConfig) dispatch.Gate) func(dispatch.LaneConfig) dispatch.Gate {
+func (m *Metrics) Wrap(newGate func(gate.LaneConfig) gate.Gate) func(gate.LaneConfig) gate.Gate {
 	if newGate == nil {
-		newGate = func(c dispatch.LaneConfig) dispatch.Gate { return dispatch.NewLane(c) }
+		newGate = func(c gate.LaneConfig) gate.Gate { return gate.NewLane(c) }
 	}
-	return func(c dispatch.LaneConfig) dispatch.Gate {
-		g := &gate{Gate: newGate(c), m: m, org: c.Org, pool: string(c.Pool)}
+	return func(c gate.LaneConfig) gate.Gate {
+		g := &counted{Gate: newGate(c), m: m, org: c.Org, pool: string(c.Pool)}
 		m.mu.Lock()
 		m.gates = append(m.gates, g)
 		m.mu.Unlock()
@@ -76,16 +76,16 @@ func (m *Metrics) Wrap(newGate func(dispatch.LaneConfig) dispatch.Gate) func(dis
 	}
 }
 
-// gate counts what passes through a lane's gate.
-type gate struct {
-	dispatch.Gate
+// counted counts what passes through a lane's gate.
+type counted struct {
+	gate.Gate
 	m         *Metrics
 	org, pool string
 	// attempts ended and 429s among them, for the per-org 429 rate
 	attempts, r429 atomic.Int64
 }
 
-func (g *gate) TryAdmit(now time.Time, d dispatch.Demand) (dispatch.Permit, time.Duration, bool) {
+func (g *counted) TryAdmit(now time.Time, d gate.Demand) (gate.Permit, time.Duration, bool) {
 	p, w, ok := g.Gate.TryAdmit(now, d)
 	if ok {
 		g.m.admitted.WithLabelValues(g.org, g.pool).Inc()
@@ -93,7 +93,7 @@ func (g *gate) TryAdmit(now time.Time, d dispatch.Demand) (dispatch.Permit, time
 	return p, w, ok
 }
 
-func (g *gate) Done(now time.Time, p dispatch.Permit, fb dispatch.Feedback) {
+func (g *counted) Done(now time.Time, p gate.Permit, fb gate.Feedback) {
 	g.Gate.Done(now, p, fb)
 	g.m.outcomes.WithLabelValues(g.org, g.pool, class(fb.Outcome.Kind)).Inc()
 	g.attempts.Add(1)
@@ -107,8 +107,8 @@ func (g *gate) Done(now time.Time, p dispatch.Permit, fb dispatch.Feedback) {
 }
 
 // SetWake forwards to a gate that wakes the engine itself.
-func (g *gate) SetWake(wake func()) {
-	if w, ok := g.Gate.(dispatch.Waker); ok {
+func (g *counted) SetWake(wake func()) {
+	if w, ok := g.Gate.(gate.Waker); ok {
 		w.SetWake(wake)
 	}
 }

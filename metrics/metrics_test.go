@@ -10,22 +10,22 @@ import (
 
 	"github.com/apidispatch/apidispatch/anthropic"
 	"github.com/apidispatch/apidispatch/cost"
-	"github.com/apidispatch/apidispatch/dispatch"
+	"github.com/apidispatch/apidispatch/gate"
 )
 
 func TestMetricsCountALane(t *testing.T) {
 	m := New()
 	newGate := m.Wrap(nil)
-	g := newGate(dispatch.LaneConfig{Org: "a", Pool: anthropic.PoolSonnet4, Cap: 10, StartFraction: 1})
-	d := dispatch.Demand{EstInput: 10, MaxTokens: 10}
+	g := newGate(gate.LaneConfig{Org: "a", Pool: anthropic.PoolSonnet4, Cap: 10, StartFraction: 1})
+	d := gate.Demand{EstInput: 10, MaxTokens: 10}
 	now := time.Now()
 	p1, _, ok1 := g.TryAdmit(now, d)
 	p2, _, ok2 := g.TryAdmit(now, d)
 	if _, _, ok3 := g.TryAdmit(now, d); !ok1 || !ok2 || !ok3 {
 		t.Fatal("not admitted")
 	}
-	g.Done(now, p1, dispatch.Feedback{Outcome: anthropic.Outcome{Kind: anthropic.Success, Status: 200}, Billed: true, Cost: cost.Nanos(2_500_000)})
-	g.Done(now, p2, dispatch.Feedback{Outcome: anthropic.Outcome{Kind: anthropic.Retryable, Status: 429, RateLimited: true}})
+	g.Done(now, p1, gate.Feedback{Outcome: anthropic.Outcome{Kind: anthropic.Success, Status: 200}, Billed: true, Cost: cost.Nanos(2_500_000)})
+	g.Done(now, p2, gate.Feedback{Outcome: anthropic.Outcome{Kind: anthropic.Retryable, Status: 429, RateLimited: true}})
 
 	srv, err := m.Start(context.Background(), "127.0.0.1:0")
 	if err != nil {

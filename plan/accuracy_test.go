@@ -10,6 +10,7 @@ import (
 	"github.com/apidispatch/apidispatch/cost"
 	"github.com/apidispatch/apidispatch/dispatch"
 	"github.com/apidispatch/apidispatch/plan"
+	"github.com/apidispatch/apidispatch/rundir"
 	"github.com/apidispatch/apidispatch/sim"
 	"github.com/apidispatch/apidispatch/workload"
 )
@@ -37,7 +38,7 @@ func writeJudge(t *testing.T, n int, seed int64) (string, *workload.Summary) {
 	if err := f.Close(); err != nil {
 		t.Fatal(err)
 	}
-	ws, err := dispatch.Validate(path, cost.Default())
+	ws, err := rundir.Validate(path, cost.Default())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,13 +76,13 @@ func TestProjectionAccuracy(t *testing.T) {
 	}
 
 	ctx := context.Background()
-	job, err := dispatch.OpenJob(ctx, dispatch.JobConfig{InputPath: input, RunDir: filepath.Join(t.TempDir(), "run"), Prices: prices}, ws)
+	job, err := rundir.OpenJob(ctx, rundir.JobConfig{InputPath: input, RunDir: filepath.Join(t.TempDir(), "run"), Prices: prices}, ws)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer job.Close()
 	run := func(maxSeq int64) *dispatch.Result {
-		eng, err := job.Engine(dispatch.Config{Orgs: orgs, BaseURL: r.URL, Speed: speed, Prices: prices, MaxSeq: maxSeq, SampleEvery: -1})
+		eng, err := dispatch.NewForJob(job, dispatch.Config{Orgs: orgs, BaseURL: r.URL, Speed: speed, Prices: prices, MaxSeq: maxSeq, SampleEvery: -1})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -174,12 +175,12 @@ func TestCountTokens(t *testing.T) {
 	}
 
 	// Bill the same items: send them all.
-	job, err := dispatch.OpenJob(ctx, dispatch.JobConfig{InputPath: input, RunDir: filepath.Join(t.TempDir(), "run"), Prices: cost.Default()}, ws)
+	job, err := rundir.OpenJob(ctx, rundir.JobConfig{InputPath: input, RunDir: filepath.Join(t.TempDir(), "run"), Prices: cost.Default()}, ws)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer job.Close()
-	eng, err := job.Engine(dispatch.Config{Orgs: orgs, BaseURL: r.URL, Speed: 100, Prices: cost.Default(), SampleEvery: -1})
+	eng, err := dispatch.NewForJob(job, dispatch.Config{Orgs: orgs, BaseURL: r.URL, Speed: 100, Prices: cost.Default(), SampleEvery: -1})
 	if err != nil {
 		t.Fatal(err)
 	}

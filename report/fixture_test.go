@@ -11,7 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/apidispatch/apidispatch/dispatch"
+	"github.com/apidispatch/apidispatch/gate"
+	"github.com/apidispatch/apidispatch/rundir"
 )
 
 // synth describes a synthetic but plausible run: lanes that start at a
@@ -37,7 +38,7 @@ type synth struct {
 
 // writeSynth writes events.jsonl and summary.json for s into dir and
 // returns the summary.
-func writeSynth(t testing.TB, dir string, s synth) dispatch.Summary {
+func writeSynth(t testing.TB, dir string, s synth) rundir.Summary {
 	t.Helper()
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
@@ -54,9 +55,9 @@ func writeSynth(t testing.TB, dir string, s synth) dispatch.Summary {
 		ts = time.Date(2026, 7, 1, 12, 0, 0, 0, time.UTC)
 	}
 	emit := func(at float64, kind, note string, data any) {
-		enc.Encode(dispatch.Event{TS: ts.Add(time.Duration(at * float64(time.Second))), Kind: kind, Note: note, Data: data})
+		enc.Encode(rundir.Event{TS: ts.Add(time.Duration(at * float64(time.Second))), Kind: kind, Note: note, Data: data})
 	}
-	emit(0, dispatch.EventStarted, "synthetic", map[string]any{"n": s.n, "base_url": "http://127.0.0.1:8080", "speed": s.speed})
+	emit(0, rundir.EventStarted, "synthetic", map[string]any{"n": s.n, "base_url": "http://127.0.0.1:8080", "speed": s.speed})
 
 	rng := rand.New(rand.NewPCG(s.seed, 7))
 	type lane struct {
@@ -90,17 +91,17 @@ func writeSynth(t testing.TB, dir string, s synth) dispatch.Summary {
 		tm += dt
 		remaining := int64(s.n) - done
 		byOrg := map[string]int64{}
-		var snaps []dispatch.LaneSnapshot
+		var snaps []gate.LaneSnapshot
 		inStorm := tm >= s.storm[0] && tm < s.storm[1]
 		for i, l := range lanes {
 			if s.laneStop && i == len(lanes)-1 && l.stopped == "" && float64(done) > float64(s.n)/2 {
 				l.stopped = "401 authentication_error: invalid x-api-key"
-				emit(tm, dispatch.EventLane, l.org+"/sonnet stopped: "+l.stopped, nil)
+				emit(tm, rundir.EventLane, l.org+"/sonnet stopped: "+l.stopped, nil)
 			}
 			if l.stopped != "" {
 				l.inflight = 0
 				byOrg[l.org] += 0
-				snaps = append(snaps, dispatch.LaneSnapshot{Org: l.org, Pool: "sonnet", Cap: s.cap, Limit: l.limit, MaxInFlight: l.maxIn, Cuts: l.cuts, HeldS: l.heldS, Disabled: l.stopped})
+				snaps = append(snaps, gate.LaneSnapshot{Org: l.org, Pool: "sonnet", Cap: s.cap, Limit: l.limit, MaxInFlight: l.maxIn, Cuts: l.cuts, HeldS: l.heldS, Disabled: l.stopped})
 				continue
 			}
 			held := l.held > 0
@@ -146,7 +147,7 @@ func writeSynth(t testing.TB, dir string, s synth) dispatch.Summary {
 			if others {
 				l.othersSeen++
 			}
-			snaps = append(snaps, dispatch.LaneSnapshot{Org: l.org, Pool: "sonnet", Cap: s.cap, Limit: math.Round(l.limit*10) / 10,
+			snaps = append(snaps, gate.LaneSnapshot{Org: l.org, Pool: "sonnet", Cap: s.cap, Limit: math.Round(l.limit*10) / 10,
 				InFlight: l.inflight, MaxInFlight: l.maxIn, Cuts: l.cuts, HeldS: l.heldS, Held: held, Others: others, OthersSeen: l.othersSeen})
 			cost += float64(c) * s.costPer
 		}
@@ -160,7 +161,7 @@ func writeSynth(t testing.TB, dir string, s synth) dispatch.Summary {
 		for _, l := range lanes {
 			inFlight += l.inflight
 		}
-		emit(tm, dispatch.EventSample, "", map[string]any{
+		emit(tm, rundir.EventSample, "", map[string]any{
 			"t_s": tm, "dt_s": dt, "completed_by_org": byOrg, "lanes": snaps,
 			"rate_limited_429": r429, "retries": retries, "cost_usd": cost, "in_flight": inFlight,
 		})
@@ -168,22 +169,22 @@ func writeSynth(t testing.TB, dir string, s synth) dispatch.Summary {
 			t.Fatal("synthetic run does not finish")
 		}
 	}
-	sum := dispatch.Summary{
+	sum := rundir.Summary{
 		N: int64(s.n), Succeeded: int64(s.n), ErroredByType: map[string]int64{},
-		DataLoss: dispatch.DataLoss{Inputs: int64(s.n), Outcomes: int64(s.n), Passed: true},
-		Cost:     dispatch.CostUSD{Total: cost, ByOrg: map[string]float64{}},
+		DataLoss: rundir.DataLoss{Inputs: int64(s.n), Outcomes: int64(s.n), Passed: true},
+		Cost:     rundir.CostUSD{Total: cost, ByOrg: map[string]float64{}},
 		Attempts: int64(s.n) + r429 + retries, RateLimited429: r429, Overloaded529: retries,
-		LatencyMs:      dispatch.Latency{P50: int64(s.latency * 1000 * s.speed * 0.9), P95: int64(s.latency * 1000 * s.speed * 1.8), P99: int64(s.latency * 1000 * s.speed * 2.6)},
+		LatencyMs:      rundir.Latency{P50: int64(s.latency * 1000 * s.speed * 0.9), P95: int64(s.latency * 1000 * s.speed * 1.8), P99: int64(s.latency * 1000 * s.speed * 2.6)},
 		RequestsPerMin: float64(s.n) / tm * 60, CompletedThisRun: int64(s.n), WallS: tm, Speed: s.speed,
-		APIEquivalentWallS: tm * s.speed, ByOrg: map[string]dispatch.OrgSplit{},
+		APIEquivalentWallS: tm * s.speed, ByOrg: map[string]rundir.OrgSplit{},
 	}
 	for _, l := range lanes {
 		c := float64(l.done) * s.costPer
 		sum.Cost.ByOrg[l.org] = c
-		sum.ByOrg[l.org] = dispatch.OrgSplit{Succeeded: l.succeeded, CostUSD: c, Key: fingerprints[l.org]}
-		sum.Lanes = append(sum.Lanes, dispatch.LaneSnapshot{Org: l.org, Pool: "sonnet", Cap: s.cap, Limit: l.limit, MaxInFlight: l.maxIn, Cuts: l.cuts, HeldS: l.heldS, OthersSeen: l.othersSeen, Disabled: l.stopped})
+		sum.ByOrg[l.org] = rundir.OrgSplit{Succeeded: l.succeeded, CostUSD: c, Key: fingerprints[l.org]}
+		sum.Lanes = append(sum.Lanes, gate.LaneSnapshot{Org: l.org, Pool: "sonnet", Cap: s.cap, Limit: l.limit, MaxInFlight: l.maxIn, Cuts: l.cuts, HeldS: l.heldS, OthersSeen: l.othersSeen, Disabled: l.stopped})
 	}
-	emit(tm, dispatch.EventCompleted, fmt.Sprintf("%d succeeded, %d errored", sum.Succeeded, sum.Errored), sum)
+	emit(tm, rundir.EventCompleted, fmt.Sprintf("%d succeeded, %d errored", sum.Succeeded, sum.Errored), sum)
 	if err := w.Flush(); err != nil {
 		t.Fatal(err)
 	}
@@ -209,7 +210,7 @@ func writeJSON(t testing.TB, path string, v any) {
 // the given speed factor with a 2-second API latency: the legacy arm on one
 // org at 50 in flight, the dispatcher over three orgs at a cap of 100, with
 // a 429 storm on one org.
-func abFixture(t testing.TB, dir string, n int, speed float64) (base, disp dispatch.Summary) {
+func abFixture(t testing.TB, dir string, n int, speed float64) (base, disp rundir.Summary) {
 	t.Helper()
 	base = writeSynth(t, filepath.Join(dir, "baseline"), synth{
 		orgs: []string{"high_prio"}, cap: 50, fixed: true, n: n, latency: 2.0 / speed, speed: speed,
@@ -219,7 +220,7 @@ func abFixture(t testing.TB, dir string, n int, speed float64) (base, disp dispa
 		orgs: []string{"batch", "high_prio", "low_prio"}, cap: 100, n: n, latency: 2.0 / speed, speed: speed,
 		storm: [2]float64{14, 17}, stormOrg: "low_prio", colleague: [2]float64{20, 32}, retryRate: 0.15, costPer: 0.00213, seed: 2,
 	})
-	arm := func(s dispatch.Summary) map[string]any {
+	arm := func(s rundir.Summary) map[string]any {
 		return map[string]any{
 			"wall_s": s.WallS, "api_equivalent_wall_s": s.APIEquivalentWallS, "cost_usd": s.Cost.Total, "ledger_cost_usd": s.Cost.Total,
 			"requests_per_min": s.RequestsPerMin, "succeeded": s.Succeeded, "errored": s.Errored, "unfinished": s.Unfinished,

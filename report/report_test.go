@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/apidispatch/apidispatch/dispatch"
+	"github.com/apidispatch/apidispatch/rundir"
 )
 
 func TestDownsampleKeepsEndsAndPeaks(t *testing.T) {
@@ -357,7 +357,7 @@ func TestLooseABDecoding(t *testing.T) {
 	})
 	os.MkdirAll(filepath.Join(dir, "baseline"), 0o755)
 	os.MkdirAll(filepath.Join(dir, "dispatcher"), 0o755)
-	writeJSON(t, filepath.Join(dir, "dispatcher", "summary.json"), dispatch.Summary{Succeeded: 998, Errored: 2, RateLimited429: 7, WallS: 21})
+	writeJSON(t, filepath.Join(dir, "dispatcher", "summary.json"), rundir.Summary{Succeeded: 998, Errored: 2, RateLimited429: 7, WallS: 21})
 	if err := Write(dir); err != nil {
 		t.Fatal(err)
 	}
@@ -555,7 +555,7 @@ func TestABHarnessFields(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
 	base, disp := abFixture(t, filepath.Join(dir, "round2"), 3000, 4)
-	arm := func(s dispatch.Summary, name string) map[string]any {
+	arm := func(s rundir.Summary, name string) map[string]any {
 		return map[string]any{
 			"arm": name, "round": 2, "dir": filepath.Join("round2", name), "wall_s": s.WallS, "api_equivalent_wall_s": s.WallS * 4,
 			"setup_s": 1.25, "cost_usd": s.Cost.Total, "ledger_cost_usd": s.Cost.Total + 1, "cost_matches_ledger": true,

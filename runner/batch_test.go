@@ -25,6 +25,7 @@ import (
 	"github.com/apidispatch/apidispatch/internal/simtest"
 	"github.com/apidispatch/apidispatch/org"
 	"github.com/apidispatch/apidispatch/plan"
+	"github.com/apidispatch/apidispatch/rundir"
 	"github.com/apidispatch/apidispatch/runner"
 	"github.com/apidispatch/apidispatch/sim"
 	"github.com/apidispatch/apidispatch/soak"
@@ -56,7 +57,7 @@ func (b *bench) exec(ctx context.Context, dir string, x runner.Exec) (*runner.Re
 	if dir == "" {
 		dir = filepath.Join(b.t.TempDir(), "run")
 	}
-	job, err := dispatch.OpenJob(ctx, dispatch.JobConfig{InputPath: b.input, RunDir: dir, Prices: cost.Default()}, nil)
+	job, err := rundir.OpenJob(ctx, rundir.JobConfig{InputPath: b.input, RunDir: dir, Prices: cost.Default()}, nil)
 	if err != nil {
 		b.t.Fatal(err)
 	}
@@ -72,7 +73,7 @@ func (b *bench) exec(ctx context.Context, dir string, x runner.Exec) (*runner.Re
 // audit checks that every custom_id of the input has exactly one result.
 func (b *bench) audit(dir string) soak.Check {
 	b.t.Helper()
-	c, err := soak.CheckResults(b.input, filepath.Join(dir, dispatch.ResultsFile))
+	c, err := soak.CheckResults(b.input, filepath.Join(dir, rundir.ResultsFile))
 	if err != nil {
 		b.t.Fatal(err)
 	}
@@ -312,7 +313,7 @@ func (b *bench) runAuto(t *testing.T, limits *plan.Limits, deadline time.Duratio
 
 // routesOf is the router's projection of the routes, from the summary of
 // the run it split.
-func routesOf(t *testing.T, s *dispatch.Summary) plan.RoutesJSON {
+func routesOf(t *testing.T, s *rundir.Summary) plan.RoutesJSON {
 	t.Helper()
 	var doc struct {
 		Routes *plan.RoutesJSON `json:"routes"`
@@ -342,7 +343,7 @@ func checkAutoDeadline(t *testing.T, a autoRun, deadline time.Duration, speed fl
 
 // allSyncUSD is what the run's items would have cost by sync: its sync
 // route's cost plus its batch route's at the sync price.
-func allSyncUSD(s *dispatch.Summary) float64 {
+func allSyncUSD(s *rundir.Summary) float64 {
 	v := 0.0
 	if r := s.ByRoute[store.RouteSync]; r != nil {
 		v += r.CostUSD
@@ -416,7 +417,7 @@ func TestAutoCancelsLateBatches(t *testing.T) {
 	s := out.Summary
 	evs := readEvents(t, out.Dir)
 	for _, e := range evs {
-		if e.Kind != dispatch.EventSample && e.Kind != dispatch.EventProgress {
+		if e.Kind != rundir.EventSample && e.Kind != rundir.EventProgress {
 			t.Logf("%6.2f s  %s: %s", e.TS.Sub(evs[0].TS).Seconds(), e.Kind, e.Note)
 		}
 	}
@@ -428,7 +429,7 @@ func TestAutoCancelsLateBatches(t *testing.T) {
 	checkAutoDeadline(t, a, deadline, k)
 	late := 0
 	for _, e := range evs {
-		if e.Kind == dispatch.EventBatch && strings.Contains(e.Note, "is late") {
+		if e.Kind == rundir.EventBatch && strings.Contains(e.Note, "is late") {
 			late++
 		}
 	}
@@ -438,18 +439,18 @@ func TestAutoCancelsLateBatches(t *testing.T) {
 	t.Logf("%d batches cancelled as late; %d items by batch, %d by sync, %.1f s of a %s deadline", late, br.Items, s.ByRoute[store.RouteSync].Items, s.WallS, deadline)
 }
 
-func readEvents(t *testing.T, dir string) []dispatch.Event {
+func readEvents(t *testing.T, dir string) []rundir.Event {
 	t.Helper()
-	f, err := os.Open(filepath.Join(dir, dispatch.EventsFile))
+	f, err := os.Open(filepath.Join(dir, rundir.EventsFile))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	var out []dispatch.Event
+	var out []rundir.Event
 	sc := bufio.NewScanner(f)
 	sc.Buffer(make([]byte, 1<<20), 1<<26)
 	for sc.Scan() {
-		var e dispatch.Event
+		var e rundir.Event
 		if json.Unmarshal(sc.Bytes(), &e) == nil {
 			out = append(out, e)
 		}
@@ -472,7 +473,7 @@ func TestBatchCutByBytes(t *testing.T) {
 		t.Fatalf("batch route: %v", err)
 	}
 	b.audit(dir)
-	st, err := sqlite.Open(filepath.Join(dir, dispatch.StateFile))
+	st, err := sqlite.Open(filepath.Join(dir, rundir.StateFile))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -526,7 +527,7 @@ func TestBatchMaxCost(t *testing.T) {
 	if cost.Nanos(total) > maxCost || s.Cost.TotalNanos != total || s.Unfinished == 0 || s.Succeeded == 0 || s.Batches.Open != 0 {
 		t.Fatalf("ledger %d nanos (cap %d), summary %d, %d succeeded, %d unfinished, batches %+v", total, maxCost, s.Cost.TotalNanos, s.Succeeded, s.Unfinished, s.Batches)
 	}
-	c, err := soak.CheckResults(b.input, filepath.Join(dir, dispatch.ResultsFile))
+	c, err := soak.CheckResults(b.input, filepath.Join(dir, rundir.ResultsFile))
 	if err != nil || c.Repeated+c.Unknown != 0 || c.Lines != s.Succeeded {
 		t.Fatalf("results %+v, %v", c, err)
 	}
@@ -642,7 +643,7 @@ func TestAutoEndsWhenBatchRouteFailsBeforePlacing(t *testing.T) {
 	const n, k = 600, 10
 	b, _ := autoSim(t, n, k)
 	ctx := t.Context() // Exec.SyncItems 0: every item by batch
-	job, err := dispatch.OpenJob(ctx, dispatch.JobConfig{InputPath: b.input, RunDir: filepath.Join(t.TempDir(), "run"), Prices: cost.Default()}, nil)
+	job, err := rundir.OpenJob(ctx, rundir.JobConfig{InputPath: b.input, RunDir: filepath.Join(t.TempDir(), "run"), Prices: cost.Default()}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -22,6 +22,7 @@ import (
 	"github.com/apidispatch/apidispatch/cost"
 	"github.com/apidispatch/apidispatch/dispatch"
 	"github.com/apidispatch/apidispatch/internal/simtest"
+	"github.com/apidispatch/apidispatch/rundir"
 	"github.com/apidispatch/apidispatch/runner"
 	"github.com/apidispatch/apidispatch/sim"
 	"github.com/apidispatch/apidispatch/store"
@@ -121,7 +122,7 @@ func billedOncePerItem(t *testing.T, r *sim.Running, n int, other ...string) {
 // resultBatchIDs reads the results file of dir: custom_id → dispatch.batch_id.
 func resultBatchIDs(t *testing.T, dir string) map[string]string {
 	t.Helper()
-	f, err := os.Open(filepath.Join(dir, dispatch.ResultsFile))
+	f, err := os.Open(filepath.Join(dir, rundir.ResultsFile))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -191,7 +192,7 @@ func TestLostCreateWithEndedLookalikeDoesNotWaitForEver(t *testing.T) {
 	b.audit(dir)
 	if testing.Verbose() {
 		for _, e := range readEvents(t, dir) {
-			if e.Kind == dispatch.EventBatch {
+			if e.Kind == rundir.EventBatch {
 				t.Logf("%s: %s", e.Kind, e.Note)
 			}
 		}
@@ -261,7 +262,7 @@ func TestLostCreateAdoptsOursNotColleagues(t *testing.T) {
 	}
 	if testing.Verbose() {
 		for _, e := range readEvents(t, dir) {
-			if e.Kind == dispatch.EventBatch {
+			if e.Kind == rundir.EventBatch {
 				t.Logf("%s: %s", e.Kind, e.Note)
 			}
 		}
@@ -270,7 +271,7 @@ func TestLostCreateAdoptsOursNotColleagues(t *testing.T) {
 	if theirs == "" {
 		t.Fatal("the colleague's batch was never created")
 	}
-	st, err := sqlite.Open(filepath.Join(dir, dispatch.StateFile))
+	st, err := sqlite.Open(filepath.Join(dir, rundir.StateFile))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -333,7 +334,7 @@ func TestResultsPastRetentionSentAgain(t *testing.T) {
 	res, err, _ := b.exec(rctx, dir, runner.Exec{Route: runner.RouteBatch})
 	if err != nil || !res.Complete {
 		for _, e := range readEvents(t, dir) {
-			if e.Kind == dispatch.EventBatch {
+			if e.Kind == rundir.EventBatch {
 				t.Logf("%s: %s", e.Kind, e.Note)
 			}
 		}
@@ -372,7 +373,7 @@ func TestChangedInputNamesOpenBatches(t *testing.T) {
 	if first == nil || first.Summary == nil || first.Summary.Batches.Open != 3 {
 		t.Fatalf("the stopped run: %+v; want 3 batches open", first)
 	}
-	st, err := sqlite.Open(filepath.Join(dir, dispatch.StateFile))
+	st, err := sqlite.Open(filepath.Join(dir, rundir.StateFile))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,6 +9,8 @@ import (
 
 	"github.com/apidispatch/apidispatch/batch"
 	"github.com/apidispatch/apidispatch/dispatch"
+	"github.com/apidispatch/apidispatch/gate"
+	"github.com/apidispatch/apidispatch/rundir"
 	"github.com/apidispatch/apidispatch/spend"
 	"github.com/apidispatch/apidispatch/store"
 )
@@ -56,7 +58,7 @@ type Exec struct {
 
 // Result is what Execute returns.
 type Result struct {
-	Summary  *dispatch.Summary
+	Summary  *rundir.Summary
 	Complete bool
 	// Stop is how it ended: Complete, or Incomplete with the reason and
 	// whether a stop condition ended it (Halted).
@@ -68,21 +70,21 @@ type Result struct {
 // Execute sends the job's pending items by the route x names and sums the
 // run. The store is consistent however it returns; an error leaves the run
 // resumable (as dispatch.Engine.Run does).
-func Execute(ctx context.Context, job *dispatch.Job, x Exec) (*Result, error) {
+func Execute(ctx context.Context, job *rundir.Job, x Exec) (*Result, error) {
 	start := time.Now()
 	agg0, err := job.Store.Aggregate(ctx)
 	if err != nil {
 		return nil, err
 	}
-	sink, err := dispatch.OpenSink(ctx, job.ResultsPath, job.Store)
+	sink, err := rundir.OpenSink(ctx, job.ResultsPath, job.Store)
 	if err != nil {
 		return nil, err
 	}
 	if sink.Rebuilt > 0 {
-		job.Events.Emit(dispatch.EventWarning, fmt.Sprintf("results file was %d lines short of the run's state; rebuilt them", sink.Rebuilt), map[string]any{"rebuilt": sink.Rebuilt})
+		job.Events.Emit(rundir.EventWarning, fmt.Sprintf("results file was %d lines short of the run's state; rebuilt them", sink.Rebuilt), map[string]any{"rebuilt": sink.Rebuilt})
 	}
 	if x.Sync.Spend == nil {
-		x.Sync.Spend = spend.New("--max-cost", x.Sync.MaxCost, dispatch.SpentBefore(agg0))
+		x.Sync.Spend = spend.New("--max-cost", x.Sync.MaxCost, rundir.SpentBefore(agg0))
 	}
 	if x.Route == RouteBatch || x.Route == RouteAuto {
 		if err := batch.CheckItems(ctx, job.Store, x.Batch.MaxBytes); err != nil {
@@ -116,7 +118,7 @@ func Execute(ctx context.Context, job *dispatch.Job, x Exec) (*Result, error) {
 		runErr = err
 	}
 	sctx := context.WithoutCancel(ctx)
-	s, _, serr := dispatch.BuildSummary(sctx, dispatch.SummaryInput{
+	s, _, serr := rundir.BuildSummary(sctx, rundir.SummaryInput{
 		Store: job.Store, ResultsPath: job.ResultsPath, Orgs: x.Sync.Orgs, Start: start,
 		DoneStart: agg0.Succeeded + agg0.Errored, Speed: x.Sync.Speed, Lanes: ex.lanes, StopReason: ex.stopReason,
 	})
@@ -145,7 +147,7 @@ func Execute(ctx context.Context, job *dispatch.Job, x Exec) (*Result, error) {
 	complete := s.Unfinished == 0 && !open && runErr == nil
 	res := &Result{Summary: s, Complete: complete, Stop: ex.stop(complete), Batch: ex.batchRes}
 	if runErr != nil && !errors.Is(runErr, dispatch.ErrIncomplete) {
-		job.Events.Emit(dispatch.EventFailure, runErr.Error(), nil)
+		job.Events.Emit(rundir.EventFailure, runErr.Error(), nil)
 		return res, runErr
 	}
 	if !res.Complete {
@@ -158,30 +160,30 @@ func Execute(ctx context.Context, job *dispatch.Job, x Exec) (*Result, error) {
 		s.StopReason = res.Stop.Reason
 		if x.Route != RouteSync {
 			// The sync engine emits its own incomplete event.
-			job.Events.Emit(dispatch.EventIncomplete, res.Stop.Reason, s)
+			job.Events.Emit(rundir.EventIncomplete, res.Stop.Reason, s)
 		}
 		return res, fmt.Errorf("%w: %s", dispatch.ErrIncomplete, res.Stop.Reason)
 	}
 	if x.Route != RouteSync {
-		job.Events.Emit(dispatch.EventCompleted, fmt.Sprintf("%d succeeded, %d errored", s.Succeeded, s.Errored), s)
+		job.Events.Emit(rundir.EventCompleted, fmt.Sprintf("%d succeeded, %d errored", s.Succeeded, s.Errored), s)
 	}
 	return res, nil
 }
 
 // execution is one Execute's state.
 type execution struct {
-	job   *dispatch.Job
+	job   *rundir.Job
 	x     Exec
-	sink  *dispatch.Sink
-	lanes []dispatch.LaneSnapshot
+	sink  *rundir.Sink
+	lanes []gate.LaneSnapshot
 	// mu guards stopReason: auto's batch route runs on its own goroutine.
 	mu         sync.Mutex
 	stopReason string
 	syncWall   time.Duration
 	batchRes   *batch.Result
-	cacheSum   *dispatch.CacheSummary
+	cacheSum   *rundir.CacheSummary
 	// lastLanes and lastEnd are the previous engine's lanes and end.
-	lastLanes []dispatch.LaneSnapshot
+	lastLanes []gate.LaneSnapshot
 	lastEnd   time.Time
 }
 
@@ -240,7 +242,7 @@ func (ex *execution) sync(ctx context.Context, c dispatch.Config) error {
 	if f := ex.warmStart(c.Speed); f > 0 && c.Lane.StartFraction == 0 {
 		c.Lane.StartFraction = f
 	}
-	eng, err := ex.job.Engine(c)
+	eng, err := dispatch.NewForJob(ex.job, c)
 	if err != nil {
 		return err
 	}
@@ -424,7 +426,7 @@ func (ex *execution) freePending(ctx context.Context, rt *batch.Route) (int64, e
 }
 
 // batchesSummary counts the run's batches.
-func batchesSummary(ctx context.Context, st store.Store, s *dispatch.Summary) (*dispatch.BatchesSummary, error) {
+func batchesSummary(ctx context.Context, st store.Store, s *rundir.Summary) (*rundir.BatchesSummary, error) {
 	recs, err := st.Batches(ctx)
 	if err != nil {
 		return nil, err
@@ -433,8 +435,8 @@ func batchesSummary(ctx context.Context, st store.Store, s *dispatch.Summary) (*
 	if err != nil {
 		return nil, err
 	}
-	b := &dispatch.BatchesSummary{Created: agg.Counters[batch.CounterBatches], Adopted: agg.Counters[batch.CounterBatchAdopted],
-		Requests: agg.Counters[batch.CounterBatchRequests], Retried: agg.Counters[batch.CounterBatchRetried]}
+	b := &rundir.BatchesSummary{Created: agg.Counters[rundir.CounterBatches], Adopted: agg.Counters[rundir.CounterBatchAdopted],
+		Requests: agg.Counters[rundir.CounterBatchRequests], Retried: agg.Counters[rundir.CounterBatchRetried]}
 	for _, r := range recs {
 		switch {
 		case r.Status.Open():

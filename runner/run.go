@@ -15,6 +15,7 @@ import (
 	"github.com/apidispatch/apidispatch/org"
 	"github.com/apidispatch/apidispatch/plan"
 	"github.com/apidispatch/apidispatch/report"
+	"github.com/apidispatch/apidispatch/rundir"
 	"github.com/apidispatch/apidispatch/spend"
 	"github.com/apidispatch/apidispatch/store"
 	"github.com/apidispatch/apidispatch/workload"
@@ -65,7 +66,7 @@ type Config struct {
 	// anything is sent: a library front door (the gateway) takes the
 	// job's store and may set the sync configuration's spend gate. The
 	// cleanup it returns runs when the run ends.
-	OnJob func(job *dispatch.Job, sync *dispatch.Config) (cleanup func(), err error)
+	OnJob func(job *rundir.Job, sync *dispatch.Config) (cleanup func(), err error)
 	// Abort, when set, abandons the requests in flight when its Abort is
 	// called (the second signal).
 	Abort *Aborter
@@ -82,7 +83,7 @@ type Config struct {
 // run never started), where its results are, and the error, if any.
 type Outcome struct {
 	Stop        Stop
-	Summary     *dispatch.Summary
+	Summary     *rundir.Summary
 	Dir         string
 	ResultsPath string
 	Err         error
@@ -140,7 +141,7 @@ func Run(ctx context.Context, cfg Config) Outcome {
 	if err := cfg.check(); err != nil {
 		return fail(Usage, err)
 	}
-	ws, err := dispatch.Validate(cfg.Input, cfg.Prices)
+	ws, err := rundir.Validate(cfg.Input, cfg.Prices)
 	if err != nil {
 		return failf(Usage, "%s: %w", cfg.Input, err)
 	}
@@ -160,9 +161,9 @@ func Run(ctx context.Context, cfg Config) Outcome {
 	for _, r := range RotationReminders(cfg.Sync.Orgs, time.Now()) {
 		fmt.Fprintln(w, r)
 	}
-	job, err := dispatch.OpenJob(ctx, dispatch.JobConfig{InputPath: cfg.Input, RunDir: cfg.RunDir, ResultsPath: cfg.ResultsPath, Prices: cfg.Prices}, ws)
+	job, err := rundir.OpenJob(ctx, rundir.JobConfig{InputPath: cfg.Input, RunDir: cfg.RunDir, ResultsPath: cfg.ResultsPath, Prices: cfg.Prices}, ws)
 	if err != nil {
-		if errors.Is(err, dispatch.ErrRunDirBusy) {
+		if errors.Is(err, rundir.ErrRunDirBusy) {
 			return fail(Refused, err)
 		}
 		return fail(Usage, err)
@@ -189,14 +190,14 @@ func Run(ctx context.Context, cfg Config) Outcome {
 }
 
 // startServices starts the shared budget and the metrics the run asks for.
-func (cfg *Config) startServices(ctx context.Context, job *dispatch.Job, w io.Writer) (*Services, error) {
+func (cfg *Config) startServices(ctx context.Context, job *rundir.Job, w io.Writer) (*Services, error) {
 	sh := cfg.Shared
 	if cfg.Route == RouteBatch && sh.URL != "" && cfg.Pilot <= 0 {
 		// The batch route holds no request slots: nothing to share (a
 		// pilot sends its items by sync, on the key's slots).
 		msg := "--shared is not used by --route batch (the Message Batches API holds no request slots of a key); going on without Redis"
 		fmt.Fprintln(w, "note: "+msg)
-		job.Events.Emit(dispatch.EventWarning, msg, nil)
+		job.Events.Emit(rundir.EventWarning, msg, nil)
 		sh = Shared{}
 	}
 	return StartServices(ctx, ServicesConfig{Shared: sh, MetricsAddr: cfg.MetricsAddr, Orgs: cfg.Sync.Orgs, Events: job.Events, Stderr: w})
@@ -205,7 +206,7 @@ func (cfg *Config) startServices(ctx context.Context, job *dispatch.Job, w io.Wr
 // run is one Run once its run directory is open.
 type run struct {
 	cfg  *Config
-	job  *dispatch.Job
+	job  *rundir.Job
 	ws   *workload.Summary
 	pin  plan.Input
 	pr   *Projection
@@ -246,7 +247,7 @@ func (r *run) send(ctx context.Context) Outcome {
 		if err != nil {
 			return out.with(Incomplete, fmt.Errorf("reading what the run spent: %w", err))
 		}
-		cfg.Sync.Spend = spend.New("--max-cost", cfg.Sync.MaxCost, dispatch.SpentBefore(agg))
+		cfg.Sync.Spend = spend.New("--max-cost", cfg.Sync.MaxCost, rundir.SpentBefore(agg))
 	}
 	start := time.Now()
 	if cfg.Deadline > 0 {
@@ -287,7 +288,7 @@ func (r *run) pilot(ctx context.Context, x Exec) (o Outcome, done bool) {
 		// sent; a batch would take up to 24 h to say it.
 		msg := fmt.Sprintf("pilot: the first %d items go by sync, at the full (sync) price, twice their batch price, to measure their cost before the rest go by %s", cfg.Pilot, cfg.Route)
 		fmt.Fprintln(r.w, msg)
-		r.job.Events.Emit(dispatch.EventBatch, msg, map[string]any{"pilot": cfg.Pilot, "route": RouteSync})
+		r.job.Events.Emit(rundir.EventBatch, msg, map[string]any{"pilot": cfg.Pilot, "route": RouteSync})
 	}
 	px := x
 	px.Route = RouteSync
@@ -326,7 +327,7 @@ func orgNames(orgs []org.Org) []string {
 // router sets auto's split from the projection, and when a batch is late:
 // when, at the projected sync rate, its requests would no longer end by
 // the deadline if it were cancelled and they were sent by sync.
-func (cfg *Config) router(job *dispatch.Job, pr *Projection, x *Exec, start time.Time, w io.Writer) {
+func (cfg *Config) router(job *rundir.Job, pr *Projection, x *Exec, start time.Time, w io.Writer) {
 	r := pr.Routes
 	nb, ns := r.Split()
 	x.SyncItems = ns
@@ -337,7 +338,7 @@ func (cfg *Config) router(job *dispatch.Job, pr *Projection, x *Exec, start time
 		msg += ": no --deadline, so every item that can goes by batch (the cheapest)"
 	}
 	fmt.Fprintln(w, msg)
-	job.Events.Emit(dispatch.EventBatch, msg, map[string]any{"batch_items": nb, "sync_items": ns, "deadline_s": r.DeadlineS})
+	job.Events.Emit(rundir.EventBatch, msg, map[string]any{"batch_items": nb, "sync_items": ns, "deadline_s": r.DeadlineS})
 	if cfg.Deadline <= 0 {
 		return
 	}
@@ -446,11 +447,11 @@ func ProjectCache(ctx context.Context, input string, in *plan.Input, cc *cache.C
 	if cc == nil {
 		return nil
 	}
-	origin, err := dispatch.CacheOrigin(baseURL)
+	origin, err := plan.CacheOrigin(baseURL)
 	if err != nil {
 		return err
 	}
-	ch, err := dispatch.ProjectCache(ctx, input, in.Workload, cc, mode, sampled, origin)
+	ch, err := plan.ProjectCache(ctx, input, in.Workload, cc, mode, sampled, origin)
 	if err != nil {
 		return fmt.Errorf("looking the input up in the cache: %w", err)
 	}

@@ -6,9 +6,10 @@ import (
 	"fmt"
 	"io"
 
-	"github.com/apidispatch/apidispatch/dispatch"
+	"github.com/apidispatch/apidispatch/gate"
 	"github.com/apidispatch/apidispatch/metrics"
 	"github.com/apidispatch/apidispatch/org"
+	"github.com/apidispatch/apidispatch/rundir"
 	"github.com/apidispatch/apidispatch/shared"
 )
 
@@ -28,7 +29,7 @@ type Shared struct {
 
 // open connects the shared budget for orgs, or returns nil without a URL.
 // It does not start it.
-func (s Shared) open(ctx context.Context, orgs []org.Org, events *dispatch.EventLog) (*shared.Budget, error) {
+func (s Shared) open(ctx context.Context, orgs []org.Org, events *rundir.EventLog) (*shared.Budget, error) {
 	if s.URL == "" {
 		if s.Fallback != "" {
 			return nil, fmt.Errorf("--shared-fallback needs --shared")
@@ -63,7 +64,7 @@ type ServicesConfig struct {
 	// Orgs are the lanes' orgs (the shared budget names lanes by their
 	// keys' fingerprints); Events gets the shared budget's warnings.
 	Orgs   []org.Org
-	Events *dispatch.EventLog
+	Events *rundir.EventLog
 	// Stderr gets the metrics address (nil: discarded).
 	Stderr io.Writer
 }
@@ -111,7 +112,7 @@ func StartServices(ctx context.Context, c ServicesConfig) (*Services, error) {
 // NewGate is the lanes' gate factory with the services in it: the shared
 // budget's gates in place of base, wrapped by the metrics. Without
 // services it is base (nil: the in-process lane).
-func (s *Services) NewGate(base func(dispatch.LaneConfig) dispatch.Gate) func(dispatch.LaneConfig) dispatch.Gate {
+func (s *Services) NewGate(base func(gate.LaneConfig) gate.Gate) func(gate.LaneConfig) gate.Gate {
 	if s == nil {
 		return base
 	}

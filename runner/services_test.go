@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/apidispatch/apidispatch/dispatch"
+	"github.com/apidispatch/apidispatch/rundir"
 	"github.com/apidispatch/apidispatch/runner"
 	"github.com/apidispatch/apidispatch/shared"
 )
@@ -27,7 +27,7 @@ func TestExecuteOpensItsSharedBudget(t *testing.T) {
 	if err != nil || !res.Complete || res.Stop.Kind != runner.Complete {
 		t.Fatalf("on the local share: %v, %+v", err, res)
 	}
-	ev, _ := os.ReadFile(filepath.Join(dir, dispatch.EventsFile))
+	ev, _ := os.ReadFile(filepath.Join(dir, rundir.EventsFile))
 	if !strings.Contains(string(ev), "running on a conservative local share") {
 		t.Errorf("no event of the local share:\n%s", ev)
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/apidispatch/apidispatch/cost"
 	"github.com/apidispatch/apidispatch/dispatch"
 	"github.com/apidispatch/apidispatch/plan"
+	"github.com/apidispatch/apidispatch/rundir"
 	"github.com/apidispatch/apidispatch/runner"
 	"github.com/apidispatch/apidispatch/sim"
 	"github.com/apidispatch/apidispatch/store"
@@ -18,7 +19,7 @@ import (
 // projectedAllSync is plan's expected cost of b's input, every item by sync.
 func (b *bench) projectedAllSync(t *testing.T, limits *plan.Limits) cost.Nanos {
 	t.Helper()
-	ws, err := dispatch.Validate(b.input, cost.Default())
+	ws, err := rundir.Validate(b.input, cost.Default())
 	if err != nil {
 		t.Fatal(err)
 	}

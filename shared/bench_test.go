@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/apidispatch/apidispatch/anthropic"
-	"github.com/apidispatch/apidispatch/dispatch"
+	"github.com/apidispatch/apidispatch/gate"
 	"github.com/apidispatch/apidispatch/internal/testredis"
 	"github.com/apidispatch/apidispatch/org"
 )
@@ -18,7 +18,7 @@ import (
 func BenchmarkSharedAdmissions(b *testing.B) {
 	url := testredis.URL(b)
 	o := freshOrg("a")
-	var gs []dispatch.Gate
+	var gs []gate.Gate
 	var bs []*Budget
 	for range 3 {
 		bd, err := Open(context.Background(), Config{URL: url, Orgs: []org.Org{o}})
@@ -28,10 +28,10 @@ func BenchmarkSharedAdmissions(b *testing.B) {
 		bd.Start(context.Background())
 		defer bd.Close()
 		bs = append(bs, bd)
-		gs = append(gs, bd.NewGate(dispatch.LaneConfig{Org: "a", Pool: anthropic.PoolSonnet4, Cap: 100, StartFraction: 1, Speed: 1}))
+		gs = append(gs, bd.NewGate(gate.LaneConfig{Org: "a", Pool: anthropic.PoolSonnet4, Cap: 100, StartFraction: 1, Speed: 1}))
 	}
 	time.Sleep(50 * time.Millisecond)
-	ok := dispatch.Feedback{Outcome: anthropic.Outcome{Kind: anthropic.Success, Status: 200}}
+	ok := gate.Feedback{Outcome: anthropic.Outcome{Kind: anthropic.Success, Status: 200}}
 	var trips0 int64
 	for _, bd := range bs {
 		trips0 += bd.trips.Load()
@@ -42,7 +42,7 @@ func BenchmarkSharedAdmissions(b *testing.B) {
 	per := b.N / 3
 	for _, g := range gs {
 		go func() {
-			var held []dispatch.Permit
+			var held []gate.Permit
 			n := 0
 			for n < per {
 				if p, _, ok := g.TryAdmit(time.Now(), one); ok {

@@ -45,8 +45,9 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/apidispatch/apidispatch/dispatch"
+	"github.com/apidispatch/apidispatch/gate"
 	"github.com/apidispatch/apidispatch/org"
+	"github.com/apidispatch/apidispatch/rundir"
 )
 
 // keyPrefix starts every Redis key this package writes.
@@ -88,7 +89,7 @@ type Config struct {
 	Grace time.Duration
 	// Orgs are the run's orgs; their keys' fingerprints name the lanes.
 	Orgs   []org.Org
-	Events *dispatch.EventLog
+	Events *rundir.EventLog
 	Log    *slog.Logger
 }
 
@@ -179,7 +180,7 @@ func Open(ctx context.Context, cfg Config) (*Budget, error) {
 			return nil, fmt.Errorf("%w at %s: %v (use --shared-fallback local to run on a local share instead)", ErrUnreachable, host, scrub(err, opt.Password))
 		}
 		b.down, b.downFrom, b.periods, b.startLocal = true, time.Now(), 1, true
-		cfg.Events.Emit(dispatch.EventWarning, "shared budget: Redis at "+host+" is unreachable; running on a conservative local share until it answers", map[string]any{"shared": host})
+		cfg.Events.Emit(rundir.EventWarning, "shared budget: Redis at "+host+" is unreachable; running on a conservative local share until it answers", map[string]any{"shared": host})
 		cfg.Log.Warn("shared budget: Redis unreachable; running on a local share", "host", host)
 	}
 	return b, nil
@@ -234,7 +235,7 @@ func (b *Budget) Host() string { return b.host }
 // others the process holds nothing while the other has the cap in flight.
 // NewGate therefore hands a later engine the lane's existing gate, which
 // judges the key anew (not disabled) and asks for slots at once.
-func (b *Budget) NewGate(lc dispatch.LaneConfig) dispatch.Gate {
+func (b *Budget) NewGate(lc gate.LaneConfig) gate.Gate {
 	g := newGate(b, lc, b.fps[lc.Org])
 	b.mu.Lock()
 	for _, old := range b.gates {
@@ -361,7 +362,7 @@ func (b *Budget) lost(err error) {
 		g.goDark()
 	}
 	msg := fmt.Sprintf("shared budget: Redis at %s stopped answering (%v); admitting nothing past each lease (%v) until it is back", b.host, err, b.ttl-b.margin)
-	b.cfg.Events.Emit(dispatch.EventWarning, msg, map[string]any{"shared": b.host})
+	b.cfg.Events.Emit(rundir.EventWarning, msg, map[string]any{"shared": b.host})
 	b.cfg.Log.Warn("shared budget: Redis lost; admitting nothing past each lease until it is back", "host", b.host)
 }
 
@@ -380,7 +381,7 @@ func (b *Budget) rejoined(gates []*Gate) {
 		maxIn[g.cfg.Org+"/"+string(g.cfg.Pool)] = g.localMaxInF
 		g.mu.Unlock()
 	}
-	b.cfg.Events.Emit(dispatch.EventLane, fmt.Sprintf("shared budget: rejoined Redis at %s after %.1f s without it", b.host, out.Seconds()),
+	b.cfg.Events.Emit(rundir.EventLane, fmt.Sprintf("shared budget: rejoined Redis at %s after %.1f s without it", b.host, out.Seconds()),
 		map[string]any{"shared": b.host, "rejoined": true, "outage_s": out.Seconds(), "max_in_flight_during_outage": maxIn})
 	b.cfg.Log.Info("shared budget: rejoined Redis", "host", b.host, "outage_s", out.Seconds())
 }

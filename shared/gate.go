@@ -10,12 +10,13 @@ import (
 	"time"
 
 	"github.com/apidispatch/apidispatch/anthropic"
-	"github.com/apidispatch/apidispatch/dispatch"
+	"github.com/apidispatch/apidispatch/gate"
+	"github.com/apidispatch/apidispatch/rundir"
 )
 
 // Gate is one (key, model pool) lane whose budget is shared through Redis
-// with every other process on the same key. It implements dispatch.Gate and
-// dispatch.Waker. It is safe for concurrent use.
+// with every other process on the same key. It implements gate.Gate and
+// gate.Waker. It is safe for concurrent use.
 //
 // Admission is local and costs no round trip: the process holds a lease of
 // several slots (its grant) and admits while its requests in flight are
@@ -32,7 +33,7 @@ import (
 // cut off from Redis, does not admit on a grant Redis may have given away.
 type Gate struct {
 	b    *Budget
-	cfg  dispatch.LaneConfig
+	cfg  gate.LaneConfig
 	keys []string
 	fp   string
 
@@ -54,7 +55,7 @@ type Gate struct {
 	starved     bool // refused for want of a slot since the last renewal
 	starvedAt   time.Time
 	success     bool // a success since the last renewal
-	buckets     *dispatch.Buckets
+	buckets     *gate.Buckets
 	share       float64 // of the org's buckets this process stands for (1/active)
 	procs       int
 	active      int
@@ -87,18 +88,18 @@ type Gate struct {
 }
 
 var (
-	_ dispatch.Gate  = (*Gate)(nil)
-	_ dispatch.Waker = (*Gate)(nil)
+	_ gate.Gate  = (*Gate)(nil)
+	_ gate.Waker = (*Gate)(nil)
 )
 
-func newGate(b *Budget, lc dispatch.LaneConfig, fp string) *Gate {
+func newGate(b *Budget, lc gate.LaneConfig, fp string) *Gate {
 	lc = lc.WithDefaults()
 	tag := "{" + fp + ":" + string(lc.Pool) + "}"
 	base := keyPrefix + tag
 	g := &Gate{
 		b: b, cfg: lc, fp: fp,
 		keys:    []string{base + ":state", base + ":held", base + ":want", base + ":infl", base + ":exp", base + ":r429", base + ":caps"},
-		buckets: dispatch.NewBuckets(lc),
+		buckets: gate.NewBuckets(lc),
 		share:   1,
 		procs:   1,
 		limit:   math.Min(float64(lc.Cap), math.Max(lc.MinLimit, math.Floor(float64(lc.Cap)*lc.StartFraction))),
@@ -112,7 +113,7 @@ func newGate(b *Budget, lc dispatch.LaneConfig, fp string) *Gate {
 	return g
 }
 
-// SetWake implements dispatch.Waker.
+// SetWake implements gate.Waker.
 func (g *Gate) SetWake(wake func()) {
 	g.mu.Lock()
 	g.wake = wake
@@ -131,14 +132,14 @@ func (g *Gate) leaseCurrent(now time.Time) bool {
 	return now.Before(g.leaseMono) && now.Round(0).Before(g.leaseWall)
 }
 
-// TryAdmit implements dispatch.Gate. The fence is checked on the gate's
+// TryAdmit implements gate.Gate. The fence is checked on the gate's
 // own clock as well as at now, since now may have been read before the
 // process was paused.
-func (g *Gate) TryAdmit(now time.Time, d dispatch.Demand) (dispatch.Permit, time.Duration, bool) {
+func (g *Gate) TryAdmit(now time.Time, d gate.Demand) (gate.Permit, time.Duration, bool) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.disabled != "" {
-		return dispatch.Permit{}, time.Duration(math.MaxInt64), false
+		return gate.Permit{}, time.Duration(math.MaxInt64), false
 	}
 	if !g.local {
 		if clock := time.Now(); !g.leaseCurrent(now) || !g.leaseCurrent(clock) {
@@ -148,11 +149,11 @@ func (g *Gate) TryAdmit(now time.Time, d dispatch.Demand) (dispatch.Permit, time
 				g.starved = true
 				g.b.kick()
 			}
-			return dispatch.Permit{}, g.b.every, false
+			return gate.Permit{}, g.b.every, false
 		}
 	}
 	if now.Before(g.holdUntil) {
-		return dispatch.Permit{}, g.holdUntil.Sub(now), false
+		return gate.Permit{}, g.holdUntil.Sub(now), false
 	}
 	if !g.holdFrom.IsZero() {
 		g.heldTotal += g.holdUntil.Sub(g.holdFrom)
@@ -169,13 +170,13 @@ func (g *Gate) TryAdmit(now time.Time, d dispatch.Demand) (dispatch.Permit, time
 		if g.inFlight == 0 {
 			// No release will wake the engine: the next renewal will
 			// (through the Waker), at the latest after this.
-			return dispatch.Permit{}, g.b.every, false
+			return gate.Permit{}, g.b.every, false
 		}
-		return dispatch.Permit{}, 0, false
+		return gate.Permit{}, 0, false
 	}
 	n := g.buckets.Need(d)
 	if w := g.buckets.Wait(now, n); w > 0 {
-		return dispatch.Permit{}, w, false
+		return gate.Permit{}, w, false
 	}
 	g.buckets.Take(now, n)
 	g.inFlight++
@@ -186,7 +187,7 @@ func (g *Gate) TryAdmit(now time.Time, d dispatch.Demand) (dispatch.Permit, time
 	if g.inFlight >= g.available() {
 		g.starved = true
 	}
-	p := dispatch.Permit{Need: n, Demand: d, Epoch: g.epoch, At: now}
+	p := gate.Permit{Need: n, Demand: d, Epoch: g.epoch, At: now}
 	if !g.local {
 		// Not sent past the lease (Permit.Until): the earlier of its two
 		// ends, on this process's monotonic clock.
@@ -198,8 +199,8 @@ func (g *Gate) TryAdmit(now time.Time, d dispatch.Demand) (dispatch.Permit, time
 	return p, 0, true
 }
 
-// Done implements dispatch.Gate.
-func (g *Gate) Done(now time.Time, p dispatch.Permit, fb dispatch.Feedback) {
+// Done implements gate.Gate.
+func (g *Gate) Done(now time.Time, p gate.Permit, fb gate.Feedback) {
 	g.mu.Lock()
 	g.inFlight--
 	if !p.At.IsZero() {
@@ -274,7 +275,7 @@ func (g *Gate) holdLocked(now time.Time, d time.Duration) {
 
 // localCongestion is the lane controller's own rule, on the local share,
 // while Redis is out of reach; g.mu is held.
-func (g *Gate) localCongestion(now time.Time, p dispatch.Permit, o anthropic.Outcome) {
+func (g *Gate) localCongestion(now time.Time, p gate.Permit, o anthropic.Outcome) {
 	if p.Epoch == g.epoch && o.RateLimited {
 		g.localLimit = math.Max(g.cfg.MinLimit, math.Floor(g.localLimit*g.cfg.Decrease))
 		g.epoch++
@@ -287,7 +288,7 @@ func (g *Gate) localCongestion(now time.Time, p dispatch.Permit, o anthropic.Out
 
 // congestion reports a 429 or 529 to Redis, which cuts the shared limit
 // once per epoch and holds every process for the retry-after.
-func (g *Gate) congestion(now time.Time, p dispatch.Permit, o anthropic.Outcome) {
+func (g *Gate) congestion(now time.Time, p gate.Permit, o anthropic.Outcome) {
 	ra := int64(-1)
 	if o.HasRetryAfter {
 		ra = o.RetryAfter.Milliseconds()
@@ -329,7 +330,7 @@ func (g *Gate) congestion(now time.Time, p dispatch.Permit, o anthropic.Outcome)
 	limit, epoch := g.limit, g.epoch
 	g.mu.Unlock()
 	if cut {
-		g.b.cfg.Events.Emit(dispatch.EventLane, fmt.Sprintf("%s/%s shared limit cut to %.0f (epoch %d)", g.cfg.Org, g.cfg.Pool, limit, epoch),
+		g.b.cfg.Events.Emit(rundir.EventLane, fmt.Sprintf("%s/%s shared limit cut to %.0f (epoch %d)", g.cfg.Org, g.cfg.Pool, limit, epoch),
 			map[string]any{"org": g.cfg.Org, "pool": string(g.cfg.Pool), "key": g.fp, "cut": true, "epoch": epoch, "limit": limit, "proc": g.b.proc})
 	}
 }
@@ -433,7 +434,7 @@ func (g *Gate) renew(ctx context.Context) error {
 	grew := g.available() > before || (wasFenced && g.grant > 0)
 	g.mu.Unlock()
 	if r := toInt(res[8]); r > 0 {
-		g.b.cfg.Events.Emit(dispatch.EventLane, fmt.Sprintf("%s/%s: %d slots of a process whose lease expired are back", g.cfg.Org, g.cfg.Pool, r),
+		g.b.cfg.Events.Emit(rundir.EventLane, fmt.Sprintf("%s/%s: %d slots of a process whose lease expired are back", g.cfg.Org, g.cfg.Pool, r),
 			map[string]any{"org": g.cfg.Org, "pool": string(g.cfg.Pool), "key": g.fp, "reclaimed": r})
 	}
 	if grew && wake != nil {
@@ -459,7 +460,7 @@ func (g *Gate) release(ctx context.Context) error {
 	return releaseScript.Run(ctx, g.b.rdb, g.keys, g.b.proc).Err()
 }
 
-// Disable implements dispatch.Gate.
+// Disable implements gate.Gate.
 func (g *Gate) Disable(reason string) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -468,16 +469,16 @@ func (g *Gate) Disable(reason string) {
 	}
 }
 
-// Disabled implements dispatch.Gate.
+// Disabled implements gate.Gate.
 func (g *Gate) Disabled() string {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	return g.disabled
 }
 
-// Snapshot implements dispatch.Gate. Limit is the shared limit and Cuts the
+// Snapshot implements gate.Gate. Limit is the shared limit and Cuts the
 // cuts this process made (the shared count is in Redis, for status).
-func (g *Gate) Snapshot(now time.Time) dispatch.LaneSnapshot {
+func (g *Gate) Snapshot(now time.Time) gate.LaneSnapshot {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	held := g.heldTotal
@@ -493,7 +494,7 @@ func (g *Gate) Snapshot(now time.Time) dispatch.LaneSnapshot {
 		limit = g.localLimit
 	}
 	m := g.buckets.Mirror()
-	return dispatch.LaneSnapshot{
+	return gate.LaneSnapshot{
 		Org: g.cfg.Org, Pool: string(g.cfg.Pool), Cap: g.cfg.Cap,
 		Limit: math.Round(limit*100) / 100, InFlight: g.inFlight, MaxInFlight: g.maxInFlight,
 		Cuts: g.myCuts, HeldS: held.Seconds(), Held: now.Before(g.holdUntil),

@@ -6,13 +6,13 @@ import (
 	"time"
 
 	"github.com/apidispatch/apidispatch/anthropic"
-	"github.com/apidispatch/apidispatch/dispatch"
+	"github.com/apidispatch/apidispatch/gate"
 	"github.com/apidispatch/apidispatch/internal/netproxy"
 	"github.com/apidispatch/apidispatch/internal/testredis"
 	"github.com/apidispatch/apidispatch/org"
 )
 
-var ok200 = dispatch.Feedback{Outcome: anthropic.Outcome{Kind: anthropic.Success, Status: 200}}
+var ok200 = gate.Feedback{Outcome: anthropic.Outcome{Kind: anthropic.Success, Status: 200}}
 
 // openIdle opens a budget whose renewal loop is not started: the test
 // renews by hand, and a process that stops renewing is one that is paused
@@ -67,7 +67,7 @@ func TestSharedCutOffProcessNeverAddsToReclaimedSlots(t *testing.T) {
 	a := process(t, "redis://"+px.Addr+"/0", []org.Org{o})
 	b := process(t, srv, []org.Org{o})
 	ga, gb := a.NewGate(lane(100)), b.NewGate(lane(100))
-	var pa, pb []dispatch.Permit
+	var pa, pb []gate.Permit
 	eventually(t, "both hold a share", func() bool {
 		pa = append(pa, fill(ga)...)
 		pb = append(pb, fill(gb)...)
@@ -115,7 +115,7 @@ func TestSharedCapIsTheSmallestAnyProcessAsked(t *testing.T) {
 	gb := big.NewGate(lane(100))
 	big.renewAll(context.Background())
 	gs := small.NewGate(lane(40))
-	var ps, pb []dispatch.Permit
+	var ps, pb []gate.Permit
 	for range 50 {
 		small.renewAll(context.Background())
 		big.renewAll(context.Background())
@@ -141,7 +141,7 @@ func TestSharedRemainderSlotsRotate(t *testing.T) {
 	url := testredis.URL(t)
 	o := freshOrg("a")
 	var bs []*Budget
-	var gs []dispatch.Gate
+	var gs []gate.Gate
 	for range 3 {
 		b := openIdle(t, url, []org.Org{o})
 		bs = append(bs, b)

@@ -9,8 +9,8 @@ import (
 	"time"
 
 	"github.com/apidispatch/apidispatch/anthropic"
-	"github.com/apidispatch/apidispatch/dispatch"
-	"github.com/apidispatch/apidispatch/dispatch/gatetest"
+	"github.com/apidispatch/apidispatch/gate"
+	"github.com/apidispatch/apidispatch/gate/gatetest"
 	"github.com/apidispatch/apidispatch/internal/testredis"
 	"github.com/apidispatch/apidispatch/org"
 )
@@ -42,17 +42,17 @@ func settleFor(b *Budget) func() {
 // The shared gate passes the suite every gate passes.
 func TestSharedGateConformance(t *testing.T) {
 	url := testredis.URL(t)
-	gatetest.Run(t, func(t *testing.T, lc dispatch.LaneConfig) (dispatch.Gate, func()) {
+	gatetest.Run(t, func(t *testing.T, lc gate.LaneConfig) (gate.Gate, func()) {
 		o := freshOrg(lc.Org)
 		b := process(t, url, []org.Org{o})
 		return b.NewGate(lc), settleFor(b)
 	})
 }
 
-var one = dispatch.Demand{EstInput: 100, MaxTokens: 50}
+var one = gate.Demand{EstInput: 100, MaxTokens: 50}
 
-func fill(g dispatch.Gate) []dispatch.Permit {
-	var ps []dispatch.Permit
+func fill(g gate.Gate) []gate.Permit {
+	var ps []gate.Permit
 	for {
 		p, _, ok := g.TryAdmit(time.Now(), one)
 		if !ok {
@@ -62,8 +62,8 @@ func fill(g dispatch.Gate) []dispatch.Permit {
 	}
 }
 
-func lane(capacity int) dispatch.LaneConfig {
-	return dispatch.LaneConfig{Org: "a", Pool: anthropic.PoolSonnet4, Cap: capacity, StartFraction: 1, Speed: 100}
+func lane(capacity int) gate.LaneConfig {
+	return gate.LaneConfig{Org: "a", Pool: anthropic.PoolSonnet4, Cap: capacity, StartFraction: 1, Speed: 100}
 }
 
 // eventually renews every budget until cond holds (or fails after 5 s).
@@ -102,10 +102,10 @@ func TestSharedSplitsTheCapAndHandsItBack(t *testing.T) {
 	}
 	// Both keep finishing requests and asking for more: they converge on
 	// about half each, and never hold more than the cap between them.
-	var pb []dispatch.Permit
-	finish := func(g dispatch.Gate, ps []dispatch.Permit) []dispatch.Permit {
+	var pb []gate.Permit
+	finish := func(g gate.Gate, ps []gate.Permit) []gate.Permit {
 		for _, p := range ps[:len(ps)/2] {
-			g.Done(time.Now(), p, dispatch.Feedback{Outcome: anthropic.Outcome{Kind: anthropic.Success, Status: 200}})
+			g.Done(time.Now(), p, gate.Feedback{Outcome: anthropic.Outcome{Kind: anthropic.Success, Status: 200}})
 		}
 		return ps[len(ps)/2:]
 	}
@@ -121,7 +121,7 @@ func TestSharedSplitsTheCapAndHandsItBack(t *testing.T) {
 	t.Logf("split %d / %d", len(pa), len(pb))
 	// A is done: it closes, its slots are B's at once.
 	for _, p := range pa {
-		ga.Done(time.Now(), p, dispatch.Feedback{Outcome: anthropic.Outcome{Kind: anthropic.Success, Status: 200}})
+		ga.Done(time.Now(), p, gate.Feedback{Outcome: anthropic.Outcome{Kind: anthropic.Success, Status: 200}})
 	}
 	if err := a.Close(); err != nil {
 		t.Fatal(err)
@@ -150,7 +150,7 @@ func TestSharedDeadProcessSlotsComeBack(t *testing.T) {
 	died := time.Now()
 	b := process(t, url, []org.Org{o})
 	gb := b.NewGate(lane(60))
-	var pb []dispatch.Permit
+	var pb []gate.Permit
 	eventually(t, "the dead process's slots", func() bool {
 		pb = append(pb, fill(gb)...)
 		return len(pb) == 60
@@ -166,14 +166,14 @@ func TestSharedDeadProcessSlotsComeBack(t *testing.T) {
 func TestSharedOneCutPerEpochAcrossProcesses(t *testing.T) {
 	url := testredis.URL(t)
 	o := freshOrg("a")
-	var gs []dispatch.Gate
+	var gs []gate.Gate
 	var bs []*Budget
 	for range 3 {
 		b := process(t, url, []org.Org{o})
 		bs = append(bs, b)
 		gs = append(gs, b.NewGate(lane(90)))
 	}
-	var ps [][]dispatch.Permit
+	var ps [][]gate.Permit
 	eventually(t, "every process admitted", func() bool {
 		ps = ps[:0]
 		total := 0
@@ -191,7 +191,7 @@ func TestSharedOneCutPerEpochAcrossProcesses(t *testing.T) {
 	n429 := 0
 	for i, g := range gs {
 		for _, p := range ps[i][:min(5, len(ps[i]))] {
-			g.Done(time.Now(), p, dispatch.Feedback{Outcome: anthropic.Outcome{Kind: anthropic.Retryable, Status: 429, RateLimited: true}})
+			g.Done(time.Now(), p, gate.Feedback{Outcome: anthropic.Outcome{Kind: anthropic.Retryable, Status: 429, RateLimited: true}})
 			n429++
 		}
 	}
@@ -253,7 +253,7 @@ func TestSharedRedisLostAndBack(t *testing.T) {
 		return ga.(*Gate).isDark() && gb.(*Gate).isDark()
 	})
 	time.Sleep(a.ttl)
-	for _, g := range []dispatch.Gate{ga, gb} {
+	for _, g := range []gate.Gate{ga, gb} {
 		if n := len(fill(g)); n != 0 {
 			t.Fatalf("admitted %d past the lease while Redis was down", n)
 		}

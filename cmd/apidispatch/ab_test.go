@@ -13,8 +13,8 @@ import (
 	"testing"
 
 	"github.com/apidispatch/apidispatch/ab"
-	"github.com/apidispatch/apidispatch/dispatch"
 	"github.com/apidispatch/apidispatch/org"
+	"github.com/apidispatch/apidispatch/rundir"
 	"github.com/apidispatch/apidispatch/sim"
 )
 
@@ -120,7 +120,7 @@ func TestABOneOrgRefused(t *testing.T) {
 	if n := r.Server.LedgerTotals().Requests; n != 0 {
 		t.Fatalf("sent %d requests", n)
 	}
-	ev, _ := os.ReadFile(filepath.Join(dir, dispatch.EventsFile))
+	ev, _ := os.ReadFile(filepath.Join(dir, rundir.EventsFile))
 	if !bytes.Contains(ev, []byte(`"kind":"blocked"`)) || !strings.Contains(errb.String(), "at least 2 orgs") {
 		t.Fatalf("events:\n%s\nstderr:\n%s", ev, errb.String())
 	}
@@ -138,7 +138,7 @@ func TestABStormTestRefusal(t *testing.T) {
 	if code := runAB(context.Background(), args, &out, &errb, broken); code != exitRefused {
 		t.Fatalf("exit %d, want %d; stderr %s", code, exitRefused, errb.String())
 	}
-	ev, _ := os.ReadFile(filepath.Join(dir, dispatch.EventsFile))
+	ev, _ := os.ReadFile(filepath.Join(dir, rundir.EventsFile))
 	if !bytes.Contains(ev, []byte(`"kind":"blocked"`)) || !bytes.Contains(ev, []byte("storm self-test failed")) {
 		t.Fatalf("events:\n%s", ev)
 	}

@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/apidispatch/apidispatch/dispatch"
+	"github.com/apidispatch/apidispatch/rundir"
 	"github.com/apidispatch/apidispatch/sim"
 	"github.com/apidispatch/apidispatch/store"
 	"github.com/apidispatch/apidispatch/store/sqlite"
@@ -39,7 +39,7 @@ func simBatchRequests(r *sim.Running) (requests, created int64) {
 // lastBatchNote is the note of the last batch event in a run directory:
 // where the batch route was when the process died.
 func lastBatchNote(runDir string) string {
-	f, err := os.Open(filepath.Join(runDir, dispatch.EventsFile))
+	f, err := os.Open(filepath.Join(runDir, rundir.EventsFile))
 	if err != nil {
 		return ""
 	}
@@ -48,8 +48,8 @@ func lastBatchNote(runDir string) string {
 	sc := bufio.NewScanner(f)
 	sc.Buffer(make([]byte, 1<<20), 1<<24)
 	for sc.Scan() {
-		var e dispatch.Event
-		if json.Unmarshal(sc.Bytes(), &e) == nil && e.Kind == dispatch.EventBatch {
+		var e rundir.Event
+		if json.Unmarshal(sc.Bytes(), &e) == nil && e.Kind == rundir.EventBatch {
 			note = e.Note
 		}
 	}
@@ -61,7 +61,7 @@ func lastBatchNote(runDir string) string {
 // progress (or one whose answer was lost, not yet reconciled); otherwise
 // its last event says.
 func phaseOf(t *testing.T, runDir string) string {
-	path := filepath.Join(runDir, dispatch.StateFile)
+	path := filepath.Join(runDir, rundir.StateFile)
 	if _, err := os.Stat(path); err != nil {
 		return "before the run directory was made"
 	}
@@ -141,7 +141,7 @@ func TestBatchKillNineThenResume(t *testing.T) {
 		t.Fatalf("final run: %v\n%s", err, tail(errb.String()))
 	}
 	requireEachOnce(t, runDir, n)
-	var s dispatch.Summary
+	var s rundir.Summary
 	if err := json.Unmarshal(bytes.TrimSpace(out.Bytes()), &s); err != nil {
 		t.Fatalf("summary: %v\n%s", err, out.String())
 	}
@@ -278,8 +278,8 @@ func TestBatchSignalLeavesBatchesRunning(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the run did not stop within 10 s of SIGINT")
 	}
-	var stopped dispatch.Summary
-	if b, err := os.ReadFile(filepath.Join(runDir, dispatch.SummaryFile)); err != nil || json.Unmarshal(b, &stopped) != nil || stopped.Batches == nil {
+	var stopped rundir.Summary
+	if b, err := os.ReadFile(filepath.Join(runDir, rundir.SummaryFile)); err != nil || json.Unmarshal(b, &stopped) != nil || stopped.Batches == nil {
 		t.Fatalf("the stopped run's summary: %v\n%s", err, tail(out.String()))
 	}
 	if code := c.ProcessState.ExitCode(); code != exitIncomplete || stopped.Batches.Open == 0 || !strings.Contains(stopped.StopReason, "batches still running on the API; the same command re-attaches") {
@@ -290,7 +290,7 @@ func TestBatchSignalLeavesBatchesRunning(t *testing.T) {
 		t.Fatalf("the re-attaching run: exit %d\n%s", code, tail(stderr))
 	}
 	requireEachOnce(t, runDir, n)
-	var s dispatch.Summary
+	var s rundir.Summary
 	if err := json.Unmarshal([]byte(strings.TrimSpace(stdout)), &s); err != nil {
 		t.Fatal(err)
 	}
@@ -317,7 +317,7 @@ func TestBatchCancelKeepsPartialResults(t *testing.T) {
 	if code != exitIncomplete {
 		t.Fatalf("--cancel: exit %d; want 4\n%s", code, tail(stderr))
 	}
-	var s dispatch.Summary
+	var s rundir.Summary
 	if err := json.Unmarshal([]byte(strings.TrimSpace(stdout)), &s); err != nil {
 		t.Fatal(err)
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/apidispatch/apidispatch/cache"
 	"github.com/apidispatch/apidispatch/dispatch"
 	"github.com/apidispatch/apidispatch/plan"
+	"github.com/apidispatch/apidispatch/rundir"
 	"github.com/apidispatch/apidispatch/runner"
 )
 
@@ -180,7 +181,7 @@ func cacheStats(ctx context.Context, c *cache.Cache, jsonOut bool, stdout, stder
 func cacheExport(ctx context.Context, c *cache.Cache, out string, stdout, stderr io.Writer) int {
 	w := stdout
 	if out != "" {
-		f, err := os.OpenFile(out, os.O_RDWR|os.O_CREATE|os.O_TRUNC, dispatch.FilePerm)
+		f, err := os.OpenFile(out, os.O_RDWR|os.O_CREATE|os.O_TRUNC, rundir.FilePerm)
 		if err != nil {
 			errf(stderr, "%v", err)
 			return exitUsage

@@ -9,16 +9,16 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/apidispatch/apidispatch/dispatch"
+	"github.com/apidispatch/apidispatch/rundir"
 )
 
-func readSummary(t *testing.T, dir string) dispatch.Summary {
+func readSummary(t *testing.T, dir string) rundir.Summary {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join(dir, dispatch.SummaryFile))
+	b, err := os.ReadFile(filepath.Join(dir, rundir.SummaryFile))
 	if err != nil {
 		t.Fatal(err)
 	}
-	var s dispatch.Summary
+	var s rundir.Summary
 	if err := json.Unmarshal(b, &s); err != nil {
 		t.Fatal(err)
 	}

@@ -12,8 +12,8 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/apidispatch/apidispatch/apihttp"
 	"github.com/apidispatch/apidispatch/cost"
-	"github.com/apidispatch/apidispatch/dispatch"
 	"github.com/apidispatch/apidispatch/internal/wirelog"
 	"github.com/apidispatch/apidispatch/org"
 	"github.com/apidispatch/apidispatch/plan"
@@ -70,7 +70,7 @@ func (s *sendFlags) load(stderr io.Writer) (sent, error) {
 		return c, err
 	}
 	if s.baseURL != "" {
-		if _, err := dispatch.CheckBaseURL(s.baseURL); err != nil {
+		if _, err := apihttp.CheckBaseURL(s.baseURL); err != nil {
 			return c, err
 		}
 	}

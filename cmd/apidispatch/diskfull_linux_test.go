@@ -12,7 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/apidispatch/apidispatch/dispatch"
+	"github.com/apidispatch/apidispatch/rundir"
 )
 
 // TestFullDiskThenResume fills the disk under a running 'apidispatch run':
@@ -73,7 +73,7 @@ func TestFullDiskThenResume(t *testing.T) {
 	if billed >= n {
 		t.Fatalf("the simulator billed %d of %d before the disk filled: the test proves nothing", billed, n)
 	}
-	linesAtStop := len(readIDs(t, filepath.Join(runDir, dispatch.ResultsFile)))
+	linesAtStop := len(readIDs(t, filepath.Join(runDir, rundir.ResultsFile)))
 
 	s, dups := resumeAndAudit(t, r, args, runDir, n)
 	_, why, _ := strings.Cut(stderr.String(), "apidispatch: ")

@@ -15,8 +15,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/apidispatch/apidispatch/dispatch"
 	"github.com/apidispatch/apidispatch/internal/netproxy"
+	"github.com/apidispatch/apidispatch/rundir"
 	"github.com/apidispatch/apidispatch/sim"
 )
 
@@ -57,7 +57,7 @@ func TestRedirectedBaseURLSendsNoKey(t *testing.T) {
 		code, stdout, stderr := runCLI(tc.args...)
 		all := stdout + stderr
 		for _, d := range []string{"sync", "batch"} {
-			if b, err := os.ReadFile(filepath.Join(dir, d, dispatch.EventsFile)); err == nil {
+			if b, err := os.ReadFile(filepath.Join(dir, d, rundir.EventsFile)); err == nil {
 				all += string(b)
 			}
 		}
@@ -246,7 +246,7 @@ func TestSharedCutOffProcessStaysUnderTheCap(t *testing.T) {
 	for _, d := range f.dirs {
 		requireEachOnce(t, d, n)
 	}
-	ev, _ := os.ReadFile(filepath.Join(f.dirs[0], dispatch.EventsFile))
+	ev, _ := os.ReadFile(filepath.Join(f.dirs[0], rundir.EventsFile))
 	if !strings.Contains(string(ev), "stopped answering") || !strings.Contains(string(ev), "rejoined") {
 		t.Errorf("process 0's events lack the outage and the rejoin")
 	}

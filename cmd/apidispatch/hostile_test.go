@@ -11,7 +11,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/apidispatch/apidispatch/dispatch"
+	"github.com/apidispatch/apidispatch/rundir"
 	"github.com/apidispatch/apidispatch/sim"
 	"github.com/apidispatch/apidispatch/workload"
 )
@@ -243,7 +243,7 @@ func TestHostileInput(t *testing.T) {
 				if err != nil {
 					t.Fatalf("refused: %v\n%s", err, out)
 				}
-				ids := readIDs(t, filepath.Join(runDir, dispatch.ResultsFile))
+				ids := readIDs(t, filepath.Join(runDir, rundir.ResultsFile))
 				if len(ids) != len(tc.accepted) {
 					t.Errorf("result ids %v, want %v", ids, tc.accepted)
 				}

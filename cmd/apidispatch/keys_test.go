@@ -15,8 +15,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/apidispatch/apidispatch/dispatch"
 	"github.com/apidispatch/apidispatch/org"
+	"github.com/apidispatch/apidispatch/rundir"
 	"github.com/apidispatch/apidispatch/sim"
 	"github.com/apidispatch/apidispatch/soak"
 )
@@ -267,7 +267,7 @@ func TestKeysNeverLeak(t *testing.T) {
 			"--summary", filepath.Join(out, "run-summary-copy.json"), "--out", filepath.Join(out, "run-results-elsewhere.jsonl"))
 		check(t, "run", res, exitOK)
 		sent(t, r)
-		sum := readFile(t, filepath.Join(dir, dispatch.SummaryFile))
+		sum := readFile(t, filepath.Join(dir, rundir.SummaryFile))
 		for _, fp := range fps {
 			has(t, "summary.json", sum, `"key_fingerprint": "`+fp+`"`)
 		}
@@ -305,8 +305,8 @@ func TestKeysNeverLeak(t *testing.T) {
 		has(t, "the --debug-http log", wl, "< 429 Too Many Requests", "< Retry-After: ", "< Anthropic-Ratelimit-Requests-Remaining: ", "\n! ")
 		// The reminder names batch's key by fingerprint.
 		has(t, "stderr", res.stderr, "reminder: the key of org batch ("+fps["batch"]+")")
-		ev := readFile(t, filepath.Join(dir, dispatch.EventsFile))
-		sum := readFile(t, filepath.Join(dir, dispatch.SummaryFile))
+		ev := readFile(t, filepath.Join(dir, rundir.EventsFile))
+		sum := readFile(t, filepath.Join(dir, rundir.SummaryFile))
 		has(t, "summary.json", sum, `"invalid_request_error"`)
 		if !strings.Contains(ev, `"kind":"completed"`) {
 			t.Errorf("events.jsonl lacks the completion:\n%s", tail(ev))
@@ -326,7 +326,7 @@ func TestKeysNeverLeak(t *testing.T) {
 		has(t, "the --debug-http log", readFile(t, wire), "< 401 Unauthorized", "> X-Api-Key: [key "+fps["high_prio"]+"]")
 		// The lane-fatal reasons are printed, naming the keys by fingerprint.
 		has(t, "stderr", res.stderr, "org stopped", fps["high_prio"], fps["batch"])
-		has(t, "events.jsonl", readFile(t, filepath.Join(dir, dispatch.EventsFile)), "high_prio")
+		has(t, "events.jsonl", readFile(t, filepath.Join(dir, rundir.EventsFile)), "high_prio")
 	})
 
 	t.Run("plan --count-tokens", func(t *testing.T) {

@@ -7,15 +7,14 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 	"time"
 
+	"github.com/apidispatch/apidispatch/apihttp"
 	"github.com/apidispatch/apidispatch/cost"
-	"github.com/apidispatch/apidispatch/dispatch"
 	"github.com/apidispatch/apidispatch/org"
 	"github.com/apidispatch/apidispatch/plan"
+	"github.com/apidispatch/apidispatch/rundir"
 	"github.com/apidispatch/apidispatch/runner"
-	"github.com/apidispatch/apidispatch/store/sqlite"
 	"github.com/apidispatch/apidispatch/workload"
 )
 
@@ -184,12 +183,12 @@ func (f *planFlags) input(input string, stderr io.Writer) (in plan.Input, budget
 func (f *planFlags) fileInput(input string, orgs []org.Org, in *plan.Input, stderr io.Writer) (closeCache func(), err error) {
 	sf := &f.sf
 	ctx := context.Background()
-	if in.Workload, err = dispatch.Validate(input, in.Prices); err != nil {
+	if in.Workload, err = rundir.Validate(input, in.Prices); err != nil {
 		return nil, fmt.Errorf("%s: %w", input, err)
 	}
 	if *f.countTokens {
 		if sf.baseURL != "" {
-			if _, err := dispatch.CheckBaseURL(sf.baseURL); err != nil {
+			if _, err := apihttp.CheckBaseURL(sf.baseURL); err != nil {
 				return nil, err
 			}
 		}
@@ -236,11 +235,7 @@ func printPlan(p *plan.Projection, g plan.GateResult, asJSON bool, stdout io.Wri
 // pilotFromRun measures the finished items of a run directory made for the
 // same input.
 func pilotFromRun(ctx context.Context, dir string, ws *workload.Summary) (*plan.PilotStats, error) {
-	path := filepath.Join(dir, dispatch.StateFile)
-	if _, err := os.Stat(path); err != nil {
-		return nil, fmt.Errorf("--from-run: %w", err)
-	}
-	st, err := sqlite.Open(path)
+	st, err := rundir.OpenStore(dir)
 	if err != nil {
 		return nil, fmt.Errorf("--from-run: %w", err)
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/apidispatch/apidispatch/dispatch"
 	"github.com/apidispatch/apidispatch/org"
 	"github.com/apidispatch/apidispatch/plan"
+	"github.com/apidispatch/apidispatch/rundir"
 	"github.com/apidispatch/apidispatch/sim"
 	"github.com/apidispatch/apidispatch/workload"
 )
@@ -205,12 +206,12 @@ func TestPlanJSONCountTokensAndFromRun(t *testing.T) {
 
 	// A pilot of 50 items, as 'run --pilot 50' sends it.
 	ctx := context.Background()
-	ws, err := dispatch.Validate(input, cost.Default())
+	ws, err := rundir.Validate(input, cost.Default())
 	if err != nil {
 		t.Fatal(err)
 	}
 	runDir := filepath.Join(t.TempDir(), "run")
-	job, err := dispatch.OpenJob(ctx, dispatch.JobConfig{InputPath: input, RunDir: runDir, Prices: cost.Default()}, ws)
+	job, err := rundir.OpenJob(ctx, rundir.JobConfig{InputPath: input, RunDir: runDir, Prices: cost.Default()}, ws)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -218,7 +219,7 @@ func TestPlanJSONCountTokensAndFromRun(t *testing.T) {
 	for _, name := range sortedNames(keys) {
 		orgList = append(orgList, org.Org{Name: name, Key: org.NewKey(keys[name])})
 	}
-	eng, err := job.Engine(dispatch.Config{Orgs: orgList, BaseURL: r.URL, Speed: 50, Prices: cost.Default(), MaxSeq: 50, SampleEvery: -1})
+	eng, err := dispatch.NewForJob(job, dispatch.Config{Orgs: orgList, BaseURL: r.URL, Speed: 50, Prices: cost.Default(), MaxSeq: 50, SampleEvery: -1})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,8 +11,8 @@ import (
 	"time"
 
 	"github.com/apidispatch/apidispatch/cost"
-	"github.com/apidispatch/apidispatch/dispatch"
 	"github.com/apidispatch/apidispatch/plan"
+	"github.com/apidispatch/apidispatch/rundir"
 	"github.com/apidispatch/apidispatch/runner"
 )
 
@@ -90,7 +90,7 @@ flags:`)
 		errf(stderr, "%v", err)
 		return exitUsage
 	}
-	if err := dispatch.WriteFileAtomic(*out, b, 0o644); err != nil {
+	if err := rundir.WriteFileAtomic(*out, b, 0o644); err != nil {
 		errf(stderr, "writing %s: %v", *out, err)
 		return exitUsage
 	}

@@ -14,6 +14,7 @@ import (
 	"golang.org/x/term"
 
 	"github.com/apidispatch/apidispatch/dispatch"
+	"github.com/apidispatch/apidispatch/rundir"
 	"github.com/apidispatch/apidispatch/runner"
 )
 
@@ -227,7 +228,7 @@ func report1(out runner.Outcome, sf sendFlags, stdout, stderr io.Writer) int {
 		if c := s.Cache; c != nil {
 			fmt.Fprintf(stdout, "cache: %d hits (%d duplicates inside the input), %d misses; $%.6f saved\n", c.Hits, c.InputDuplicates, c.Misses, c.SavedUSD)
 		}
-		fmt.Fprintf(stdout, "results: %s\nsummary: %s\n", out.ResultsPath, out.Dir+"/"+dispatch.SummaryFile)
+		fmt.Fprintf(stdout, "results: %s\nsummary: %s\n", out.ResultsPath, out.Dir+"/"+rundir.SummaryFile)
 	}
 	if out.Err != nil {
 		errf(stderr, "%v", out.Err)

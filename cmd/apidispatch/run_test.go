@@ -17,8 +17,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/apidispatch/apidispatch/dispatch"
 	"github.com/apidispatch/apidispatch/internal/simtest"
+	"github.com/apidispatch/apidispatch/rundir"
 	"github.com/apidispatch/apidispatch/sim"
 	"github.com/apidispatch/apidispatch/workload"
 )
@@ -168,7 +168,7 @@ func TestKillNineThenResume(t *testing.T) {
 // custom_ids, each on one line.
 func requireEachOnce(t *testing.T, runDir string, n int) {
 	t.Helper()
-	ids := readIDs(t, filepath.Join(runDir, dispatch.ResultsFile))
+	ids := readIDs(t, filepath.Join(runDir, rundir.ResultsFile))
 	if len(ids) != n {
 		t.Fatalf("%d distinct custom_ids in results, want %d", len(ids), n)
 	}
@@ -186,7 +186,7 @@ func requireEachOnce(t *testing.T, runDir string, n int) {
 // distinct request bodies, and no more requests billed twice than the
 // summary's possible_duplicate_billing. It returns the summary and the
 // number of requests the simulator billed twice.
-func resumeAndAudit(t *testing.T, r *sim.Running, args []string, runDir string, n int) (dispatch.Summary, int64) {
+func resumeAndAudit(t *testing.T, r *sim.Running, args []string, runDir string, n int) (rundir.Summary, int64) {
 	t.Helper()
 	c := cliCmd(r, append(args, "--json")...)
 	var out, errb bytes.Buffer
@@ -195,7 +195,7 @@ func resumeAndAudit(t *testing.T, r *sim.Running, args []string, runDir string, 
 		t.Fatalf("final run: %v\n%s", err, errb.String())
 	}
 	requireEachOnce(t, runDir, n)
-	var s dispatch.Summary
+	var s rundir.Summary
 	if err := json.Unmarshal(bytes.TrimSpace(out.Bytes()), &s); err != nil {
 		t.Fatalf("summary: %v\n%s", err, out.String())
 	}
@@ -398,8 +398,8 @@ func TestRunGivesUpWhenUnreachable(t *testing.T) {
 			t.Fatalf("stderr lacks %q:\n%s", want, stderr.String())
 		}
 	}
-	var sum dispatch.Summary
-	b, err := os.ReadFile(filepath.Join(runDir, dispatch.SummaryFile))
+	var sum rundir.Summary
+	b, err := os.ReadFile(filepath.Join(runDir, rundir.SummaryFile))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -16,8 +16,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/apidispatch/apidispatch/dispatch"
 	"github.com/apidispatch/apidispatch/internal/testredis"
+	"github.com/apidispatch/apidispatch/rundir"
 	"github.com/apidispatch/apidispatch/sim"
 	"github.com/apidispatch/apidispatch/soak"
 )
@@ -140,7 +140,7 @@ func steadyRate(st sim.Stats) float64 {
 func fleetMeanLatency(t *testing.T, f *sharedFleet) float64 {
 	var paths []string
 	for _, d := range f.dirs {
-		paths = append(paths, filepath.Join(d, dispatch.ResultsFile))
+		paths = append(paths, filepath.Join(d, rundir.ResultsFile))
 	}
 	m, err := soak.MeanLatency(paths...)
 	if err != nil {
@@ -273,7 +273,7 @@ func TestSharedBudgetKillNine(t *testing.T) {
 	// in a survivor's events.
 	var back bool
 	for _, d := range f.dirs[1:] {
-		b, _ := os.ReadFile(filepath.Join(d, dispatch.EventsFile))
+		b, _ := os.ReadFile(filepath.Join(d, rundir.EventsFile))
 		back = back || strings.Contains(string(b), "whose lease expired are back")
 	}
 	if !back {
@@ -309,7 +309,7 @@ func TestSharedBudgetRedisRestart(t *testing.T) {
 	windows := [][2]float64{{down, down + latency}, {up, up + latency}}
 	for i, d := range f.dirs {
 		requireEachOnce(t, d, n)
-		ev, _ := os.ReadFile(filepath.Join(d, dispatch.EventsFile))
+		ev, _ := os.ReadFile(filepath.Join(d, rundir.EventsFile))
 		if !strings.Contains(string(ev), "stopped answering") || !strings.Contains(string(ev), "shared budget: rejoined") {
 			t.Fatalf("run %d: no outage warning and rejoin in its events", i)
 		}
@@ -387,7 +387,7 @@ func TestSharedBudgetStormOneCutPerEpoch(t *testing.T) {
 	perStorm := map[keyStorm]int{}
 	var r429 int64
 	for i, d := range f.dirs {
-		ev, _ := os.ReadFile(filepath.Join(d, dispatch.EventsFile))
+		ev, _ := os.ReadFile(filepath.Join(d, rundir.EventsFile))
 		for _, line := range strings.Split(string(ev), "\n") {
 			if !strings.Contains(line, `"cut":true`) {
 				continue

@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/apidispatch/apidispatch/dispatch"
+	"github.com/apidispatch/apidispatch/rundir"
 	"github.com/apidispatch/apidispatch/sim"
 	"github.com/apidispatch/apidispatch/soak"
 )
@@ -45,7 +45,7 @@ const (
 
 // soakRun is one 'apidispatch run' of the soak, measured.
 type soakRun struct {
-	Summary dispatch.Summary
+	Summary rundir.Summary
 	Wall    time.Duration // the child process, start to exit
 	// MaxRSS is the child's peak resident set, KiB: the last VmHWM read
 	// from /proc before it exited (sampled every 100 ms; VmHWM only
@@ -253,7 +253,7 @@ func runSoak(t *testing.T, input, runDir string, n int, k float64, plan soak.Pla
 	for _, o := range r.Server.Stats().Orgs {
 		run.Sim429 += o.RateLimited429
 	}
-	if run.Check, err = soak.CheckResults(input, filepath.Join(runDir, dispatch.ResultsFile)); err != nil {
+	if run.Check, err = soak.CheckResults(input, filepath.Join(runDir, rundir.ResultsFile)); err != nil {
 		t.Fatal(err)
 	}
 	return run

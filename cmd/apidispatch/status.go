@@ -14,8 +14,9 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/apidispatch/apidispatch/dispatch"
+	"github.com/apidispatch/apidispatch/gate"
 	"github.com/apidispatch/apidispatch/gateway"
+	"github.com/apidispatch/apidispatch/rundir"
 	"github.com/apidispatch/apidispatch/shared"
 )
 
@@ -221,9 +222,9 @@ func printJSON(w io.Writer, v any) int {
 
 // runStatus is the newest lane sample of one run directory.
 type runStatus struct {
-	Dir   string                  `json:"run_dir"`
-	At    time.Time               `json:"sampled_at"`
-	Lanes []dispatch.LaneSnapshot `json:"lanes"`
+	Dir   string              `json:"run_dir"`
+	At    time.Time           `json:"sampled_at"`
+	Lanes []gate.LaneSnapshot `json:"lanes"`
 }
 
 // localStatus reads the newest "sample" event of each run directory under
@@ -241,7 +242,7 @@ func localStatus(root string) ([]runStatus, error) {
 		if !e.IsDir() {
 			continue
 		}
-		p := filepath.Join(root, e.Name(), dispatch.EventsFile)
+		p := filepath.Join(root, e.Name(), rundir.EventsFile)
 		f, err := os.Open(p)
 		if err != nil {
 			continue
@@ -259,7 +260,7 @@ func localStatus(root string) ([]runStatus, error) {
 			var ev struct {
 				TS   time.Time `json:"ts"`
 				Data struct {
-					Lanes []dispatch.LaneSnapshot `json:"lanes"`
+					Lanes []gate.LaneSnapshot `json:"lanes"`
 				} `json:"data"`
 			}
 			if json.Unmarshal(lines[i], &ev) == nil {

@@ -1,4 +1,4 @@
-package dispatch
+package rundir
 
 import (
 	"bufio"
@@ -10,13 +10,13 @@ import (
 	"fmt"
 	"hash/maphash"
 	"io"
-	"math"
 	"os"
 	"slices"
 	"time"
 
 	"github.com/apidispatch/apidispatch/anthropic"
 	"github.com/apidispatch/apidispatch/cost"
+	"github.com/apidispatch/apidispatch/gate"
 	"github.com/apidispatch/apidispatch/org"
 	"github.com/apidispatch/apidispatch/store"
 )
@@ -100,7 +100,7 @@ type Summary struct {
 	Speed                    float64             `json:"speed_factor"`
 	APIEquivalentWallS       float64             `json:"api_equivalent_wall_s"`
 	ByOrg                    map[string]OrgSplit `json:"by_org"`
-	Lanes                    []LaneSnapshot      `json:"lanes"`
+	Lanes                    []gate.LaneSnapshot `json:"lanes"`
 	StopReason               string              `json:"stop_reason,omitempty"`
 	Projection               json.RawMessage     `json:"projection,omitempty"`
 	Extra                    map[string]any      `json:"extra,omitempty"`
@@ -146,36 +146,6 @@ type BatchesSummary struct {
 	Abandoned int   `json:"abandoned"`
 }
 
-// Store counters of the batch route that the summary reads.
-const (
-	CounterBatchSyncPriceNanos = "batch_sync_price_nanos"
-)
-
-func (e *Engine) summarize(ctx context.Context) (*Summary, error) {
-	now := time.Now()
-	var lanes []LaneSnapshot
-	for _, l := range e.allLanes() {
-		lanes = append(lanes, l.Snapshot(now))
-	}
-	s, agg, err := BuildSummary(ctx, SummaryInput{
-		Store: e.cfg.Store, ResultsPath: e.cfg.ResultsPath, Orgs: orgsOf(e.orgs), Start: e.start,
-		DoneStart: e.doneStart, Speed: e.cfg.Speed, Lanes: lanes, StopReason: e.stopReason,
-	})
-	if err != nil {
-		return nil, err
-	}
-	s.Cache = e.cacheSummary(agg)
-	return s, nil
-}
-
-func orgsOf(os []*orgState) []org.Org {
-	out := make([]org.Org, len(os))
-	for i, o := range os {
-		out[i] = o.Org
-	}
-	return out
-}
-
 // SummaryInput is what BuildSummary sums: a run's store and results file,
 // and what the caller knows of this invocation.
 type SummaryInput struct {
@@ -187,7 +157,7 @@ type SummaryInput struct {
 	Start      time.Time
 	DoneStart  int64
 	Speed      float64
-	Lanes      []LaneSnapshot
+	Lanes      []gate.LaneSnapshot
 	StopReason string
 }
 
@@ -381,50 +351,23 @@ func fastID(line []byte) ([]byte, bool) {
 	return rest[:i], true
 }
 
-// Progress is a snapshot for displays and progress events.
-type Progress struct {
-	Done           int64          `json:"done"`
-	Total          int64          `json:"total"`
-	Succeeded      int64          `json:"succeeded"`
-	Errored        int64          `json:"errored"`
-	InFlight       int            `json:"in_flight"`
-	RequestsPerMin float64        `json:"requests_per_min"`
-	ETA            float64        `json:"eta_s"`
-	CostUSD        float64        `json:"cost_usd"`
-	RateLimited    int64          `json:"rate_limited_429"`
-	Retries        int64          `json:"retries"`
-	ElapsedS       float64        `json:"elapsed_s"`
-	Lanes          []LaneSnapshot `json:"lanes"`
-	// CacheHits are items answered without a request in this run, and
-	// CacheSavedUSD what those requests cost when they were sent.
-	CacheHits     int64   `json:"cache_hits,omitempty"`
-	CacheSavedUSD float64 `json:"cache_saved_usd,omitempty"`
-}
-
-// Progress returns a snapshot of the run. It is safe to call from any goroutine.
-func (e *Engine) Progress() Progress {
-	now := time.Now()
-	el := now.Sub(e.start).Seconds()
-	succ, errd := e.c.succeeded.Load(), e.c.errored.Load()
-	p := Progress{
-		Done: e.doneStart + succ + errd, Total: e.total, Succeeded: succ, Errored: errd,
-		CostUSD: cost.Nanos(e.c.costN.Load()).USD(), RateLimited: e.c.rateLimited.Load(),
-		Retries: e.c.rateLimited.Load() + e.c.overloaded.Load() + e.c.otherRetries.Load(), ElapsedS: el,
-		CacheHits: e.c.cacheHits.Load(), CacheSavedUSD: cost.Nanos(e.c.cacheSaved.Load()).USD(),
-	}
-	if el > 0 {
-		p.RequestsPerMin = float64(succ+errd) / el * 60
-	}
-	if p.RequestsPerMin > 0 {
-		p.ETA = float64(p.Total-p.Done) / p.RequestsPerMin * 60
-	}
-	for _, l := range e.lanesSnapshotSafe() {
-		s := l.Snapshot(now)
-		p.InFlight += s.InFlight
-		p.Lanes = append(p.Lanes, s)
-	}
-	if math.IsInf(p.ETA, 0) || math.IsNaN(p.ETA) {
-		p.ETA = 0
-	}
-	return p
+// CacheSummary is the summary's "cache" object.
+type CacheSummary struct {
+	Mode string `json:"mode"`
+	// Hits are items answered without being sent: from the cache file, or
+	// by a duplicate of theirs inside the input (InputDuplicates of them).
+	Hits            int64 `json:"hits"`
+	InputDuplicates int64 `json:"input_duplicates"`
+	// Misses are items that ended by being sent (succeeded or errored).
+	Misses   int64   `json:"misses"`
+	SavedUSD float64 `json:"saved_usd"`
+	// Damaged counts entries found but refused (checksum), each a miss.
+	Damaged int64 `json:"damaged,omitempty"`
+	// Origin is the API this run asks (cache.OriginOf its base URL): only
+	// answers it gave are hits. OtherOrigin counts the items whose request
+	// the cache holds only with another origin's answer (a simulator's,
+	// another host's, or one stored before origins were recorded), each
+	// a miss.
+	Origin      string `json:"origin"`
+	OtherOrigin int64  `json:"other_origin,omitempty"`
 }

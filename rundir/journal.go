@@ -1,4 +1,4 @@
-package dispatch
+package rundir
 
 import (
 	"bufio"
@@ -43,9 +43,9 @@ import (
 //	C <seq> <attempt> <0|1>  the attempt ended otherwise; 1: it may have been billed
 const journalGlob = "attempts-*.journal"
 
-// journal is the writer of one process's journal. Its methods are safe for
-// concurrent use and do nothing on a nil journal.
-type journal struct {
+// Journal is the writer of one process's journal. Its methods are safe for
+// concurrent use and do nothing on a nil *Journal.
+type Journal struct {
 	mu sync.Mutex
 	f  *os.File
 	// broken is set by the first failed or short write (a full disk):
@@ -62,18 +62,23 @@ type journal struct {
 // journalKey is the store counter for the journal file at path.
 func journalKey(path string) string { return "journal:" + filepath.Base(path) + ":flushed" }
 
-// openJournal creates a new journal in dir.
-func openJournal(dir string) (*journal, error) {
+// Key is the store counter in which the run's committer records how many
+// of this journal's maybe-billed records (C…1) it has flushed into
+// CounterMaybeBilled, so that a replay counts only the rest.
+func (j *Journal) Key() string { return j.key }
+
+// OpenJournal creates a new journal in dir.
+func OpenJournal(dir string) (*Journal, error) {
 	name := fmt.Sprintf("attempts-%s-%d.journal", time.Now().UTC().Format("20060102T150405.000000000"), os.Getpid())
 	path := filepath.Join(dir, name)
 	f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("creating the attempt journal: %w", err)
 	}
-	return &journal{f: f, path: path, key: journalKey(path)}, nil
+	return &Journal{f: f, path: path, key: journalKey(path)}, nil
 }
 
-func (j *journal) write(kind byte, seq, att int64, flag int64) {
+func (j *Journal) write(kind byte, seq, att int64, flag int64) {
 	if j == nil {
 		return
 	}
@@ -101,17 +106,17 @@ func (j *journal) write(kind byte, seq, att int64, flag int64) {
 	j.mu.Unlock()
 }
 
-// sent records that attempt att of item seq was written to the connection,
+// Sent records that attempt att of item seq was written to the connection,
 // and the most it can cost (0: not priced, no --max-cost).
-func (j *journal) sent(seq, att int64, worst cost.Nanos) { j.write('S', seq, att, int64(worst)) }
+func (j *Journal) Sent(seq, att int64, worst cost.Nanos) { j.write('S', seq, att, int64(worst)) }
 
-// succeeded records a success received for attempt att of seq.
-func (j *journal) succeeded(seq, att int64) { j.write('R', seq, att, 0) }
+// Succeeded records a success received for attempt att of seq.
+func (j *Journal) Succeeded(seq, att int64) { j.write('R', seq, att, 0) }
 
-// ended records any other end of an attempt; maybeBilled says the API may
+// Ended records any other end of an attempt; maybeBilled says the API may
 // have billed it. Call it before counting the attempt in memory, so that the
 // committer never flushes a count the journal does not hold.
-func (j *journal) ended(seq, att int64, maybeBilled bool) {
+func (j *Journal) Ended(seq, att int64, maybeBilled bool) {
 	flag := int64(0)
 	if maybeBilled {
 		flag = 1
@@ -119,9 +124,9 @@ func (j *journal) ended(seq, att int64, maybeBilled bool) {
 	j.write('C', seq, att, flag)
 }
 
-// close closes the journal and, when remove is set (the run ended with
+// Close closes the journal and, when remove is set (the run ended with
 // every attempt accounted for in the store), deletes it.
-func (j *journal) close(remove bool) error {
+func (j *Journal) Close(remove bool) error {
 	if j == nil {
 		return nil
 	}
@@ -215,9 +220,9 @@ func readJournal(path string) (journalTally, error) {
 	return t, nil
 }
 
-// replay replays the journals in dir (replayJournals) and says so in an
+// Replay replays the journals in dir (replayJournals) and says so in an
 // event and the log (nil: none). It returns the worst case replayed.
-func replay(ctx context.Context, dir string, st store.Store, counters map[string]int64, events *EventLog, log *slog.Logger) (cost.Nanos, error) {
+func Replay(ctx context.Context, dir string, st store.Store, counters map[string]int64, events *EventLog, log *slog.Logger) (cost.Nanos, error) {
 	n, nanos, err := replayJournals(ctx, dir, st, counters)
 	if err != nil || n == 0 {
 		return nanos, err
@@ -239,7 +244,7 @@ func (j *Job) ReplayJournals(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	_, err = replay(ctx, j.Dir, j.Store, agg.Counters, j.Events, nil)
+	_, err = Replay(ctx, j.Dir, j.Store, agg.Counters, j.Events, nil)
 	return err
 }
 

@@ -1,4 +1,4 @@
-package dispatch
+package rundir
 
 import (
 	"context"
@@ -126,6 +126,17 @@ func OpenJob(ctx context.Context, cfg JobConfig, ws *workload.Summary) (*Job, er
 	return j, nil
 }
 
+// OpenStore opens the store of the run directory dir to read it, without
+// its lock ('plan --from-run' measures a finished run). It never creates
+// one: when dir holds none, the error is os.Stat's.
+func OpenStore(dir string) (store.Store, error) {
+	path := filepath.Join(dir, StateFile)
+	if _, err := os.Stat(path); err != nil {
+		return nil, err
+	}
+	return sqlite.Open(path)
+}
+
 // openBatchesNote says which batches of the run directory's own input are
 // still open on the API (running and billed: a new run directory would
 // send and pay for their items again) and how to cancel them; "" when none
@@ -183,15 +194,11 @@ func (j *Job) importItems(ctx context.Context) error {
 	return j.Store.SetImported(ctx)
 }
 
+// BodyReader returns the params object of an item, read from the input file.
+type BodyReader func(it store.Item) (json.RawMessage, error)
+
 // Body reads an item's params from the input file.
 func (j *Job) Body(it store.Item) (json.RawMessage, error) { return workload.ReadAt(j.Input, it) }
-
-// Engine returns an engine for this job; cfg's Store, Body, ResultsPath and
-// Events are filled in.
-func (j *Job) Engine(cfg Config) (*Engine, error) {
-	cfg.Store, cfg.Body, cfg.ResultsPath, cfg.Events, cfg.JournalDir = j.Store, j.Body, j.ResultsPath, j.Events, j.Dir
-	return New(cfg)
-}
 
 // WriteSummary writes summary.json into the run directory (and to extra
 // paths), each atomically.

@@ -1,4 +1,4 @@
-// Package gatetest is the conformance suite every dispatch.Gate passes: the
+// Package gatetest is the conformance suite every gate.Gate passes: the
 // in-process Lane and the Redis-shared gate alike. An implementation's test
 // calls Run with a constructor.
 package gatetest
@@ -9,20 +9,20 @@ import (
 	"time"
 
 	"github.com/apidispatch/apidispatch/anthropic"
-	"github.com/apidispatch/apidispatch/dispatch"
+	"github.com/apidispatch/apidispatch/gate"
 )
 
 // New makes a fresh gate for one test (each call a lane no other test
 // shares) and returns it with settle, which brings the gate up to date
 // with any state it keeps elsewhere (a no-op for an in-process gate; one
 // lease renewal for a shared one).
-type New func(t *testing.T, lc dispatch.LaneConfig) (g dispatch.Gate, settle func())
+type New func(t *testing.T, lc gate.LaneConfig) (g gate.Gate, settle func())
 
-var one = dispatch.Demand{EstInput: 100, MaxTokens: 50}
+var one = gate.Demand{EstInput: 100, MaxTokens: 50}
 
 // fill admits at now until the gate refuses.
-func fill(g dispatch.Gate, now time.Time) []dispatch.Permit {
-	var ps []dispatch.Permit
+func fill(g gate.Gate, now time.Time) []gate.Permit {
+	var ps []gate.Permit
 	for range 10000 {
 		p, _, ok := g.TryAdmit(now, one)
 		if !ok {
@@ -33,20 +33,20 @@ func fill(g dispatch.Gate, now time.Time) []dispatch.Permit {
 	return ps
 }
 
-func ok200() dispatch.Feedback {
-	return dispatch.Feedback{Outcome: anthropic.Outcome{Kind: anthropic.Success, Status: 200}}
+func ok200() gate.Feedback {
+	return gate.Feedback{Outcome: anthropic.Outcome{Kind: anthropic.Success, Status: 200}}
 }
 
-func rl429(ra time.Duration) dispatch.Feedback {
-	return dispatch.Feedback{Outcome: anthropic.Outcome{Kind: anthropic.Retryable, Status: 429, RateLimited: true, RetryAfter: ra, HasRetryAfter: ra > 0}}
+func rl429(ra time.Duration) gate.Feedback {
+	return gate.Feedback{Outcome: anthropic.Outcome{Kind: anthropic.Retryable, Status: 429, RateLimited: true, RetryAfter: ra, HasRetryAfter: ra > 0}}
 }
 
 // Run runs the suite. Tests use the wall clock, since a shared gate's
 // state lives on a server with its own; the lanes run at speed 100, so
 // back-off holds are short.
 func Run(t *testing.T, newGate New) {
-	cfg := func(capacity int, start float64) dispatch.LaneConfig {
-		return dispatch.LaneConfig{Org: "conf", Pool: anthropic.PoolSonnet4, Cap: capacity, StartFraction: start, Speed: 100}
+	cfg := func(capacity int, start float64) gate.LaneConfig {
+		return gate.LaneConfig{Org: "conf", Pool: anthropic.PoolSonnet4, Cap: capacity, StartFraction: start, Speed: 100}
 	}
 
 	t.Run("StartsAtQuarterCap", func(t *testing.T) {
@@ -113,7 +113,7 @@ func Run(t *testing.T, newGate New) {
 		for _, p := range ps[20:] {
 			g.Done(time.Now(), p, ok200())
 		}
-		var p dispatch.Permit
+		var p gate.Permit
 		deadline := time.Now().Add(5 * time.Second)
 		for {
 			settle()

@@ -1,4 +1,4 @@
-package dispatch
+package rundir
 
 import (
 	"context"
@@ -41,23 +41,23 @@ func TestReplayJournal(t *testing.T) {
 	dir := t.TempDir()
 	st := journalStore(t, dir, 6)
 	ctx := context.Background()
-	j, err := openJournal(dir)
+	j, err := OpenJournal(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	j.sent(1, 1, 100)
-	j.ended(1, 1, true) // flushed below: not counted again
-	j.sent(1, 2, 200)   // in flight: counted
-	j.sent(2, 1, 300)
-	j.succeeded(2, 1) // committed below: not counted
-	j.sent(3, 1, 400)
-	j.succeeded(3, 1) // never committed: sent again, counted
-	j.sent(4, 1, 500)
-	j.ended(4, 1, false) // a plain 429: not counted
-	j.sent(5, 1, 1000)
-	j.ended(5, 1, true) // not flushed: counted
-	j.sent(6, 1, 3000)
-	j.close(false)
+	j.Sent(1, 1, 100)
+	j.Ended(1, 1, true) // flushed below: not counted again
+	j.Sent(1, 2, 200)   // in flight: counted
+	j.Sent(2, 1, 300)
+	j.Succeeded(2, 1) // committed below: not counted
+	j.Sent(3, 1, 400)
+	j.Succeeded(3, 1) // never committed: sent again, counted
+	j.Sent(4, 1, 500)
+	j.Ended(4, 1, false) // a plain 429: not counted
+	j.Sent(5, 1, 1000)
+	j.Ended(5, 1, true) // not flushed: counted
+	j.Sent(6, 1, 3000)
+	j.Close(false)
 	// The committer flushed one maybe-billed end and item 2's success.
 	if _, err := st.Commit(ctx, store.Batch{
 		Outcomes: []store.Outcome{{Seq: 2, State: store.Succeeded, Attempts: 1, Line: []byte(`{"custom_id":"c2"}`)}},
@@ -136,21 +136,21 @@ func TestRunDirLock(t *testing.T) {
 // before.
 func TestJournalStopsAfterFailedWrite(t *testing.T) {
 	dir := t.TempDir()
-	j, err := openJournal(dir)
+	j, err := OpenJournal(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	j.sent(1, 1, 0)
+	j.Sent(1, 1, 0)
 	good := j.f
 	ro, err := os.Open(j.path) // read-only: every write fails
 	if err != nil {
 		t.Fatal(err)
 	}
 	j.f = ro
-	j.sent(2, 1, 0)
+	j.Sent(2, 1, 0)
 	j.f = good
-	j.sent(3, 1, 0) // the disk has room again, but the journal stays broken
-	j.close(false)
+	j.Sent(3, 1, 0) // the disk has room again, but the journal stays broken
+	j.Close(false)
 	ro.Close()
 	b, _ := os.ReadFile(j.path)
 	if string(b) != "S 1 1\n" {

@@ -1,6 +1,6 @@
 //go:build !unix
 
-package dispatch
+package rundir
 
 import (
 	"os"

@@ -1,0 +1,77 @@
+package arch
+
+import (
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+)
+
+const module = "github.com/apidispatch/apidispatch"
+
+// goList runs go list in the module's root with args and returns its
+// output lines.
+func goList(t *testing.T, args ...string) []string {
+	t.Helper()
+	gobin, err := exec.LookPath("go")
+	if err != nil {
+		t.Skip("no go command:", err)
+	}
+	cmd := exec.Command(gobin, append([]string{"list"}, args...)...)
+	cmd.Dir = filepath.Join("..", "..")
+	out, err := cmd.Output()
+	if err != nil {
+		msg := ""
+		if ee, ok := err.(*exec.ExitError); ok {
+			msg = string(ee.Stderr)
+		}
+		t.Fatalf("go list %s: %v\n%s", strings.Join(args, " "), err, msg)
+	}
+	return strings.Fields(string(out))
+}
+
+// Layers: what a package may not depend on, even through another. The
+// run directory, the gate types, the batch route, the shared budget and
+// the metrics sit below the sync engine; the run directory and the gate
+// types sit below every route.
+func TestLayers(t *testing.T) {
+	below := map[string][]string{
+		"batch":   {"dispatch"},
+		"shared":  {"dispatch"},
+		"metrics": {"dispatch"},
+		"rundir":  {"dispatch", "batch", "runner", "gateway", "ab", "shared", "plan"},
+		"gate":    {"dispatch", "rundir", "shared", "metrics", "batch"},
+	}
+	for pkg, not := range below {
+		deps := goList(t, "-deps", "./"+pkg)
+		for _, n := range not {
+			if slices.Contains(deps, module+"/"+n) {
+				t.Errorf("%s depends on %s (go list -deps ./%s)", pkg, n, pkg)
+			}
+		}
+	}
+}
+
+// Only the run directory opens the store: every other package reaches
+// SQLite through rundir and the store interface. Tests may open a real
+// SQLite file themselves.
+func TestOnlyRundirImportsSQLite(t *testing.T) {
+	const sqlite = module + "/store/sqlite"
+	allowed := []string{module + "/rundir"}
+	lines := goList(t, "-f", `{{.ImportPath}}:{{join .Imports ","}}`, "./...")
+	seen := false
+	for _, l := range lines {
+		pkg, imports, _ := strings.Cut(l, ":")
+		if !slices.Contains(strings.Split(imports, ","), sqlite) {
+			continue
+		}
+		seen = true
+		if !slices.Contains(allowed, pkg) {
+			t.Errorf("%s imports store/sqlite; open a run's store through rundir", pkg)
+		}
+	}
+	if !seen {
+		t.Error("no package imports store/sqlite: the check would pass on anything")
+	}
+}
