@@ -54,6 +54,7 @@ type Gate struct {
 	starved     bool // refused for want of a slot since the last renewal
 	starvedAt   time.Time
 	success     bool // a success since the last renewal
+	answered    bool // an answer has come back (see LaneConfig.ProbeFirst)
 	buckets     *dispatch.Buckets
 	share       float64 // of the org's buckets this process stands for (1/active)
 	procs       int
@@ -173,6 +174,14 @@ func (g *Gate) TryAdmit(now time.Time, d dispatch.Demand) (dispatch.Permit, time
 		}
 		return dispatch.Permit{}, 0, false
 	}
+	if g.cfg.ProbeFirst && g.inFlight > 0 && !g.answered && !g.buckets.Mirror().Synced() {
+		// One request at a time until the buckets are known, from its
+		// answer or from headers another process on the key left in
+		// Redis: each process's first grant would otherwise be sent
+		// blind, and three processes' together drained the buckets in
+		// the first API second.
+		return dispatch.Permit{}, 0, false
+	}
 	n := g.buckets.Need(d)
 	if w := g.buckets.Wait(now, n); w > 0 {
 		return dispatch.Permit{}, w, false
@@ -205,9 +214,17 @@ func (g *Gate) Done(now time.Time, p dispatch.Permit, fb dispatch.Feedback) {
 	if !p.At.IsZero() {
 		g.noteLatency(now, now.Sub(p.At))
 	}
+	g.answered = true
+	first := !g.buckets.Mirror().Synced()
 	g.buckets.Done(now, p, fb, g.share)
 	if fb.Limits.Requests.Present || fb.Limits.Input.Present || fb.Limits.Output.Present {
 		g.hdr, g.hdrAt, g.hdrNew = fb.Limits, now, true
+		if first {
+			// The first headers: renew now, so that the others on the
+			// key start from them, and so that this process's share of
+			// the buckets is the latest (see renew).
+			g.b.kick()
+		}
 	}
 	o := fb.Outcome
 	if o.Kind == anthropic.Success {
@@ -406,10 +423,17 @@ func (g *Gate) renew(ctx context.Context) error {
 		g.holdLocked(now, time.Duration(h)*time.Millisecond)
 	}
 	g.active = int(toInt(res[5]))
+	share := 1.0
 	if g.active > 0 {
-		g.share = 1 / float64(g.active)
-	} else {
-		g.share = 1
+		share = 1 / float64(g.active)
+	}
+	if share != g.share {
+		// The mirrors stand for this process's share of the org's
+		// buckets: carry the estimate of others over to the new share,
+		// or the next answer would read the difference as others
+		// drawing (or giving back) that much at once.
+		g.buckets.Rescale(now, share/g.share)
+		g.share = share
 	}
 	L := int(g.limit)
 	if g.active > 0 {
