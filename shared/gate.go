@@ -55,16 +55,21 @@ type Gate struct {
 	starvedAt   time.Time
 	success     bool // a success since the last renewal
 	answered    bool // an answer has come back (see LaneConfig.ProbeFirst)
-	buckets     *dispatch.Buckets
-	share       float64 // of the org's buckets this process stands for (1/active)
-	procs       int
-	active      int
-	n429recent  int
-	hdr         anthropic.RateLimits
-	hdrAt       time.Time
-	hdrNew      bool
-	disabled    string
-	wake        func()
+	// joined: a renewal has answered; joinUntil: this process joined
+	// others drawing on the key, and sends no more than its probe until
+	// then (see renew).
+	joined     bool
+	joinUntil  time.Time
+	buckets    *dispatch.Buckets
+	share      float64 // of the org's buckets this process stands for (1/active)
+	procs      int
+	active     int
+	n429recent int
+	hdr        anthropic.RateLimits
+	hdrAt      time.Time
+	hdrNew     bool
+	disabled   string
+	wake       func()
 
 	// The lease: the gate admits on its grant only before both (the first
 	// with its monotonic reading, the second wall time only).
@@ -173,6 +178,10 @@ func (g *Gate) TryAdmit(now time.Time, d dispatch.Demand) (dispatch.Permit, time
 			return dispatch.Permit{}, g.b.every, false
 		}
 		return dispatch.Permit{}, 0, false
+	}
+	if now.Before(g.joinUntil) && (g.inFlight > 0 || g.answered) {
+		// Joined others on the key: one probe until they know of it.
+		return dispatch.Permit{}, g.joinUntil.Sub(now), false
 	}
 	if g.cfg.ProbeFirst && g.inFlight > 0 && !g.answered && !g.buckets.Mirror().Synced() {
 		// One request at a time until the buckets are known, from its
@@ -426,6 +435,18 @@ func (g *Gate) renew(ctx context.Context) error {
 	share := 1.0
 	if g.active > 0 {
 		share = 1 / float64(g.active)
+	}
+	if !g.joined {
+		g.joined = true
+		if g.active > 1 {
+			// Others are drawing on the key, and mirror the whole of
+			// the buckets between them until each renews and learns
+			// that one more shares them: send no more than the probe
+			// until they have (they renew every quarter of a second,
+			// like this process), or together we would believe the
+			// buckets hold more than they do.
+			g.joinUntil = now.Add(g.b.every + g.b.every/4)
+		}
 	}
 	if share != g.share {
 		// The mirrors stand for this process's share of the org's

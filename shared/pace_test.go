@@ -54,6 +54,12 @@ func TestSharedMirrorsFollowTheShareOfTheBuckets(t *testing.T) {
 			x.renewAll(ctx)
 		}
 	}
+	// B and C joined A, which drew on the key: past their first renewal
+	// period (when A has learnt of them) they send more than a probe.
+	time.Sleep(2 * b.every)
+	for _, x := range []*Budget{a, b, c} {
+		x.renewAll(ctx)
+	}
 	// Together they admit what the bucket holds, not more.
 	total := 0
 	for i, g := range gates {
