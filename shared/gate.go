@@ -187,8 +187,8 @@ func (g *Gate) TryAdmit(now time.Time, d dispatch.Demand) (dispatch.Permit, time
 		// One request at a time until the buckets are known, from its
 		// answer or from headers another process on the key left in
 		// Redis: each process's first grant would otherwise be sent
-		// blind, and three processes' together drained the buckets in
-		// the first API second.
+		// blind, and three processes' together drained the buckets at
+		// the start of a run.
 		return dispatch.Permit{}, 0, false
 	}
 	n := g.buckets.Need(d)
