@@ -358,6 +358,10 @@ func (e *Engine) lanesFor(pool anthropic.Pool, model string) []*laneRef {
 	for _, o := range e.orgs {
 		lc := e.cfg.Lane
 		lc.Org, lc.Pool, lc.Cap, lc.Speed = o.Name, pool, e.cfg.CapFor(model), e.cfg.Speed
+		// Every gate the engine makes probes first (see
+		// LaneConfig.ProbeFirst), whoever makes it: the shared gate, the
+		// metrics wrapper's lane.
+		lc.ProbeFirst = true
 		l := &laneRef{Gate: e.cfg.NewGate(lc), cap: lc.Cap, org: o, pool: pool, key: o.Name + "/" + string(pool)}
 		if w, ok := l.Gate.(gate.Waker); ok {
 			w.SetWake(e.signal)

@@ -4,14 +4,23 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/apidispatch/apidispatch/anthropic"
+	"github.com/apidispatch/apidispatch/cost"
+	"github.com/apidispatch/apidispatch/dispatch"
 	"github.com/apidispatch/apidispatch/internal/simtest"
+	"github.com/apidispatch/apidispatch/internal/testredis"
+	"github.com/apidispatch/apidispatch/rundir"
+	"github.com/apidispatch/apidispatch/shared"
 	"github.com/apidispatch/apidispatch/sim"
 )
 
@@ -24,6 +33,13 @@ type politeCase struct {
 	bursts    bool       // the colleague draws in random bursts
 	items     string     // "judge", "long-prompt" (~3k tokens), "long-output" (max_tokens 2,048, asked "at length")
 	share     int        // run 1/share of the items (0: all)
+	// procs > 1 runs the items as that many processes on the same keys
+	// with --shared (each a third of the items, its own run directory and
+	// its own shared.Budget on one Redis), in this process.
+	procs int
+	// stagger starts each process after the first this much later (API
+	// time), as processes started a moment apart are.
+	stagger time.Duration
 }
 
 // politeCases are the bucket-bound cases of issue 22 (60 requests, or their
@@ -37,6 +53,12 @@ var politeCases = []politeCase{
 	// requests, so the case runs a quarter of the items in about the time
 	// of the others.
 	{name: "otpm", limits: sim.Limits{RPM: 10_000, ITPM: 10_000_000, OTPM: 60_000}, colleague: 0.4, items: "long-output", share: 4},
+	// rpm-continuous run by three --shared processes on the same keys:
+	// together they must be no ruder than one.
+	{name: "rpm-shared3", limits: sim.Limits{RPM: 60, ITPM: 10_000_000, OTPM: 10_000_000}, colleague: 0.4, items: "judge", procs: 3},
+	// The same, each process started 3 API seconds after the one before
+	// (150 ms at K=20): each joins others already drawing on the keys.
+	{name: "rpm-shared3-staggered", limits: sim.Limits{RPM: 60, ITPM: 10_000_000, OTPM: 10_000_000}, colleague: 0.4, items: "judge", procs: 3, stagger: 3 * time.Second},
 }
 
 // politeResult is what one case measured.
@@ -145,17 +167,24 @@ func runPolite(t testing.TB, c politeCase, n int, k float64) politeResult {
 			}
 		}
 	}()
-	res0, err := h.run(context.Background(), nil)
-	close(done)
-	<-polled
-	if err != nil {
-		t.Fatal(err)
+	var s rundir.Summary
+	if c.procs > 1 {
+		s = runSharedProcs(t, h, c.procs, c.stagger)
+		close(done)
+		<-polled
+	} else {
+		res0, err := h.run(context.Background(), nil)
+		close(done)
+		<-polled
+		if err != nil {
+			t.Fatal(err)
+		}
+		s = *res0.Summary
 	}
 	var rate float64
 	if !t95.IsZero() && t95.After(t35) {
 		rate = float64(c95-c35) / t95.Sub(t35).Seconds()
 	}
-	s := res0.Summary
 	res := politeResult{rate429: map[string]float64{}, attempts: map[string]int64{}}
 	res.lost = s.DataLoss.Missing + s.DataLoss.Duplicates + s.DataLoss.Unfinished
 	if !s.DataLoss.Passed {
@@ -170,7 +199,7 @@ func runPolite(t testing.TB, c politeCase, n int, k float64) politeResult {
 	ceiling := per * (3 - c.colleague)
 	res.throughput = rate * 60 / k / ceiling
 	for _, l := range s.Lanes {
-		t.Logf("lane %s: pace %v of %v per API-min, others seen %d, cuts %d, limit %v", l.Org, l.Pace, l.BucketLim, l.OthersSeen, l.Cuts, l.Limit)
+		t.Logf("lane %s (%s): pace %v of %v per API-min, others seen %d, cuts %d, limit %v", l.Org, l.Pool, l.Pace, l.BucketLim, l.OthersSeen, l.Cuts, l.Limit)
 	}
 	stats := r.Server.Stats()
 	if os.Getenv("APIDISPATCH_POLITE_SERIES") != "" {
@@ -254,4 +283,142 @@ func TestPoliteWhenAColleagueSharesTheOrg(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestPoliteWhenThreeSharedProcessesShareTheOrg is the same for three
+// processes on the same keys with --shared, started 3 API seconds apart
+// (issue 22): together they must be no ruder than one. A process joining
+// others mirrored its share of the buckets while the others still mirrored
+// theirs as before it came, and together they believed the buckets held
+// more than they did: 5-22 % 429s per org in the first 20 API seconds.
+func TestPoliteWhenThreeSharedProcessesShareTheOrg(t *testing.T) {
+	c := politeCases[5]
+	r := runPolite(t, c, 600, 20)
+	t.Logf("%v", r)
+	if r.lost != 0 {
+		t.Errorf("lost %d items", r.lost)
+	}
+	for o, rate := range r.rate429 {
+		if rate > 0.03 {
+			t.Errorf("org %s: 429s %.1f%% of %d attempts, want ≤ 3%%", o, rate*100, r.attempts[o])
+		}
+	}
+	if r.refused > 0.03 {
+		t.Errorf("the colleague's draws refused %.1f%%, want ≤ 3%%", r.refused*100)
+	}
+	if r.throughput < 0.8 {
+		t.Errorf("throughput %.2f of what the buckets leave, want ≥ 0.8", r.throughput)
+	}
+}
+
+// politeRedis is an empty Redis database for the shared cases: database 2
+// of the test server, emptied first (the simulator's keys, hence the lanes'
+// names in Redis, are the same in every run).
+func politeRedis(t testing.TB) string {
+	t.Helper()
+	pu, err := url.Parse(testredis.URL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pu.Path = "/2"
+	u := pu.String()
+	o, err := redis.ParseURL(u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := redis.NewClient(o)
+	defer c.Close()
+	if err := c.FlushDB(context.Background()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	return u
+}
+
+// runSharedProcs runs h's items as procs processes with --shared: the
+// input is dealt out line by line, and each "process" has its own Job, run
+// directory and shared.Budget (its own process id) on one Redis, as
+// 'apidispatch run --shared' would; each starts stagger (API time) after
+// the one before. It returns their summaries added up:
+// items, outcomes and losses, tokens, and every process's lanes.
+func runSharedProcs(t testing.TB, h *harness, procs int, stagger time.Duration) rundir.Summary {
+	t.Helper()
+	url := politeRedis(t)
+	raw, err := os.ReadFile(h.input)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.SplitAfter(strings.TrimRight(string(raw), "\n"), "\n")
+	base := filepath.Dir(h.dir)
+	type proc struct {
+		eng *dispatch.Engine
+		job *rundir.Job
+		b   *shared.Budget
+		res *dispatch.Result
+		err error
+	}
+	ps := make([]*proc, procs)
+	for i := range ps {
+		var part strings.Builder
+		for j := i; j < len(lines); j += procs {
+			part.WriteString(strings.TrimRight(lines[j], "\n") + "\n")
+		}
+		in := filepath.Join(base, fmt.Sprintf("req%d.jsonl", i))
+		if err := os.WriteFile(in, []byte(part.String()), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		p := &proc{}
+		p.job, err = rundir.OpenJob(context.Background(), rundir.JobConfig{InputPath: in, RunDir: filepath.Join(base, fmt.Sprintf("run%d", i)), Prices: cost.Default()}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { p.job.Close() })
+		p.b, err = shared.Open(context.Background(), shared.Config{URL: url, Orgs: h.orgs, Events: p.job.Events})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg := dispatch.Config{Orgs: h.orgs, BaseURL: h.sim.URL, Speed: h.speed, Prices: cost.Default(), SampleEvery: -1, NewGate: p.b.NewGate}
+		p.eng, err = dispatch.NewForJob(p.job, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ps[i] = p
+	}
+	h.startFaults()
+	var wg sync.WaitGroup
+	for i, p := range ps {
+		if i > 0 && stagger > 0 {
+			time.Sleep(time.Duration(float64(stagger) / h.speed))
+		}
+		p.b.Start(context.Background())
+		wg.Go(func() {
+			p.res, p.err = p.eng.Run(context.Background())
+			p.b.Close()
+		})
+	}
+	wg.Wait()
+	var s rundir.Summary
+	s.DataLoss.Passed = true
+	for i, p := range ps {
+		if p.err != nil {
+			t.Fatalf("process %d: %v", i, p.err)
+		}
+		ps := p.res.Summary
+		s.Succeeded += ps.Succeeded
+		s.Tokens.Input += ps.Tokens.Input
+		s.Tokens.Output += ps.Tokens.Output
+		s.Tokens.CacheWrite += ps.Tokens.CacheWrite
+		s.Tokens.CacheRead += ps.Tokens.CacheRead
+		d := ps.DataLoss
+		s.DataLoss.Inputs += d.Inputs
+		s.DataLoss.Outcomes += d.Outcomes
+		s.DataLoss.Missing += d.Missing
+		s.DataLoss.Duplicates += d.Duplicates
+		s.DataLoss.Unfinished += d.Unfinished
+		s.DataLoss.Passed = s.DataLoss.Passed && d.Passed && p.res.Complete
+		for _, l := range ps.Lanes {
+			l.Org = fmt.Sprintf("%s, process %d", l.Org, i)
+			s.Lanes = append(s.Lanes, l)
+		}
+	}
+	return s
 }

@@ -300,6 +300,11 @@ func (b *Buckets) Done(now time.Time, p Permit, fb Feedback, scale float64) {
 	}
 }
 
+// Rescale tells the mirrors that the share of the org's buckets this lane
+// stands for changed by the factor f (one of n processes sharing a key,
+// and n changed).
+func (b *Buckets) Rescale(now time.Time, f float64) { b.mirror.Rescale(now, f, b.outstanding) }
+
 // Sync refreshes the mirrors from rate-limit headers, of which this lane
 // stands for the share scale.
 func (b *Buckets) Sync(now time.Time, rl anthropic.RateLimits, scale float64) {

@@ -119,6 +119,21 @@ func (b *Bucket) Sync(now time.Time, limit, remaining int64, outstanding float64
 	return predicted - float64(remaining) + assumed
 }
 
+// Rescale changes the share of the server's bucket this mirror stands for
+// by the factor f (a mirror of one of n processes sharing a key stands for
+// 1/n of it, and n changed): the limit, the estimate of others and what is
+// left are multiplied by f, all but own, this client's draws not yet
+// answered, which are its own whatever the share.
+func (b *Bucket) Rescale(now time.Time, f, own float64) {
+	if b.limit <= 0 || f <= 0 || f == 1 {
+		return
+	}
+	b.refill(now)
+	b.limit *= f
+	b.others *= f
+	b.level = math.Min(b.Capacity(), (b.level+own)*f-own)
+}
+
 // Wait returns how long until the bucket has need available with floor left
 // over, refilling at Rate: 0 when it fits now, and
 // math.MaxInt64 when it never can (need+floor above the limit and the bucket

@@ -270,6 +270,24 @@ func (m *Mirror) sync(now time.Time, t Need, rl anthropic.RateLimits, outstandin
 	return m.Others(now)
 }
 
+// Rescale changes the share of the org's buckets the mirror stands for by
+// the factor f (see Bucket.Rescale): the levels, limits and the estimate
+// of others, so that the estimate carries over instead of reading the
+// change as others drawing (or giving back) the difference.
+// outstandingOutput is as for Sync.
+func (m *Mirror) Rescale(now time.Time, f, outstandingOutput float64) {
+	if f <= 0 || f == 1 {
+		return
+	}
+	m.Requests.Rescale(now, f, m.inFlight.Requests)
+	m.Input.Rescale(now, f, m.inFlight.Input)
+	m.Output.Rescale(now, f, outstandingOutput)
+	for i := range 3 {
+		m.unexp[i] *= f
+		m.pace[i] *= f
+	}
+}
+
 // Others reports whether others have been seen drawing on the org within the
 // window before now; while they have, Wait keeps the reserve free.
 func (m *Mirror) Others(now time.Time) bool { return now.Before(m.othersUntil) }

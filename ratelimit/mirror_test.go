@@ -296,3 +296,32 @@ func TestPaceCountsWhatWasInFlightAtTheFirstSync(t *testing.T) {
 		t.Fatalf("others estimated at %.3f/s after 10 s, want ≈ 0.4/s (≥ 0.3)", got)
 	}
 }
+
+// A mirror standing for a share of the bucket (one of n processes on a
+// key) is rescaled when n changes: the next sync at the new share then
+// reads only what others really drew, not the change of share.
+func TestBucketRescaleCarriesTheEstimateOver(t *testing.T) {
+	var b Bucket
+	b.Sync(t0, 60, 60, 0)
+	b.SetOthers(t0, 0.2)
+	b.Take(t0, 30)
+	// A second process joins: this one now stands for half.
+	b.Rescale(t0, 0.5, 0)
+	if b.Limit() != 30 || math.Abs(b.Level(t0)-15) > 1e-9 || math.Abs(b.Others()-0.1) > 1e-9 {
+		t.Fatalf("rescaled to half: limit %v level %v others %v, want 30, 15, 0.1", b.Limit(), b.Level(t0), b.Others())
+	}
+	// Five seconds on, the server refilled 5 and others drew 1 (0.2/s):
+	// remaining 34 of 60, 17 of this half.
+	u := b.Sync(t0.Add(5*time.Second), 30, 17, 0)
+	if math.Abs(u-0.5) > 1e-9 {
+		t.Fatalf("unexplained %v after the rescale, want 0.5 (others' 1, halved)", u)
+	}
+	// What this client has in flight is its own whatever the share.
+	var c Bucket
+	c.Sync(t0, 60, 60, 0)
+	c.Take(t0, 10)
+	c.Rescale(t0, 0.5, 10)
+	if math.Abs(c.Level(t0)-20) > 1e-9 {
+		t.Fatalf("level %v, want (50+10)/2-10 = 20", c.Level(t0))
+	}
+}

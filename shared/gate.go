@@ -55,16 +55,22 @@ type Gate struct {
 	starved     bool // refused for want of a slot since the last renewal
 	starvedAt   time.Time
 	success     bool // a success since the last renewal
-	buckets     *gate.Buckets
-	share       float64 // of the org's buckets this process stands for (1/active)
-	procs       int
-	active      int
-	n429recent  int
-	hdr         anthropic.RateLimits
-	hdrAt       time.Time
-	hdrNew      bool
-	disabled    string
-	wake        func()
+	answered    bool // an answer has come back (see LaneConfig.ProbeFirst)
+	// joined: a renewal has answered; joinUntil: this process joined
+	// others drawing on the key, and sends no more than its probe until
+	// then (see renew).
+	joined     bool
+	joinUntil  time.Time
+	buckets    *gate.Buckets
+	share      float64 // of the org's buckets this process stands for (1/active)
+	procs      int
+	active     int
+	n429recent int
+	hdr        anthropic.RateLimits
+	hdrAt      time.Time
+	hdrNew     bool
+	disabled   string
+	wake       func()
 
 	// The lease: the gate admits on its grant only before both (the first
 	// with its monotonic reading, the second wall time only).
@@ -174,6 +180,18 @@ func (g *Gate) TryAdmit(now time.Time, d gate.Demand) (gate.Permit, time.Duratio
 		}
 		return gate.Permit{}, 0, false
 	}
+	if now.Before(g.joinUntil) && (g.inFlight > 0 || g.answered) {
+		// Joined others on the key: one probe until they know of it.
+		return gate.Permit{}, g.joinUntil.Sub(now), false
+	}
+	if g.cfg.ProbeFirst && g.inFlight > 0 && !g.answered && !g.buckets.Mirror().Synced() {
+		// One request at a time until the buckets are known, from its
+		// answer or from headers another process on the key left in
+		// Redis: each process's first grant would otherwise be sent
+		// blind, and three processes' together drained the buckets at
+		// the start of a run.
+		return gate.Permit{}, 0, false
+	}
 	n := g.buckets.Need(d)
 	if w := g.buckets.Wait(now, n); w > 0 {
 		return gate.Permit{}, w, false
@@ -206,9 +224,17 @@ func (g *Gate) Done(now time.Time, p gate.Permit, fb gate.Feedback) {
 	if !p.At.IsZero() {
 		g.noteLatency(now, now.Sub(p.At))
 	}
+	g.answered = true
+	first := !g.buckets.Mirror().Synced()
 	g.buckets.Done(now, p, fb, g.share)
 	if fb.Limits.Requests.Present || fb.Limits.Input.Present || fb.Limits.Output.Present {
 		g.hdr, g.hdrAt, g.hdrNew = fb.Limits, now, true
+		if first {
+			// The first headers: renew now, so that the others on the
+			// key start from them, and so that this process's share of
+			// the buckets is the latest (see renew).
+			g.b.kick()
+		}
 	}
 	o := fb.Outcome
 	if o.Kind == anthropic.Success {
@@ -407,10 +433,29 @@ func (g *Gate) renew(ctx context.Context) error {
 		g.holdLocked(now, time.Duration(h)*time.Millisecond)
 	}
 	g.active = int(toInt(res[5]))
+	share := 1.0
 	if g.active > 0 {
-		g.share = 1 / float64(g.active)
-	} else {
-		g.share = 1
+		share = 1 / float64(g.active)
+	}
+	if !g.joined {
+		g.joined = true
+		if g.active > 1 {
+			// Others are drawing on the key, and mirror the whole of
+			// the buckets between them until each renews and learns
+			// that one more shares them: send no more than the probe
+			// until they have (they renew every quarter of a second,
+			// like this process), or together we would believe the
+			// buckets hold more than they do.
+			g.joinUntil = now.Add(g.b.every + g.b.every/4)
+		}
+	}
+	if share != g.share {
+		// The mirrors stand for this process's share of the org's
+		// buckets: carry the estimate of others over to the new share,
+		// or the next answer would read the difference as others
+		// drawing (or giving back) that much at once.
+		g.buckets.Rescale(now, share/g.share)
+		g.share = share
 	}
 	L := int(g.limit)
 	if g.active > 0 {
