@@ -209,3 +209,79 @@ func BenchmarkGatewayCeiling(b *testing.B) {
 	b.ReportMetric(rates["gw"]/rates["bare"], "gw/bare")
 	b.ReportMetric(0, "ns/op")
 }
+
+// driveAt sends n requests to url at a steady rate per second, open loop
+// (each at its time, whatever the earlier ones are doing), and returns
+// every latency sorted and the process CPU time used.
+func driveAt(b *testing.B, url, key string, n int, rate float64) ([]time.Duration, time.Duration) {
+	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1024}}
+	defer hc.CloseIdleConnections()
+	lat := make([]time.Duration, n)
+	var wg sync.WaitGroup
+	cpu0, t0 := cpuTime(), time.Now()
+	for i := range n {
+		if d := time.Until(t0.Add(time.Duration(float64(i) / rate * float64(time.Second)))); d > 0 {
+			time.Sleep(d)
+		}
+		wg.Go(func() {
+			req, _ := http.NewRequest(http.MethodPost, url+"/v1/messages", bytes.NewReader(benchBody))
+			req.Header.Set("x-api-key", key)
+			req.Header.Set("anthropic-version", "2023-06-01")
+			req.Header.Set("content-type", "application/json")
+			s := time.Now()
+			resp, err := hc.Do(req)
+			if err != nil {
+				b.Error(err)
+				return
+			}
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != 200 {
+				b.Errorf("status %d", resp.StatusCode)
+			}
+			lat[i] = time.Since(s)
+		})
+	}
+	wg.Wait()
+	cpu := cpuTime() - cpu0
+	slices.Sort(lat)
+	return lat, cpu
+}
+
+// BenchmarkGatewayOverheadAtRate is issue 24's latency goal: at a steady
+// 1,000 requests/s (open loop; APIDISPATCH_GW_RATE to change it), the
+// same client straight to the zero-latency simulator, through a reverse
+// proxy of net/http alone (the least a second hop adds on this machine)
+// and through the gateway, in one run: p50 and p99 added, and the CPU per
+// request each path costs the process beyond the straight one.
+//
+//	go test ./gateway -run '^$' -bench GatewayOverheadAtRate -benchtime 10000x
+func BenchmarkGatewayOverheadAtRate(b *testing.B) {
+	rate := float64(envInt("APIDISPATCH_GW_RATE", 1000))
+	run := benchSim(b)
+	target, _ := url.Parse(run.URL)
+	rp := httputil.NewSingleHostReverseProxy(target)
+	rp.Transport = &http.Transport{MaxIdleConns: 4096, MaxIdleConnsPerHost: 4096}
+	proxy := httptest.NewServer(rp)
+	b.Cleanup(proxy.Close)
+	_, srv := startGW(b, run, nil)
+	key := run.Server.Orgs()[0].Key.Reveal()
+	driveAt(b, srv.URL, tokA, 1000, rate)
+	driveAt(b, proxy.URL, key, 1000, rate)
+	b.ResetTimer()
+	direct, dcpu := driveAt(b, run.URL, key, b.N, rate)
+	viaProxy, pcpu := driveAt(b, proxy.URL, key, b.N, rate)
+	via, vcpu := driveAt(b, srv.URL, tokA, b.N, rate)
+	b.StopTimer()
+	n := float64(b.N)
+	us := func(d time.Duration) float64 { return float64(d.Microseconds()) }
+	b.ReportMetric(us(pct(direct, 0.5)), "direct-p50-µs")
+	b.ReportMetric(us(pct(direct, 0.99)), "direct-p99-µs")
+	b.ReportMetric(us(pct(viaProxy, 0.5)-pct(direct, 0.5)), "proxy-added-p50-µs")
+	b.ReportMetric(us(pct(viaProxy, 0.99)-pct(direct, 0.99)), "proxy-added-p99-µs")
+	b.ReportMetric(us(pct(via, 0.5)-pct(direct, 0.5)), "gw-added-p50-µs")
+	b.ReportMetric(us(pct(via, 0.99)-pct(direct, 0.99)), "gw-added-p99-µs")
+	b.ReportMetric(float64((pcpu-dcpu).Microseconds())/n, "proxy-cpu-µs/req")
+	b.ReportMetric(float64((vcpu-dcpu).Microseconds())/n, "gw-cpu-µs/req")
+	b.ReportMetric(0, "ns/op")
+}
