@@ -220,7 +220,8 @@ func New(cfg Config) (*Gateway, error) {
 	return g, nil
 }
 
-// flushLoop writes the ledger to its file every 100 ms.
+// flushLoop writes the ledger to its file every 100 ms, or sooner when
+// 64 KB of entries wait.
 func (g *Gateway) flushLoop() {
 	t := time.NewTicker(100 * time.Millisecond)
 	defer t.Stop()
@@ -229,9 +230,10 @@ func (g *Gateway) flushLoop() {
 		case <-g.ctx.Done():
 			return
 		case <-t.C:
-			if err := g.ledger.Flush(); err != nil {
-				g.log.Error("writing the ledger", "error", err)
-			}
+		case <-g.ledger.full:
+		}
+		if err := g.ledger.Flush(); err != nil {
+			g.log.Error("writing the ledger", "error", err)
 		}
 	}
 }

@@ -48,6 +48,9 @@ type Ledger struct {
 	// guards it. Flush writes them with fmu held and mu released, so a
 	// write to the file never holds up the requests being recorded.
 	pend []byte
+	// full is signalled when pend passes ledgerPendMax, so the owner
+	// writes it before the next tick (as a 64 KB write buffer did).
+	full chan struct{}
 	fmu  sync.Mutex
 	f    *os.File
 	werr error // the first write error; guarded by fmu
@@ -56,7 +59,7 @@ type Ledger struct {
 // OpenLedger opens (creating) the ledger file at path ("" for none) and
 // sums what it holds.
 func OpenLedger(path string) (*Ledger, error) {
-	l := &Ledger{clients: map[string]*account{}, batches: map[string]bool{}}
+	l := &Ledger{clients: map[string]*account{}, batches: map[string]bool{}, full: make(chan struct{}, 1)}
 	if path == "" {
 		return l, nil
 	}
@@ -148,8 +151,18 @@ func (l *Ledger) record(client string, e Entry) {
 	l.addLocked(e)
 	if b != nil {
 		l.pend = append(append(l.pend, b...), '\n')
+		if len(l.pend) >= ledgerPendMax {
+			select {
+			case l.full <- struct{}{}:
+			default:
+			}
+		}
 	}
 }
+
+// ledgerPendMax is how many bytes of entries wait for the file at most
+// before the gateway's flush loop is woken early.
+const ledgerPendMax = 64 << 10
 
 // Flush writes the entries recorded so far to the file.
 func (l *Ledger) Flush() error {
