@@ -225,8 +225,8 @@ func New(cfg Config) (*Gateway, error) {
 	return g, nil
 }
 
-// flushLoop writes the ledger to its file every 100 ms and the status
-// file every StatusEvery.
+// flushLoop writes the ledger to its file every 100 ms, or sooner when
+// 64 KB of entries wait.
 func (g *Gateway) flushLoop() {
 	t := time.NewTicker(100 * time.Millisecond)
 	defer t.Stop()
@@ -235,15 +235,16 @@ func (g *Gateway) flushLoop() {
 		select {
 		case <-g.ctx.Done():
 			return
-		case now := <-t.C:
-			if err := g.ledger.Flush(); err != nil {
-				g.log.Error("writing the ledger", "error", err)
-			}
-			if now.Sub(wrote) >= StatusEvery {
-				wrote = now
-				if err := g.writeStatus(now, false); err != nil {
-					g.log.Warn("writing the status file", "error", err)
-				}
+		case <-t.C:
+		case <-g.ledger.full:
+		}
+		if err := g.ledger.Flush(); err != nil {
+			g.log.Error("writing the ledger", "error", err)
+		}
+		if now := time.Now(); now.Sub(wrote) >= StatusEvery {
+			wrote = now
+			if err := g.writeStatus(now, false); err != nil {
+				g.log.Warn("writing the status file", "error", err)
 			}
 		}
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"math"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/apidispatch/apidispatch/anthropic"
@@ -24,14 +25,16 @@ var (
 // upstream is one org the gateway sends to.
 type upstream struct {
 	org.Org
-	mu       sync.Mutex
-	disabled string
+	disabled atomic.Pointer[string] // why it is out of rotation; nil: in
 }
 
+// Disabled is why u is out of rotation, or "". It takes no lock: every
+// answer's rate-limit headers ask it.
 func (u *upstream) Disabled() string {
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	return u.disabled
+	if r := u.disabled.Load(); r != nil {
+		return *r
+	}
+	return ""
 }
 
 // lane is one (org, pool) gate.
@@ -39,10 +42,11 @@ type lane struct {
 	gate.Gate
 	up   *upstream
 	pool anthropic.Pool
+	q    *poolQueue // the queue of pool
 	// wakes are the engines (gateway batches by the sync route) that
-	// share this gate: a release here may let them admit. Guarded by
-	// laneSet.mu.
-	wakes []func()
+	// share this gate: a release here may let them admit. Replaced (never
+	// changed in place) with laneSet.mu held; read without it.
+	wakes atomic.Pointer[[]func()]
 }
 
 // grant is an admitted request: the lane that admitted it and its permit.
@@ -65,6 +69,9 @@ type poolQueue struct {
 	lanes   []*lane
 	next    int // lane to try first (rotates, so orgs share the load)
 	waiters []*waiter
+	// nwait is len(waiters), set with laneSet.mu held, so that a release
+	// finding no one waiting need not take the lock.
+	nwait   atomic.Int32
 	timer   *time.Timer
 	timerAt time.Time
 }
@@ -109,7 +116,7 @@ func (s *laneSet) poolLocked(pool anthropic.Pool, capN int) *poolQueue {
 	for _, u := range s.orgs {
 		lc := s.laneCfg
 		lc.Org, lc.Pool, lc.Cap, lc.Speed = u.Name, pool, capN, s.speed
-		l := &lane{Gate: s.newGate(lc), up: u, pool: pool}
+		l := &lane{Gate: s.newGate(lc), up: u, pool: pool, q: q}
 		if wk, ok := l.Gate.(gate.Waker); ok {
 			wk.SetWake(func() {
 				s.kick(q)
@@ -152,6 +159,7 @@ func (s *laneSet) pumpLocked(q *poolQueue, now time.Time) {
 				q.next = (q.next + i + 1) % len(q.lanes)
 				q.waiters[0] = nil
 				q.waiters = q.waiters[1:]
+				q.nwait.Store(int32(len(q.waiters)))
 				w.ch <- grant{lane: l, permit: p}
 				admitted = true
 				break
@@ -165,6 +173,7 @@ func (s *laneSet) pumpLocked(q *poolQueue, now time.Time) {
 				w.ch <- grant{err: ErrNoUsableOrg}
 			}
 			q.waiters = nil
+			q.nwait.Store(0)
 			return
 		}
 		if !admitted {
@@ -190,6 +199,7 @@ func (s *laneSet) admit(ctx context.Context, deadline time.Time, model string, d
 	s.mu.Lock()
 	q := s.queueLocked(model)
 	q.waiters = append(q.waiters, w)
+	q.nwait.Store(int32(len(q.waiters)))
 	s.pumpLocked(q, time.Now())
 	s.mu.Unlock()
 	select {
@@ -213,6 +223,7 @@ func (s *laneSet) admit(ctx context.Context, deadline time.Time, model string, d
 	for i, x := range q.waiters {
 		if x == w {
 			q.waiters = append(q.waiters[:i], q.waiters[i+1:]...)
+			q.nwait.Store(int32(len(q.waiters)))
 			return grant{}, cause
 		}
 	}
@@ -225,25 +236,25 @@ func (s *laneSet) admit(ctx context.Context, deadline time.Time, model string, d
 }
 
 // release returns g's permit with what the attempt taught and wakes the
-// pool's waiters.
+// pool's waiters. With no one waiting it takes no lock of the set: a
+// request queued after the check pumps the queue itself and finds the
+// slot freed by Done.
 func (s *laneSet) release(g grant, fb gate.Feedback) {
 	now := time.Now()
 	g.lane.Done(now, g.permit, fb)
-	s.mu.Lock()
-	s.pumpLocked(s.pools[g.lane.pool], now)
-	wakes := g.lane.wakes
-	s.mu.Unlock()
-	for _, f := range wakes {
-		f()
+	if q := g.lane.q; q.nwait.Load() > 0 {
+		s.mu.Lock()
+		s.pumpLocked(q, now)
+		s.mu.Unlock()
 	}
+	s.wakeEngines(g.lane)
 }
 
 func (s *laneSet) wakeEngines(l *lane) {
-	s.mu.Lock()
-	wakes := l.wakes
-	s.mu.Unlock()
-	for _, f := range wakes {
-		f()
+	if wakes := l.wakes.Load(); wakes != nil {
+		for _, f := range *wakes {
+			f()
+		}
 	}
 }
 
@@ -286,10 +297,15 @@ func (l *sharedLane) SetWake(f func()) {
 	// stays harmless (a non-blocking send). Keep the latest only, so the
 	// list stays bounded over a long-lived gateway.
 	const keep = 64
-	if len(l.wakes) >= keep {
-		l.wakes = append([]func(){}, l.wakes[len(l.wakes)-keep+1:]...)
+	var old []func()
+	if p := l.wakes.Load(); p != nil {
+		old = *p
 	}
-	l.wakes = append(l.wakes, f)
+	if len(old) >= keep {
+		old = old[len(old)-keep+1:]
+	}
+	ws := append(append(make([]func(), 0, len(old)+1), old...), f)
+	l.wakes.Store(&ws)
 }
 
 // disable takes an org (scope org) or one lane out of rotation.
@@ -309,11 +325,7 @@ func (s *laneSet) disable(l *lane, scope anthropic.Scope, reason string) {
 func (s *laneSet) disableOrg(u *upstream, reason string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	u.mu.Lock()
-	if u.disabled == "" {
-		u.disabled = reason
-	}
-	u.mu.Unlock()
+	u.disabled.CompareAndSwap(nil, &reason)
 	for _, x := range s.all {
 		if x.up == u {
 			x.Disable(reason)

@@ -44,15 +44,22 @@ type Ledger struct {
 	clients map[string]*account
 	total   account
 	batches map[string]bool // gateway batches billed
-	w       *bufio.Writer
-	f       *os.File
-	werr    error
+	// pend holds the lines recorded since the last Flush, in order; mu
+	// guards it. Flush writes them with fmu held and mu released, so a
+	// write to the file never holds up the requests being recorded.
+	pend []byte
+	// full is signalled when pend passes ledgerPendMax, so the owner
+	// writes it before the next tick (as a 64 KB write buffer did).
+	full chan struct{}
+	fmu  sync.Mutex
+	f    *os.File
+	werr error // the first write error; guarded by fmu
 }
 
 // OpenLedger opens (creating) the ledger file at path ("" for none) and
 // sums what it holds.
 func OpenLedger(path string) (*Ledger, error) {
-	l := &Ledger{clients: map[string]*account{}, batches: map[string]bool{}}
+	l := &Ledger{clients: map[string]*account{}, batches: map[string]bool{}, full: make(chan struct{}, 1)}
 	if path == "" {
 		return l, nil
 	}
@@ -84,7 +91,7 @@ func OpenLedger(path string) (*Ledger, error) {
 			return nil, fmt.Errorf("gateway: ledger: %w", err)
 		}
 	}
-	l.f, l.w = f, bufio.NewWriterSize(f, 64<<10)
+	l.f = f
 	return l, nil
 }
 
@@ -133,35 +140,47 @@ func (l *Ledger) billed(id string) bool {
 
 // record adds e for client without a reservation.
 func (l *Ledger) record(client string, e Entry) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
 	e.Client = client
-	l.appendLocked(e)
-}
-
-func (l *Ledger) appendLocked(e Entry) {
 	if e.TS.IsZero() {
 		e.TS = time.Now().UTC()
 	}
+	var b []byte
+	if l.f != nil {
+		b, _ = json.Marshal(e) // outside the lock: it is most of the cost
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
 	l.addLocked(e)
-	if l.w != nil && l.werr == nil {
-		b, _ := json.Marshal(e)
-		l.w.Write(b)
-		if err := l.w.WriteByte('\n'); err != nil {
-			l.werr = err
+	if b != nil {
+		l.pend = append(append(l.pend, b...), '\n')
+		if len(l.pend) >= ledgerPendMax {
+			select {
+			case l.full <- struct{}{}:
+			default:
+			}
 		}
 	}
 }
 
-// Flush writes buffered entries to the file.
+// ledgerPendMax is how many bytes of entries wait for the file at most
+// before the gateway's flush loop is woken early.
+const ledgerPendMax = 64 << 10
+
+// Flush writes the entries recorded so far to the file.
 func (l *Ledger) Flush() error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.w == nil {
+	if l.f == nil {
 		return nil
 	}
-	if err := l.w.Flush(); err != nil && l.werr == nil {
-		l.werr = err
+	l.fmu.Lock()
+	defer l.fmu.Unlock()
+	l.mu.Lock()
+	b := l.pend
+	l.pend = nil
+	l.mu.Unlock()
+	if len(b) > 0 && l.werr == nil {
+		if _, err := l.f.Write(b); err != nil {
+			l.werr = err
+		}
 	}
 	return l.werr
 }

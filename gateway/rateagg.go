@@ -12,10 +12,19 @@ import (
 // rateAgg keeps the last rate-limit headers each org sent for each pool,
 // and writes their aggregate: limits and remaining summed over the orgs in
 // rotation, the latest reset. A client that paces by the headers then
-// paces to the whole gateway, never to one key. Safe for concurrent use.
+// paces to the whole gateway, never to one key. Safe for concurrent use:
+// note computes the aggregate once, and write, on every answer, only
+// reads it (no lock).
 type rateAgg struct {
 	mu   sync.Mutex
 	last map[anthropic.Pool]map[*upstream]anthropic.RateLimits
+	agg  sync.Map // anthropic.Pool → *aggHeaders
+}
+
+// aggHeaders is one pool's aggregate, ready to write.
+type aggHeaders struct {
+	vals [4][3][]string // by rateHeaders; nil: absent
+	ups  []*upstream    // the orgs summed (in rotation when computed)
 }
 
 func newRateAgg() *rateAgg {
@@ -35,27 +44,18 @@ func (a *rateAgg) note(pool anthropic.Pool, u *upstream, rl anthropic.RateLimits
 		a.last[pool] = m
 	}
 	m[u] = rl
+	a.computeLocked(pool)
 }
 
-// write replaces the anthropic-ratelimit-* headers of h by the aggregate
-// of pool.
-func (a *rateAgg) write(h http.Header, pool anthropic.Pool) {
-	for _, k := range rateHeaders {
-		h.Del(k[0])
-		h.Del(k[1])
-		h.Del(k[2])
-	}
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	m := a.last[pool]
-	if len(m) == 0 {
-		return
-	}
+// computeLocked sums pool's headers over the orgs in rotation. a.mu is held.
+func (a *rateAgg) computeLocked(pool anthropic.Pool) *aggHeaders {
+	ag := &aggHeaders{}
 	var sums [4]anthropic.Limit
-	for u, rl := range m {
+	for u, rl := range a.last[pool] {
 		if u.Disabled() != "" {
 			continue
 		}
+		ag.ups = append(ag.ups, u)
 		for i, l := range [4]anthropic.Limit{rl.Requests, rl.Tokens, rl.Input, rl.Output} {
 			if !l.Present {
 				continue
@@ -72,10 +72,44 @@ func (a *rateAgg) write(h http.Header, pool anthropic.Pool) {
 		if !s.Present {
 			continue
 		}
-		h[rateHeaders[i][0]] = []string{strconv.FormatInt(s.Limit, 10)}
-		h[rateHeaders[i][1]] = []string{strconv.FormatInt(s.Remaining, 10)}
+		ag.vals[i][0] = []string{strconv.FormatInt(s.Limit, 10)}
+		ag.vals[i][1] = []string{strconv.FormatInt(s.Remaining, 10)}
 		if !s.Reset.IsZero() {
-			h[rateHeaders[i][2]] = []string{s.Reset.UTC().Format(time.RFC3339)}
+			ag.vals[i][2] = []string{s.Reset.UTC().Format(time.RFC3339)}
+		}
+	}
+	a.agg.Store(pool, ag)
+	return ag
+}
+
+// write replaces the anthropic-ratelimit-* headers of h by the aggregate
+// of pool.
+func (a *rateAgg) write(h http.Header, pool anthropic.Pool) {
+	for _, k := range rateHeaders {
+		delete(h, k[0])
+		delete(h, k[1])
+		delete(h, k[2])
+	}
+	v, ok := a.agg.Load(pool)
+	if !ok {
+		return
+	}
+	ag := v.(*aggHeaders)
+	for _, u := range ag.ups {
+		if u.Disabled() != "" {
+			// An org left rotation since: sum again without it.
+			a.mu.Lock()
+			ag = a.computeLocked(pool)
+			a.mu.Unlock()
+			break
+		}
+	}
+	for i := range ag.vals {
+		for j, vs := range ag.vals[i] {
+			if vs != nil {
+				// The slices are shared by every answer and never changed.
+				h[rateHeaders[i][j]] = vs
+			}
 		}
 	}
 }
