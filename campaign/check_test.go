@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/apidispatch/apidispatch/rundir"
 	"github.com/apidispatch/apidispatch/sim"
 )
 
@@ -330,7 +331,8 @@ func (w *world) fallbackShares() func(t int64) int {
 			// the pass started: seed 373, a partition 0.5 s after the start)
 			// runs on the share from its start until it joins after the
 			// first outage it overlaps.
-			fellBack := strings.Contains(ps.out, "running on a local share")
+			fellBack := strings.Contains(ps.out, "running on a local share") ||
+				eventBetween(ps.runDir, w.start.Add(ps.from), w.start.Add(ps.to), "running on a conservative local share")
 			for _, a := range w.away {
 				if a.proc >= 0 && a.proc != p.i {
 					continue
@@ -503,4 +505,24 @@ func tail(s string) string {
 		lines = lines[len(lines)-12:]
 	}
 	return "    | " + strings.Join(lines, "\n    | ")
+}
+
+// eventBetween reports whether the events file of runDir holds an event
+// whose note contains text, stamped between from and to (a second's slack
+// either side).
+func eventBetween(runDir string, from, to time.Time, text string) bool {
+	b, err := os.ReadFile(filepath.Join(runDir, rundir.EventsFile))
+	if err != nil {
+		return false
+	}
+	for line := range strings.SplitSeq(string(b), "\n") {
+		var e rundir.Event
+		if json.Unmarshal([]byte(line), &e) != nil || !strings.Contains(e.Note, text) {
+			continue
+		}
+		if e.TS.After(from.Add(-time.Second)) && e.TS.Before(to.Add(time.Second)) {
+			return true
+		}
+	}
+	return false
 }

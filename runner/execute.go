@@ -93,7 +93,7 @@ func Execute(ctx context.Context, job *rundir.Job, x Exec) (*Result, error) {
 		}
 	}
 	if x.Shared.URL != "" {
-		svc, err := StartServices(ctx, ServicesConfig{Shared: x.Shared, Orgs: x.Sync.Orgs, Events: job.Events})
+		svc, err := StartServices(ctx, ServicesConfig{Shared: x.Shared, Orgs: x.Sync.Orgs, Events: job.Events, Log: x.Sync.Log})
 		if err != nil {
 			sink.Close()
 			return nil, err

@@ -200,7 +200,7 @@ func (cfg *Config) startServices(ctx context.Context, job *rundir.Job, w io.Writ
 		job.Events.Emit(rundir.EventWarning, msg, nil)
 		sh = Shared{}
 	}
-	return StartServices(ctx, ServicesConfig{Shared: sh, MetricsAddr: cfg.MetricsAddr, Orgs: cfg.Sync.Orgs, Events: job.Events, Stderr: w})
+	return StartServices(ctx, ServicesConfig{Shared: sh, MetricsAddr: cfg.MetricsAddr, Orgs: cfg.Sync.Orgs, Events: job.Events, Stderr: w, Log: cfg.Sync.Log})
 }
 
 // run is one Run once its run directory is open.

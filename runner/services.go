@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 
 	"github.com/apidispatch/apidispatch/gate"
 	"github.com/apidispatch/apidispatch/metrics"
@@ -29,7 +30,7 @@ type Shared struct {
 
 // open connects the shared budget for orgs, or returns nil without a URL.
 // It does not start it.
-func (s Shared) open(ctx context.Context, orgs []org.Org, events *rundir.EventLog) (*shared.Budget, error) {
+func (s Shared) open(ctx context.Context, orgs []org.Org, events *rundir.EventLog, log *slog.Logger) (*shared.Budget, error) {
 	if s.URL == "" {
 		if s.Fallback != "" {
 			return nil, fmt.Errorf("--shared-fallback needs --shared")
@@ -41,7 +42,7 @@ func (s Shared) open(ctx context.Context, orgs []org.Org, events *rundir.EventLo
 	}
 	return shared.Open(ctx, shared.Config{
 		URL: s.URL, PasswordFile: s.PasswordFile, Fallback: s.Fallback == "local",
-		Orgs: orgs, Events: events,
+		Orgs: orgs, Events: events, Log: log,
 	})
 }
 
@@ -49,7 +50,7 @@ func (s Shared) open(ctx context.Context, orgs []org.Org, events *rundir.EventLo
 // at a run's start (unreachable without the fallback, a bad URL or
 // password file). Without a URL it only checks the fallback's flag.
 func (s Shared) Check(ctx context.Context) error {
-	b, err := s.open(ctx, nil, nil)
+	b, err := s.open(ctx, nil, nil, nil)
 	if b != nil {
 		b.Close()
 	}
@@ -67,6 +68,9 @@ type ServicesConfig struct {
 	Events *rundir.EventLog
 	// Stderr gets the metrics address (nil: discarded).
 	Stderr io.Writer
+	// Log gets the shared budget's warnings too (nil: discarded): Redis
+	// unreachable at start, lost and rejoined mid-run.
+	Log *slog.Logger
 }
 
 // Services run in the background beside a front door's lanes: the shared
@@ -88,7 +92,7 @@ func StartServices(ctx context.Context, c ServicesConfig) (*Services, error) {
 	if w == nil {
 		w = io.Discard
 	}
-	sb, err := c.Shared.open(ctx, c.Orgs, c.Events)
+	sb, err := c.Shared.open(ctx, c.Orgs, c.Events, c.Log)
 	if err != nil {
 		return nil, err
 	}

@@ -94,7 +94,7 @@ func serveCmd(args []string, stdout, stderr io.Writer) int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	svc, err := runner.StartServices(ctx, runner.ServicesConfig{Shared: f.shf.shared(), MetricsAddr: *f.metricsAddr, Orgs: cfg.Orgs, Stderr: stderr})
+	svc, err := runner.StartServices(ctx, runner.ServicesConfig{Shared: f.shf.shared(), MetricsAddr: *f.metricsAddr, Orgs: cfg.Orgs, Stderr: stderr, Log: cfg.Log})
 	if err != nil {
 		errf(stderr, "%v", err)
 		return exitUsage
