@@ -224,11 +224,15 @@ func Run(t *testing.T, newGate New, opts ...Option) {
 		// in 60 ms of wall time while the gate stays full.
 		start := time.Now()
 		deadline := start.Add(5 * time.Second)
-		for {
+		for step := 1; ; step++ {
 			time.Sleep(20 * time.Millisecond)
 			settle()
 			fill(g, time.Now())
-			if s := g.Snapshot(time.Now()); s.InFlight == 100 {
+			s := g.Snapshot(time.Now())
+			if want := min(100, 25+25*float64(step)); exact && s.Limit != want {
+				t.Fatalf("limit %v after %d ms, want %v", s.Limit, 20*step, want)
+			}
+			if s.InFlight == 100 {
 				break
 			}
 			if time.Now().After(deadline) {
