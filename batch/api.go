@@ -92,11 +92,7 @@ func (c *client) do(ctx context.Context, method, u string, body io.Reader) (*htt
 	if err != nil {
 		return nil, err
 	}
-	req.Header.Set(anthropic.HeaderAPIKey, c.key.Reveal())
-	req.Header.Set(anthropic.HeaderVersion, anthropic.APIVersion)
-	if body != nil {
-		req.Header.Set("content-type", "application/json")
-	}
+	anthropic.SetHeaders(req.Header, c.key, body != nil)
 	resp, err := c.http.Do(req)
 	if err != nil {
 		var re *apihttp.RedirectError

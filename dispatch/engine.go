@@ -968,9 +968,7 @@ func (e *Engine) send(a *attempt) {
 		a.lane.Done(time.Now(), a.permit, gate.Feedback{Outcome: anthropic.Outcome{Kind: anthropic.Retryable}})
 		return
 	}
-	req.Header.Set(anthropic.HeaderAPIKey, a.lane.org.Key.Reveal())
-	req.Header.Set(anthropic.HeaderVersion, anthropic.APIVersion)
-	req.Header.Set("content-type", "application/json")
+	anthropic.SetHeaders(req.Header, a.lane.org.Key, true)
 	req.Header.Set("x-stainless-retry-count", strconv.FormatInt(a.w.attempts-1, 10))
 	t0 := time.Now()
 	if u := a.permit.Until; !u.IsZero() && !t0.Before(u) {
