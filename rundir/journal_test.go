@@ -2,6 +2,7 @@ package rundir
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -120,8 +121,8 @@ func TestRunDirLock(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := lockRunDir(dir); err == nil {
-		t.Fatal("a second lock of the same run directory was granted")
+	if _, err := lockRunDir(dir); !errors.Is(err, ErrRunDirBusy) {
+		t.Fatalf("a second lock of the same run directory: %v, want ErrRunDirBusy", err)
 	}
 	l.Close()
 	l2, err := lockRunDir(dir)
