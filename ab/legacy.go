@@ -372,9 +372,7 @@ func (l *Legacy) attempt(ctx context.Context, body []byte, retries int) legacyAt
 		a.outcome = anthropic.Classify(0, nil, nil, err, time.Now())
 		return a
 	}
-	req.Header.Set(anthropic.HeaderAPIKey, l.cfg.Org.Key.Reveal())
-	req.Header.Set(anthropic.HeaderVersion, anthropic.APIVersion)
-	req.Header.Set("content-type", "application/json")
+	anthropic.SetHeaders(req.Header, l.cfg.Org.Key, true)
 	req.Header.Set("x-stainless-retry-count", strconv.Itoa(retries))
 	t0 := time.Now()
 	resp, err := l.client.Do(req)

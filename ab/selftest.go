@@ -3,6 +3,7 @@ package ab
 import (
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -247,26 +248,7 @@ func simOrgs(cfg sim.Config, srv *sim.Server) []org.Org {
 
 // writeJudge writes n judge requests (seed) to path atomically.
 func writeJudge(path string, n int, seed int64) error {
-	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp*")
-	if err != nil {
-		return err
-	}
-	tmp := f.Name()
-	err = workload.GenerateJudge(f, n, seed, workload.GenOptions{})
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Chmod(tmp, 0o644)
-	}
-	if err == nil {
-		err = os.Rename(tmp, path)
-	}
-	if err != nil {
-		os.Remove(tmp)
-	}
-	return err
+	return rundir.WriteAtomic(path, 0o644, func(w io.Writer) error {
+		return workload.GenerateJudge(w, n, seed, workload.GenOptions{})
+	})
 }

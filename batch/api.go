@@ -92,11 +92,7 @@ func (c *client) do(ctx context.Context, method, u string, body io.Reader) (*htt
 	if err != nil {
 		return nil, err
 	}
-	req.Header.Set(anthropic.HeaderAPIKey, c.key.Reveal())
-	req.Header.Set(anthropic.HeaderVersion, anthropic.APIVersion)
-	if body != nil {
-		req.Header.Set("content-type", "application/json")
-	}
+	anthropic.SetHeaders(req.Header, c.key, body != nil)
 	resp, err := c.http.Do(req)
 	if err != nil {
 		var re *apihttp.RedirectError
@@ -107,23 +103,19 @@ func (c *client) do(ctx context.Context, method, u string, body io.Reader) (*htt
 		return nil, &apiError{typ: anthropic.ErrTypeConnection, msg: "transport: " + org.Scrub(err.Error())}
 	}
 	if resp.StatusCode == http.StatusTooManyRequests {
-		c.pace.onLimited(time.Now(), parseRetryAfter(resp.Header.Get("retry-after")))
+		c.pace.onLimited(time.Now(), retryAfterOf(resp))
 	} else {
 		c.pace.onAnswered()
 	}
 	return resp, nil
 }
 
-// parseRetryAfter reads retry-after as seconds (0 when absent or not a
-// number).
-func parseRetryAfter(s string) time.Duration {
-	if s == "" {
-		return 0
-	}
-	if v, err := strconv.ParseFloat(s, 64); err == nil && v >= 0 {
-		return time.Duration(v * float64(time.Second))
-	}
-	return 0
+// retryAfterOf is the delay resp asks for (anthropic.ParseRetryAfter:
+// retry-after-ms, else retry-after as seconds or an HTTP date; 0 when
+// there is none), the same reading as the sync route's.
+func retryAfterOf(resp *http.Response) time.Duration {
+	d, _ := anthropic.ParseRetryAfter(resp.Header, time.Now())
+	return d
 }
 
 // call makes a request whose answer is one JSON object, decoded into out.
@@ -155,7 +147,7 @@ func errorOf(resp *http.Response, b []byte) *apiError {
 	} else {
 		e.msg = string(bytes.TrimSpace(b[:min(len(b), 200)]))
 	}
-	e.retryAfter = parseRetryAfter(resp.Header.Get("retry-after"))
+	e.retryAfter = retryAfterOf(resp)
 	return e
 }
 

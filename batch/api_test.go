@@ -7,6 +7,7 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"testing"
+	"time"
 
 	"github.com/apidispatch/apidispatch/org"
 )
@@ -65,6 +66,29 @@ func TestCertain(t *testing.T) {
 	for status, want := range map[int]bool{0: false, 400: true, 408: false, 409: false, 413: true, 429: true, 500: false, 529: false} {
 		if got := (&apiError{status: status}).certain(); got != want {
 			t.Errorf("status %d: certain %v, want %v", status, got, want)
+		}
+	}
+}
+
+// TestErrorRetryAfter: an error answer's retry-after is read as the sync
+// route reads it: seconds, an HTTP date, or retry-after-ms first.
+func TestErrorRetryAfter(t *testing.T) {
+	at := time.Now().Add(10 * time.Second).UTC().Format(http.TimeFormat)
+	for _, tc := range []struct {
+		name     string
+		h        http.Header
+		min, max time.Duration
+	}{
+		{"seconds", http.Header{"Retry-After": {"3"}}, 3 * time.Second, 3 * time.Second},
+		{"fractional seconds", http.Header{"Retry-After": {"0.25"}}, 250 * time.Millisecond, 250 * time.Millisecond},
+		{"HTTP date", http.Header{"Retry-After": {at}}, 8 * time.Second, 10 * time.Second},
+		{"milliseconds first", http.Header{"Retry-After": {"3"}, "Retry-After-Ms": {"1500"}}, 1500 * time.Millisecond, 1500 * time.Millisecond},
+		{"not a delay", http.Header{"Retry-After": {"soon"}}, 0, 0},
+		{"none", http.Header{}, 0, 0},
+	} {
+		e := errorOf(&http.Response{StatusCode: 429, Header: tc.h}, nil)
+		if e.retryAfter < tc.min || e.retryAfter > tc.max {
+			t.Errorf("%s: retry-after %v, want %v to %v", tc.name, e.retryAfter, tc.min, tc.max)
 		}
 	}
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
@@ -12,27 +11,18 @@ import (
 	"github.com/apidispatch/apidispatch/rundir"
 	"github.com/apidispatch/apidispatch/store"
 	"github.com/apidispatch/apidispatch/store/sqlite"
+	"github.com/apidispatch/apidispatch/store/storetest"
 )
 
 // counterStore is a store of n pending items in dir.
 func counterStore(t *testing.T, dir string, n int) store.Store {
 	t.Helper()
-	ctx := context.Background()
 	st, err := sqlite.Open(filepath.Join(dir, rundir.StateFile))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
-	if _, err := st.Init(ctx, store.Meta{InputPath: "in.jsonl", InputHash: strings.Repeat("ab", 32), N: int64(n), CreatedAt: time.Now()}); err != nil {
-		t.Fatal(err)
-	}
-	var its []store.Item
-	for i := 1; i <= n; i++ {
-		its = append(its, store.Item{Seq: int64(i), Line: int64(i), CustomID: "c" + string(rune('a'+i)), Model: "claude-sonnet-4-5", MaxTokens: 10})
-	}
-	if err := st.AddItems(ctx, its); err != nil {
-		t.Fatal(err)
-	}
+	storetest.Pending(t, st, n)
 	return st
 }
 

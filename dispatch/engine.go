@@ -439,19 +439,45 @@ type Result struct {
 // items stay pending). Abort abandons them at once. Run returns ErrIncomplete
 // (wrapped, with the reason) when it stopped early; the store is consistent
 // either way.
+//
+// Its steps: restore the run's state (counts, the journal of a process that
+// died, the spend gate, the results sink), open the committer, sendAll (the
+// feeder and the admission loop, until both end and every request's
+// outcome is committed), close what the run wrote, and finish (the
+// summary, the last event and the result).
 func (e *Engine) Run(ctx context.Context) (*Result, error) {
 	e.start = time.Now()
 	e.abortCtx, e.abortCancel = context.WithCancel(context.Background())
 	defer e.abortCancel()
+	sink, closeSink, err := e.restore(ctx)
+	if err != nil {
+		return nil, err
+	}
+	com, err := e.openCommitter(sink)
+	if err != nil {
+		closeSink()
+		return nil, err
+	}
+	runErr := e.sendAll(ctx, com)
+	runErr = e.closeWrites(runErr, com, closeSink)
+	return e.finish(ctx, runErr)
+}
+
+// restore reads where the run stands: the item count and what is done,
+// replays the attempt journal of a process that died, seeds the spend
+// gate, opens the results sink (unless Config.Sink is the run's) and
+// emits the started event. closeSink closes the sink when restore opened
+// it.
+func (e *Engine) restore(ctx context.Context) (sink *rundir.Sink, closeSink func() error, err error) {
 	st := e.cfg.Store
 	meta, err := st.Meta(ctx)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	e.total = meta.N
 	agg, err := st.Aggregate(ctx)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	var replayedN cost.Nanos
 	if e.cfg.JournalDir != "" {
@@ -461,7 +487,7 @@ func (e *Engine) Run(ctx context.Context) (*Result, error) {
 		// it here). The replay only adds counters, which nothing below
 		// reads: agg stays valid.
 		if replayedN, err = rundir.Replay(ctx, e.cfg.JournalDir, st, agg.Counters, e.cfg.Events, e.log); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 	}
 	e.doneStart = agg.Succeeded + agg.Errored
@@ -474,16 +500,16 @@ func (e *Engine) Run(ctx context.Context) (*Result, error) {
 		// this replay, do not hold it).
 		e.gate.Hold(replayedN).Keep()
 	}
-	sink := e.cfg.Sink
+	sink = e.cfg.Sink
 	if sink == nil {
 		if sink, err = rundir.OpenSink(ctx, e.cfg.ResultsPath, st); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		if sink.Rebuilt > 0 {
 			e.cfg.Events.Emit(rundir.EventWarning, fmt.Sprintf("results file was %d lines short of the run's state; rebuilt them", sink.Rebuilt), map[string]any{"rebuilt": sink.Rebuilt})
 		}
 	}
-	closeSink := func() error {
+	closeSink = func() error {
 		if e.cfg.Sink == nil {
 			return sink.Close()
 		}
@@ -495,14 +521,18 @@ func (e *Engine) Run(ctx context.Context) (*Result, error) {
 	}
 	e.cfg.Events.Emit(rundir.EventStarted, fmt.Sprintf("%d items, %d already done, %d orgs", e.total, e.doneStart, len(e.orgs)),
 		map[string]any{"n": e.total, "done": e.doneStart, "orgs": orgNames, "base_url": e.base.Redacted(), "speed": e.cfg.Speed})
+	return sink, closeSink, nil
+}
 
+// openCommitter opens the attempt journal (with Config.JournalDir) and
+// makes the committer, which makes outcomes durable, then appends their
+// lines to sink.
+func (e *Engine) openCommitter(sink *rundir.Sink) (*committer, error) {
 	e.results = make(chan *attempt, 1024)
 	e.wake = make(chan struct{}, 1)
-
-	// The committer makes outcomes durable, then appends their lines.
 	if e.cfg.JournalDir != "" {
+		var err error
 		if e.jr, err = rundir.OpenJournal(e.cfg.JournalDir); err != nil {
-			closeSink()
 			return nil, err
 		}
 	}
@@ -513,78 +543,35 @@ func (e *Engine) Run(ctx context.Context) (*Result, error) {
 	if e.jr != nil {
 		com.journalKey = e.jr.Key()
 	}
-	var wg sync.WaitGroup
-	wg.Go(com.run)
+	return com, nil
+}
 
-	// The feeder streams pending items in input order.
-	feedCtx, stopFeed := context.WithCancel(ctx)
-	feed := make(chan []fed, 2)
-	var feedErr error
-	wg.Go(func() {
-		defer close(feed)
-		var after int64
-		for {
-			items, err := st.Pending(feedCtx, after, 1024)
-			if err != nil {
-				if feedCtx.Err() == nil {
-					feedErr = err
-				}
-				return
-			}
-			if e.cfg.MaxSeq > 0 {
-				n := 0
-				for n < len(items) && items[n].Seq <= e.cfg.MaxSeq {
-					n++
-				}
-				if n < len(items) {
-					fs, err := e.keyItems(feedCtx, e.skip(items[:n]), com)
-					if err != nil {
-						feedErr = err
-						return
-					}
-					if len(fs) > 0 {
-						select {
-						case feed <- fs:
-						case <-feedCtx.Done():
-						}
-					}
-					return
-				}
-			}
-			if len(items) == 0 {
-				return
-			}
-			after = items[len(items)-1].Seq
-			fs, err := e.keyItems(feedCtx, e.skip(items), com)
-			if err != nil {
-				if feedCtx.Err() == nil {
-					feedErr = err
-				}
-				return
-			}
-			if len(fs) == 0 {
-				continue // every one was a hit
-			}
-			select {
-			case feed <- fs:
-			case <-feedCtx.Done():
-				return
-			}
-		}
-	})
-
+// sendAll runs the committer and the feeder, and the admission loop over
+// what the feeder streams until it ends; then it stops the feeder, waits
+// for every request's worker and drains the committer. When sendAll returns
+// no goroutine it started is left and every outcome is committed (or
+// com.err says why not).
+func (e *Engine) sendAll(ctx context.Context, com *committer) error {
+	var comDone sync.WaitGroup
+	comDone.Go(com.run)
+	f := e.startFeeder(ctx, com)
 	var workers sync.WaitGroup
-	runErr := e.schedule(ctx, feed, com, &workers)
-	stopFeed()
-	// Drain the feeder so it exits.
-	for range feed {
-	}
+	runErr := e.schedule(ctx, f.out, com, &workers)
+	feedErr := f.stop()
 	workers.Wait()
 	com.close()
-	wg.Wait()
+	comDone.Wait()
 	if feedErr != nil && runErr == nil {
 		runErr = fmt.Errorf("reading pending items: %w", feedErr)
 	}
+	return runErr
+}
+
+// closeWrites closes what the run wrote (the sink when the engine opened
+// it, then the journal, emptied only when every outcome and counter is
+// durable) and returns the run's error: runErr, else the committer's,
+// else a close's.
+func (e *Engine) closeWrites(runErr error, com *committer, closeSink func() error) error {
 	if com.err != nil && runErr == nil {
 		runErr = fmt.Errorf("the run's state could not be written, so the run stopped; nothing unwritten is marked done, and the same command resumes once there is room: %w", com.err)
 	}
@@ -597,6 +584,12 @@ func (e *Engine) Run(ctx context.Context) (*Result, error) {
 	if runErr == nil && closeErr != nil {
 		runErr = closeErr
 	}
+	return runErr
+}
+
+// finish sums the run, emits its last event (failure, incomplete,
+// progress or completed) and returns its result.
+func (e *Engine) finish(ctx context.Context, runErr error) (*Result, error) {
 	sum, serr := e.summarize(context.WithoutCancel(ctx))
 	if serr != nil && runErr == nil {
 		runErr = serr
@@ -629,6 +622,93 @@ func (e *Engine) Run(ctx context.Context) (*Result, error) {
 	}
 	e.cfg.Events.Emit(rundir.EventCompleted, fmt.Sprintf("%d succeeded, %d errored", sum.Succeeded, sum.Errored), sum)
 	return res, nil
+}
+
+// feeder streams a run's pending items to the admission loop, in input
+// order and keyed (items the cache answers are committed on the way, not
+// fed). Start it with startFeeder; stop waits for its goroutine.
+type feeder struct {
+	out    chan []fed
+	cancel context.CancelFunc
+	done   sync.WaitGroup
+	err    error // written by the goroutine, read after done
+}
+
+// startFeeder starts the feeder on a goroutine it owns, until ctx ends,
+// stop is called or every pending item was fed.
+func (e *Engine) startFeeder(ctx context.Context, com *committer) *feeder {
+	fctx, cancel := context.WithCancel(ctx)
+	f := &feeder{out: make(chan []fed, 2), cancel: cancel}
+	f.done.Go(func() {
+		defer close(f.out)
+		f.err = e.feed(fctx, com, f.out)
+	})
+	return f
+}
+
+// stop ends the feeder, drains what it had ready (its items stay pending
+// in the store), waits for its goroutine and returns the error that ended
+// it, if any.
+func (f *feeder) stop() error {
+	f.cancel()
+	for range f.out {
+	}
+	f.done.Wait()
+	return f.err
+}
+
+// feed sends the pending items (up to Config.MaxSeq, less those
+// Config.Skip leaves out) to out in chunks, keyed, until every one was
+// sent or ctx ends. A store error after ctx ended is no error.
+func (e *Engine) feed(ctx context.Context, com *committer, out chan<- []fed) error {
+	var after int64
+	for {
+		items, err := e.cfg.Store.Pending(ctx, after, 1024)
+		if err != nil {
+			if ctx.Err() == nil {
+				return err
+			}
+			return nil
+		}
+		if e.cfg.MaxSeq > 0 {
+			n := 0
+			for n < len(items) && items[n].Seq <= e.cfg.MaxSeq {
+				n++
+			}
+			if n < len(items) {
+				fs, err := e.keyItems(ctx, e.skip(items[:n]), com)
+				if err != nil {
+					return err
+				}
+				if len(fs) > 0 {
+					select {
+					case out <- fs:
+					case <-ctx.Done():
+					}
+				}
+				return nil
+			}
+		}
+		if len(items) == 0 {
+			return nil
+		}
+		after = items[len(items)-1].Seq
+		fs, err := e.keyItems(ctx, e.skip(items), com)
+		if err != nil {
+			if ctx.Err() == nil {
+				return err
+			}
+			return nil
+		}
+		if len(fs) == 0 {
+			continue // every one was a hit
+		}
+		select {
+		case out <- fs:
+		case <-ctx.Done():
+			return nil
+		}
+	}
 }
 
 // skip drops the items Config.Skip leaves out, in place.
@@ -972,9 +1052,7 @@ func (e *Engine) send(a *attempt) {
 		a.lane.Done(time.Now(), a.permit, gate.Feedback{Outcome: anthropic.Outcome{Kind: anthropic.Retryable}})
 		return
 	}
-	req.Header.Set(anthropic.HeaderAPIKey, a.lane.org.Key.Reveal())
-	req.Header.Set(anthropic.HeaderVersion, anthropic.APIVersion)
-	req.Header.Set("content-type", "application/json")
+	anthropic.SetHeaders(req.Header, a.lane.org.Key, true)
 	req.Header.Set("x-stainless-retry-count", strconv.FormatInt(a.w.attempts-1, 10))
 	t0 := time.Now()
 	if u := a.permit.Until; !u.IsZero() && !t0.Before(u) {

@@ -160,23 +160,7 @@ func (s *batchStore) counts(client string) map[string]int {
 // writeMeta writes b's record atomically. b.mu is held.
 func (b *gwBatch) writeMetaLocked() error {
 	data, _ := json.MarshalIndent(b.meta, "", " ")
-	tmp := filepath.Join(b.dir, batchMeta+".tmp")
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
-	if err != nil {
-		return err
-	}
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp, filepath.Join(b.dir, batchMeta))
+	return rundir.WriteFileAtomic(filepath.Join(b.dir, batchMeta), data, 0o600)
 }
 
 // createReq is the body of POST /v1/messages/batches.
@@ -633,10 +617,7 @@ func writeAPIResults(dir string, canceled, expired bool) (counts, cost.Nanos, er
 	if err != nil {
 		return c, 0, err
 	}
-	if err := writeFileSync(filepath.Join(dir, batchResults+".tmp"), out.Bytes()); err != nil {
-		return c, 0, err
-	}
-	if err := os.Rename(filepath.Join(dir, batchResults+".tmp"), filepath.Join(dir, batchResults)); err != nil {
+	if err := rundir.WriteFileAtomic(filepath.Join(dir, batchResults), out.Bytes(), 0o600); err != nil {
 		return c, 0, err
 	}
 	return c, cost.Nanos(math.Round(usd * 1e9)), nil

@@ -35,6 +35,7 @@ import (
 	"github.com/apidispatch/apidispatch/gate"
 	"github.com/apidispatch/apidispatch/org"
 	"github.com/apidispatch/apidispatch/plan"
+	"github.com/apidispatch/apidispatch/rundir"
 	"github.com/apidispatch/apidispatch/spend"
 )
 
@@ -270,12 +271,7 @@ func (g *Gateway) writeStatus(now time.Time, stopped bool) error {
 	if err != nil {
 		return err
 	}
-	path := filepath.Join(g.cfg.StateDir, statusFile)
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, append(b, '\n'), 0o600); err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
+	return rundir.WriteFileAtomic(filepath.Join(g.cfg.StateDir, statusFile), append(b, '\n'), 0o600)
 }
 
 // ReadStatus reads the status file of the gateway whose --state-dir is dir.

@@ -261,8 +261,7 @@ func (x *exchange) newUpstream(ctx context.Context, gr grant) (*http.Request, er
 		return nil, err
 	}
 	copyClientHeaders(req.Header, x.r.Header)
-	req.Header.Set(anthropic.HeaderAPIKey, l.up.Key.Reveal())
-	req.Header.Set("content-type", "application/json")
+	anthropic.SetHeaders(req.Header, l.up.Key, true)
 	return req, nil
 }
 

@@ -82,10 +82,7 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, body []byte) {
 		}
 		req.URL.RawQuery = r.URL.RawQuery
 		copyClientHeaders(req.Header, r.Header)
-		req.Header.Set(anthropic.HeaderAPIKey, u.Key.Reveal())
-		if body != nil {
-			req.Header.Set("content-type", "application/json")
-		}
+		anthropic.SetHeaders(req.Header, u.Key, body != nil)
 		var a answer
 		resp, err := g.client.Do(req)
 		if err == nil {

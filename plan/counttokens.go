@@ -178,7 +178,7 @@ func countOne(ctx context.Context, client *http.Client, base string, key org.Key
 		if err != nil {
 			return 0, err
 		}
-		setHeaders(req, key)
+		anthropic.SetHeaders(req.Header, key, true)
 		resp, err := client.Do(req)
 		var wait time.Duration
 		if err == nil {

@@ -8,7 +8,6 @@ import (
 
 	"github.com/apidispatch/apidispatch/anthropic"
 	"github.com/apidispatch/apidispatch/apihttp"
-	"github.com/apidispatch/apidispatch/org"
 )
 
 // newClient is the client Probe and CountTokens use when given none: its
@@ -17,13 +16,6 @@ import (
 // It refuses redirects, as every API client does (apihttp).
 func newClient() *http.Client {
 	return apihttp.NewClient(nil, 16, 60*time.Second)
-}
-
-// setHeaders sets the API headers; the key goes into x-api-key only.
-func setHeaders(req *http.Request, key org.Key) {
-	req.Header.Set(anthropic.HeaderAPIKey, key.Reveal())
-	req.Header.Set(anthropic.HeaderVersion, anthropic.APIVersion)
-	req.Header.Set("content-type", "application/json")
 }
 
 // errorText is "type: message" of an error envelope, or the start of the body.

@@ -183,7 +183,7 @@ func probeOne(ctx context.Context, client *http.Client, base string, o org.Org, 
 			c.Err = err.Error()
 			return c, 0
 		}
-		setHeaders(req, o.Key)
+		anthropic.SetHeaders(req.Header, o.Key, true)
 		resp, err = client.Do(req)
 		if err == nil {
 			b, err = io.ReadAll(io.LimitReader(resp.Body, 1<<20))

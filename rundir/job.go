@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -249,13 +250,23 @@ const (
 // WriteFileAtomic writes data to a temporary file beside path, syncs it and
 // renames it over path, so readers see the old or the new file, never half.
 func WriteFileAtomic(path string, data []byte, perm os.FileMode) error {
-	dir := filepath.Dir(path)
-	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp*")
+	return WriteAtomic(path, perm, func(w io.Writer) error {
+		_, err := w.Write(data)
+		return err
+	})
+}
+
+// WriteAtomic is WriteFileAtomic for a file written as a stream: fill
+// writes the content to a temporary file beside path, which is synced,
+// given perm and renamed over path only when fill succeeds. On any failure
+// the temporary file is removed and path is untouched.
+func WriteAtomic(path string, perm os.FileMode, fill func(io.Writer) error) error {
+	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp*")
 	if err != nil {
 		return err
 	}
 	tmp := f.Name()
-	_, err = f.Write(data)
+	err = fill(f)
 	if err == nil {
 		err = f.Sync()
 	}

@@ -2,35 +2,26 @@ package rundir
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/apidispatch/apidispatch/store"
 	"github.com/apidispatch/apidispatch/store/sqlite"
+	"github.com/apidispatch/apidispatch/store/storetest"
 )
 
 // journalStore is a store of n pending items in dir.
 func journalStore(t *testing.T, dir string, n int) store.Store {
 	t.Helper()
-	ctx := context.Background()
 	st, err := sqlite.Open(filepath.Join(dir, StateFile))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
-	if _, err := st.Init(ctx, store.Meta{InputPath: "in.jsonl", InputHash: strings.Repeat("ab", 32), N: int64(n), CreatedAt: time.Now()}); err != nil {
-		t.Fatal(err)
-	}
-	var its []store.Item
-	for i := 1; i <= n; i++ {
-		its = append(its, store.Item{Seq: int64(i), Line: int64(i), CustomID: "c" + string(rune('a'+i)), Model: "claude-sonnet-4-5", MaxTokens: 10})
-	}
-	if err := st.AddItems(ctx, its); err != nil {
-		t.Fatal(err)
-	}
+	storetest.Pending(t, st, n)
 	return st
 }
 
@@ -120,8 +111,8 @@ func TestRunDirLock(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := lockRunDir(dir); err == nil {
-		t.Fatal("a second lock of the same run directory was granted")
+	if _, err := lockRunDir(dir); !errors.Is(err, ErrRunDirBusy) {
+		t.Fatalf("a second lock of the same run directory: %v, want ErrRunDirBusy", err)
 	}
 	l.Close()
 	l2, err := lockRunDir(dir)

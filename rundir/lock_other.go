@@ -2,13 +2,10 @@
 
 package rundir
 
-import (
-	"os"
-	"path/filepath"
-)
+import "os"
 
-// lockRunDir only creates dir/lock where advisory locks are not available:
-// nothing stops two processes sharing a run directory there.
-func lockRunDir(dir string) (*os.File, error) {
-	return os.OpenFile(filepath.Join(dir, LockFile), os.O_CREATE|os.O_RDWR, 0o600)
+// LockExclusive only opens (creating it) the file at path where advisory
+// locks are not available: nothing stops two processes holding it there.
+func LockExclusive(path string) (*os.File, error) {
+	return os.OpenFile(path, os.O_CREATE|os.O_RDWR, FilePerm)
 }

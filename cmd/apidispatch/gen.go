@@ -8,9 +8,9 @@ import (
 	"io"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"syscall"
 
+	"github.com/apidispatch/apidispatch/rundir"
 	"github.com/apidispatch/apidispatch/workload"
 )
 
@@ -97,7 +97,7 @@ func runGen(args []string, stdout, stderr io.Writer) int {
 		}
 		return exitOK
 	}
-	if err := writeFileAtomic(*out, func(w io.Writer) error { return write(ctxWriter{ctx, w}) }); err != nil {
+	if err := rundir.WriteAtomic(*out, 0o644, func(w io.Writer) error { return write(ctxWriter{ctx, w}) }); err != nil {
 		fmt.Fprintf(stderr, "apidispatch gen: %v\n", err)
 		return exitUsage
 	}
@@ -117,33 +117,4 @@ func (c ctxWriter) Write(p []byte) (int, error) {
 		return 0, fmt.Errorf("interrupted: %w", err)
 	}
 	return c.w.Write(p)
-}
-
-// writeFileAtomic writes path through a temporary file in the same
-// directory, synced and renamed into place only when fill succeeds; on any
-// failure the temporary file is removed and path is untouched.
-func writeFileAtomic(path string, fill func(io.Writer) error) (err error) {
-	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
-	if err != nil {
-		return err
-	}
-	defer func() {
-		if err != nil {
-			tmp.Close()
-			os.Remove(tmp.Name())
-		}
-	}()
-	if err = fill(tmp); err != nil {
-		return err
-	}
-	if err = tmp.Sync(); err != nil {
-		return err
-	}
-	if err = tmp.Close(); err != nil {
-		return err
-	}
-	if err = os.Chmod(tmp.Name(), 0o644); err != nil {
-		return err
-	}
-	return os.Rename(tmp.Name(), path)
 }

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/apidispatch/apidispatch/rundir"
 	"github.com/apidispatch/apidispatch/workload"
 )
 
@@ -106,7 +107,7 @@ func TestGenInterruptedLeavesNothing(t *testing.T) {
 	os.WriteFile(path, []byte("old\n"), 0o644)
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	err := writeFileAtomic(path, func(w io.Writer) error {
+	err := rundir.WriteAtomic(path, 0o644, func(w io.Writer) error {
 		return workload.GenerateJudge(ctxWriter{ctx, w}, 10, 1, workload.GenOptions{})
 	})
 	if !errors.Is(err, context.Canceled) {

@@ -6,6 +6,7 @@ package gatetest
 import (
 	"math"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/apidispatch/apidispatch/anthropic"
@@ -41,15 +42,46 @@ func rl429(ra time.Duration) gate.Feedback {
 	return gate.Feedback{Outcome: anthropic.Outcome{Kind: anthropic.Retryable, Status: 429, RateLimited: true, RetryAfter: ra, HasRetryAfter: ra > 0}}
 }
 
-// Run runs the suite. Tests use the wall clock, since a shared gate's
-// state lives on a server with its own; the lanes run at speed 100, so
-// back-off holds are short.
-func Run(t *testing.T, newGate New) {
+// Option changes how Run runs the suite.
+type Option func(*suite)
+
+type suite struct{ wallClock bool }
+
+// WallClock runs the suite on the wall clock instead of a synctest bubble's
+// fake one. A gate whose state lives on a server with its own clock (the
+// Redis-shared gate: its scripts read Redis's TIME) needs it, since the
+// bubble's fake time does not reach the server; the lanes run at speed 100
+// there, so the back-off holds it waits out are short. On the wall clock the
+// suite checks timings within a margin; in the bubble it checks them exactly.
+func WallClock() Option { return func(s *suite) { s.wallClock = true } }
+
+// Run runs the suite. By default each test runs in a testing/synctest
+// bubble, where time.Now and time.Sleep use a fake clock that moves only
+// when every goroutine in the bubble is blocked: waits are exact and take
+// no wall time. The gate must then be one that keeps its time in process
+// (New is called inside the bubble); pass WallClock otherwise.
+func Run(t *testing.T, newGate New, opts ...Option) {
+	var st suite
+	for _, o := range opts {
+		o(&st)
+	}
+	// exact says the clock is the bubble's: nothing moves between two
+	// time.Now calls unless the test sleeps.
+	exact := !st.wallClock
+	run := func(name string, f func(t *testing.T)) {
+		t.Run(name, func(t *testing.T) {
+			if st.wallClock {
+				f(t)
+				return
+			}
+			synctest.Test(t, f)
+		})
+	}
 	cfg := func(capacity int, start float64) gate.LaneConfig {
 		return gate.LaneConfig{Org: "conf", Pool: anthropic.PoolSonnet4, Cap: capacity, StartFraction: start, Speed: 100}
 	}
 
-	t.Run("StartsAtQuarterCap", func(t *testing.T) {
+	run("StartsAtQuarterCap", func(t *testing.T) {
 		g, settle := newGate(t, cfg(100, 0))
 		settle()
 		if n := len(fill(g, time.Now())); n != 25 {
@@ -57,7 +89,7 @@ func Run(t *testing.T, newGate New) {
 		}
 	})
 
-	t.Run("NeverAboveCap", func(t *testing.T) {
+	run("NeverAboveCap", func(t *testing.T) {
 		g, settle := newGate(t, cfg(40, 1))
 		settle()
 		ps := fill(g, time.Now())
@@ -72,7 +104,7 @@ func Run(t *testing.T, newGate New) {
 		}
 	})
 
-	t.Run("DoneFreesASlot", func(t *testing.T) {
+	run("DoneFreesASlot", func(t *testing.T) {
 		g, settle := newGate(t, cfg(10, 1))
 		settle()
 		ps := fill(g, time.Now())
@@ -89,7 +121,7 @@ func Run(t *testing.T, newGate New) {
 		}
 	})
 
-	t.Run("OneCutPerEpoch", func(t *testing.T) {
+	run("OneCutPerEpoch", func(t *testing.T) {
 		c := cfg(100, 1)
 		c.Speed = 1 // the increase after a cut stays small
 		g, settle := newGate(t, c)
@@ -103,10 +135,10 @@ func Run(t *testing.T, newGate New) {
 			g.Done(time.Now(), p, rl429(0))
 		}
 		settle()
-		// (The limit may have grown a little since the cut: the increase
-		// goes on in wall time.)
+		// (On the wall clock the limit may have grown a little since the
+		// cut: the increase goes on in wall time.)
 		s := g.Snapshot(time.Now())
-		if s.Cuts != 1 || s.Limit < 50 || s.Limit >= 51 {
+		if s.Cuts != 1 || s.Limit < 50 || s.Limit >= 51 || exact && s.Limit != 50 {
 			t.Fatalf("cuts %d limit %v, want 1 cut to 50", s.Cuts, s.Limit)
 		}
 		// A 429 for a request admitted after the cut is a new epoch.
@@ -114,26 +146,33 @@ func Run(t *testing.T, newGate New) {
 			g.Done(time.Now(), p, ok200())
 		}
 		var p gate.Permit
-		deadline := time.Now().Add(5 * time.Second)
+		start := time.Now()
+		deadline := start.Add(5 * time.Second)
 		for {
 			settle()
 			var ok bool
-			if p, _, ok = g.TryAdmit(time.Now(), one); ok {
+			var wait time.Duration
+			if p, wait, ok = g.TryAdmit(time.Now(), one); ok {
 				break
 			}
 			if time.Now().After(deadline) {
 				t.Fatal("nothing admitted after the back-off")
 			}
-			time.Sleep(10 * time.Millisecond)
+			time.Sleep(min(max(wait, time.Millisecond), 10*time.Millisecond))
+		}
+		// The first back-off without a retry-after is 0.5 s of server
+		// time (this lane runs at speed 1).
+		if held := time.Since(start); exact && held != 500*time.Millisecond {
+			t.Fatalf("admitted after %v, want the 0.5 s back-off", held)
 		}
 		g.Done(time.Now(), p, rl429(0))
 		settle()
-		if s := g.Snapshot(time.Now()); s.Cuts != 2 || s.Limit < 25 || s.Limit >= 27 {
+		if s := g.Snapshot(time.Now()); s.Cuts != 2 || s.Limit < 25 || s.Limit >= 27 || exact && s.Limit != 25 {
 			t.Fatalf("after a new epoch: cuts %d limit %v, want 2 and 25", s.Cuts, s.Limit)
 		}
 	})
 
-	t.Run("RetryAfterHolds", func(t *testing.T) {
+	run("RetryAfterHolds", func(t *testing.T) {
 		g, settle := newGate(t, cfg(10, 1))
 		settle()
 		ps := fill(g, time.Now())
@@ -146,9 +185,24 @@ func Run(t *testing.T, newGate New) {
 		if s := g.Snapshot(time.Now()); !s.Held {
 			t.Fatalf("snapshot not held: %+v", s)
 		}
+		if !exact {
+			return
+		}
+		// On the fake clock the hold is the retry-after to the nanosecond.
+		if wait != 3*time.Second {
+			t.Fatalf("wait %v, want 3s", wait)
+		}
+		time.Sleep(wait - time.Nanosecond)
+		if _, _, ok := g.TryAdmit(time.Now(), one); ok {
+			t.Fatal("admitted a nanosecond before the retry-after ended")
+		}
+		time.Sleep(time.Nanosecond)
+		if _, _, ok := g.TryAdmit(time.Now(), one); !ok {
+			t.Fatal("still held when the retry-after ended")
+		}
 	})
 
-	t.Run("Disable", func(t *testing.T) {
+	run("Disable", func(t *testing.T) {
 		g, settle := newGate(t, cfg(10, 1))
 		settle()
 		g.Disable("key revoked")
@@ -162,23 +216,31 @@ func Run(t *testing.T, newGate New) {
 		}
 	})
 
-	t.Run("RampsWhenUsed", func(t *testing.T) {
+	run("RampsWhenUsed", func(t *testing.T) {
 		g, settle := newGate(t, cfg(100, 0))
 		settle()
 		fill(g, time.Now())
 		// At speed 100 the ramp (cap/8 per server second) reaches the cap
 		// in 60 ms of wall time while the gate stays full.
-		deadline := time.Now().Add(5 * time.Second)
-		for {
+		start := time.Now()
+		deadline := start.Add(5 * time.Second)
+		for step := 1; ; step++ {
 			time.Sleep(20 * time.Millisecond)
 			settle()
 			fill(g, time.Now())
-			if s := g.Snapshot(time.Now()); s.InFlight == 100 {
+			s := g.Snapshot(time.Now())
+			if want := min(100, 25+25*float64(step)); exact && s.Limit != want {
+				t.Fatalf("limit %v after %d ms, want %v", s.Limit, 20*step, want)
+			}
+			if s.InFlight == 100 {
 				break
 			}
 			if time.Now().After(deadline) {
 				t.Fatalf("never ramped to the cap: %+v", g.Snapshot(time.Now()))
 			}
+		}
+		if took := time.Since(start); exact && took != 60*time.Millisecond {
+			t.Fatalf("ramped to the cap in %v, want 60ms (25 to 100 at 1,250 a second)", took)
 		}
 	})
 }

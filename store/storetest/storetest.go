@@ -997,3 +997,21 @@ func Check(ctx context.Context, s store.Store) error {
 	}
 	return nil
 }
+
+// Pending initialises st, a new store, as a run of n items all pending
+// (Seq and Line 1 to n, one model, max_tokens 10): the fixture of a test
+// of what runs over a store.
+func Pending(t *testing.T, st store.Store, n int) {
+	t.Helper()
+	ctx := t.Context()
+	if _, err := st.Init(ctx, store.Meta{InputPath: "in.jsonl", InputHash: strings.Repeat("ab", 32), N: int64(n), CreatedAt: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	var its []store.Item
+	for i := 1; i <= n; i++ {
+		its = append(its, store.Item{Seq: int64(i), Line: int64(i), CustomID: "c" + string(rune('a'+i)), Model: "claude-sonnet-4-5", MaxTokens: 10})
+	}
+	if err := st.AddItems(ctx, its); err != nil {
+		t.Fatal(err)
+	}
+}
