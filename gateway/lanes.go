@@ -116,6 +116,11 @@ func (s *laneSet) poolLocked(pool anthropic.Pool, capN int) *poolQueue {
 	for _, u := range s.orgs {
 		lc := s.laneCfg
 		lc.Org, lc.Pool, lc.Cap, lc.Speed = u.Name, pool, capN, s.speed
+		// One request until the first answer, as the engine's lanes: the
+		// buckets are unknown before it, and a shared gate's grace (how
+		// long Redis keeps its slots past its lease) follows the requests
+		// it has seen end.
+		lc.ProbeFirst = true
 		l := &lane{Gate: s.newGate(lc), up: u, pool: pool, q: q}
 		if wk, ok := l.Gate.(gate.Waker); ok {
 			wk.SetWake(func() {

@@ -83,6 +83,9 @@ type Gate struct {
 	// lease covers them (see graceFor).
 	tailCur, tailPrev time.Duration
 	tailSince         time.Time
+	// admitted counts the requests in flight by their admission time, so
+	// that a renewal's grace also covers the oldest one still running.
+	admitted map[time.Time]int
 
 	// Local fallback, while Redis has not answered since the start.
 	local      bool
@@ -206,6 +209,10 @@ func (g *Gate) TryAdmit(now time.Time, d gate.Demand) (gate.Permit, time.Duratio
 		g.starved = true
 	}
 	p := gate.Permit{Need: n, Demand: d, Epoch: g.epoch, At: now}
+	if g.admitted == nil {
+		g.admitted = map[time.Time]int{}
+	}
+	g.admitted[now.Round(0)]++
 	if !g.local {
 		// Not sent past the lease (Permit.Until): the earlier of its two
 		// ends, on this process's monotonic clock.
@@ -223,6 +230,12 @@ func (g *Gate) Done(now time.Time, p gate.Permit, fb gate.Feedback) {
 	g.inFlight--
 	if !p.At.IsZero() {
 		g.noteLatency(now, now.Sub(p.At))
+		at := p.At.Round(0)
+		if g.admitted[at] > 1 {
+			g.admitted[at]--
+		} else {
+			delete(g.admitted, at)
+		}
 	}
 	g.answered = true
 	first := !g.buckets.Mirror().Synced()
@@ -276,11 +289,19 @@ func (g *Gate) noteLatency(now time.Time, d time.Duration) {
 
 // graceFor is how long after this process's lease ends Redis keeps its
 // slots: the configured grace, or a quarter more than the longest request
-// of the last minute or two if that is longer, so that requests a paused
-// or cut-off process had in flight have ended on the server before another
-// process takes their slots; g.mu is held.
-func (g *Gate) graceFor() time.Duration {
+// of the last minute or two, or than the age of its oldest request still
+// running, if that is longer, so that requests a paused or cut-off process
+// had in flight have ended on the server before another process takes
+// their slots; g.mu is held. A request that runs longer than that (the API
+// slowed down just before the pause, or none had been answered yet) may
+// still overlap: the bound that would hold always is the request timeout,
+// and a killed process's slots would then be lost to the others that long.
+func (g *Gate) graceFor(now time.Time) time.Duration {
 	tail := max(g.tailCur, g.tailPrev)
+	// A request still running has lasted at least its age so far.
+	for at := range g.admitted {
+		tail = max(tail, now.Round(0).Sub(at))
+	}
 	return min(maxGrace, max(g.b.grace, tail+tail/4))
 }
 
@@ -400,7 +421,7 @@ func (g *Gate) renew(ctx context.Context) error {
 	inFlight := g.inFlight
 	mayHave := max(g.inFlight, g.available())
 	disabled := g.disabled != ""
-	grace := g.graceFor()
+	grace := g.graceFor(now)
 	g.mu.Unlock()
 	if disabled {
 		want = 0

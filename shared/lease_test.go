@@ -315,3 +315,31 @@ func TestSharedPermitEndsWithTheLease(t *testing.T) {
 		t.Fatalf("permit until %v from now, want the lease's end, %v less the margin %v", time.Until(p.Until), a.ttl, a.margin)
 	}
 }
+
+// The grace also covers the oldest request still running: a process paused
+// with requests in flight longer than any it has seen end keeps their slots
+// at least a quarter longer than their age (found by attack2: two 'serve
+// --shared' paused before their first answers, 16 in flight on a cap of 8).
+func TestSharedGraceCoversTheOldestRequestInFlight(t *testing.T) {
+	url := testredis.URL(t)
+	a := openIdle(t, url, []org.Org{freshOrg("a")})
+	ga := a.NewGate(lane(100))
+	a.renewAll(context.Background())
+	p, _, ok := ga.TryAdmit(time.Now().Add(-4*time.Second), one)
+	if !ok {
+		t.Fatal("not admitted")
+	}
+	a.renewAll(context.Background())
+	now, err := a.rdb.Time(context.Background()).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	score, err := a.rdb.ZScore(context.Background(), ga.(*Gate).keys[4], a.proc).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d, want := time.UnixMilli(int64(score)).Sub(now), a.ttl+5*time.Second; d < want-100*time.Millisecond {
+		t.Fatalf("a request 4 s in flight: slots kept %v after the renewal, want at least %v", d, want)
+	}
+	ga.Done(time.Now(), p, ok200)
+}
