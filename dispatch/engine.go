@@ -1039,7 +1039,7 @@ func (e *Engine) send(a *attempt) {
 		a.lane.Done(time.Now(), a.permit, gate.Feedback{Outcome: anthropic.Outcome{Kind: anthropic.Retryable}})
 		return
 	}
-	ctx, cancel := context.WithTimeout(e.abortCtx, e.cfg.Timeout)
+	ctx, cancel := apihttp.AttemptContext(e.abortCtx, e.cfg.Timeout)
 	defer cancel()
 	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{WroteRequest: func(i httptrace.WroteRequestInfo) {
 		if i.Err == nil && !a.wrote.Swap(true) {

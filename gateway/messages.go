@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/apidispatch/apidispatch/anthropic"
+	"github.com/apidispatch/apidispatch/apihttp"
 	"github.com/apidispatch/apidispatch/cost"
 	"github.com/apidispatch/apidispatch/gate"
 	"github.com/apidispatch/apidispatch/ratelimit"
@@ -298,7 +299,7 @@ func (x *exchange) feedback(o anthropic.Outcome, h http.Header, u *anthropic.Usa
 // over (answered, or the client is gone and the answer billed).
 func (x *exchange) sync(gr grant) (anthropic.Outcome, *answer, bool) {
 	g := x.g
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(x.r.Context()), g.cfg.Timeout)
+	ctx, cancel := apihttp.AttemptContext(context.WithoutCancel(x.r.Context()), g.cfg.Timeout)
 	defer cancel()
 	req, err := x.newUpstream(ctx, gr)
 	var status int
@@ -400,7 +401,7 @@ func (x *exchange) passOn(a *answer, l *lane, c cost.Nanos) {
 // as the API's SSE error event and the exchange is over.
 func (x *exchange) stream(gr grant) (anthropic.Outcome, *answer, bool) {
 	g := x.g
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(x.r.Context()), g.cfg.Timeout)
+	ctx, cancel := apihttp.AttemptContext(context.WithoutCancel(x.r.Context()), g.cfg.Timeout)
 	defer cancel()
 	req, err := x.newUpstream(ctx, gr)
 	var resp *http.Response

@@ -2,7 +2,6 @@ package gateway
 
 import (
 	"bytes"
-	"context"
 	"io"
 	"math"
 	"net/http"
@@ -11,6 +10,7 @@ import (
 	"time"
 
 	"github.com/apidispatch/apidispatch/anthropic"
+	"github.com/apidispatch/apidispatch/apihttp"
 )
 
 // countTokens serves POST /v1/messages/count_tokens from any usable org.
@@ -73,7 +73,7 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, body []byte) {
 			writeError(w, http.StatusServiceUnavailable, anthropic.ErrAPI, "apidispatch gateway: no usable org (every key is out of rotation)")
 			return
 		}
-		actx, cancel := context.WithTimeout(ctx, g.cfg.Timeout)
+		actx, cancel := apihttp.AttemptContext(ctx, g.cfg.Timeout)
 		req, err := http.NewRequestWithContext(actx, r.Method, g.base+r.URL.Path, bytesReader(body))
 		if err != nil {
 			cancel()
