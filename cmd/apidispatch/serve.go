@@ -227,6 +227,9 @@ func (f *serveFlags) serve(ctx context.Context, g *gateway.Gateway, ln net.Liste
 // gatewayStats is the gateway's status as its Prometheus metrics read it.
 func gatewayStats(st gateway.Status) metrics.GatewayStats {
 	out := metrics.GatewayStats{OrgSpentUSD: st.OrgSpend, Queued: st.Queued, Batches: st.Batches}
+	if c := st.Cache; c != nil {
+		out.Cache = &metrics.GatewayCache{Hits: c.Hits, Misses: c.Misses, Stored: c.Stored, SavedUSD: c.SavedUSD}
+	}
 	for _, c := range st.Clients {
 		out.Clients = append(out.Clients, metrics.ClientSpend{Client: c.Client, SpentUSD: c.SpentUSD, ReservedUSD: c.InFlight, CapUSD: c.CapUSD, ByOrgUSD: c.ByOrg})
 	}

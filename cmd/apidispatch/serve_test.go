@@ -223,6 +223,10 @@ func TestServeAnswersFromRunsCache(t *testing.T) {
 			if st.Cache == nil || st.Cache.Hits != 1 || st.Cache.Misses != 1 || st.Cache.Stored != 1 || st.Cache.SavedUSD <= 0 {
 				t.Errorf("status.json cache %+v", st.Cache)
 			}
+			if code, out, errOut := runCLI("status", "--gateway", state); code != exitOK || !strings.Contains(out, "result cache "+cachePath+" (readwrite, origin ") ||
+				!strings.Contains(out, ": 1 hits saving $") || !strings.Contains(out, "1 misses (0 held only another origin's answer), 1 stored") {
+				t.Errorf("status --gateway: %d %s %s", code, out, errOut)
+			}
 			break
 		}
 		if time.Now().After(end) {
