@@ -234,3 +234,23 @@ func TestGatewayCacheStreamsBypass(t *testing.T) {
 		t.Errorf("cache status %+v: streams are not counted", st)
 	}
 }
+
+// A request without temperature (the API's default 1.0: one sample of
+// many) is sent every time unless CacheSampled.
+func TestGatewayCacheSampledOnlyWhenAsked(t *testing.T) {
+	body := []byte(`{"model":"claude-sonnet-4-5","max_tokens":64,"messages":[{"role":"user","content":"Write a poem."}]}`)
+	for _, sampled := range []bool{false, true} {
+		run, _ := simtest.Start(t, sim.PresetOrigin3Org, 200, nil)
+		cc := openCache(t, filepath.Join(t.TempDir(), "c.db"))
+		_, srv := startGW(t, run, func(c *Config) { c.Cache, c.CacheSampled = cc, sampled })
+		postMessage(t, srv.URL, tokA, body)
+		second := postMessage(t, srv.URL, tokA, body)
+		want := int64(2)
+		if sampled {
+			want = 1
+		}
+		if got := run.Server.LedgerTotals().Requests; second.status != 200 || got != want || (second.header.Get(headerCached) == "true") != sampled {
+			t.Errorf("CacheSampled %v: %d sent, cached=%q; want %d", sampled, got, second.header.Get(headerCached), want)
+		}
+	}
+}

@@ -37,11 +37,12 @@ Batches are run directories under --state-dir, executed by the batch route
 sync); a restarted gateway resumes them. Upstream keys never leave it.
 
 With --cache FILE (the result cache of 'run'), a non-streaming
-POST /v1/messages whose request the same upstream API answered before is
-answered from the file (x-apidispatch-cached: true, nothing sent, nothing
-billed) and a miss's success is stored; identical requests in flight at once
-are sent once (readwrite). Streaming requests, count_tokens, models and
-batches never use the cache.
+POST /v1/messages at temperature 0 (any with --cache-sampled) whose request
+the same upstream API answered before is answered from the file
+(x-apidispatch-cached: true, nothing sent, nothing billed, under no cap) and
+a miss's success is stored; identical requests in flight at once are sent
+once (readwrite). Streaming requests bypass the cache; count_tokens, models
+and batches never use it.
 
 flags:`
 
