@@ -39,6 +39,10 @@ type resultCache struct {
 
 	mu      sync.Mutex
 	flights map[cache.Key]chan struct{} // leaders in flight (readwrite)
+	// puts go to one writer goroutine (cacheWriter), which stores what
+	// waits in one transaction: concurrent misses never contend for the
+	// file's write lock.
+	puts chan putReq
 
 	hits, misses, stored, otherOrigin, damaged, errors atomic.Int64
 	saved                                              atomic.Int64 // cost.Nanos the hits did not pay
@@ -54,7 +58,57 @@ func newResultCache(cfg Config, base *url.URL) *resultCache {
 		mode = cache.ModeReadWrite
 	}
 	return &resultCache{c: cfg.Cache, mode: mode, sampled: cfg.CacheSampled, origin: cache.OriginOf(base),
-		flights: map[cache.Key]chan struct{}{}}
+		flights: map[cache.Key]chan struct{}{}, puts: make(chan putReq)}
+}
+
+type putReq struct {
+	e    cache.Entry
+	done chan error
+}
+
+// putBatchMax bounds the entries of one write transaction.
+const putBatchMax = 512
+
+// cacheWriter stores the entries finish hands it, all that wait in one
+// transaction, until the gateway closes.
+func (g *Gateway) cacheWriter() {
+	rc := g.rc
+	batch := make([]putReq, 0, putBatchMax)
+	entries := make([]cache.Entry, 0, putBatchMax)
+	for {
+		batch, entries = batch[:0], entries[:0]
+		select {
+		case <-g.ctx.Done():
+			return
+		case p := <-rc.puts:
+			batch = append(batch, p)
+		}
+	more:
+		for len(batch) < putBatchMax {
+			select {
+			case p := <-rc.puts:
+				batch = append(batch, p)
+			default:
+				break more
+			}
+		}
+		for _, p := range batch {
+			entries = append(entries, p.e)
+		}
+		err := rc.put(entries)
+		for _, p := range batch {
+			p.done <- err
+		}
+	}
+}
+
+// put stores entries and counts the new ones.
+func (rc *resultCache) put(entries []cache.Entry) error {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	n, err := rc.c.Put(ctx, entries)
+	rc.stored.Add(n)
+	return err
 }
 
 // CacheStatus is the gateway's use of the result cache since it started.
@@ -205,21 +259,27 @@ func (t *cacheTicket) finish(a *won) {
 	}
 	rc := t.g.rc
 	if a != nil && rc.mode.Writes() {
-		// Not the client's context: a success paid for is kept even when
-		// its client went away.
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		n, err := rc.c.Put(ctx, []cache.Entry{{
+		// Stored whatever the client does: a success paid for is kept
+		// even when its client went away. Waited for, so that the
+		// requests waiting for this one find it.
+		e := cache.Entry{
 			Key: t.key, Model: t.model, Body: a.body, CostNanos: int64(a.cost),
 			InputTok: a.usage.InputTokens, OutputTok: a.usage.OutputTokens,
 			CacheRead: a.usage.CacheReadInputTokens, CacheWrite: a.usage.CacheCreationInputTokens,
 			Org: a.org, RequestID: a.requestID, CreatedAt: time.Now(), Origin: rc.origin, Simulated: a.simulated,
-		}})
-		cancel()
+		}
+		var err error
+		done := make(chan error, 1)
+		select {
+		case rc.puts <- putReq{e: e, done: done}:
+			err = <-done
+		case <-t.g.ctx.Done(): // closing: no writer
+			err = rc.put([]cache.Entry{e})
+		}
 		if err != nil {
 			rc.errors.Add(1)
 			t.g.log.Warn("storing an answer in the result cache", "error", err)
 		}
-		rc.stored.Add(n)
 	}
 	if t.done != nil {
 		rc.mu.Lock()

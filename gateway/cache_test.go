@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/apidispatch/apidispatch/cache"
 	"github.com/apidispatch/apidispatch/cost"
@@ -47,7 +48,7 @@ func postMessage(t *testing.T, url, tok string, body []byte) gwAnswer {
 	return gwAnswer{resp.StatusCode, resp.Header, b}
 }
 
-func openCache(t *testing.T, path string) *cache.Cache {
+func openCache(t testing.TB, path string) *cache.Cache {
 	t.Helper()
 	c, err := cache.Open(path)
 	if err != nil {
@@ -253,4 +254,58 @@ func TestGatewayCacheSampledOnlyWhenAsked(t *testing.T) {
 			t.Errorf("CacheSampled %v: %d sent, cached=%q; want %d", sampled, got, second.header.Get(headerCached), want)
 		}
 	}
+}
+
+// BenchmarkGatewayCache measures, at 64 concurrent requests against the
+// zero-latency simulator, one gateway without a cache, with a cache where
+// every request is a new one (keyed, looked up twice, sent, stored), and
+// answering every request from the cache.
+//
+//	go test ./gateway -run '^$' -bench GatewayCache -benchtime 5000x
+func BenchmarkGatewayCache(b *testing.B) {
+	const conc = 64
+	distinct := func(off int64) func(int64) []byte {
+		return func(i int64) []byte { return judgeBody(int(off+i), "") }
+	}
+	report := func(b *testing.B, lat []time.Duration, wall, cpu time.Duration) {
+		b.ReportMetric(float64(b.N)/wall.Seconds(), "req/s")
+		b.ReportMetric(float64(pct(lat, 0.5).Microseconds()), "p50-µs")
+		b.ReportMetric(float64(pct(lat, 0.99).Microseconds()), "p99-µs")
+		b.ReportMetric(float64(cpu.Microseconds())/float64(b.N), "cpu-µs/req")
+		b.ReportMetric(0, "ns/op")
+	}
+	b.Run("none", func(b *testing.B) {
+		run := benchSim(b)
+		_, srv := startGW(b, run, nil)
+		driveBodies(b, srv.URL, tokA, 2000, conc, distinct(1e9))
+		b.ResetTimer()
+		lat, wall, cpu := driveBodies(b, srv.URL, tokA, b.N, conc, distinct(0))
+		b.StopTimer()
+		report(b, lat, wall, cpu)
+	})
+	b.Run("misses", func(b *testing.B) {
+		run := benchSim(b)
+		cc := openCache(b, filepath.Join(b.TempDir(), "c.db"))
+		_, srv := startGW(b, run, func(c *Config) { c.Cache = cc })
+		driveBodies(b, srv.URL, tokA, 2000, conc, distinct(1e9))
+		b.ResetTimer()
+		lat, wall, cpu := driveBodies(b, srv.URL, tokA, b.N, conc, distinct(0))
+		b.StopTimer()
+		report(b, lat, wall, cpu)
+	})
+	b.Run("hits", func(b *testing.B) {
+		run := benchSim(b)
+		cc := openCache(b, filepath.Join(b.TempDir(), "c.db"))
+		_, srv := startGW(b, run, func(c *Config) { c.Cache = cc })
+		const keys = 1000
+		driveBodies(b, srv.URL, tokA, keys, conc, distinct(0))
+		sent := run.Server.LedgerTotals().Requests
+		b.ResetTimer()
+		lat, wall, cpu := driveBodies(b, srv.URL, tokA, b.N, conc, func(i int64) []byte { return judgeBody(int(i%keys), "") })
+		b.StopTimer()
+		if got := run.Server.LedgerTotals().Requests; got != sent {
+			b.Errorf("%d hits sent %d requests", b.N, got-sent)
+		}
+		report(b, lat, wall, cpu)
+	})
 }

@@ -232,6 +232,9 @@ func New(cfg Config) (*Gateway, error) {
 		g.log.Warn("writing the status file", "error", err)
 	}
 	g.wg.Go(g.flushLoop)
+	if g.rc != nil {
+		g.wg.Go(g.cacheWriter)
+	}
 	return g, nil
 }
 
