@@ -31,9 +31,12 @@ type gwAnswer struct {
 	body   []byte
 }
 
-func postMessage(t *testing.T, url, tok string, body []byte) gwAnswer {
+func postMessage(t *testing.T, url, tok string, body []byte, header ...string) gwAnswer {
 	t.Helper()
 	req, _ := http.NewRequest(http.MethodPost, url+"/v1/messages", bytes.NewReader(body))
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Add(header[i], header[i+1])
+	}
 	req.Header.Set("x-api-key", tok)
 	req.Header.Set("content-type", "application/json")
 	resp, err := http.DefaultClient.Do(req)
@@ -113,12 +116,26 @@ func TestGatewayCacheHitSendsNothingBillsNothing(t *testing.T) {
 		t.Errorf("cache status %+v, want 3 hits saving 3 × $%v", st, cost.Nanos(billed.CostNanos).USD())
 	}
 
+	// A beta header or another API version may change the answer: a miss
+	// each, and then a hit each.
+	for round := range 2 {
+		for _, hdr := range [][]string{{"anthropic-beta", "context-1m-2025-08-07"}, {"anthropic-version", "2099-01-01"}} {
+			a := postMessage(t, srv.URL, tokA, judgeBody(1, ""), hdr...)
+			if a.status != 200 || (a.header.Get(headerCached) == "true") != (round == 1) {
+				t.Errorf("%v, round %d: %d cached=%q", hdr, round, a.status, a.header.Get(headerCached))
+			}
+		}
+	}
+	if got := run.Server.LedgerTotals().Requests; got != 3 {
+		t.Fatalf("the header variants sent %d requests, want 2", got-1)
+	}
+	billed = run.Server.LedgerTotals()
 	// A different body is a miss, sent and stored.
 	if other := postMessage(t, srv.URL, tokA, judgeBody(3, "")); other.status != 200 || other.header.Get(headerCached) != "" {
 		t.Errorf("another request: %d %v", other.status, other.header)
 	}
-	if got := run.Server.LedgerTotals().Requests; got != 2 || cacheEntries(t, cc) != 2 {
-		t.Errorf("another request: %d upstream in all, %d entries; want 2, 2", got, cacheEntries(t, cc))
+	if got := run.Server.LedgerTotals().Requests; got != 4 || cacheEntries(t, cc) != 4 {
+		t.Errorf("another request: %d upstream in all, %d entries; want 4, 4", got, cacheEntries(t, cc))
 	}
 }
 
