@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"crypto/sha256"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -199,6 +200,7 @@ func (g *Gateway) fromCache(w http.ResponseWriter, r *http.Request, client strin
 	if err != nil || sampled && !rc.sampled {
 		return nil, false
 	}
+	k = withHeaders(k, r.Header)
 	ctx := r.Context()
 	if !rc.mode.Reads() {
 		rc.misses.Add(1)
@@ -249,6 +251,29 @@ func (rc *resultCache) miss(elsewhere bool) {
 	if elsewhere {
 		rc.otherOrigin.Add(1)
 	}
+}
+
+// withHeaders folds into k the client's headers that the gateway passes
+// upstream and that may change the answer: anthropic-beta (in order) and
+// an anthropic-version other than the gateway's own. Without them the key
+// is the body's alone, as 'run' keys a request line.
+func withHeaders(k cache.Key, h http.Header) cache.Key {
+	betas := h.Values("anthropic-beta")
+	v := h.Get(anthropic.HeaderVersion)
+	if len(betas) == 0 && (v == "" || v == upstreamVersion) {
+		return k
+	}
+	hs := sha256.New()
+	hs.Write([]byte("apidispatch-gateway-headers-v1\n"))
+	hs.Write(k[:])
+	if v != "" && v != upstreamVersion {
+		hs.Write([]byte("\nanthropic-version: " + v))
+	}
+	for _, b := range betas {
+		hs.Write([]byte("\nanthropic-beta: " + b))
+	}
+	hs.Sum(k[:0])
+	return k
 }
 
 // finish stores a success (writing modes) and ends the lead. It is safe on
