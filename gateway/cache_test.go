@@ -326,3 +326,59 @@ func BenchmarkGatewayCache(b *testing.B) {
 		report(b, lat, wall, cpu)
 	})
 }
+
+// failFirst answers the first request it sees with a terminal 400 after a
+// pause (so that identical requests queue behind it), and passes the rest on.
+type failFirst struct {
+	next http.RoundTripper
+	once sync.Once
+}
+
+func (f *failFirst) RoundTrip(r *http.Request) (*http.Response, error) {
+	first := false
+	f.once.Do(func() { first = true })
+	if !first {
+		return f.next.RoundTrip(r)
+	}
+	time.Sleep(200 * time.Millisecond)
+	body := `{"type":"error","error":{"type":"invalid_request_error","message":"first one refused"}}`
+	return &http.Response{StatusCode: 400, Header: http.Header{"Content-Type": {"application/json"}},
+		Body: io.NopCloser(strings.NewReader(body)), ContentLength: int64(len(body)), Request: r}, nil
+}
+
+// Identical requests waiting for one that fails are not answered by its
+// failure: one of them is sent next, and its success answers the others.
+func TestGatewayCacheLeaderFailsNextIsSent(t *testing.T) {
+	run, _ := simtest.Start(t, sim.PresetOrigin3Org, 200, nil)
+	cc := openCache(t, filepath.Join(t.TempDir(), "c.db"))
+	_, srv := startGW(t, run, func(c *Config) {
+		c.Cache = cc
+		c.HTTPClient = &http.Client{Transport: &failFirst{next: http.DefaultTransport}}
+	})
+	const n = 5
+	var wg sync.WaitGroup
+	answers := make([]gwAnswer, n)
+	for i := range n {
+		wg.Go(func() {
+			if i > 0 {
+				time.Sleep(50 * time.Millisecond) // behind the first
+			}
+			answers[i] = postMessage(t, srv.URL, tokA, judgeBody(1, ""))
+		})
+	}
+	wg.Wait()
+	refused, sent, cached := 0, 0, 0
+	for _, a := range answers {
+		switch {
+		case a.status == 400:
+			refused++
+		case a.status == 200 && a.header.Get(headerCached) == "true":
+			cached++
+		case a.status == 200:
+			sent++
+		}
+	}
+	if refused != 1 || sent != 1 || cached != n-2 || run.Server.LedgerTotals().Requests != 1 {
+		t.Errorf("%d refused, %d sent, %d from the cache, %d reached the simulator; want 1, 1, %d, 1", refused, sent, cached, run.Server.LedgerTotals().Requests, n-2)
+	}
+}
