@@ -187,6 +187,10 @@ type won struct {
 	simulated bool
 }
 
+// simulated reports an answer of apidispatch's simulator (its mark,
+// cache.SimulatorHeader), as the cache records it.
+func simulated(h http.Header) bool { return h.Get(cache.SimulatorHeader) != "" }
+
 // fromCache answers a non-streaming request from the cache when it can
 // (answered true), or returns the ticket its miss goes upstream with (nil
 // when the request is not keyed). answered is also true when the client

@@ -17,7 +17,6 @@ import (
 	"time"
 
 	"github.com/apidispatch/apidispatch/anthropic"
-	"github.com/apidispatch/apidispatch/cache"
 	"github.com/apidispatch/apidispatch/cost"
 	"github.com/apidispatch/apidispatch/gate"
 	"github.com/apidispatch/apidispatch/ratelimit"
@@ -345,7 +344,7 @@ func (x *exchange) sync(gr grant) (anthropic.Outcome, *answer, bool) {
 	switch o.Kind {
 	case anthropic.Success:
 		if usage != nil {
-			x.success = &won{body: rb, cost: c, usage: *usage, org: gr.lane.up.Name, requestID: hdr.Get(anthropic.HeaderRequestID), simulated: hdr.Get(cache.SimulatorHeader) != ""}
+			x.success = &won{body: rb, cost: c, usage: *usage, org: gr.lane.up.Name, requestID: hdr.Get(anthropic.HeaderRequestID), simulated: simulated(hdr)}
 		}
 		x.settle(Entry{Cost: c, Org: gr.lane.up.Name, RequestID: hdr.Get(anthropic.HeaderRequestID), Abandoned: gone})
 		if gone {
