@@ -20,6 +20,8 @@ type canon struct {
 	pos int
 	// temperature is the top-level "temperature" number, when present.
 	temperature []byte
+	// ignore are the top-level fields left out.
+	ignore map[string]bool
 }
 
 var errSyntax = errors.New("cache: request params are not valid JSON")
@@ -158,7 +160,7 @@ func (c *canon) object(out []byte, depth int) ([]byte, error) {
 			if m.key == "temperature" {
 				c.temperature = m.val
 			}
-			return ignoredFields[m.key]
+			return c.ignore[m.key]
 		})
 	}
 	slices.SortFunc(ms, func(a, b member) int { return cmpString(a.key, b.key) })

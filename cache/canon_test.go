@@ -68,3 +68,31 @@ func FuzzCanonical(f *testing.F) {
 	f.Add([]byte(`{"a":}`))
 	f.Fuzz(func(t *testing.T, p []byte) { checkCanon(t, p) })
 }
+
+// A Messages body keys as the same params in a request line, with or
+// without "stream"; a request line's params keep it in their key.
+func TestInspectMessageLeavesOutStream(t *testing.T) {
+	plain := []byte(`{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"hi"}],"temperature":0}`)
+	want, _, err := Inspect(plain)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range []string{
+		`{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"hi"}],"temperature":0}`,
+		`{"stream":false,"model":"m","max_tokens":5,"messages":[{"role":"user","content":"hi"}],"temperature":0}`,
+		`{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"hi"}],"temperature":0,"stream":true,"metadata":{"user_id":"u"}}`,
+	} {
+		k, sampled, err := InspectMessage([]byte(b))
+		if err != nil || sampled || k != want {
+			t.Errorf("%s: key %v sampled %v err %v, want the plain params' key", b, k, sampled, err)
+		}
+	}
+	k, _, _ := Inspect([]byte(`{"stream":false,"model":"m","max_tokens":5,"messages":[{"role":"user","content":"hi"}],"temperature":0}`))
+	if k == want {
+		t.Error("a request line's params lost their stream field from the key")
+	}
+	other, _, _ := InspectMessage([]byte(`{"model":"m","max_tokens":6,"messages":[{"role":"user","content":"hi"}],"temperature":0}`))
+	if other == want {
+		t.Error("another max_tokens has the same key")
+	}
+}

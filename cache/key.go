@@ -53,7 +53,24 @@ func KeyOf(params []byte) (Key, error) {
 // Inspect returns the key of a request's params and whether it is sampled
 // (see Sampled), in one pass.
 func Inspect(params []byte) (k Key, sampled bool, err error) {
-	c, temp, err := canonical(params)
+	return inspect(params, ignoredFields)
+}
+
+// messageIgnored are the fields of a Messages request body that never
+// change its answer's message: metadata, and stream (a streamed answer is
+// the same message in events).
+var messageIgnored = map[string]bool{"metadata": true, "stream": true}
+
+// InspectMessage is Inspect of a POST /v1/messages body: as the params of
+// a request line, with its top-level "stream" left out too, so the body
+// {"stream": false, …} has the key of the same params without it (a
+// caller that answers streams must not answer them with a stored message).
+func InspectMessage(body []byte) (k Key, sampled bool, err error) {
+	return inspect(body, messageIgnored)
+}
+
+func inspect(params []byte, ignore map[string]bool) (k Key, sampled bool, err error) {
+	c, temp, err := canonicalIgnoring(params, ignore)
 	if err != nil {
 		return Key{}, true, err
 	}
@@ -71,7 +88,11 @@ func Canonical(params []byte) ([]byte, error) {
 }
 
 func canonical(params []byte) (out, temperature []byte, err error) {
-	c := canon{in: params}
+	return canonicalIgnoring(params, ignoredFields)
+}
+
+func canonicalIgnoring(params []byte, ignore map[string]bool) (out, temperature []byte, err error) {
+	c := canon{in: params, ignore: ignore}
 	c.ws()
 	if c.pos >= len(c.in) || c.in[c.pos] != '{' {
 		if json.Valid(params) {

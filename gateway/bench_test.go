@@ -44,6 +44,11 @@ var benchBody = []byte(`{"model":"claude-haiku-4-5","max_tokens":64,"system":"Yo
 // drive sends n requests at concurrency conc to url with key and returns
 // every latency sorted, the wall time and the process CPU time used.
 func drive(b *testing.B, url, key string, n, conc int) ([]time.Duration, time.Duration, time.Duration) {
+	return driveBodies(b, url, key, n, conc, func(int64) []byte { return benchBody })
+}
+
+// driveBodies is drive with request i's body body(i).
+func driveBodies(b *testing.B, url, key string, n, conc int, body func(i int64) []byte) ([]time.Duration, time.Duration, time.Duration) {
 	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: conc, MaxConnsPerHost: conc}}
 	lat := make([]time.Duration, n)
 	var next atomic.Int64
@@ -56,7 +61,7 @@ func drive(b *testing.B, url, key string, n, conc int) ([]time.Duration, time.Du
 				if i >= int64(n) {
 					return
 				}
-				req, _ := http.NewRequest(http.MethodPost, url+"/v1/messages", bytes.NewReader(benchBody))
+				req, _ := http.NewRequest(http.MethodPost, url+"/v1/messages", bytes.NewReader(body(i)))
 				req.Header.Set("x-api-key", key)
 				req.Header.Set("anthropic-version", "2023-06-01")
 				req.Header.Set("content-type", "application/json")

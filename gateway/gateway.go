@@ -30,6 +30,7 @@ import (
 
 	"github.com/apidispatch/apidispatch/anthropic"
 	"github.com/apidispatch/apidispatch/apihttp"
+	"github.com/apidispatch/apidispatch/cache"
 	"github.com/apidispatch/apidispatch/cost"
 	"github.com/apidispatch/apidispatch/dispatch"
 	"github.com/apidispatch/apidispatch/gate"
@@ -101,6 +102,14 @@ type Config struct {
 	Log   *slog.Logger
 	// Limits, when set, gives gateway batches the orgs' batch queue caps.
 	Limits *plan.Limits
+	// Cache, when set, answers non-streaming Messages requests the
+	// upstream API (its origin) answered before, and stores the successes
+	// of the others, as CacheMode says (default readwrite); CacheSampled
+	// also keys requests with temperature above 0 or unset (run's
+	// --cache-sampled). The caller opens and closes it.
+	Cache        *cache.Cache
+	CacheMode    cache.Mode
+	CacheSampled bool
 }
 
 // Gateway serves the API. Use New, then Handler; Close when done.
@@ -116,6 +125,7 @@ type Gateway struct {
 	orgs    []*upstream
 	rl      *rateAgg
 	batches *batchStore
+	rc      *resultCache // nil: no result cache
 	log     *slog.Logger
 	mux     *http.ServeMux
 	rr      atomic.Uint64
@@ -169,7 +179,7 @@ func New(cfg Config) (*Gateway, error) {
 	if err := os.MkdirAll(filepath.Join(cfg.StateDir, batchesDir), 0o700); err != nil {
 		return nil, fmt.Errorf("gateway: state dir: %w", err)
 	}
-	g := &Gateway{cfg: cfg, base: strings.TrimSuffix(base.String(), "/"), log: cfg.Log, rl: newRateAgg()}
+	g := &Gateway{cfg: cfg, base: strings.TrimSuffix(base.String(), "/"), log: cfg.Log, rl: newRateAgg(), rc: newResultCache(cfg, base)}
 	g.client = apihttp.Guard(cfg.HTTPClient)
 	if g.client == nil {
 		g.client = apihttp.NewClient(nil, 4096, 0)
@@ -223,6 +233,9 @@ func New(cfg Config) (*Gateway, error) {
 		g.log.Warn("writing the status file", "error", err)
 	}
 	g.wg.Go(g.flushLoop)
+	if g.rc != nil {
+		g.wg.Go(g.cacheWriter)
+	}
 	return g, nil
 }
 
@@ -429,6 +442,8 @@ type Status struct {
 	// OrgSpend is what the ledger holds by org, in US dollars; gateway
 	// batches, which span orgs, under OrgGatewayBatches.
 	OrgSpend map[string]float64 `json:"spend_by_org_usd,omitempty"`
+	// Cache is the result cache's hits and misses (with --cache).
+	Cache *CacheStatus `json:"cache,omitempty"`
 }
 
 // ClientView is one client's view of the gateway (GET /apidispatch/status):
@@ -466,7 +481,7 @@ func (g *Gateway) Status() Status {
 	s := Status{Clients: cl, Total: tot, Queued: g.lanes.queued(), Lanes: g.lanes.snapshots(time.Now()),
 		Requests: g.stats.requests.Load(), Attempts: g.stats.upstreamAttempts.Load(), Retries: g.stats.retries.Load(),
 		Abandoned: g.stats.abandoned.Load(), RefusedAt: g.stats.refusedCap.Load(), Batches: g.batches.counts(""),
-		OrgSpend: usdByOrg(g.ledger.ByOrg())}
+		OrgSpend: usdByOrg(g.ledger.ByOrg()), Cache: g.rc.status()}
 	for _, u := range g.orgs {
 		if r := u.Disabled(); r != "" {
 			if s.Orgs == nil {

@@ -97,6 +97,12 @@ func (g *Gateway) messages(w http.ResponseWriter, r *http.Request, client string
 		writeError(w, http.StatusBadRequest, anthropic.ErrInvalidRequest, bad)
 		return
 	}
+	tk, answered := g.fromCache(w, r, client, body, p)
+	if answered {
+		return
+	}
+	var success *won
+	defer func() { tk.finish(success) }()
 	est := workload.EstimateInputTokens(body)
 	// Tokens never outnumber bytes, so the body's length bounds the input.
 	worst, _ := g.cfg.Prices.WorstCase(p.Model, max(est, int64(len(body))), *p.MaxTokens)
@@ -109,6 +115,7 @@ func (g *Gateway) messages(w http.ResponseWriter, r *http.Request, client string
 	x := &exchange{g: g, w: w, r: r, client: client, body: body, p: p, hold: hold, worst: worst,
 		demand: gate.Demand{EstInput: est, MaxTokens: *p.MaxTokens}}
 	x.run()
+	success = x.success
 }
 
 // writeCapError answers a request refused by a spend cap: 400
@@ -134,6 +141,7 @@ type exchange struct {
 	demand   gate.Demand
 	attempts int
 	settled  bool
+	success  *won // the upstream success of a non-streaming request, for the cache
 }
 
 func (x *exchange) settle(e Entry) {
@@ -335,6 +343,9 @@ func (x *exchange) sync(gr grant) (anthropic.Outcome, *answer, bool) {
 	gone := x.r.Context().Err() != nil
 	switch o.Kind {
 	case anthropic.Success:
+		if usage != nil {
+			x.success = &won{body: rb, cost: c, usage: *usage, org: gr.lane.up.Name, requestID: hdr.Get(anthropic.HeaderRequestID), simulated: simulated(hdr)}
+		}
 		x.settle(Entry{Cost: c, Org: gr.lane.up.Name, RequestID: hdr.Get(anthropic.HeaderRequestID), Abandoned: gone})
 		if gone {
 			g.stats.abandoned.Add(1)

@@ -249,6 +249,15 @@ type GatewayStats struct {
 	Queued int
 	// Batches is the number of gateway batches by status.
 	Batches map[string]int
+	// Cache is the result cache's figures; nil without one.
+	Cache *GatewayCache
+}
+
+// GatewayCache is a gateway's use of the result cache since it started.
+type GatewayCache struct {
+	Hits, Misses, Stored int64
+	// SavedUSD is what the hits' requests cost when they were sent.
+	SavedUSD float64
 }
 
 // ClientSpend is one gateway client's spend.
@@ -270,13 +279,15 @@ var (
 	descGWClientOrg = prometheus.NewDesc("apidispatch_gateway_client_org_spent_usd", "What the gateway's ledger holds for the client by org, in US dollars (gateway batches as org \"(gateway batches)\").", []string{"client", "org"}, nil)
 	descGWQueued    = prometheus.NewDesc("apidispatch_gateway_queued", "Requests waiting in the gateway for a lane.", nil, nil)
 	descGWBatches   = prometheus.NewDesc("apidispatch_gateway_batches", "Gateway batches by status.", []string{"status"}, nil)
+	descGWCache     = prometheus.NewDesc("apidispatch_gateway_cache_requests_total", "Keyed Messages requests by what the result cache did: hit (answered from it), miss (sent), stored (a success new to the file).", []string{"result"}, nil)
+	descGWCacheSave = prometheus.NewDesc("apidispatch_gateway_cache_saved_usd_total", "What the requests answered from the result cache cost when they were sent, in US dollars.", nil, nil)
 )
 
 // gatewayCollector reads a gateway's stats at scrape time.
 type gatewayCollector func() GatewayStats
 
 func (gatewayCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descGWSpent, descGWReserved, descGWCap, descGWClientOrg, descGWOrg, descGWQueued, descGWBatches} {
+	for _, d := range []*prometheus.Desc{descGWSpent, descGWReserved, descGWCap, descGWClientOrg, descGWOrg, descGWQueued, descGWBatches, descGWCache, descGWCacheSave} {
 		ch <- d
 	}
 }
@@ -299,6 +310,12 @@ func (f gatewayCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descGWQueued, prometheus.GaugeValue, float64(s.Queued))
 	for st, n := range s.Batches {
 		ch <- prometheus.MustNewConstMetric(descGWBatches, prometheus.GaugeValue, float64(n), st)
+	}
+	if c := s.Cache; c != nil {
+		ch <- prometheus.MustNewConstMetric(descGWCache, prometheus.CounterValue, float64(c.Hits), "hit")
+		ch <- prometheus.MustNewConstMetric(descGWCache, prometheus.CounterValue, float64(c.Misses), "miss")
+		ch <- prometheus.MustNewConstMetric(descGWCache, prometheus.CounterValue, float64(c.Stored), "stored")
+		ch <- prometheus.MustNewConstMetric(descGWCacheSave, prometheus.CounterValue, c.SavedUSD)
 	}
 }
 

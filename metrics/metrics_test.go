@@ -72,6 +72,7 @@ func TestGatewayMetrics(t *testing.T) {
 			OrgSpentUSD: map[string]float64{"org1": 0.2, "(gateway batches)": 0.05},
 			Queued:      7,
 			Batches:     map[string]int{"in_progress": 2, "ended": 3},
+			Cache:       &GatewayCache{Hits: 5, Misses: 4, Stored: 3, SavedUSD: 0.125},
 		}
 	}); err != nil {
 		t.Fatal(err)
@@ -105,6 +106,10 @@ func TestGatewayMetrics(t *testing.T) {
 		`apidispatch_gateway_queued 7`,
 		`apidispatch_gateway_batches{status="in_progress"} 2`,
 		`apidispatch_gateway_batches{status="ended"} 3`,
+		`apidispatch_gateway_cache_requests_total{result="hit"} 5`,
+		`apidispatch_gateway_cache_requests_total{result="miss"} 4`,
+		`apidispatch_gateway_cache_requests_total{result="stored"} 3`,
+		`apidispatch_gateway_cache_saved_usd_total 0.125`,
 	} {
 		if !strings.Contains(body, want) {
 			t.Errorf("no %s in the scrape", want)

@@ -36,6 +36,14 @@ Batches are run directories under --state-dir, executed by the batch route
 (header x-apidispatch-route: batch, auto with x-apidispatch-deadline, or
 sync); a restarted gateway resumes them. Upstream keys never leave it.
 
+With --cache FILE (the result cache of 'run'), a non-streaming
+POST /v1/messages at temperature 0 (any with --cache-sampled) whose request
+the same upstream API answered before is answered from the file
+(x-apidispatch-cached: true, nothing sent, nothing billed, under no cap) and
+a miss's success is stored; identical requests in flight at once are sent
+once (readwrite). Streaming requests bypass the cache; count_tokens, models
+and batches never use it.
+
 flags:`
 
 // serveFlags are the flags of 'apidispatch serve'.
@@ -101,6 +109,15 @@ func serveCmd(args []string, stdout, stderr io.Writer) int {
 	}
 	defer svc.Stop()
 	cfg.NewGate = svc.NewGate(nil)
+	cc, cmode, err := f.cf.open(true)
+	if err != nil {
+		errf(stderr, "%v", err)
+		return exitUsage
+	}
+	if cc != nil {
+		defer cc.Close()
+		cfg.Cache, cfg.CacheMode, cfg.CacheSampled = cc, cmode, f.cf.sampled
+	}
 	g, err := gateway.New(cfg)
 	if err != nil {
 		errf(stderr, "%v", err)
@@ -128,9 +145,6 @@ func serveCmd(args []string, stdout, stderr io.Writer) int {
 // config is the gateway the flags describe, and its one client's token
 // when there is one (not --clients).
 func (f *serveFlags) config(fs *flag.FlagSet, stderr io.Writer) (cfg gateway.Config, oneToken string, err error) {
-	if err := f.noCache(fs, stderr); err != nil {
-		return cfg, "", err
-	}
 	if !gateway.IsLoopback(*f.listen) && (*f.tlsCert == "" || *f.tlsKey == "") {
 		return cfg, "", fmt.Errorf("--listen %s is not loopback: serving beyond loopback needs --tls-cert and --tls-key", *f.listen)
 	}
@@ -163,23 +177,6 @@ func (f *serveFlags) config(fs *flag.FlagSet, stderr io.Writer) (cfg gateway.Con
 	}
 	cfg.Clients = []gateway.Client{{Name: "default", Token: tok}}
 	return cfg, tok, nil
-}
-
-// noCache refuses a --cache given on the command line and leaves out one
-// from the environment: the gateway does not serve from the result cache.
-func (f *serveFlags) noCache(fs *flag.FlagSet, stderr io.Writer) error {
-	if f.cf.path == "" {
-		return nil
-	}
-	given := false
-	fs.Visit(func(fl *flag.Flag) {
-		given = given || fl.Name == "cache" || fl.Name == "cache-mode" || fl.Name == "cache-sampled"
-	})
-	if given {
-		return errors.New("--cache: the gateway does not serve from the result cache: every request is sent (leave out --cache, --cache-mode and --cache-sampled)")
-	}
-	fmt.Fprintf(stderr, "note: APIDISPATCH_CACHE=%s is not used: the gateway does not serve from the result cache\n", f.cf.path)
-	return nil
 }
 
 // announce prints the base URL and key clients use.
@@ -231,6 +228,9 @@ func (f *serveFlags) serve(ctx context.Context, g *gateway.Gateway, ln net.Liste
 // gatewayStats is the gateway's status as its Prometheus metrics read it.
 func gatewayStats(st gateway.Status) metrics.GatewayStats {
 	out := metrics.GatewayStats{OrgSpentUSD: st.OrgSpend, Queued: st.Queued, Batches: st.Batches}
+	if c := st.Cache; c != nil {
+		out.Cache = &metrics.GatewayCache{Hits: c.Hits, Misses: c.Misses, Stored: c.Stored, SavedUSD: c.SavedUSD}
+	}
 	for _, c := range st.Clients {
 		out.Clients = append(out.Clients, metrics.ClientSpend{Client: c.Client, SpentUSD: c.SpentUSD, ReservedUSD: c.InFlight, CapUSD: c.CapUSD, ByOrgUSD: c.ByOrg})
 	}

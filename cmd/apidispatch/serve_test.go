@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/apidispatch/apidispatch/gateway"
 	"github.com/apidispatch/apidispatch/internal/simtest"
 	"github.com/apidispatch/apidispatch/sim"
 )
@@ -179,18 +180,57 @@ func TestServeRefusesPlainHTTPBeyondLoopback(t *testing.T) {
 	}
 }
 
-// TestServeRefusesCache: the gateway does not serve from the result cache,
-// so a --cache on its command line is refused with a clear error (it was
-// accepted and silently unused before); APIDISPATCH_CACHE alone is left
-// out with a note.
-func TestServeRefusesCache(t *testing.T) {
-	var out, errb bytes.Buffer
-	cachePath := filepath.Join(t.TempDir(), "c.db")
-	code := mainCode([]string{"serve", "--listen", "127.0.0.1:0", "--cache", cachePath}, &out, &errb)
-	if code != exitUsage || !strings.Contains(errb.String(), "--cache: the gateway does not serve from the result cache") {
-		t.Errorf("exit %d: %s", code, errb.String())
+// serve --cache answers a request that 'run --cache' stored (same
+// upstream, same params): 200, x-apidispatch-cached, nothing sent to the
+// simulator; a request not in the file is sent and stored; the hit is in
+// the status file.
+func TestServeAnswersFromRunsCache(t *testing.T) {
+	run, _ := simtest.Start(t, sim.PresetOrigin3Org, 200, nil)
+	dir := t.TempDir()
+	cachePath := filepath.Join(dir, "cache.db")
+	params := func(i int) string {
+		return fmt.Sprintf(`{"model":"claude-haiku-4-5","max_tokens":64,"temperature":0,"messages":[{"role":"user","content":"Item %d. Provide your evaluation as a JSON object."}]}`, i)
 	}
-	if _, err := os.Stat(cachePath); err == nil {
-		t.Error("a refused --cache created its file")
+	input := filepath.Join(dir, "in.jsonl")
+	if err := os.WriteFile(input, []byte(`{"custom_id":"a","params":`+params(1)+"}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c := cliCmd(run, "run", input, "--run-dir", filepath.Join(dir, "run"), "--base-url", run.URL, "--speed", "200", "--quiet", "--cache", cachePath)
+	if out, err := c.CombinedOutput(); err != nil {
+		t.Fatalf("run: %v %s", err, out)
+	}
+	sent := run.Server.LedgerTotals().Requests
+	state := filepath.Join(dir, "state")
+	p, base, token := startServe(t, run, "--speed", "200", "--token-file", filepath.Join(dir, "token"), "--state-dir", state, "--cache", cachePath)
+	req, _ := http.NewRequest(http.MethodPost, base+"/v1/messages", strings.NewReader(params(1)))
+	req.Header.Set("x-api-key", token)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || resp.Header.Get("x-apidispatch-cached") != "true" || run.Server.LedgerTotals().Requests != sent {
+		t.Fatalf("a request run stored: %d cached=%q, %d sent: %s", resp.StatusCode, resp.Header.Get("x-apidispatch-cached"), run.Server.LedgerTotals().Requests-sent, b)
+	}
+	if status, b := gwDo(t, http.MethodPost, base+"/v1/messages", token, []byte(params(2))); status != 200 || run.Server.LedgerTotals().Requests != sent+1 {
+		t.Fatalf("a request not stored: %d %s", status, b)
+	}
+	p.Signal(syscall.SIGTERM)
+	for end := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		st, err := gateway.ReadStatus(state)
+		if err == nil && st.Stopped {
+			if st.Cache == nil || st.Cache.Hits != 1 || st.Cache.Misses != 1 || st.Cache.Stored != 1 || st.Cache.SavedUSD <= 0 {
+				t.Errorf("status.json cache %+v", st.Cache)
+			}
+			if code, out, errOut := runCLI("status", "--gateway", state); code != exitOK || !strings.Contains(out, "result cache "+cachePath+" (readwrite, origin ") ||
+				!strings.Contains(out, ": 1 hits saving $") || !strings.Contains(out, "1 misses (0 held only another origin's answer), 1 stored") {
+				t.Errorf("status --gateway: %d %s %s", code, out, errOut)
+			}
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatalf("no stopped status: %v", err)
+		}
 	}
 }
