@@ -4,15 +4,12 @@ import (
 	"bufio"
 	"context"
 	"fmt"
-	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 	"time"
-
-	"github.com/redis/go-redis/v9"
 
 	"github.com/apidispatch/apidispatch/anthropic"
 	"github.com/apidispatch/apidispatch/cost"
@@ -343,22 +340,7 @@ func TestPoliteWhenThreeSharedProcessesShareTheOrg(t *testing.T) {
 // names in Redis, are the same in every run).
 func politeRedis(t testing.TB) string {
 	t.Helper()
-	pu, err := url.Parse(testredis.URL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	pu.Path = "/2"
-	u := pu.String()
-	o, err := redis.ParseURL(u)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := redis.NewClient(o)
-	defer c.Close()
-	if err := c.FlushDB(context.Background()).Err(); err != nil {
-		t.Fatal(err)
-	}
-	return u
+	return testredis.EmptyDB(t, 2)
 }
 
 // runSharedProcs runs h's items as procs processes with --shared: the

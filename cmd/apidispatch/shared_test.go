@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"encoding/json"
 	"fmt"
-	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,8 +12,6 @@ import (
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/redis/go-redis/v9"
 
 	"github.com/apidispatch/apidispatch/internal/testredis"
 	"github.com/apidispatch/apidispatch/rundir"
@@ -76,22 +73,7 @@ func (f *sharedFleet) start(t *testing.T, i int, extra ...string) *exec.Cmd {
 // every test, so a lane state left by an earlier test must not linger.
 func cmdRedis(t *testing.T) string {
 	t.Helper()
-	pu, err := url.Parse(testredis.URL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	pu.Path = "/1"
-	u := pu.String()
-	o, err := redis.ParseURL(u)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := redis.NewClient(o)
-	defer c.Close()
-	if err := c.FlushDB(t.Context()).Err(); err != nil {
-		t.Fatal(err)
-	}
-	return u
+	return testredis.EmptyDB(t, 1)
 }
 
 func (f *sharedFleet) wait(t *testing.T) {

@@ -6,13 +6,18 @@ package testredis
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"net"
+	"net/url"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // EnvURL names the variable holding the shared test server's URL.
@@ -106,4 +111,27 @@ func (s *Server) Restart() {
 	case <-time.After(10 * time.Second):
 		s.t.Fatal(fmt.Sprintf("redis-server on %s did not start", s.Addr))
 	}
+}
+
+// EmptyDB returns the URL of database db of the test server (URL), emptied
+// first: tests that use the simulator's keys, which are the same in every
+// test, must not find a lane state an earlier test left there.
+func EmptyDB(t testing.TB, db int) string {
+	t.Helper()
+	pu, err := url.Parse(URL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pu.Path = "/" + strconv.Itoa(db)
+	u := pu.String()
+	o, err := redis.ParseURL(u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := redis.NewClient(o)
+	defer c.Close()
+	if err := c.FlushDB(context.Background()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	return u
 }
