@@ -1055,7 +1055,7 @@ func (e *Engine) send(a *attempt) {
 	anthropic.SetHeaders(req.Header, a.lane.org.Key, true)
 	req.Header.Set("x-stainless-retry-count", strconv.FormatInt(a.w.attempts-1, 10))
 	t0 := time.Now()
-	if u := a.permit.Until; !u.IsZero() && !t0.Before(u) {
+	if a.permit.Lapsed(t0) {
 		// The process was paused (or starved of CPU) past the lease it
 		// was admitted on: Redis may have given the slot away. Not sent.
 		a.fenced = true

@@ -63,6 +63,12 @@ type Permit struct {
 	Until time.Time
 }
 
+// Lapsed reports whether the lease p was admitted on has ended at now: a
+// request not yet sent must not go out then (see Until).
+func (p Permit) Lapsed(now time.Time) bool {
+	return !p.Until.IsZero() && !now.Before(p.Until)
+}
+
 // Feedback is what one attempt taught the lane.
 type Feedback struct {
 	Outcome anthropic.Outcome

@@ -257,7 +257,7 @@ var errLeaseEnded = errors.New("not sent: the shared lease ended before the requ
 func (x *exchange) newUpstream(ctx context.Context, gr grant) (*http.Request, error) {
 	l := gr.lane
 	x.wrote.Store(false)
-	if u := gr.permit.Until; !u.IsZero() && !time.Now().Before(u) {
+	if gr.permit.Lapsed(time.Now()) {
 		return nil, errLeaseEnded
 	}
 	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{WroteRequest: func(i httptrace.WroteRequestInfo) {
