@@ -32,7 +32,7 @@ const InputBoundFactor = 4
 // count_tokens figure, which the API documents as an estimate.
 const countedBoundMargin = 1.10
 
-// BaselineConcurrency is the fixed concurrency of the legacy arm (origin.md §2).
+// BaselineConcurrency is the fixed concurrency of the legacy arm (docs/design.md §22).
 const BaselineConcurrency = 50
 
 // rampS is the throughput a cap-bound lane loses to the dispatcher's
@@ -401,7 +401,7 @@ type usageMix struct{ uncached, write, read float64 }
 //	Haiku:              0.60 s +  7 ms per output token
 //	Opus:               1.60 s + 25 ms per output token
 //
-// Sonnet is calibrated on origin.md §4 Phase 1 n2500: 100 requests in
+// Sonnet is calibrated on docs/design.md §24 Phase 1 n2500: 100 requests in
 // flight at 3,070 requests/min is a mean of 1.95 s by Little's law, at
 // max_tokens 64 (taken as all used) and about 70 output tokens a second.
 // Haiku and Opus are scaled from the guesses there (Haiku p50 0.7–0.8 s,
