@@ -586,7 +586,7 @@ func (lp *laneProjector) lanes() {
 			lat[d.latSrc] = true
 			switch d.latSrc {
 			case "default":
-				lp.note("latency: %.2f s a request for %s (DefaultLatencyS: calibrated on origin.md §4, scaled by %s output tokens); a pilot measures it", d.latencyS, d.pool, tok(d.outPer))
+				lp.note("latency: %.2f s a request for %s (DefaultLatencyS: calibrated on docs/design.md §24, scaled by %s output tokens); a pilot measures it", d.latencyS, d.pool, tok(d.outPer))
 			case "pilot":
 				lp.note("latency: %.2f s a request, the pilot's mean (API seconds)", d.latencyS)
 			}
@@ -645,5 +645,5 @@ func (lp *laneProjector) baseline() {
 		total += w
 	}
 	lp.p.BaselineWallS = total
-	lp.note("baseline arm: org %s alone at a fixed concurrency of %d (origin.md §2); SDK retries are not modelled", o, BaselineConcurrency)
+	lp.note("baseline arm: org %s alone at a fixed concurrency of %d (docs/design.md §22); SDK retries are not modelled", o, BaselineConcurrency)
 }

@@ -241,7 +241,7 @@ func ProjectRoutes(p *Projection, in Input, m BatchModel, deadlineS float64) (*R
 			src += ", by the limits file's \"batch\""
 		}
 	}
-	p.addAssumption(fmt.Sprintf("batch route: per org a queue wait of %s from create until processing, then %s requests per API minute, the org's batches one after another (FIFO), a processing queue of %s requests, %s requests a batch, results harvested up to %s after a batch ends (%s); these are the simulator's model: no batch timing was ever measured (origin.md §4)",
+	p.addAssumption(fmt.Sprintf("batch route: per org a queue wait of %s from create until processing, then %s requests per API minute, the org's batches one after another (FIFO), a processing queue of %s requests, %s requests a batch, results harvested up to %s after a batch ends (%s); these are the simulator's model: no batch timing was ever measured (docs/design.md §24)",
 		dur(m.QueueWaitS), numfmt.Commas(int64(math.Round(m.PerMinute))), numfmt.Commas(m.Queue), numfmt.Commas(m.MaxBatch), dur(m.PollS), src))
 	p.addAssumption("batch cost: the sync projection's tokens per request at the price table's batch rates")
 	if r.Auto != nil {
