@@ -70,7 +70,7 @@ func lookup(v any, path string) (any, bool) {
 	return v, true
 }
 
-// resultKeys are the keys design.md §9 and the issue ask of ab.json.
+// resultKeys are the keys docs/design.md §9 and the issue ask of ab.json.
 var resultKeys = []string{
 	"speedup", "target_met", "simulated", "speed_factor", "projected_cost_usd.per_arm", "projected_cost_usd.total",
 	"config.orgs", "config.model", "config.n", "config.simulated", "config.speed_factor", "config.order",

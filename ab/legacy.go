@@ -29,7 +29,7 @@ import (
 	"github.com/apidispatch/apidispatch/workload"
 )
 
-// LegacyConcurrency is the legacy path's fixed concurrency (origin.md §2:
+// LegacyConcurrency is the legacy path's fixed concurrency (docs/design.md §22:
 // judge_dispatch's Semaphore(50)).
 const LegacyConcurrency = 50
 
@@ -64,7 +64,7 @@ type LegacyConfig struct {
 	Jitter func() float64
 }
 
-// Legacy runs the legacy baseline arm of the A/B: origin.md §2 reproduced
+// Legacy runs the legacy baseline arm of the A/B: docs/design.md §22 reproduced
 // faithfully. One org's key; a fixed concurrency of 50 workers that each
 // hold their slot while the SDK sleeps between retries; the SDK's retry
 // policy (SDKRetry) and nothing else: no AIMD, no header watching, no

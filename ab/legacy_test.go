@@ -129,7 +129,7 @@ func TestLegacyCompletesAndMatchesLedger(t *testing.T) {
 }
 
 // TestLegacyStormMarksRetryableTerminal pins the legacy behaviour the A/B
-// exists to expose (origin.md §3): under a sustained 429 storm every item
+// exists to expose (docs/design.md §23): under a sustained 429 storm every item
 // is tried six times and then written down as an error, which the
 // data-loss check reports as retryable causes marked terminal — while no
 // result is missing or duplicated.
@@ -252,7 +252,7 @@ func TestLegacyRetriesTransientErrors(t *testing.T) {
 }
 
 // The legacy arm's result lines name their route as the dispatcher's do
-// (design.md §12; issue #19).
+// (docs/design.md §12; issue #19).
 func TestLegacyResultLineCarriesItsRoute(t *testing.T) {
 	line := resultLine("id_1", []byte(`{"type":"succeeded","message":{}}`), "a", 1, 10, 0, "req_1")
 	var r struct {

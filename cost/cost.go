@@ -115,7 +115,7 @@ func (p *Price) Cost(u anthropic.Usage, batch bool) (Nanos, error) {
 	return c, nil
 }
 
-// usGeo is c × 1.1, the price of inference_geo "us" (anthropic-api.md §7),
+// usGeo is c × 1.1, the price of inference_geo "us" (docs/design.md §20),
 // rounded half up to a nano-dollar; exact for the embedded prices, which are
 // all multiples of 10 n$. It cannot overflow where c does not.
 func usGeo(c Nanos) Nanos {

@@ -346,7 +346,7 @@ func ExampleTable_Cost() {
 	// Output: $0.002013 0.002013
 }
 
-// inference_geo "us" is ×1.1 on every category (anthropic-api.md §7).
+// inference_geo "us" is ×1.1 on every category (docs/design.md §20).
 func TestCostUSGeo(t *testing.T) {
 	u := anthropic.Usage{InputTokens: 1000, OutputTokens: 200, CacheReadInputTokens: 3000, CacheCreationInputTokens: 500}
 	base, err := Default().Cost("claude-opus-4-6", u, false)

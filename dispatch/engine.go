@@ -130,7 +130,7 @@ type Config struct {
 // DefaultGiveUpAfter is Config.GiveUpAfter's default.
 const DefaultGiveUpAfter = 10 * time.Minute
 
-// DefaultCaps are the polite per-key concurrency caps (origin.md §1.2).
+// DefaultCaps are the polite per-key concurrency caps (docs/design.md §21).
 var DefaultCaps = map[string]int{"sonnet": 100, "haiku": 120, "opus": 40, "other": 40}
 
 // CapFor returns the cap for model's family.

@@ -150,7 +150,7 @@ func TestRunCompletesAndMatchesLedger(t *testing.T) {
 	}
 }
 
-// TestStormLosesNothing pins origin.md §3: under a sustained 429 storm on
+// TestStormLosesNothing pins docs/design.md §23: under a sustained 429 storm on
 // every org (five minutes of server time, in the middle of the run, with and
 // without retry-after), every item still succeeds exactly once.
 func TestStormLosesNothing(t *testing.T) {

@@ -252,7 +252,7 @@ func BenchmarkPolite(b *testing.B) {
 // TestPoliteWhenAColleagueSharesTheOrg is issue 22's regression test: a
 // small version of the colleague cases that bind on requests (continuous
 // and in bursts) and on input tokens (the output-token case is held by
-// BenchmarkPolite: see the README). The bursty case failed (the colleague
+// BenchmarkPolite: see docs/politeness.md). The bursty case failed (the colleague
 // refused 25-30 % of its draws) while the lane scaled the mirror's window
 // by the speed twice.
 // Draining the bucket made the colleague's draws be refused and gave us

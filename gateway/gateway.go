@@ -40,7 +40,7 @@ import (
 	"github.com/apidispatch/apidispatch/spend"
 )
 
-// Limits of request bodies, as the API's (anthropic-api.md §3, §6).
+// Limits of request bodies, as the API's (docs/design.md §16, §19).
 const (
 	MaxMessagesBytes  = 32 << 20
 	MaxBatchBytes     = 256 << 20

@@ -513,7 +513,7 @@ func (x *exchange) stream(gr grant) (anthropic.Outcome, *answer, bool) {
 		o = anthropic.Outcome{Kind: anthropic.Success, Status: 200}
 		usage = &sc.usage
 	case sc.errType != "":
-		// An error event ends the stream unbilled (anthropic-api.md §3;
+		// An error event ends the stream unbilled (docs/design.md §16;
 		// the simulator's stream_overloaded): nothing to price.
 		o = anthropic.Outcome{Kind: anthropic.Retryable, Status: 200, ErrorType: sc.errType, RateLimited: sc.errType == anthropic.ErrRateLimit, Overloaded: sc.errType == anthropic.ErrOverloaded, Reason: "error event mid-stream"}
 	default:

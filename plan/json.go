@@ -67,7 +67,7 @@ type ModelJSON struct {
 	Arithmetic       string  `json:"arithmetic"`
 }
 
-// ProjectionJSON is the object 'plan --json' prints (design.md §7): at
+// ProjectionJSON is the object 'plan --json' prints (docs/design.md §7): at
 // least n, projected_cost_usd {expected, worst_case}, projected_wall_s,
 // gate and lanes [{org, pool, ceiling_rpm, binding_limit}].
 type ProjectionJSON struct {

@@ -12,7 +12,7 @@ import (
 	"github.com/apidispatch/apidispatch/workload"
 )
 
-// Phase 6 (origin.md §5): the judge workload, sent once by each arm of the A/B.
+// Phase 6 (docs/design.md §25): the judge workload, sent once by each arm of the A/B.
 const (
 	Phase6N    = 141_600
 	Phase6Arms = 2

@@ -32,7 +32,7 @@ const InputBoundFactor = 4
 // count_tokens figure, which the API documents as an estimate.
 const countedBoundMargin = 1.10
 
-// BaselineConcurrency is the fixed concurrency of the legacy arm (origin.md §2).
+// BaselineConcurrency is the fixed concurrency of the legacy arm (docs/design.md §22).
 const BaselineConcurrency = 50
 
 // rampS is the throughput a cap-bound lane loses to the dispatcher's
@@ -401,7 +401,7 @@ type usageMix struct{ uncached, write, read float64 }
 //	Haiku:              0.60 s +  7 ms per output token
 //	Opus:               1.60 s + 25 ms per output token
 //
-// Sonnet is calibrated on origin.md §4 Phase 1 n2500: 100 requests in
+// Sonnet is calibrated on docs/design.md §24 Phase 1 n2500: 100 requests in
 // flight at 3,070 requests/min is a mean of 1.95 s by Little's law, at
 // max_tokens 64 (taken as all used) and about 70 output tokens a second.
 // Haiku and Opus are scaled from the guesses there (Haiku p50 0.7–0.8 s,
@@ -586,7 +586,7 @@ func (lp *laneProjector) lanes() {
 			lat[d.latSrc] = true
 			switch d.latSrc {
 			case "default":
-				lp.note("latency: %.2f s a request for %s (DefaultLatencyS: calibrated on origin.md §4, scaled by %s output tokens); a pilot measures it", d.latencyS, d.pool, tok(d.outPer))
+				lp.note("latency: %.2f s a request for %s (DefaultLatencyS: calibrated on docs/design.md §24, scaled by %s output tokens); a pilot measures it", d.latencyS, d.pool, tok(d.outPer))
 			case "pilot":
 				lp.note("latency: %.2f s a request, the pilot's mean (API seconds)", d.latencyS)
 			}
@@ -645,5 +645,5 @@ func (lp *laneProjector) baseline() {
 		total += w
 	}
 	lp.p.BaselineWallS = total
-	lp.note("baseline arm: org %s alone at a fixed concurrency of %d (origin.md §2); SDK retries are not modelled", o, BaselineConcurrency)
+	lp.note("baseline arm: org %s alone at a fixed concurrency of %d (docs/design.md §22); SDK retries are not modelled", o, BaselineConcurrency)
 }

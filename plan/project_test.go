@@ -259,7 +259,7 @@ func TestProjectErrors(t *testing.T) {
 	}
 }
 
-// TestProjectionJSON pins the keys design.md §7 promises for 'plan --json'.
+// TestProjectionJSON pins the keys docs/design.md §7 promises for 'plan --json'.
 func TestProjectionJSON(t *testing.T) {
 	t.Parallel()
 	ws := summary(map[string]workload.ModelSummary{sonnet: {N: 1000, MaxTokens: 256_000, EstInput: 280_000}})

@@ -33,7 +33,7 @@ type Config struct {
 	// MaxCost, Grace, GiveUpAfter, Log, the cache, the transport and gate
 	// factories. Its Deadline is set from Deadline.
 	Sync dispatch.Config
-	// The pre-flight gate (design.md §7).
+	// The pre-flight gate (docs/design.md §7).
 	Budget    cost.Nanos
 	Tolerance float64
 	Confirm   bool
@@ -89,7 +89,7 @@ type Outcome struct {
 	Err         error
 }
 
-// Code is the outcome's process exit code (design.md §10).
+// Code is the outcome's process exit code (docs/design.md §10).
 func (o Outcome) Code() int { return o.Stop.Kind.ExitCode() }
 
 // fail is an outcome that stopped for err, of kind k.

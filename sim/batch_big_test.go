@@ -35,7 +35,7 @@ func heapInUse() int64 {
 	return int64(m.HeapAlloc)
 }
 
-// The 141,600-request job of origin.md fits: two batches (100,000 and
+// The 141,600-request job of docs/design.md §25 fits: two batches (100,000 and
 // 41,600) in one org's queue, processed, billed and read back in full. It
 // logs the heap the batches hold per request.
 func TestBatch141600Requests(t *testing.T) {

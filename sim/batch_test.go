@@ -217,7 +217,7 @@ func (s *Server) batchesOf(org string) []*simBatch {
 	return append([]*simBatch(nil), ob.list...)
 }
 
-// The object, field by field, against anthropic-api.md §6: in progress
+// The object, field by field, against docs/design.md §19: in progress
 // (at speed 1 a batch waits 4 min in the queue) and ended.
 func TestBatchObjectShape(t *testing.T) {
 	t.Parallel()

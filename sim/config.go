@@ -38,7 +38,7 @@ type Limits struct {
 // AnyPool is the Limits key that applies to every pool an org does not list
 // explicitly. An org without it serves only the pools it lists; a model of
 // any other pool is a 404 not_found_error for that org, as old models were
-// for the orgs of origin.md §4.
+// for the orgs of docs/design.md §24.
 const AnyPool anthropic.Pool = "*"
 
 // OrgConfig is one simulated organisation.
@@ -117,7 +117,7 @@ func (l *LatencyConfig) UnmarshalJSON(b []byte) error {
 
 func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
 
-// DefaultLatency is the latency model calibrated to origin.md §4 Phase 1
+// DefaultLatency is the latency model calibrated to docs/design.md §24 Phase 1
 // n2500 (one org, concurrency 100, max_tokens 64, ~45-token prompt:
 // ≈3,070 requests/min, p50 ≈1.52 s, p95 ≈3.5 s). See CALIBRATION.md.
 func DefaultLatency() LatencyConfig {

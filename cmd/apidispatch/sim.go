@@ -45,7 +45,7 @@ and logs name keys only by fingerprint.
 
 Presets:
   origin-3org  orgs high_prio, batch, low_prio with the limits measured in
-               origin.md §4 (Sonnet 4.x, Haiku 4.5, Opus 4.x) and the latency
+               docs/design.md §24 (Sonnet 4.x, Haiku 4.5, Opus 4.x) and the latency
                calibrated to its Phase 1 run (p50 ~1.5 s, p95 ~3.5 s at
                concurrency 100, max_tokens 64); 120 requests per org served
                at full speed, slower above.

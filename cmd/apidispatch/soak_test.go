@@ -24,7 +24,7 @@ var raceBuild bool
 // Soak sizes and speed. CI runs soakN items (soakRaceN under -race, where
 // every instruction of both the dispatcher and the simulator is several
 // times slower); APIDISPATCH_SOAK_N overrides it, e.g. 1000000 for the 1M
-// soak of the README, and APIDISPATCH_SOAK_K overrides the speed factor.
+// soak of docs/benchmarks.md, and APIDISPATCH_SOAK_K overrides the speed factor.
 //
 // The preset serves about 3,500 requests per API-minute once its buckets
 // (one API-minute each) are spent. At K=12 that is ~700 a second of wall
@@ -77,9 +77,9 @@ type soakRun struct {
 // completions per API-minute is within 10% of the fault-free run's — when
 // the fault-free run was bound by the limits; under -race, or on a machine
 // too busy for it, both runs are CPU-bound and the ratio is only logged.
-// The figures are logged (go test -v) for the README.
+// The figures are logged (go test -v) for docs/benchmarks.md.
 //
-// The 1M soak of the README:
+// The 1M soak of docs/benchmarks.md:
 //
 //	APIDISPATCH_SOAK_N=1000000 go test ./cmd/apidispatch -run '^TestSoak$' -v -timeout 3h
 func TestSoak(t *testing.T) {
