@@ -526,18 +526,33 @@ func TestRunOrderABABBatch(t *testing.T) {
 	}
 }
 
-// stopOn cancels when a line written to it contains marker, after delay.
-type stopOn struct {
-	marker string
-	delay  time.Duration
-	cancel context.CancelFunc
-}
-
-func (s *stopOn) Write(p []byte) (int, error) {
-	if bytes.Contains(p, []byte(s.marker)) {
-		time.AfterFunc(s.delay, s.cancel)
+// cancelOnceBatchesOpen cancels once the simulator the A/B starts (passed
+// through OnSim) has a Message Batch created: the batch arm's batches are
+// then open, whatever the time the arms before it took on a loaded machine.
+func cancelOnceBatchesOpen(ctx context.Context, cfg *Config, cancel context.CancelFunc) {
+	started := make(chan *sim.Running, 1)
+	onSim := cfg.OnSim
+	cfg.OnSim = func(r *sim.Running) {
+		onSim(r)
+		started <- r
 	}
-	return len(p), nil
+	go func() {
+		var r *sim.Running
+		select {
+		case r = <-started:
+		case <-ctx.Done():
+			return
+		}
+		for ctx.Err() == nil {
+			for _, st := range r.Server.BatchStats() {
+				if st.Created > 0 {
+					cancel()
+					return
+				}
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}()
 }
 
 // TestRunBatchArmResumes: an A/B stopped while the batch arm's batches are
@@ -545,7 +560,9 @@ func (s *stopOn) Write(p []byte) (int, error) {
 // and completes the batch arm, every custom_id exactly once. (Under the
 // embedded simulator the open batches died with the first run's simulator,
 // so the batch arm runs again from the start: regression test of a rerun
-// that polled its vanished batches forever.)
+// that polled its vanished batches forever.) The stop comes once a batch is
+// created, not a fixed second after the arm starts, which a loaded machine
+// outran (the arm had no result yet).
 func TestRunBatchArmResumes(t *testing.T) {
 	t.Parallel()
 	cfg, sims := smallConfig(t, 300)
@@ -558,7 +575,8 @@ func TestRunBatchArmResumes(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	cfg.Stderr = &stopOn{marker: "batch arm (round 1) starting", delay: time.Second, cancel: cancel}
+	onSim := cfg.OnSim
+	cancelOnceBatchesOpen(ctx, &cfg, cancel)
 	res, err := Run(ctx, cfg)
 	if !errors.Is(err, dispatch.ErrIncomplete) || res == nil || res.Complete {
 		t.Fatalf("stopped A/B: err %v, result %+v", err, res)
@@ -566,7 +584,7 @@ func TestRunBatchArmResumes(t *testing.T) {
 	if c := res.Arms.Batch; c == nil || c.Complete || c.Unfinished == 0 {
 		t.Fatalf("stopped batch arm %+v", c)
 	}
-	cfg.SimConfig, cfg.Stderr = nil, nil
+	cfg.SimConfig, cfg.OnSim = nil, onSim
 	res2, err := Run(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
