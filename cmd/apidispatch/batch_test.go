@@ -36,6 +36,14 @@ func simBatchRequests(r *sim.Running) (requests, created int64) {
 	return requests, created
 }
 
+// queued is the number of batch requests the simulator has yet to process.
+func queued(r *sim.Running) (q int64) {
+	for _, st := range r.Server.BatchStats() {
+		q += st.Queued
+	}
+	return q
+}
+
 // lastBatchNote is the note of the last batch event in a run directory:
 // where the batch route was when the process died.
 func lastBatchNote(runDir string) string {
@@ -302,15 +310,28 @@ func TestBatchSignalLeavesBatchesRunning(t *testing.T) {
 // TestBatchCancelKeepsPartialResults: --cancel cancels the run's open
 // batches mid-processing, harvests what they finished and leaves the rest
 // pending (exit 4); the same command without --cancel then completes it.
+// The batches stall after 30 % of their requests (sim.FaultBatchStall), so
+// they are mid-processing when --cancel comes however long a loaded machine
+// takes to start it (a fixed two seconds into 7.5 s of processing was
+// outrun: the batches had ended, exit 0).
 func TestBatchCancelKeepsPartialResults(t *testing.T) {
 	t.Parallel()
-	const n = 1500
+	const n, stallAt = 1500, 0.3
 	r, input, runDir := slowBatches(t, n)
+	if _, err := r.Server.AddFault(sim.Fault{ID: "stall", Kind: sim.FaultBatchStall, Fraction: stallAt}); err != nil {
+		t.Fatal(err)
+	}
 	args := []string{"run", input, "--route", "batch", "--run-dir", runDir, "--base-url", r.URL, "--speed", "20", "--quiet"}
 	c, _, exited := startUntilBatches(t, r, 3, args...)
-	// The batches start after 1 API s and process 500 each in 150 API s
-	// (7.5 s here): cancel them part way.
-	time.Sleep(2 * time.Second)
+	// The batches created, the next ones (after --cancel) run to their end.
+	r.Server.ClearFaults("stall")
+	for queued(r) > int64(n*(1-stallAt)) {
+		select {
+		case <-exited:
+			t.Fatal("the run ended before its batches stalled")
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
 	c.Process.Signal(os.Interrupt)
 	<-exited
 	code, stdout, stderr := runCmdOut(t, r, append(args, "--cancel", "--json")...)

@@ -127,8 +127,15 @@ func TestTwoProcessesFillOneCache(t *testing.T) {
 			t.Fatalf("process %d: %v\n%s", i, errs[i], outs[i])
 		}
 	}
-	if got := r.Server.LedgerTotals().Requests; got != 2*n {
-		t.Fatalf("%d requests, want %d", got, 2*n)
+	// Each process sent every item once; on a loaded machine an attempt
+	// may time out after the API billed it and be sent again, which its
+	// summary counts as possible duplicate billing.
+	var maybeTwice int64
+	for i := range 2 {
+		maybeTwice += readSummary(t, runDir+string(rune('a'+i))).PossibleDuplicateBilling
+	}
+	if got := r.Server.LedgerTotals().Requests; got < 2*n || got > 2*n+maybeTwice {
+		t.Fatalf("%d requests, want %d (and up to %d more the summaries count as possibly billed twice)", got, 2*n, maybeTwice)
 	}
 	code, out, errOut := runCLI("cache", "stats", "--json", "--cache", cachePath)
 	var st struct {
