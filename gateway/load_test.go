@@ -75,14 +75,33 @@ func TestLoad3000AtConcurrency500(t *testing.T) {
 }
 
 // The same under a 429 storm on every org shorter than --retry-for: the
-// client still sees no 429.
+// client still sees no 429. The storm (300 API seconds, 3 s here) begins
+// once the simulator has billed the load's first request, so it strikes
+// the load however slowly a loaded machine starts it (begun with the test,
+// it was over before the load came, and no 429 was sent).
 func TestLoadThroughA429Storm(t *testing.T) {
 	run, _ := simtest.Start(t, sim.PresetOrigin3Org, 100, nil)
 	_, srv := startGW(t, run, nil)
-	if _, err := run.Server.AddFault(sim.Fault{ID: "storm", Kind: sim.FaultRateLimitStorm, FromNow: true, Duration: 300 * time.Second, RetryAfter: 5 * time.Second}); err != nil {
+	stop := make(chan struct{})
+	added := make(chan error, 1)
+	go func() {
+		for run.Server.Mark() == 0 {
+			select {
+			case <-stop:
+				added <- nil
+				return
+			case <-time.After(5 * time.Millisecond):
+			}
+		}
+		_, err := run.Server.AddFault(sim.Fault{ID: "storm", Kind: sim.FaultRateLimitStorm, FromNow: true, Duration: 300 * time.Second, RetryAfter: 5 * time.Second})
+		added <- err
+	}()
+	f := loadThrough(t, srv.URL, 3000, 500)
+	close(stop)
+	if err := <-added; err != nil {
 		t.Fatal(err)
 	}
-	if f := loadThrough(t, srv.URL, 3000, 500); f != 0 {
+	if f != 0 {
 		t.Errorf("%d requests failed", f)
 	}
 	var s429 int64
