@@ -6,7 +6,8 @@
 // four promises with one checker that reads only the simulator's ledger and
 // stats and the results files.
 //
-//	go test ./campaign                            # the CI size (seeds 1-24)
+//	go test ./campaign                            # quick: seeds 1-4
+//	go test -tags long ./campaign                 # the CI size (seeds 1-24)
 //	go test ./campaign -seeds 500 -timeout 0      # the large run
 //	go test ./campaign -seeds 100 -first 501      # another range
 //	go test ./campaign -run 'TestCampaign/seed=17$' -seed 17 -v   # one seed alone

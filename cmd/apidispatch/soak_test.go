@@ -1,3 +1,5 @@
+//go:build long
+
 package main
 
 import (
@@ -17,9 +19,6 @@ import (
 	"github.com/apidispatch/apidispatch/sim"
 	"github.com/apidispatch/apidispatch/soak"
 )
-
-// raceBuild is set by race_on_test.go when the tests are built with -race.
-var raceBuild bool
 
 // Soak sizes and speed. CI runs soakN items (soakRaceN under -race, where
 // every instruction of both the dispatcher and the simulator is several
@@ -284,14 +283,6 @@ func logSoak(t *testing.T, name string, n int, k float64, r soakRun) {
 		name, n, k, r.Wall.Seconds(), s.WallS, s.APIEquivalentWallS, s.APIEquivalentWallS/60, s.APIRequestsPerMin, s.RequestsPerMin/60,
 		float64(r.MaxRSS)/1024, 100*r.PeakAt, s.Attempts, s.RateLimited429, r.Sim429, s.Overloaded529, s.OtherRetries,
 		r.Ledger.Duplicates, s.PossibleDuplicateBilling, s.Cost.Total)
-}
-
-// tail is the last 4 KiB of s, for failure messages.
-func tail(s string) string {
-	if len(s) > 4096 {
-		return "…" + s[len(s)-4096:]
-	}
-	return s
 }
 
 // procRSS reads a live process's resident set and its high-water mark
