@@ -27,6 +27,12 @@ const (
 // expired ones are dropped.
 const MaxPlaces = 1 << 20
 
+// WritingFor bounds how long (API time) a prefix sent to an org and not
+// yet answered counts as Warming there: about ten times a typical
+// answer's latency, so that one stalled writer cannot hold back every
+// request of its prefix.
+const WritingFor = 30 * time.Second
+
 // sweepEvery: every so many new prefixes, the expired ones are dropped.
 const sweepEvery = 4096
 
@@ -35,7 +41,8 @@ const sweepEvery = 4096
 // lifetime (API time) is divided by the server's speed. It is safe for
 // concurrent use; make it with NewPlaces.
 type Places struct {
-	speed float64
+	speed   float64
+	writing time.Duration // WritingFor at speed
 
 	mu    sync.Mutex
 	m     map[Key]*place
@@ -45,10 +52,12 @@ type Places struct {
 // place is one prefix's orgs.
 type place struct {
 	orgs []orgPlace
-	// plainUntil: an answer showed the API caches none of the prefix (it
-	// is below the model's minimum): until then it is placed as a request
-	// without one.
-	plainUntil time.Time
+	// plain: an answer showed the API caches none of the prefix (it is
+	// below the model's minimum, which the key's model fixes): it is
+	// placed as a request without one.
+	plain bool
+	// touched is when it was last sent or looked up.
+	touched time.Time
 }
 
 type orgPlace struct {
@@ -64,7 +73,7 @@ func NewPlaces(speed float64) *Places {
 	if speed <= 0 {
 		speed = 1
 	}
-	return &Places{speed: speed, m: map[Key]*place{}}
+	return &Places{speed: speed, writing: time.Duration(float64(WritingFor) / speed), m: map[Key]*place{}}
 }
 
 func (pl *Places) life(p Prefix) time.Duration {
@@ -86,11 +95,11 @@ func (pl *Places) orgLocked(now time.Time, p Prefix, org string) *orgPlace {
 				return nil
 			}
 		}
-		pc = &place{}
-		pl.m[p.Key] = pc
 		if pl.added++; pl.added%sweepEvery == 0 {
 			pl.sweepLocked(now)
 		}
+		pc = &place{touched: now}
+		pl.m[p.Key] = pc
 	}
 	for i := range pc.orgs {
 		if pc.orgs[i].org == org {
@@ -102,10 +111,11 @@ func (pl *Places) orgLocked(now time.Time, p Prefix, org string) *orgPlace {
 }
 
 // sweepLocked drops the prefixes nothing is pending on and whose every
-// entry has expired. pl.mu is held.
+// entry has expired (a plain one once untouched for a default lifetime).
+// pl.mu is held.
 func (pl *Places) sweepLocked(now time.Time) {
 	for k, pc := range pl.m {
-		live := now.Before(pc.plainUntil)
+		live := pc.plain && now.Sub(pc.touched) < pl.life(Prefix{})
 		for _, o := range pc.orgs {
 			live = live || o.pending > 0 || now.Before(o.warmUntil)
 		}
@@ -120,6 +130,7 @@ func (pl *Places) Sent(now time.Time, p Prefix, org string) {
 	pl.mu.Lock()
 	defer pl.mu.Unlock()
 	if o := pl.orgLocked(now, p, org); o != nil {
+		pl.m[p.Key].touched = now
 		o.pending++
 		o.sentAt = now
 	}
@@ -128,7 +139,7 @@ func (pl *Places) Sent(now time.Time, p Prefix, org string) {
 // Answered records the end of a request Sent with p to org: ok when it
 // succeeded, with cached the prompt tokens its usage shows read from or
 // written to the cache. A success that cached nothing marks p as not
-// worth placing for its lifetime; a failure only ends the request.
+// worth placing; a failure only ends the request.
 func (pl *Places) Answered(now time.Time, p Prefix, org string, ok bool, cached int64) {
 	pl.mu.Lock()
 	defer pl.mu.Unlock()
@@ -149,7 +160,7 @@ func (pl *Places) Answered(now time.Time, p Prefix, org string, ok bool, cached 
 		case cached > 0:
 			o.warmUntil = now.Add(pl.life(p))
 		default:
-			pc.plainUntil = now.Add(pl.life(p))
+			pc.plain = true
 		}
 		return
 	}
@@ -168,18 +179,19 @@ func (pl *Places) Where(now time.Time, p Prefix, orgs []string, out []Warmth) bo
 	if pc == nil {
 		return len(pl.m) < MaxPlaces
 	}
-	if now.Before(pc.plainUntil) {
+	pc.touched = now
+	if pc.plain {
 		return false
 	}
-	life := pl.life(p)
 	for _, o := range pc.orgs {
 		w := Cold
 		switch {
 		case now.Before(o.warmUntil):
 			w = Warm
-		case o.pending > 0 && now.Sub(o.sentAt) < life:
-			// A request lost without an answer (a bug) cannot hold the
-			// prefix as warming past its lifetime.
+		case o.pending > 0 && now.Sub(o.sentAt) < pl.writing:
+			// A writer slower than that (a stall, a long answer) no
+			// longer holds the prefix as being written: requests that
+			// would wait for it go elsewhere.
 			w = Warming
 		}
 		for i, name := range orgs {
@@ -198,13 +210,13 @@ func (pl *Places) Len() int {
 	return len(pl.m)
 }
 
-// The placement rule both front doors follow. A request whose prefix is
-// warm in an org with headroom goes there; otherwise to the next with
-// headroom, which it warms. A request that can wait its turn (the sync
-// engine has other work to send meanwhile) also waits while its prefix is
-// being written somewhere, since until that answer begins a second request
-// would write it again; a request that cannot wait (the gateway's, first
-// come first served) prefers an org warming its prefix to a cold one.
+// The placement rule both front doors follow (Rank). A request whose
+// prefix is warm in an org with headroom goes there; otherwise to the next
+// with headroom, which it warms; an org warming it comes before a cold
+// one. A request that can wait its turn (the sync engine's, with other
+// work to send meanwhile) also waits while its prefix is being written
+// somewhere (Waits), since until that answer begins a second request would
+// write it again; the gateway's requests, first come first served, do not.
 
 // Rank orders lanes for a request whose prefix has warmth w[i] at lane
 // i: the Warm ones first, then the Warming, then the rest, each group in
@@ -223,20 +235,19 @@ func Rank(w []Warmth, order []int) {
 	}
 }
 
-// Take reports whether lane i, which has headroom, should send now a
-// request whose prefix has warmth w[j] at lane j, when other work could go
-// instead; open[j] says whether lane j has headroom too. It says no while
-// the prefix is warm in another open lane (that lane will take it) or is
-// being written somewhere (the answer will make it warm), unless it is
-// already warm at i.
-func Take(w []Warmth, open []bool, i int) bool {
-	if w[i] == Warm {
-		return true
-	}
-	for j, x := range w {
-		if x == Warming || j != i && x == Warm && open[j] {
+// Waits reports whether a request whose prefix has warmth w[i] at lane i
+// should wait, when its sender has other work to send meanwhile and an
+// answer on the way: the prefix is being written somewhere and is warm in
+// no lane with headroom (full[i] says lane i has none).
+func Waits(w []Warmth, full []bool) bool {
+	writing := false
+	for i, x := range w {
+		switch {
+		case x == Warm && !full[i]:
 			return false
+		case x == Warming:
+			writing = true
 		}
 	}
-	return true
+	return writing
 }

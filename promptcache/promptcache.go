@@ -46,13 +46,14 @@ var seeds = [2]maphash.Seed{maphash.MakeSeed(), maphash.MakeSeed()}
 var marker = []byte(`"cache_control"`)
 
 // Of returns the prefix that params (a Messages request body) marks for
-// caching with model: tools, then system, then messages, each up to the
-// last block with cache_control, in the API's order whatever the order of
-// the JSON keys. A top-level cache_control (automatic caching) marks all
-// three. ok is false when nothing is marked or params is not a JSON
-// object. It reads params once, without allocating.
+// caching with model: tools, then system, then messages, up to the end of
+// the last block with cache_control, in the API's order whatever the
+// order of the JSON keys. A top-level cache_control (automatic caching) marks all
+// three. ok is false when nothing is marked, params is not a JSON
+// object, or the prefix is shorter than MinBytes. It reads params once,
+// without allocating.
 func Of(model string, params []byte) (p Prefix, ok bool) {
-	if !bytes.Contains(params, marker) {
+	if len(params) < MinBytes || !bytes.Contains(params, marker) {
 		return Prefix{}, false
 	}
 	var tools, system, messages, auto []byte
@@ -80,13 +81,18 @@ func Of(model string, params []byte) (p Prefix, ok bool) {
 			last, cut = i, j
 		}
 	}
-	ttlFrom := parts[max(last, 0)][cut:]
+	if last < 0 && auto == nil {
+		return Prefix{}, false
+	}
+	var ttlFrom []byte
 	if auto != nil {
 		last, cut = 2, len(messages)
 		ttlFrom = auto
-	}
-	if last < 0 {
-		return Prefix{}, false
+	} else {
+		// The marked block is part of the prefix, whichever of its keys
+		// comes first: cut at its end.
+		ttlFrom = parts[last][cut:]
+		cut = blockEnd(parts[last], cut)
 	}
 	p.TTL = TTLDefault
 	if end := bytes.IndexByte(ttlFrom, '}'); end >= 0 && bytes.Contains(ttlFrom[:end], []byte(`"1h"`)) {
@@ -109,8 +115,41 @@ func Of(model string, params []byte) (p Prefix, ok bool) {
 			}
 		}
 	}
+	if p.Bytes < MinBytes {
+		return Prefix{}, false
+	}
 	p.Key = Key{h[0].Sum64(), h[1].Sum64()}
 	return p, true
+}
+
+// MinBytes is the shortest prefix Of reports. The API caches no prefix
+// under 1,024 tokens (more for some models), and 1,024 tokens take more
+// than 2,048 bytes of JSON for any text but the densest, so a shorter
+// prefix would only be written, never read: such a request is placed as
+// one without a prefix.
+const MinBytes = 2048
+
+// blockEnd returns the index just past the object enclosing b[i] (the
+// end of a marked block), or len(b).
+func blockEnd(b []byte, i int) int {
+	depth := 0
+	for ; i < len(b); i++ {
+		switch b[i] {
+		case '"':
+			e := skipString(b, i)
+			if e < 0 {
+				return len(b)
+			}
+			i = e - 1
+		case '{', '[':
+			depth++
+		case '}', ']':
+			if depth--; depth < 0 {
+				return i + 1
+			}
+		}
+	}
+	return len(b)
 }
 
 // topLevel calls f with each key and raw value of the JSON object b (keys

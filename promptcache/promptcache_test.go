@@ -7,7 +7,10 @@ import (
 	"time"
 )
 
-const rubric = `[{"type":"text","text":"You are a judge. Grade the answer.","cache_control":{"type":"ephemeral"}}]`
+// pad makes a text long enough to be worth caching.
+var pad = strings.Repeat("Grade the answer on accuracy and clarity. ", 60)
+
+var rubric = `[{"type":"text","text":"You are a judge. ` + pad + `","cache_control":{"type":"ephemeral"}}]`
 
 func judge(item string) []byte {
 	return []byte(`{"model":"claude-sonnet-4-5","max_tokens":64,"system":` + rubric +
@@ -20,7 +23,7 @@ func TestOfSamePrefixSameKey(t *testing.T) {
 	if !ok1 || !ok2 || a.Key != b.Key {
 		t.Fatalf("two items of one rubric: %v %v, keys %v %v", ok1, ok2, a.Key, b.Key)
 	}
-	if a.TTL != TTLDefault || a.Bytes < len(rubric)-len(`"cache_control":{"type":"ephemeral"}}]`) || a.Bytes > len(rubric) {
+	if a.TTL != TTLDefault || a.Bytes != len(rubric)-1 {
 		t.Errorf("prefix %+v: want the default ttl and the rubric's size (%d)", a, len(rubric))
 	}
 	// The Go SDK writes messages before system: the prefix is the API's
@@ -51,9 +54,22 @@ func TestOfDifferentPrefixes(t *testing.T) {
 	}
 }
 
+// A marker written before the block's text (encoding/json sorts map
+// keys) marks the whole block: two rubrics differ.
+func TestOfMarkerBeforeText(t *testing.T) {
+	body := func(rubric string) []byte {
+		return []byte(`{"max_tokens":9,"messages":[{"content":"q","role":"user"}],"model":"m","system":[{"cache_control":{"ttl":"1h","type":"ephemeral"},"text":"` + rubric + pad + `","type":"text"}]}`)
+	}
+	a, ok1 := Of("m", body("rubric one"))
+	b, ok2 := Of("m", body("rubric two"))
+	if !ok1 || !ok2 || a.Key == b.Key || a.TTL != TTL1h {
+		t.Errorf("two rubrics, marker first: %+v %+v", a, b)
+	}
+}
+
 func TestOfMarkerInMessages(t *testing.T) {
 	conv := func(last string) []byte {
-		return []byte(`{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"long document","cache_control":{"type":"ephemeral","ttl":"1h"}}]},` +
+		return []byte(`{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"long document ` + pad + `","cache_control":{"type":"ephemeral","ttl":"1h"}}]},` +
 			`{"role":"assistant","content":"ok"},{"role":"user","content":"` + last + `"}]}`)
 	}
 	a, ok1 := Of("m", conv("question 1"))
@@ -65,6 +81,8 @@ func TestOfMarkerInMessages(t *testing.T) {
 
 func TestOfNothingMarked(t *testing.T) {
 	for _, body := range []string{
+		// Too short for any model to cache.
+		`{"model":"m","system":[{"type":"text","text":"short","cache_control":{"type":"ephemeral"}}],"messages":[]}`,
 		`{"model":"m","messages":[{"role":"user","content":"hi"}]}`,
 		// The words inside a text are escaped, never a marker.
 		`{"model":"m","messages":[{"role":"user","content":"say \"cache_control\": yes"}]}`,
@@ -80,7 +98,7 @@ func TestOfNothingMarked(t *testing.T) {
 
 func TestOfAutomaticCaching(t *testing.T) {
 	body := func(q string) []byte {
-		return []byte(`{"model":"m","cache_control":{"type":"ephemeral","ttl":"1h"},"messages":[{"role":"user","content":"` + q + `"}]}`)
+		return []byte(`{"model":"m","cache_control":{"type":"ephemeral","ttl":"1h"},"messages":[{"role":"user","content":"` + q + pad + `"}]}`)
 	}
 	a, ok := Of("m", body("a"))
 	b, _ := Of("m", body("b"))
@@ -132,6 +150,16 @@ func TestPlacesWarmth(t *testing.T) {
 	if got := where(t0.Add(31 * time.Second)); !slices.Equal(got, []Warmth{Cold, Cold, Cold}) {
 		t.Errorf("past its lifetime: %v", got)
 	}
+	// A writer not answered within WritingFor (30 API-seconds, 3 s at
+	// speed 10) no longer counts as writing.
+	pl.Sent(t0, p, "c")
+	if got := where(t0.Add(2 * time.Second)); got[2] != Warming {
+		t.Errorf("2 s after c's writer left: %v", got)
+	}
+	if got := where(t0.Add(4 * time.Second)); got[2] != Cold {
+		t.Errorf("4 s after c's writer left: %v", got)
+	}
+	pl.Answered(t0.Add(4*time.Second), p, "c", false, 0)
 	// A failure ends the request without warming.
 	pl.Sent(t0, p, "a")
 	pl.Answered(t0, p, "a", false, 0)
@@ -141,7 +169,7 @@ func TestPlacesWarmth(t *testing.T) {
 	// A success that cached nothing: not worth placing.
 	pl.Sent(t0.Add(40*time.Second), p, "c")
 	pl.Answered(t0.Add(40*time.Second), p, "c", true, 0)
-	if pl.Where(t0.Add(41*time.Second), p, orgs, w) {
+	if pl.Where(t0.Add(41*time.Second), p, orgs, w) || pl.Where(t0.Add(time.Hour), p, orgs, w) {
 		t.Error("a prefix the API did not cache is still placed")
 	}
 }
@@ -174,24 +202,21 @@ func TestRank(t *testing.T) {
 	}
 }
 
-func TestTake(t *testing.T) {
+func TestWaits(t *testing.T) {
 	cases := []struct {
 		w    []Warmth
-		open []bool
-		i    int
+		full []bool
 		want bool
 	}{
-		{[]Warmth{Cold, Cold}, []bool{true, true}, 0, true},
-		{[]Warmth{Warm, Cold}, []bool{true, true}, 0, true},
-		{[]Warmth{Warm, Cold}, []bool{true, true}, 1, false},    // a's lane takes it
-		{[]Warmth{Warm, Cold}, []bool{false, true}, 1, true},    // a has no headroom: b warms it
-		{[]Warmth{Warming, Cold}, []bool{true, true}, 1, false}, // wait for a's answer
-		{[]Warmth{Warming, Cold}, []bool{true, true}, 0, false}, // at a too
-		{[]Warmth{Warming, Warm}, []bool{true, true}, 1, true},
+		{[]Warmth{Cold, Cold}, []bool{false, false}, false},
+		{[]Warmth{Warming, Cold}, []bool{false, false}, true}, // wait for a's answer
+		{[]Warmth{Warming, Warm}, []bool{false, false}, false},
+		{[]Warmth{Warming, Warm}, []bool{false, true}, true}, // warm only where full
+		{[]Warmth{Warm, Cold}, []bool{true, false}, false},   // the next lane warms it
 	}
 	for _, c := range cases {
-		if got := Take(c.w, c.open, c.i); got != c.want {
-			t.Errorf("Take(%v, %v, %d) = %v, want %v", c.w, c.open, c.i, got, c.want)
+		if got := Waits(c.w, c.full); got != c.want {
+			t.Errorf("Waits(%v, %v) = %v, want %v", c.w, c.full, got, c.want)
 		}
 	}
 }
