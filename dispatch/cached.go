@@ -13,6 +13,7 @@ import (
 	"github.com/apidispatch/apidispatch/anthropic"
 	"github.com/apidispatch/apidispatch/cache"
 	"github.com/apidispatch/apidispatch/cost"
+	"github.com/apidispatch/apidispatch/promptcache"
 	"github.com/apidispatch/apidispatch/rundir"
 	"github.com/apidispatch/apidispatch/store"
 )
@@ -74,6 +75,10 @@ type fed struct {
 	it    store.Item
 	key   cache.Key
 	keyed bool // key is set: the item may be answered by or for its duplicates
+	// pre is the prompt-cache prefix the item marks, when hasPre
+	// (affinity.go).
+	pre    promptcache.Prefix
+	hasPre bool
 }
 
 // answer is a success that answers items without a request of their own.
@@ -95,12 +100,18 @@ func (e *Engine) keyItems(ctx context.Context, items []store.Item, com *committe
 	var keys []cache.Key
 	for i, it := range items {
 		out[i].it = it
-		if !e.caching() {
+		// A line shorter than the shortest prefix worth placing has none:
+		// its body is read only for the result cache.
+		if !e.caching() && it.Length < promptcache.MinBytes {
 			continue
 		}
 		body, err := e.cfg.Body(it)
 		if err != nil {
 			return nil, fmt.Errorf("reading item %s: %w", it.CustomID, err)
+		}
+		out[i].pre, out[i].hasPre = itemPrefix(it.Model, body)
+		if !e.caching() {
+			continue
 		}
 		k, sampled, err := cache.Inspect(body)
 		if err != nil || sampled && !e.cfg.CacheSampled {
@@ -165,7 +176,7 @@ func hitOutcome(it store.Item, a answer) store.Outcome {
 // enqueue puts a fed item in its pool's queue, or behind the leader of its
 // key. It runs on the scheduler goroutine.
 func (e *Engine) enqueue(f fed) {
-	w := &work{it: f.it, pool: anthropic.PoolOf(f.it.Model), key: f.key, keyed: f.keyed}
+	w := &work{it: f.it, pool: anthropic.PoolOf(f.it.Model), key: f.key, keyed: f.keyed, pre: f.pre, hasPre: f.hasPre}
 	e.lanesFor(w.pool, f.it.Model)
 	e.held++
 	if w.keyed {

@@ -34,6 +34,7 @@ import (
 	"github.com/apidispatch/apidispatch/cost"
 	"github.com/apidispatch/apidispatch/gate"
 	"github.com/apidispatch/apidispatch/org"
+	"github.com/apidispatch/apidispatch/promptcache"
 	"github.com/apidispatch/apidispatch/ratelimit"
 	"github.com/apidispatch/apidispatch/rundir"
 	"github.com/apidispatch/apidispatch/spend"
@@ -125,6 +126,10 @@ type Config struct {
 	Cache        *cache.Cache
 	CacheMode    cache.Mode
 	CacheSampled bool
+	// PromptCaches is where the API's prompt caches are warm, for
+	// cache-affine placement (affinity.go): engines sending through the
+	// same orgs (the gateway's) share one. Nil: the engine's own.
+	PromptCaches *promptcache.Places
 }
 
 // DefaultGiveUpAfter is Config.GiveUpAfter's default.
@@ -187,6 +192,9 @@ type work struct {
 	key       cache.Key // the canonical request's key, when keyed
 	keyed     bool
 	sending   bool // an attempt is in flight
+	// pre is the prompt-cache prefix the item marks, when hasPre.
+	pre    promptcache.Prefix
+	hasPre bool
 }
 
 type attempt struct {
@@ -224,8 +232,9 @@ type Engine struct {
 	client *http.Client
 	log    *slog.Logger
 
-	orgs  []*orgState
-	lanes map[anthropic.Pool][]*laneRef
+	orgs   []*orgState
+	lanes  map[anthropic.Pool][]*laneRef
+	places *promptcache.Places // where prompt caches are warm
 	// laneList is every lane, for readers on other goroutines.
 	lanesMu  sync.Mutex
 	laneList []*laneRef
@@ -345,6 +354,9 @@ func New(cfg Config) (*Engine, error) {
 	}
 	for _, o := range cfg.Orgs {
 		e.orgs = append(e.orgs, &orgState{Org: o})
+	}
+	if e.places = cfg.PromptCaches; e.places == nil {
+		e.places = promptcache.NewPlaces(cfg.Speed)
 	}
 	return e, nil
 }
@@ -934,6 +946,14 @@ func (e *Engine) admit(now time.Time, workers *sync.WaitGroup) time.Duration {
 			sa, sb := a.Snapshot(now), b.Snapshot(now)
 			return cmp.Compare(float64(sb.InFlight)/max(sb.Limit, 1), float64(sa.InFlight)/max(sa.Limit, 1)) * -1
 		})
+		if anyPrefixed(q) {
+			rest, stop := e.admitPlaced(now, q, order, workers, &next)
+			e.ready[pool] = rest
+			if stop {
+				return next
+			}
+			continue
+		}
 		blocked := make([]bool, len(order))
 		for len(q) > 0 {
 			progressed := false
@@ -1025,6 +1045,7 @@ func (e *Engine) start1(w *work, l *laneRef, p gate.Permit, res *spend.Reservati
 	e.c.attempts.Add(1)
 	l.attempts.Add(1)
 	a := &attempt{w: w, lane: l, permit: p, res: res}
+	e.prefixSent(time.Now(), a)
 	workers.Go(func() {
 		e.send(a)
 		e.results <- a
@@ -1132,6 +1153,7 @@ func (e *Engine) handle(a *attempt, com *committer, stopping bool) {
 	defer e.signal()
 	w, l, o := a.w, a.lane, a.outcome
 	w.sending = false
+	e.prefixAnswered(now, a, o.Kind == anthropic.Success && !a.fenced && a.readErr == nil)
 	e.noteReach(now, a)
 	if a.orgIDHdr != "" {
 		e.noteOrgID(l.org, a.orgIDHdr)

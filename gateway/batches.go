@@ -448,6 +448,7 @@ func (s *batchStore) runOnce(ctx context.Context, gb *gwBatch, cancelOpen bool) 
 	sync := dispatch.Config{
 		Orgs: g.cfg.Orgs, BaseURL: g.cfg.BaseURL, Caps: g.cfg.Caps, Speed: g.cfg.Speed, Prices: g.cfg.Prices,
 		Client: g.client, Log: g.log, NewGate: g.lanes.engineGate, Lane: g.cfg.Lane,
+		PromptCaches: g.lanes.places, // the same orgs' prompt caches as the sync requests
 	}
 	cfg := runner.Config{
 		Input: filepath.Join(gb.dir, batchRequests), RunDir: filepath.Join(gb.dir, batchRun), Prices: g.cfg.Prices,

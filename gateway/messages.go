@@ -20,6 +20,7 @@ import (
 	"github.com/apidispatch/apidispatch/apihttp"
 	"github.com/apidispatch/apidispatch/cost"
 	"github.com/apidispatch/apidispatch/gate"
+	"github.com/apidispatch/apidispatch/promptcache"
 	"github.com/apidispatch/apidispatch/ratelimit"
 	"github.com/apidispatch/apidispatch/workload"
 )
@@ -113,7 +114,7 @@ func (g *Gateway) messages(w http.ResponseWriter, r *http.Request, client string
 		return
 	}
 	x := &exchange{g: g, w: w, r: r, client: client, body: body, p: p, hold: hold, worst: worst,
-		demand: gate.Demand{EstInput: est, MaxTokens: *p.MaxTokens}}
+		demand: gate.Demand{EstInput: est, MaxTokens: *p.MaxTokens}, pre: prefixOf(p.Model, body)}
 	x.run()
 	success = x.success
 }
@@ -142,6 +143,10 @@ type exchange struct {
 	attempts int
 	settled  bool
 	success  *won // the upstream success of a non-streaming request, for the cache
+	// pre is the prompt-cache prefix the request marks (nil: none); note
+	// the current attempt's record of it (affinity.go).
+	pre  *promptcache.Prefix
+	note *cacheNote
 }
 
 func (x *exchange) settle(e Entry) {
@@ -163,7 +168,8 @@ func (x *exchange) run() {
 	var last *answer
 	transient := 0
 	for {
-		gr, err := g.lanes.admit(ctx, deadline, x.p.Model, x.demand)
+		gr, err := g.lanes.admit(ctx, deadline, x.p.Model, x.demand, x.pre)
+		x.note = gr.note
 		if err != nil {
 			switch {
 			case ctx.Err() != nil:
@@ -293,6 +299,7 @@ func (x *exchange) feedback(o anthropic.Outcome, h http.Header, u *anthropic.Usa
 	if h != nil {
 		fb.Limits = anthropic.ParseRateLimits(h)
 	}
+	x.noteCache(o, u)
 	var c cost.Nanos
 	if u != nil {
 		fb.Billed = true

@@ -162,6 +162,10 @@ type ModelProjection struct {
 	BatchExpected, BatchWorstCase cost.Nanos
 	// Arithmetic is the expected cost's formula with its numbers.
 	Arithmetic string
+	// CachePrefixed items mark a prompt-cache prefix, CacheWrites of them
+	// projected to write it (promptcache.go).
+	CachePrefixed, CacheWrites int64
+	prefixUses                 [workload.PrefixUsesMax]int64
 }
 
 // Binding limits a lane can name.
@@ -190,6 +194,9 @@ type LaneProjection struct {
 	BindingLimit string
 	// Note explains an unusual lane (a 429 at the probe, a shared org).
 	Note string
+	// CacheWrites and CacheReads are the requests of this lane projected
+	// to write and to read their prompt-cache prefix.
+	CacheWrites, CacheReads int64
 }
 
 // PoolProjection sums a pool's lanes.
@@ -255,6 +262,12 @@ func Project(in Input) (*Projection, error) {
 		mix := usageMix{uncached: 1}
 		mp.InputPerReq, mp.InputSource = estPer, "local estimate"
 		mc, counted := in.Counts.model(model)
+		if ms.Prefixed > 0 {
+			k := orgCount(in)
+			mix, mp.CacheWrites = promptCacheMix(ms, k)
+			mp.CachePrefixed, mp.prefixUses = ms.Prefixed, ms.PrefixUses
+			note("%s", describePromptCache(model, ms, k, mp.CacheWrites))
+		}
 		switch {
 		case pil != nil && pil.ratio > 0:
 			mp.InputPerReq = estPer * pil.ratio
@@ -434,6 +447,9 @@ type poolDemand struct {
 	outPer   float64
 	latencyS float64
 	latSrc   string
+	// prefixed items mark a cached prefix; prefixUses as ModelSummary's.
+	prefixed   int64
+	prefixUses [workload.PrefixUsesMax]int64
 }
 
 func newLaneProjector(in Input, p *Projection, note func(string, ...any)) *laneProjector {
@@ -466,6 +482,10 @@ func newLaneProjector(in Input, p *Projection, note func(string, ...any)) *laneP
 			d.outPer = (d.outPer*float64(d.n) + m.OutputPerReq*n) / tot
 		}
 		d.n += m.Remaining
+		d.prefixed += m.CachePrefixed
+		for i, u := range m.prefixUses {
+			d.prefixUses[i] += u
+		}
 		if m.N > biggest[pool] || d.model == "" {
 			biggest[pool], d.model = m.N, m.Model
 		}
@@ -579,6 +599,7 @@ func (lp *laneProjector) lanes() {
 			lp.p.Lanes = append(lp.p.Lanes, l)
 			pp.CeilingRPM += l.CeilingRPM
 		}
+		splitPromptCache(lp.p.Lanes[len(lp.p.Lanes)-len(lp.orgs):], d.prefixed, d.prefixUses)
 		pp.WallS, pp.Arithmetic = wall(d, pp.CeilingRPM, anyCapBound(lp.p.Lanes, d.pool))
 		lp.p.Pools = append(lp.p.Pools, pp)
 		lp.p.WallS = math.Max(lp.p.WallS, pp.WallS)

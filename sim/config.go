@@ -156,7 +156,11 @@ type Config struct {
 	Faults []Fault `json:"faults,omitempty"`
 	// PromptCaching simulates prompt caching: a prefix ending in a block with
 	// cache_control and at least 1,024 tokens (2,048 for Haiku) is written on
-	// first use and read for 5 API-minutes after (1 h with "ttl":"1h").
+	// first use and read for 5 API-minutes after (1 h with "ttl":"1h"), each
+	// read refreshing it. Each org has its own cache, per model; a request
+	// refused before admission writes nothing, and a written prefix is
+	// readable only once its writer's response has begun (its first
+	// token), so requests sent together all write it.
 	// Every preset turns it on, as the API always caches; a Config built
 	// by hand has it off unless set. A cached prefix bills differently on
 	// its second use, so the arms of an A/B cost the same only when their

@@ -93,7 +93,8 @@ type orgState struct {
 	series      []SeriesPoint
 	ledger      []LedgerEntry
 	accel       [accelSlots]accelSlot
-	cache       map[[16]byte]time.Duration // prompt cache: prefix → expiry (API time)
+	cache       map[promptCacheID]promptCacheEntry // prompt cache (promptcache.go)
+	cacheWrites int64
 }
 
 // Canonical header keys, so that hot paths set the map directly.
@@ -146,7 +147,7 @@ func New(cfg Config) (*Server, error) {
 	allPools := Pools()
 	for i, oc := range cfg.Orgs {
 		o := &orgState{idx: i, name: oc.Name, id: oc.ID, idHdr: []string{oc.ID}, capacity: oc.ServiceCapacity,
-			pools: map[anthropic.Pool]*poolLimiter{}, cache: map[[16]byte]time.Duration{}}
+			pools: map[anthropic.Pool]*poolLimiter{}, cache: map[promptCacheID]promptCacheEntry{}}
 		for _, p := range allPools {
 			lim, ok := oc.Limits[p]
 			if !ok {
@@ -481,16 +482,21 @@ func (s *Server) messages(c *call) {
 	}
 
 	// Prompt caching decides how the input splits into fresh, written and read.
+	// The cache is only read here; an admitted request records its use
+	// below (a refused one never reached the model).
 	u := usage{input: req.input, geoUS: req.x != nil && req.x.geoUS}
-	if s.cfg.PromptCaching && req.cacheTokens > 0 {
-		ttl := 5 * time.Minute
+	caching := s.cfg.PromptCaching && req.cacheTokens > 0
+	var cacheID promptCacheID
+	var cacheTTL time.Duration
+	hit := false
+	if caching {
+		cacheID = promptCacheID{model: req.model.display, prefix: req.cacheKey}
+		cacheTTL = 5 * time.Minute
 		if req.cache1h {
-			ttl = time.Hour
+			cacheTTL = time.Hour
 		}
 		o.mu.Lock()
-		exp, hit := o.cache[req.cacheKey]
-		hit = hit && exp > api
-		o.cache[req.cacheKey] = api + ttl
+		hit = o.promptCacheReadable(cacheID, api)
 		o.mu.Unlock()
 		u.input -= req.cacheTokens
 		switch {
@@ -547,6 +553,11 @@ func (s *Server) messages(c *call) {
 	}
 	if f := fs.match(FaultSlow, o.idx, pool, ks.fp, api, &c.rng); f != nil {
 		lat += f.ExtraLatency
+	}
+	if caching {
+		o.mu.Lock()
+		o.promptCacheUse(cacheID, api, s.firstTokenShare(lat, out.tokens), cacheTTL, hit)
+		o.mu.Unlock()
 	}
 	if req.stream {
 		s.streamMessage(c, ks, req, lim, reserved, sum, u, out, lat, admitted)
