@@ -146,6 +146,7 @@ type gwInc struct {
 	pid      int
 	from, to time.Duration // started, and seen to exit, since the simulator started
 	served   bool          // it listened
+	done     bool          // it exited
 	code     int           // exit code; -1 killed by a signal
 	out      string
 	sigs     []sigAt // signals sent to it
@@ -299,7 +300,7 @@ func (w *gwWorld) launch(g *gwProc) *gwInc {
 	g.cur = inc
 	g.incs = append(g.incs, inc)
 	g.mu.Unlock()
-	for {
+	for giveUp := time.Now().Add(gwStartTimeout); ; {
 		select {
 		case <-inc.doneCh:
 			return inc
@@ -307,7 +308,16 @@ func (w *gwWorld) launch(g *gwProc) *gwInc {
 		}
 		if conn, err := net.DialTimeout("tcp", g.addr, time.Second); err == nil {
 			conn.Close()
+			g.mu.Lock()
 			inc.served = true
+			g.mu.Unlock()
+			return inc
+		}
+		if time.Now().After(giveUp) {
+			// Neither listening nor gone: killed, and counted as a
+			// start that failed.
+			c.Process.Kill()
+			<-inc.doneCh
 			return inc
 		}
 	}
@@ -379,6 +389,7 @@ func (w *gwWorld) await(g *gwProc, inc *gwInc) {
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	inc.done = true
 	inc.to = w.since()
 	inc.out = inc.buf.String()
 	inc.code = inc.cmd.ProcessState.ExitCode()
@@ -412,6 +423,24 @@ func (g *gwProc) signal(w *gwWorld, sig syscall.Signal) *gwInc {
 		}
 	}
 	return inc
+}
+
+// stopFinal sends SIGTERM to g's running process once it listens, unless
+// it was sent already, and marks it stopped by the scenario's end.
+func (g *gwProc) stopFinal(w *gwWorld) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	inc := g.cur
+	if inc == nil || !inc.served || inc.final || inc.done {
+		return
+	}
+	inc.final = true
+	if inc.cmd.Process.Signal(syscall.SIGTERM) == nil {
+		inc.sigs = append(inc.sigs, sigAt{syscall.SIGTERM, w.since()})
+		if inc.stopping.IsZero() {
+			inc.stopping = time.Now()
+		}
+	}
 }
 
 // disturb carries out d, whose moment has come.
@@ -496,14 +525,23 @@ func (w *gwWorld) execute() {
 	stopHostile()
 	hostile.Wait()
 	w.ending.Store(true)
-	for _, g := range w.gws {
-		if inc := g.signal(w, syscall.SIGTERM); inc != nil {
-			g.mu.Lock()
-			inc.final = true
-			g.mu.Unlock()
+	// Stop every gateway with SIGTERM, the one a supervisor may have been
+	// starting at this moment too.
+	supDone := make(chan struct{})
+	go func() {
+		sup.Wait()
+		close(supDone)
+	}()
+	for stopped := false; !stopped; {
+		for _, g := range w.gws {
+			g.stopFinal(w)
+		}
+		select {
+		case <-supDone:
+			stopped = true
+		case <-time.After(100 * time.Millisecond):
 		}
 	}
-	sup.Wait()
 	// Requests a gateway left at the simulator end within their latency.
 	time.Sleep(w.latencyReal() + 500*time.Millisecond)
 }
@@ -792,14 +830,17 @@ func describe(a *answer) string {
 func (c *gwClientRun) run() {
 	var wg sync.WaitGroup
 	next := make(chan *gwReq)
+	start := time.Now()
 	for range max(1, c.c.Conc) {
 		wg.Go(func() {
 			for q := range next {
+				time.Sleep(time.Until(start.Add(c.c.Span * time.Duration(q.k) / time.Duration(len(c.reqs)))))
 				c.do(q, 0)
 			}
 		})
 	}
 	wg.Go(func() {
+		time.Sleep(c.c.Span / 3)
 		for _, b := range c.batches {
 			c.doBatch(b)
 		}

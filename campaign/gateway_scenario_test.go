@@ -50,7 +50,11 @@ type gwClient struct {
 	// retries to the same one.
 	Gateway  int
 	Requests int     // Messages requests (sync and streaming)
-	Conc     int     // requests at once
+	Conc     int     // requests at once, at most
+	// Span spreads the requests' first sends over this real time from the
+	// clients' start (request k not before k/Requests of it), so that the
+	// disturbances strike while they run.
+	Span time.Duration
 	Stream   float64 // the share of streaming requests
 	// Geo: every other request is claude-sonnet-4-6 with inference_geo
 	// "us" (billed ×1.1).
@@ -117,6 +121,7 @@ func drawGateway(seed int64) gwScenario {
 		}
 		c.Requests = 8 + r.IntN(30)
 		c.Conc = 1 + r.IntN(6)
+		c.Span = time.Duration(2000+r.IntN(4000)) * time.Millisecond
 		c.Stream = []float64{0, 0, 0.3, 0.7, 1}[r.IntN(5)]
 		c.Geo = r.IntN(4) == 0
 		c.MaxToks = []int{64, 128, 256, 512}[r.IntN(4)]
@@ -254,7 +259,7 @@ func (s gwScenario) String() string {
 			fmt.Fprintf(&b, ": hostile, %d body dribblers", c.Requests)
 			continue
 		}
-		fmt.Fprintf(&b, ": %d requests, %d at once, %.0f%% streamed, max_tokens %d", c.Requests, c.Conc, 100*c.Stream, c.MaxToks)
+		fmt.Fprintf(&b, ": %d requests over %s, %d at once, %.0f%% streamed, max_tokens %d", c.Requests, c.Span, c.Conc, 100*c.Stream, c.MaxToks)
 		if c.Geo {
 			b.WriteString(", half inference_geo us")
 		}
