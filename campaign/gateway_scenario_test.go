@@ -49,13 +49,13 @@ type gwClient struct {
 	// gateway in turn (behind a load balancer), all of one request's
 	// retries to the same one.
 	Gateway  int
-	Requests int     // Messages requests (sync and streaming)
-	Conc     int     // requests at once, at most
+	Requests int // Messages requests (sync and streaming)
+	Conc     int // requests at once, at most
 	// Span spreads the requests' first sends over this real time from the
 	// clients' start (request k not before k/Requests of it), so that the
 	// disturbances strike while they run.
-	Span time.Duration
-	Stream   float64 // the share of streaming requests
+	Span   time.Duration
+	Stream float64 // the share of streaming requests
 	// Geo: every other request is claude-sonnet-4-6 with inference_geo
 	// "us" (billed ×1.1).
 	Geo       bool
