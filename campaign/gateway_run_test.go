@@ -174,7 +174,8 @@ func (w *gwWorld) since() time.Duration { return time.Since(w.start) }
 
 // latencyReal bounds the real time a request stays in flight at the
 // simulator: 15 API seconds (answers of at most 300 tokens), 45 with a
-// client asking for long answers (up to 2,400 tokens), over speed.
+// client asking for long answers (up to 2,400 tokens), plus the largest
+// extra latency of a slow fault, over speed.
 func (w *gwWorld) latencyReal() time.Duration {
 	api := 15 * time.Second
 	for _, c := range w.sc.Clients {
@@ -182,7 +183,11 @@ func (w *gwWorld) latencyReal() time.Duration {
 			api = 45 * time.Second
 		}
 	}
-	return time.Duration(float64(api) / w.sc.Speed)
+	var extra time.Duration
+	for _, f := range w.sc.Faults {
+		extra = max(extra, f.ExtraLatency)
+	}
+	return time.Duration(float64(api+extra) / w.sc.Speed)
 }
 
 // gwSimConfig is the simulator of a gateway scenario.
@@ -543,7 +548,15 @@ func (w *gwWorld) execute() {
 		}
 	}
 	// Requests a gateway left at the simulator end within their latency.
-	time.Sleep(w.latencyReal() + 500*time.Millisecond)
+	for end := time.Now().Add(w.latencyReal() + 500*time.Millisecond); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
+		var n int64
+		for _, o := range w.sim.Server.Stats().Orgs {
+			n += o.InFlight
+		}
+		if n == 0 {
+			break
+		}
+	}
 }
 
 // --- clients -----------------------------------------------------------
@@ -630,7 +643,7 @@ func (c *gwClientRun) plan() {
 	for k := range c.c.Requests {
 		marker := fmt.Sprintf("gw%d-%s-%d", sc.Seed, c.c.Name, k)
 		model, geo := "claude-sonnet-4-5", ""
-		if c.c.Geo && k%2 == 1 {
+		if c.c.Geo {
 			model, geo = "claude-sonnet-4-6", `,"inference_geo":"us"`
 		}
 		prompt := "Write a short note about " + marker + "."

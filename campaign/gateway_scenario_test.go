@@ -56,8 +56,8 @@ type gwClient struct {
 	// disturbances strike while they run.
 	Span   time.Duration
 	Stream float64 // the share of streaming requests
-	// Geo: every other request is claude-sonnet-4-6 with inference_geo
-	// "us" (billed ×1.1).
+	// Geo: every request is claude-sonnet-4-6 with inference_geo "us"
+	// (billed ×1.1).
 	Geo       bool
 	MaxToks   int
 	Batches   int    // Message Batches it creates (one after the other)
@@ -175,7 +175,7 @@ func drawGateway(seed int64) gwScenario {
 	dur := func() time.Duration { return time.Duration(10+r.IntN(50)) * time.Second }
 	for range r.IntN(4) {
 		f := sim.Fault{Start: at(), Duration: dur()}
-		switch r.IntN(12) {
+		switch r.IntN(13) {
 		case 0, 1:
 			f.Kind, f.Probability = sim.FaultRateLimitStorm, 0.3+0.6*r.Float64()
 			f.RetryAfter = time.Duration(r.IntN(3)) * time.Second
@@ -194,6 +194,12 @@ func drawGateway(seed int64) gwScenario {
 		case 10:
 			f.Kind, f.Fraction = sim.FaultColleague, 0.2+0.6*r.Float64()
 			f.Org = orgNames[r.IntN(len(orgNames))]
+		case 12:
+			// Upstream requests slower than a gateway's drain: a SIGTERM
+			// then cuts requests still in flight.
+			f.Kind, f.Probability = sim.FaultSlow, 0.1+0.3*r.Float64()
+			f.ExtraLatency = time.Duration(100+r.IntN(250)) * time.Second
+			f.Duration = time.Duration(5+r.IntN(20)) * time.Second
 		case 11:
 			if !batches {
 				f.Kind, f.Probability = sim.FaultOverloaded, 0.05+0.3*r.Float64()
@@ -261,7 +267,7 @@ func (s gwScenario) String() string {
 		}
 		fmt.Fprintf(&b, ": %d requests over %s, %d at once, %.0f%% streamed, max_tokens %d", c.Requests, c.Span, c.Conc, 100*c.Stream, c.MaxToks)
 		if c.Geo {
-			b.WriteString(", half inference_geo us")
+			b.WriteString(", inference_geo us")
 		}
 		if c.Batches > 0 {
 			fmt.Fprintf(&b, ", %d batch(es) of %d by route %s", c.Batches, c.BatchSize, c.Route)
@@ -283,6 +289,9 @@ func (s gwScenario) String() string {
 		}
 		if f.Probability > 0 {
 			fmt.Fprintf(&b, " p=%.2f", f.Probability)
+		}
+		if f.ExtraLatency > 0 {
+			fmt.Fprintf(&b, " +%s", f.ExtraLatency)
 		}
 		if f.Fraction > 0 {
 			fmt.Fprintf(&b, " fraction=%.2f", f.Fraction)
