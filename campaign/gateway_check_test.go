@@ -332,8 +332,10 @@ func checkGateway(w *gwWorld) []string {
 			}
 		}
 	}
+	var peaks []string
 	for _, o := range w.sim.Server.Stats().Orgs {
 		var over []string
+		peaks = append(peaks, fmt.Sprintf("%s %d", o.Name, o.MaxInFlight))
 		for _, pt := range o.Series {
 			if pt.InFlightMax <= int64(limit) {
 				continue
@@ -351,6 +353,8 @@ func checkGateway(w *gwWorld) []string {
 			bad("promise 3 (cap): key of %s above its cap %d: %s", o.Name, limit, firstFew(over))
 		}
 	}
+
+	w.logf("in flight at most, per key: %s (cap %d)", strings.Join(peaks, ", "), limit)
 
 	// 5. No client harms another.
 	for _, c := range w.clients {

@@ -108,7 +108,7 @@ func drawGateway(seed int64) gwScenario {
 		s.Gateways = 3
 	}
 	s.Shared = r.IntN(3) == 0 || (s.Gateways > 1 && r.IntN(2) == 0)
-	s.Cap = 2 + r.IntN(5)
+	s.Cap = 2 + r.IntN(4)
 	s.BillAbandoned = r.IntN(2) == 0
 
 	names := []string{"alice", "bob", "carol", "dave"}
@@ -119,8 +119,8 @@ func drawGateway(seed int64) gwScenario {
 		if s.Gateways > 1 && r.IntN(3) == 0 {
 			c.Gateway = -1
 		}
-		c.Requests = 8 + r.IntN(30)
-		c.Conc = 1 + r.IntN(6)
+		c.Requests = 15 + r.IntN(46)
+		c.Conc = 1 + r.IntN(10)
 		c.Span = time.Duration(2000+r.IntN(4000)) * time.Millisecond
 		c.Stream = []float64{0, 0, 0.3, 0.7, 1}[r.IntN(5)]
 		c.Geo = r.IntN(4) == 0
