@@ -411,11 +411,35 @@ func (s *Server) authenticate(c *call) *keyState {
 		return nil
 	}
 	real := time.Since(s.start)
-	if s.faults.Load().match(FaultKeyRevoked, ks.org.idx, "", ks.fp, s.api(real), &c.rng) != nil {
+	fs := s.faults.Load()
+	if fs.match(FaultKeyRevoked, ks.org.idx, "", ks.fp, s.api(real), &c.rng) != nil {
 		s.writeError(c, ks.org, &apiError{status: http.StatusUnauthorized, typ: anthropic.ErrAuthentication, msg: "invalid x-api-key"})
 		return nil
 	}
+	if fs.has(FaultBetaForbidden) {
+		for _, beta := range requestBetas(c.r.Header) {
+			if f := fs.matchBeta(ks.org.idx, ks.fp, beta, s.api(real)); f != nil {
+				s.writeError(c, ks.org, &apiError{status: http.StatusForbidden, typ: anthropic.ErrPermission,
+					msg: "anthropic-beta: your organization does not have access to " + beta})
+				return nil
+			}
+		}
+	}
 	return ks
+}
+
+// requestBetas are the betas a request names in its anthropic-beta
+// headers (several headers, or comma-separated values).
+func requestBetas(h http.Header) []string {
+	var out []string
+	for _, v := range h.Values("Anthropic-Beta") {
+		for b := range strings.SplitSeq(v, ",") {
+			if b = strings.TrimSpace(b); b != "" {
+				out = append(out, b)
+			}
+		}
+	}
+	return out
 }
 
 // readBody reads the request body up to MaxBodyBytes, answering 413 above.

@@ -77,7 +77,8 @@ Fault kinds: storm_429, overloaded_529, server_error_500,
 server_error_500_html, connection_reset, truncated_body, slow
 (extra_latency), key_revoked (key_fingerprint), spend_cap (spend_cap_usd),
 acceleration (factor, floor_rpm, window, baseline), colleague (fraction, bursts),
-stream_overloaded (an error event mid-stream);
+stream_overloaded (an error event mid-stream), beta_forbidden (beta: a 403
+to requests naming it in anthropic-beta);
 batches: batch_create_lost_500, batch_create_lost_reset, batch_not_found
 (window), batch_poll_404, batch_stall (fraction), batch_errored_api,
 batch_errored_overloaded, batch_errored_invalid, batch_results_cut.
