@@ -448,9 +448,9 @@ func parseBatchInput(data []byte, endpoint string) ([]oaItem, *oaModel, []byte) 
 			continue
 		}
 		var l struct {
-			CustomID *string        `json:"custom_id"`
-			Method   *string        `json:"method"`
-			URL      *string        `json:"url"`
+			CustomID *string         `json:"custom_id"`
+			Method   *string         `json:"method"`
+			URL      *string         `json:"url"`
 			Body     json.RawMessage `json:"body"`
 		}
 		if json.Unmarshal(raw, &l) != nil {
