@@ -12,6 +12,11 @@
 // ×1.1 of inference_geo "us" (Usage.InferenceGeo).
 // A --prices FILE is read with Load, which extends or overrides the embedded
 // table (prices.toml in this package documents the format).
+//
+// OpenAI models have their own table, OpenAI() (openai_prices.toml): its
+// Cost prices an openai.Usage (cached input, reasoning tokens as output,
+// the Batch API's half price) in tenths of a nano-dollar, rounded half up
+// to a nano-dollar per request.
 package cost
 
 import (

@@ -135,6 +135,7 @@ func (s *Server) finalizeBatch(b *simBatch) {
 // that the ledger, its totals and Mark count a batch when it ends, not only
 // when a client first sees it ended.
 func (s *Server) settleBatches() {
+	s.oaSettleBatches()
 	if s.batches.seq.Load() == 0 {
 		return // no batch was ever created
 	}

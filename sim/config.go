@@ -59,8 +59,20 @@ type OrgConfig struct {
 	// Zero means unlimited.
 	ServiceCapacity int `json:"service_capacity,omitempty"`
 	// Batch is the org's Message Batches limits and processing speed; zero
-	// fields take the defaults of BatchLimits.
+	// fields take the defaults of BatchLimits. An OpenAI org's batches use
+	// PerMinute, QueueWaitS (how long a batch validates) and CancelS.
 	Batch BatchLimits `json:"batch,omitzero"`
+	// Provider is "anthropic" (the default) or "openai". An OpenAI org
+	// serves the OpenAI surface (openai.go) with Bearer keys, ModelLimits
+	// instead of Limits, and Projects.
+	Provider string `json:"provider,omitempty"`
+	// ModelLimits are an OpenAI org's limits per model id ("gpt-4.1"; a
+	// dated snapshot shares its model's) or "*" for every model it does
+	// not list. An org without "*" serves only the models it lists.
+	ModelLimits map[string]OpenAILimits `json:"model_limits,omitempty"`
+	// Projects are an OpenAI org's project ids; a request's
+	// OpenAI-Project header must name one. Empty: one is generated.
+	Projects []string `json:"projects,omitempty"`
 }
 
 // LatencyConfig is the latency model, in API-equivalent time. A request that
@@ -331,6 +343,9 @@ func (c *Config) validate() error {
 		}
 		if err := o.Batch.check(); err != nil {
 			return bad("org %q: batch: %v", o.Name, err)
+		}
+		if err := o.checkProvider(); err != nil {
+			return bad("org %q: %v", o.Name, err)
 		}
 	}
 	for i := range c.Faults {

@@ -95,6 +95,11 @@ type orgState struct {
 	accel       [accelSlots]accelSlot
 	cache       map[promptCacheID]promptCacheEntry // prompt cache (promptcache.go)
 	cacheWrites int64
+
+	// oaCache is an OpenAI org's automatic prompt cache: prefix → expiry
+	// (API time), made on first use.
+	oaCache map[[16]byte]time.Duration
+	oa      *oaOrg // an OpenAI org's state (openai.go); nil for an Anthropic org
 }
 
 // Canonical header keys, so that hot paths set the map directly.
@@ -163,6 +168,10 @@ func New(cfg Config) (*Server, error) {
 				o.pools[p] = newPoolLimiter(lim, cfg.BurstFraction, cfg.Speed)
 			}
 		}
+		if oc.isOpenAI() {
+			o.oa = s.newOpenAIOrg(oc)
+			s.openAIPools(o, oc)
+		}
 		for _, k := range oc.Keys {
 			ks := &keyState{org: o, secret: k, fp: org.Fingerprint(k)}
 			o.keys = append(o.keys, ks)
@@ -200,6 +209,13 @@ func (c Config) withDefaults() Config {
 	}
 	orgs := make([]OrgConfig, len(c.Orgs))
 	for i, o := range c.Orgs {
+		if o.isOpenAI() {
+			o.Projects = slices.Clone(o.Projects)
+			o.Keys = slices.Clone(o.Keys)
+			o.openAIDefaults(c.Seed)
+			orgs[i] = o
+			continue
+		}
 		if o.ID == "" {
 			o.ID = orgUUID("", o.Name, c.Seed)
 		}
@@ -249,26 +265,32 @@ func (s *Server) Keys() map[string][]string {
 	return m
 }
 
-// Orgs returns the simulator's orgs, in configuration order, each with its
-// first key, as a client configures them.
+// Orgs returns the simulator's Anthropic orgs, in configuration order,
+// each with its first key, as a client configures them (OpenAIOrgs returns
+// the others).
 func (s *Server) Orgs() []org.Org {
 	var out []org.Org
 	for _, o := range s.orgs {
-		if len(o.keys) > 0 {
+		if len(o.keys) > 0 && o.oa == nil {
 			out = append(out, org.Org{Name: o.name, Key: org.NewKey(o.keys[0].secret), Source: "simulator"})
 		}
 	}
 	return out
 }
 
-// EnvLines returns one line per org, ANTHROPIC_API_KEY_<ORG>=<first key>,
-// with the org name upper-cased and "-" turned into "_", in config order:
-// the environment form apidispatch reads orgs from.
+// EnvLines returns one line per org, ANTHROPIC_API_KEY_<ORG>=<first key>
+// (OPENAI_API_KEY_<ORG> for an OpenAI org), with the org name upper-cased
+// and "-" turned into "_", in config order: the environment form
+// apidispatch reads orgs from.
 func (s *Server) EnvLines() []string {
 	var out []string
 	for _, o := range s.orgs {
 		name := strings.ToUpper(strings.ReplaceAll(o.name, "-", "_"))
-		out = append(out, "ANTHROPIC_API_KEY_"+name+"="+o.keys[0].secret)
+		prefix := "ANTHROPIC_API_KEY_"
+		if o.oa != nil {
+			prefix = "OPENAI_API_KEY_"
+		}
+		out = append(out, prefix+name+"="+o.keys[0].secret)
 	}
 	return out
 }
@@ -319,6 +341,10 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	n := s.counter.Add(1)
 	c := &call{w: w, r: r, h: w.Header(), n: n, rng: rng{s: s.seed ^ mix64(n)}}
 	c.rid = s.newID("req_", n, 0x1f83d9abfb41bd6b)
+	if s.isOpenAICall(r) {
+		s.serveOpenAI(c) // openai.go: its own headers, errors and routes
+		return
+	}
 	c.h[hRequestID] = []string{c.rid}
 	c.h[hSpeed] = s.speedHdr
 	switch r.URL.Path {
@@ -401,7 +427,7 @@ func (s *Server) authenticate(c *call) *keyState {
 		}
 	}
 	ks := s.byKey[key]
-	if ks == nil {
+	if ks == nil || ks.org.oa != nil { // an OpenAI key does not open the Anthropic surface
 		s.writeError(c, nil, &apiError{status: http.StatusUnauthorized, typ: anthropic.ErrAuthentication, msg: "invalid x-api-key"})
 		return nil
 	}
