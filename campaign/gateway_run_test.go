@@ -785,8 +785,8 @@ func readStream(r io.Reader, a *answer) error {
 	return sc.Err()
 }
 
-// retryable reports whether an SDK retries the answer (docs/design.md §17
-// in our words: a connection error, x-should-retry, or 408, 409, 429
+// retryable reports whether an SDK retries the answer (docs/design.md §17:
+// a connection error, x-should-retry, or 408, 409, 429
 // and 5xx), and how long it waits first (retry-after-ms, retry-after, else
 // a back-off, scaled down for the scenario: min(0.25 s·2^n, 2 s) less up
 // to a quarter).
