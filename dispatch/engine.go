@@ -273,7 +273,11 @@ type Engine struct {
 	// jr is this run's attempt journal (nil without Config.JournalDir).
 	jr *rundir.Journal
 
-	start     time.Time
+	start time.Time
+	// progress is what Progress needs of start, total and doneStart,
+	// published once restore has set them: Progress may be called from
+	// another goroutine before Run has begun (nil until then).
+	progress  atomic.Pointer[progressBase]
 	total     int64 // N
 	doneStart int64 // terminal at start
 }
@@ -503,6 +507,7 @@ func (e *Engine) restore(ctx context.Context) (sink *rundir.Sink, closeSink func
 		}
 	}
 	e.doneStart = agg.Succeeded + agg.Errored
+	e.progress.Store(&progressBase{start: e.start, total: e.total, doneStart: e.doneStart})
 	if e.gate = e.cfg.Spend; e.gate == nil {
 		e.gate = spend.New("--max-cost", e.cfg.MaxCost, rundir.SpentBefore(agg))
 	}
