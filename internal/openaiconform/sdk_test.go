@@ -51,7 +51,9 @@ func oaTestConfig() sim.Config {
 					"gpt-4.1-mini": {RPM: 6000, TPM: 10_000_000},
 					"o4-mini":      {RPM: 600, TPM: 3000},
 				},
-				Batch: sim.BatchLimits{PerMinute: 60, CancelS: 2}},
+				// 40 requests take 120 API seconds (0.6 s at K = 200): long
+				// enough for a loaded machine's polls to see them in progress.
+				Batch: sim.BatchLimits{PerMinute: 20, CancelS: 2}},
 		},
 	}
 }
