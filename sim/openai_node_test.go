@@ -60,6 +60,9 @@ func TestOpenAINodeSDK(t *testing.T) {
 	}
 	cfg := oaTestConfig()
 	cfg.Speed = 200
+	// 20 requests take 100 API seconds (0.5 s here): long enough for a
+	// loaded machine's polls to see the batch in progress.
+	cfg.Orgs[1].Batch.PerMinute = 12
 	run := startSim(t, cfg)
 	oa := run.Server.OpenAIOrgs()[0]
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
