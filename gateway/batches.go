@@ -268,6 +268,9 @@ func (g *Gateway) createBatch(w http.ResponseWriter, r *http.Request, client str
 			return
 		}
 		mp, bad := g.parseParams(p, true)
+		if bad == "" {
+			bad = g.strictPrice(mp.Model)
+		}
 		if bad != "" {
 			writeError(w, http.StatusBadRequest, anthropic.ErrInvalidRequest, fmt.Sprintf("requests.%d.params.%s", i, bad))
 			return

@@ -131,6 +131,10 @@ type Gateway struct {
 	rr      atomic.Uint64
 	lock    *os.File // the state directory's lock, held until Close
 
+	// estimated holds the models priced by estimate, each once warned
+	// about (unknown.go).
+	estimated sync.Map
+
 	stats struct {
 		requests, upstreamAttempts, retries, abandoned, rateLimited, refusedCap atomic.Int64
 	}
