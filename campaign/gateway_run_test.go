@@ -482,7 +482,11 @@ func (w *gwWorld) disturb(d gwDisturbance) {
 		}
 		w.logf("gateway %d: SIGSTOP", g.i)
 		time.Sleep(d.For)
-		inc.cmd.Process.Signal(syscall.SIGCONT)
+		g.mu.Lock()
+		if inc.cmd.Process.Signal(syscall.SIGCONT) == nil {
+			inc.sigs = append(inc.sigs, sigAt{syscall.SIGCONT, w.since()})
+		}
+		g.mu.Unlock()
 		w.logf("gateway %d: SIGCONT", g.i)
 	case gPartition:
 		g.pause.Lock()
