@@ -197,9 +197,12 @@ func drawGateway(seed int64) gwScenario {
 		case 12:
 			// Upstream requests slower than a gateway's drain: a SIGTERM
 			// then cuts requests still in flight.
-			f.Kind, f.Probability = sim.FaultSlow, 0.1+0.3*r.Float64()
-			f.ExtraLatency = time.Duration(100+r.IntN(250)) * time.Second
-			f.Duration = time.Duration(5+r.IntN(20)) * time.Second
+			// 25-40 s of real time (long answers), over the first API
+			// minute or so, when the disturbances strike.
+			f.Kind, f.Probability = sim.FaultSlow, 0.2+0.4*r.Float64()
+			f.ExtraLatency = time.Duration(float64(time.Duration(25+r.IntN(16))*time.Second) * s.Speed)
+			f.Start = time.Duration(r.IntN(20)) * time.Second
+			f.Duration = time.Duration(30+r.IntN(50)) * time.Second
 		case 11:
 			if !batches {
 				f.Kind, f.Probability = sim.FaultOverloaded, 0.05+0.3*r.Float64()
