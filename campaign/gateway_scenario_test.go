@@ -22,7 +22,13 @@ const (
 
 // Hostile client kinds.
 const (
-	hUnread  = "unread_streams" // opens streams of long answers and never reads them
+	// hUnread opens streams of long answers and never reads them. With the
+	// simulator's answers (tens of KB a stream) and loopback's socket
+	// buffers (about 1.6 MB accepted before a write blocks, measured on
+	// the 2-core machine), an unread stream cannot hold a lane: it checks
+	// that a stream whose client hangs up is billed once and counted, not
+	// the slow-reader delay of issue 28.
+	hUnread  = "unread_streams"
 	hBeta    = "forbidden_beta" // names a beta the orgs may not use (the API answers 403)
 	hDribble = "dribbler"       // sends its request body a byte at a time, never finishing
 )
