@@ -111,6 +111,8 @@ type gwWorld struct {
 	gws     []*gwProc
 	clients []*gwClientRun
 	clFile  string
+	// window is how long the clients retry (0: gwClientWindow).
+	window time.Duration
 	// t0 is when the clients started, since start; deadline when they
 	// stop retrying.
 	t0       time.Duration
@@ -511,7 +513,11 @@ func (w *gwWorld) execute() {
 		<-ready
 	}
 	w.t0 = w.since()
-	w.deadline = time.Now().Add(gwClientWindow)
+	window := w.window
+	if window == 0 {
+		window = gwClientWindow
+	}
+	w.deadline = time.Now().Add(window)
 	hostileCtx, stopHostile := context.WithCancel(context.Background())
 	var good, hostile sync.WaitGroup
 	for _, c := range w.clients {
