@@ -112,9 +112,24 @@ func checkGateway(w *gwWorld) []string {
 			case inc.code != 0:
 				bad("lifecycle: gateway %d (pid %d) exited %d after %s:\n%s", g.i, inc.pid, inc.code, terms[0].sig, tail(inc.out))
 			}
-			if len(terms) >= 2 && inc.to-terms[1].at > gwSecondSignal {
-				bad("lifecycle: gateway %d (pid %d): a second signal must end it at once: it exited %s after the second (%s after the first)",
-					g.i, inc.pid, (inc.to - terms[1].at).Round(100*time.Millisecond), (inc.to - terms[0].at).Round(100*time.Millisecond))
+			if len(terms) >= 2 {
+				// A stopped process reads its signals at SIGCONT.
+				second := terms[1].at
+				stopped := false
+				for _, s := range inc.sigs {
+					switch {
+					case s.sig == syscall.SIGSTOP && s.at <= terms[1].at:
+						stopped = true
+					case s.sig == syscall.SIGCONT && s.at <= terms[1].at:
+						stopped = false
+					case s.sig == syscall.SIGCONT && stopped:
+						second, stopped = s.at, false
+					}
+				}
+				if inc.to-second > gwSecondSignal {
+					bad("lifecycle: gateway %d (pid %d): a second signal must end it at once: it exited %s after the second (%s after the first)",
+						g.i, inc.pid, (inc.to - second).Round(100*time.Millisecond), (inc.to - terms[0].at).Round(100*time.Millisecond))
+				}
 			}
 		}
 	}

@@ -111,6 +111,8 @@ type gwWorld struct {
 	gws     []*gwProc
 	clients []*gwClientRun
 	clFile  string
+	// window is how long the clients retry (0: gwClientWindow).
+	window time.Duration
 	// t0 is when the clients started, since start; deadline when they
 	// stop retrying.
 	t0       time.Duration
@@ -482,7 +484,11 @@ func (w *gwWorld) disturb(d gwDisturbance) {
 		}
 		w.logf("gateway %d: SIGSTOP", g.i)
 		time.Sleep(d.For)
-		inc.cmd.Process.Signal(syscall.SIGCONT)
+		g.mu.Lock()
+		if inc.cmd.Process.Signal(syscall.SIGCONT) == nil {
+			inc.sigs = append(inc.sigs, sigAt{syscall.SIGCONT, w.since()})
+		}
+		g.mu.Unlock()
 		w.logf("gateway %d: SIGCONT", g.i)
 	case gPartition:
 		g.pause.Lock()
@@ -507,7 +513,11 @@ func (w *gwWorld) execute() {
 		<-ready
 	}
 	w.t0 = w.since()
-	w.deadline = time.Now().Add(gwClientWindow)
+	window := w.window
+	if window == 0 {
+		window = gwClientWindow
+	}
+	w.deadline = time.Now().Add(window)
 	hostileCtx, stopHostile := context.WithCancel(context.Background())
 	var good, hostile sync.WaitGroup
 	for _, c := range w.clients {

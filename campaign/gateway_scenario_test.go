@@ -22,7 +22,13 @@ const (
 
 // Hostile client kinds.
 const (
-	hUnread  = "unread_streams" // opens streams of long answers and never reads them
+	// hUnread opens streams of long answers and never reads them. With the
+	// simulator's answers (tens of KB a stream) and loopback's socket
+	// buffers (about 1.6 MB accepted before a write blocks, measured on
+	// the 2-core machine), an unread stream cannot hold a lane: it checks
+	// that a stream whose client hangs up is billed once and counted, not
+	// the slow-reader delay of issue 28.
+	hUnread  = "unread_streams"
 	hBeta    = "forbidden_beta" // names a beta the orgs may not use (the API answers 403)
 	hDribble = "dribbler"       // sends its request body a byte at a time, never finishing
 )
@@ -197,9 +203,12 @@ func drawGateway(seed int64) gwScenario {
 		case 12:
 			// Upstream requests slower than a gateway's drain: a SIGTERM
 			// then cuts requests still in flight.
-			f.Kind, f.Probability = sim.FaultSlow, 0.1+0.3*r.Float64()
-			f.ExtraLatency = time.Duration(100+r.IntN(250)) * time.Second
-			f.Duration = time.Duration(5+r.IntN(20)) * time.Second
+			// 25-40 s of real time (long answers), over the first API
+			// minute or so, when the disturbances strike.
+			f.Kind, f.Probability = sim.FaultSlow, 0.2+0.4*r.Float64()
+			f.ExtraLatency = time.Duration(float64(time.Duration(25+r.IntN(16))*time.Second) * s.Speed)
+			f.Start = time.Duration(r.IntN(20)) * time.Second
+			f.Duration = time.Duration(30+r.IntN(50)) * time.Second
 		case 11:
 			if !batches {
 				f.Kind, f.Probability = sim.FaultOverloaded, 0.05+0.3*r.Float64()
