@@ -264,3 +264,43 @@ func TestLegacyResultLineCarriesItsRoute(t *testing.T) {
 		t.Fatalf("legacy result line: %v\n%s", err, line)
 	}
 }
+
+// TestLegacyProgressWhileRunStarts: Progress, which the A/B's watcher
+// calls every second from its own goroutine, may run while Run is starting
+// (Run set the start time and the item count unguarded; the race detector
+// caught it in TestKeysNeverLeak/ab on a loaded machine). Before Run it
+// reports nothing done of nothing.
+func TestLegacyProgressWhileRunStarts(t *testing.T) {
+	t.Parallel()
+	srv, orgs := startSim(t, 50, nil)
+	h := newLegacyHarness(t, 20)
+	leg, err := NewLegacy(LegacyConfig{Org: orgs[0], BaseURL: srv.URL, Speed: 50, Prices: cost.Default()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := leg.Progress(); p.Total != 0 || p.Done != 0 || p.ElapsedS != 0 {
+		t.Fatalf("before Run: %+v", p)
+	}
+	done := make(chan struct{})
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		for {
+			leg.Progress()
+			select {
+			case <-done:
+				return
+			default:
+			}
+		}
+	}()
+	s, err := leg.Run(context.Background(), h.input, h.results, 20)
+	close(done)
+	<-watched
+	if err != nil || s.Succeeded != 20 {
+		t.Fatalf("run: %v, %+v", err, s)
+	}
+	if p := leg.Progress(); p.Total != 20 || p.Done != 20 {
+		t.Fatalf("after Run: %+v", p)
+	}
+}
