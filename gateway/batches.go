@@ -666,11 +666,7 @@ func (g *Gateway) appendObject(buf []byte, r *http.Request, gb *gwBatch) []byte 
 	}
 	var resultsURL any
 	if m.Status == statusEnded {
-		scheme := "http"
-		if r.TLS != nil {
-			scheme = "https"
-		}
-		resultsURL = scheme + "://" + r.Host + "/v1/messages/batches/" + m.ID + "/results"
+		resultsURL = g.publicBase(r) + "/v1/messages/batches/" + m.ID + "/results"
 	}
 	obj := struct {
 		ID                string `json:"id"`

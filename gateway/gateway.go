@@ -110,6 +110,13 @@ type Config struct {
 	Cache        *cache.Cache
 	CacheMode    cache.Mode
 	CacheSampled bool
+	// CacheScope is CacheScopeClient (the default: a client's hits are
+	// its own answers) or CacheScopeShared (every client's, and those of 'run').
+	CacheScope string
+	// PublicURL is the base URL clients reach the gateway at, for the
+	// results_url of its batches (default: the scheme and local address of
+	// the connection the request came in on; never the client's Host).
+	PublicURL string
 }
 
 // Gateway serves the API. Use New, then Handler; Close when done.
@@ -179,6 +186,9 @@ func New(cfg Config) (*Gateway, error) {
 	}
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	if err := cfg.checkEdges(); err != nil {
+		return nil, err
 	}
 	if err := os.MkdirAll(filepath.Join(cfg.StateDir, batchesDir), 0o700); err != nil {
 		return nil, fmt.Errorf("gateway: state dir: %w", err)
