@@ -104,8 +104,7 @@ func (g *Gateway) messages(w http.ResponseWriter, r *http.Request, client string
 	var success *won
 	defer func() { tk.finish(success) }()
 	est := workload.EstimateInputTokens(body)
-	// Tokens never outnumber bytes, so the body's length bounds the input.
-	worst, _ := g.cfg.Prices.WorstCase(p.Model, max(est, int64(len(body))), *p.MaxTokens)
+	worst := g.worstCase(p.Model, body, *p.MaxTokens, false)
 	hold, err := g.reserve(client, worst)
 	if err != nil {
 		g.stats.refusedCap.Add(1)

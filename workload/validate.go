@@ -14,6 +14,8 @@ import (
 	"strings"
 	"sync/atomic"
 	"unicode/utf8"
+
+	"github.com/apidispatch/apidispatch/cost"
 )
 
 // DefaultMaxProblems is how many problems Validate reports by default before
@@ -91,6 +93,11 @@ type ModelSummary struct {
 	N         int64 // items
 	MaxTokens int64 // sum of max_tokens
 	EstInput  int64 // sum of estimated input tokens (EstimateInputTokens)
+	// Items whose params make them dearer than plain input and output, for
+	// the worst case: those with inference_geo "us", and those with a
+	// cache_control marker whose dearest write is at the 5-minute or the
+	// 1-hour rate.
+	GeoUS, CacheWrite5m, CacheWrite1h int64
 }
 
 // Summary describes a request file.
@@ -101,6 +108,31 @@ type Summary struct {
 	Hash        string                  // hex SHA-256 of the whole file
 	LongestLine int64                   // bytes of the longest line
 	Models      map[string]ModelSummary // per model name as written
+}
+
+// Add adds o's items to ms.
+func (ms *ModelSummary) Add(o ModelSummary) {
+	ms.N += o.N
+	ms.MaxTokens += o.MaxTokens
+	ms.EstInput += o.EstInput
+	ms.GeoUS += o.GeoUS
+	ms.CacheWrite5m += o.CacheWrite5m
+	ms.CacheWrite1h += o.CacheWrite1h
+}
+
+// summary is the ModelSummary of the one request r (MaxTokens not read).
+func (r *request) summary() ModelSummary {
+	s := ModelSummary{N: 1, EstInput: r.estimate()}
+	if r.geoUS {
+		s.GeoUS = 1
+	}
+	switch r.cacheWrite {
+	case cost.CacheWrite5m:
+		s.CacheWrite5m = 1
+	case cost.CacheWrite1h:
+		s.CacheWrite1h = 1
+	}
+	return s
 }
 
 // ModelNames returns the models of the summary, sorted.
@@ -229,11 +261,10 @@ func (v *validator) run(path string) (*Summary, error) {
 			ms = &ModelSummary{}
 			models[c.model()] = ms
 		}
-		ms.N++
 		if c.maxTokensOK {
 			ms.MaxTokens += c.maxTokens
 		}
-		ms.EstInput += c.r.estimate()
+		ms.Add(c.r.summary())
 		if v.opts.KnownModel != nil {
 			m := c.model()
 			kerr, seen := known[m]
