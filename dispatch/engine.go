@@ -39,6 +39,7 @@ import (
 	"github.com/apidispatch/apidispatch/rundir"
 	"github.com/apidispatch/apidispatch/spend"
 	"github.com/apidispatch/apidispatch/store"
+	"github.com/apidispatch/apidispatch/workload"
 )
 
 // Errors callers can branch on.
@@ -191,7 +192,8 @@ type work struct {
 	heapIdx   int
 	key       cache.Key // the canonical request's key, when keyed
 	keyed     bool
-	sending   bool // an attempt is in flight
+	sending   bool       // an attempt is in flight
+	worst     cost.Nanos // the most it can cost (fed.worst)
 	// pre is the prompt-cache prefix the item marks, when hasPre.
 	pre    promptcache.Prefix
 	hasPre bool
@@ -1001,10 +1003,7 @@ func (e *Engine) admit(now time.Time, workers *sync.WaitGroup) time.Duration {
 // (open batches, another engine); with nothing held anywhere, nothing
 // will free room, and the run stops.
 func (e *Engine) reserve(w *work) (*spend.Reservation, error) {
-	var worst cost.Nanos
-	if e.gate.Capped() {
-		worst = e.worstCase(w)
-	}
+	worst := w.worst // 0 without a cap
 	res, err := e.gate.Reserve(worst)
 	if err == nil {
 		return res, nil
@@ -1033,11 +1032,20 @@ func (e *Engine) stopReasonCost(err error) {
 	e.signal()
 }
 
-func (e *Engine) worstCase(w *work) cost.Nanos {
-	// Tokens never outnumber bytes, so the params' length bounds the input.
-	n, err := e.cfg.Prices.WorstCase(w.it.Model, max(w.it.EstInput, w.it.Length), w.it.MaxTokens)
+// worstCase is the most item it can cost: cost.Table.WorstCase of the
+// bound of its params (body; nil when they could not be read, which bounds
+// it at every multiplier). It runs on the feeder goroutine, which reads the
+// body.
+func (e *Engine) worstCase(it store.Item, body []byte) cost.Nanos {
+	// Tokens never outnumber bytes, so the line's length bounds the input.
+	b := cost.Bound{Model: it.Model, Input: max(it.EstInput, it.Length), MaxTokens: it.MaxTokens, CacheWrite: cost.CacheWrite1h, GeoUS: true}
+	if body != nil {
+		b = workload.BoundOf(it.Model, body, it.MaxTokens, false)
+		b.Input = max(b.Input, it.EstInput)
+	}
+	n, err := e.cfg.Prices.WorstCase(b)
 	if err != nil {
-		return cost.Nanos(math.MaxInt64 / 4)
+		return cost.Unpriceable
 	}
 	return n
 }

@@ -275,8 +275,9 @@ func (g *Gateway) createBatch(w http.ResponseWriter, r *http.Request, client str
 			writeError(w, http.StatusBadRequest, anthropic.ErrInvalidRequest, fmt.Sprintf("requests.%d.params.%s", i, bad))
 			return
 		}
-		wc, _ := g.cfg.Prices.WorstCase(mp.Model, max(workload.EstimateInputTokens(p), int64(len(p))), *mp.MaxTokens)
-		worst += wc
+		// A batch on the batch route is billed at the batch rates; auto and
+		// sync may send any request at the full price.
+		worst += g.worstCase(mp.Model, p, *mp.MaxTokens, route == runner.RouteBatch)
 		line, _ := json.Marshal(anthropic.BatchRequest{CustomID: id, Params: json.RawMessage(compact(p))})
 		buf.Write(line)
 		buf.WriteByte('\n')

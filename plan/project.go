@@ -307,15 +307,7 @@ func Project(in Input) (*Projection, error) {
 			inCost := mp.InputPerReq * (mix.uncached*float64(r.Input) + mix.write*float64(r.CacheWrite5m) + mix.read*float64(r.CacheRead))
 			e = n * (inCost + mp.OutputPerReq*float64(r.Output))
 			a = n * (inCost + mp.MaxTokensPerReq*float64(r.Output))
-			// The worst case takes the long-context rates if any one request
-			// could pass the threshold (its line is longer than it).
-			rw := price.RatesFor(batch, int64(math.Ceil(mp.InputBoundPerReq)))
-			if in.Workload.LongestLine > 0 {
-				if lr := price.RatesFor(batch, in.Workload.LongestLine); lr.Input > rw.Input {
-					rw = lr
-				}
-			}
-			w = n * (mp.InputBoundPerReq*float64(rw.Input) + mp.MaxTokensPerReq*float64(rw.Output))
+			w = n * worstPerReq(price, ms, &mp, in.Workload.LongestLine, batch)
 			return r, e, a, w
 		}
 		r, e, a, w := costs(false)
@@ -667,4 +659,39 @@ func (lp *laneProjector) baseline() {
 	}
 	lp.p.BaselineWallS = total
 	lp.note("baseline arm: org %s alone at a fixed concurrency of %d (docs/design.md §22); SDK retries are not modelled", o, BaselineConcurrency)
+}
+
+// worstPerReq is the worst case of one of a model's requests on average,
+// by cost.Table.WorstCase, the one worst case of every route: the input
+// bound and max_tokens per request, the long-context rates if any one
+// request could pass the threshold (the longest line is longer than it),
+// and, for the share of the items whose params ask for them (ms), the
+// dearest cache write and inference_geo "us" they hold.
+func worstPerReq(price *cost.Price, ms workload.ModelSummary, mp *ModelProjection, longestLine int64, batch bool) float64 {
+	b := cost.Bound{Model: mp.Model, Input: int64(math.Ceil(mp.InputBoundPerReq)), MaxTokens: int64(math.Ceil(mp.MaxTokensPerReq)), Batch: batch}
+	if longestLine > 0 && price.RatesFor(batch, longestLine).Input > price.RatesFor(batch, b.Input).Input {
+		b.LongContext = true
+	}
+	plain, err := price.WorstCase(b)
+	if err != nil {
+		return float64(cost.Unpriceable)
+	}
+	dearer := ms.GeoUS + ms.CacheWrite5m + ms.CacheWrite1h
+	if dearer == 0 || ms.N == 0 {
+		return float64(plain)
+	}
+	b.GeoUS = ms.GeoUS > 0
+	switch {
+	case ms.CacheWrite1h > 0:
+		b.CacheWrite = cost.CacheWrite1h
+	case ms.CacheWrite5m > 0:
+		b.CacheWrite = cost.CacheWrite5m
+	}
+	dear, err := price.WorstCase(b)
+	if err != nil {
+		return float64(cost.Unpriceable)
+	}
+	// The items that are dearer are at most the sum of each kind's count.
+	f := math.Min(1, float64(dearer)/float64(ms.N))
+	return (1-f)*float64(plain) + f*float64(dear)
 }

@@ -782,6 +782,38 @@ func TestBatchLedgerHalfPrice(t *testing.T) {
 	}
 }
 
+// A batch request with inference_geo "us" is billed ×1.1 at the batch
+// rates (the multipliers stack), and its result's usage says so, as the
+// same request sent synchronously is (batches used to bill it at the
+// global price).
+func TestBatchInferenceGeoUSBilled(t *testing.T) {
+	t.Parallel()
+	run := startSim(t, batchConfig())
+	var reqs []batchReq
+	for i := range 4 {
+		p := bytes.Replace(proseBody(i, 200), []byte(`"model":"claude-sonnet-4-5"`), []byte(`"model":"claude-sonnet-4-6","inference_geo":"us"`), 1)
+		if !bytes.Contains(p, []byte("inference_geo")) {
+			t.Fatalf("body %s", p)
+		}
+		reqs = append(reqs, batchReq{"g" + strconv.Itoa(i), p})
+	}
+	mark := run.Server.Mark()
+	b := createBatchT(t, run, soloKey, reqs...)
+	waitEnded(t, run, soloKey, b.ID)
+	prices := cost.Default()
+	for _, e := range run.Server.LedgerSince(mark) {
+		want, err := prices.Cost(e.Model, anthropic.Usage{InputTokens: e.InputTokens, OutputTokens: e.OutputTokens, InferenceGeo: "us"}, true)
+		if err != nil || int64(want) != e.CostNanos || !e.USGeo {
+			t.Errorf("%s: billed %d n$ (us_geo %v), want %d (%v)", e.CustomID, e.CostNanos, e.USGeo, want, err)
+		}
+	}
+	for id, l := range results(t, run, soloKey, b.ID) {
+		if l.Result.Message == nil || l.Result.Message.Usage.InferenceGeo != "us" {
+			t.Errorf("%s: result %+v, want usage.inference_geo us", id, l.Result)
+		}
+	}
+}
+
 func TestBatchPricesHalveExactly(t *testing.T) {
 	for _, m := range models {
 		for _, p := range []price{m.price, m.longPrice} {

@@ -15,6 +15,7 @@ import (
 	"sync/atomic"
 	"unicode/utf8"
 
+	"github.com/apidispatch/apidispatch/cost"
 	"github.com/apidispatch/apidispatch/promptcache"
 )
 
@@ -100,6 +101,11 @@ type ModelSummary struct {
 	Prefixed     int64
 	PrefixTokens int64
 	PrefixUses   [PrefixUsesMax]int64
+	// Items whose params make them dearer than plain input and output, for
+	// the worst case: those with inference_geo "us", and those with a
+	// cache_control marker whose dearest write is at the 5-minute or the
+	// 1-hour rate.
+	GeoUS, CacheWrite5m, CacheWrite1h int64
 }
 
 // PrefixUsesMax is the last slot of ModelSummary.PrefixUses: more items
@@ -114,6 +120,31 @@ type Summary struct {
 	Hash        string                  // hex SHA-256 of the whole file
 	LongestLine int64                   // bytes of the longest line
 	Models      map[string]ModelSummary // per model name as written
+}
+
+// Add adds o's items to ms.
+func (ms *ModelSummary) Add(o ModelSummary) {
+	ms.N += o.N
+	ms.MaxTokens += o.MaxTokens
+	ms.EstInput += o.EstInput
+	ms.GeoUS += o.GeoUS
+	ms.CacheWrite5m += o.CacheWrite5m
+	ms.CacheWrite1h += o.CacheWrite1h
+}
+
+// summary is the ModelSummary of the one request r (MaxTokens not read).
+func (r *request) summary() ModelSummary {
+	s := ModelSummary{N: 1, EstInput: r.estimate()}
+	if r.geoUS {
+		s.GeoUS = 1
+	}
+	switch r.cacheWrite {
+	case cost.CacheWrite5m:
+		s.CacheWrite5m = 1
+	case cost.CacheWrite1h:
+		s.CacheWrite1h = 1
+	}
+	return s
 }
 
 // ModelNames returns the models of the summary, sorted.
@@ -250,11 +281,10 @@ func (v *validator) run(path string) (*Summary, error) {
 			ms = &ModelSummary{}
 			models[c.model()] = ms
 		}
-		ms.N++
 		if c.maxTokensOK {
 			ms.MaxTokens += c.maxTokens
 		}
-		ms.EstInput += c.r.estimate()
+		ms.Add(c.r.summary())
 		if sp := c.r.params; sp.e-sp.s >= promptcache.MinBytes {
 			params := ln.b[sp.s:sp.e]
 			if pre, ok := promptcache.Of(c.model(), params); ok {
