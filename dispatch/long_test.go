@@ -74,7 +74,7 @@ func TestPoliteWhenAColleagueSharesTheOrg(t *testing.T) {
 // more than they did: 5-22 % 429s per org in the first 20 API seconds.
 func TestPoliteWhenThreeSharedProcessesShareTheOrg(t *testing.T) {
 	c := politeCases[5]
-	r := runPolite(t, c, 600, 20)
+	r := runPolite(t, c, 600, politeTestSpeed())
 	t.Logf("%v", r)
 	if r.lost != 0 {
 		t.Errorf("lost %d items", r.lost)
