@@ -82,7 +82,9 @@ type Config struct {
 	// RetryFor bounds how long a request is retried inside the gateway
 	// (default 10 minutes of wall time).
 	RetryFor time.Duration
-	// Timeout bounds one upstream attempt (default 10 min of server time).
+	// Timeout bounds one upstream attempt, of a Messages request or of a
+	// gateway batch's request sent on the sync route (default 10 min of
+	// server time).
 	Timeout time.Duration
 	// StateDir holds ledger.jsonl and batches/ (default gateway-state).
 	StateDir string

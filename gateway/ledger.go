@@ -16,8 +16,14 @@ import (
 
 // Entry is one priced answer in the ledger.
 type Entry struct {
-	Client    string     `json:"client"`
-	Cost      cost.Nanos `json:"cost_nanos"`
+	Client string     `json:"client"`
+	Cost   cost.Nanos `json:"cost_nanos"`
+	// Unread is the part of Cost that is a worst case: attempts the API
+	// may have billed whose answers were never read (a connection reset
+	// or a body cut after the request went out, a stream cut before its
+	// message_stop, a request in flight when a gateway died). Cost less
+	// Unread is what the answers that were read cost, to the nano-dollar.
+	Unread    cost.Nanos `json:"unread_nanos,omitempty"`
 	Org       string     `json:"org,omitempty"`
 	Model     string     `json:"model,omitempty"`
 	RequestID string     `json:"request_id,omitempty"`

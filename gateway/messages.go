@@ -187,6 +187,13 @@ func (x *exchange) run() {
 		} else {
 			o, a, done = x.sync(gr)
 		}
+		unread := o.Kind == anthropic.Retryable && x.mayHaveBilled(o)
+		if unread {
+			// Billed without an answer: its worst case is counted for good
+			// (its cost cannot be known), whether the client waits for a
+			// retry or went away.
+			x.settle(Entry{Cost: x.worst, Unread: x.worst, Org: gr.lane.up.Name, Abandoned: ctx.Err() != nil})
+		}
 		if done {
 			return
 		}
@@ -199,11 +206,8 @@ func (x *exchange) run() {
 			}
 			continue
 		case anthropic.Retryable:
-			if x.mayHaveBilled(o) {
-				// Billed without an answer: its worst case stays counted
-				// (its cost cannot be known), and the retry needs room of
-				// its own under the caps.
-				x.settle(Entry{Cost: x.worst, Org: gr.lane.up.Name})
+			if unread {
+				// The retry needs room of its own under the caps.
 				hold, err := g.reserve(x.client, x.worst)
 				if err != nil {
 					g.stats.refusedCap.Add(1)
@@ -512,15 +516,10 @@ func (x *exchange) stream(gr grant) (anthropic.Outcome, *answer, bool) {
 		o = anthropic.Outcome{Kind: anthropic.Success, Status: 200}
 		usage = &sc.usage
 	case sc.errType != "":
-		// An error event ends the stream unbilled (anthropic-api.md §3;
-		// the simulator's stream_overloaded): nothing to price.
 		o = anthropic.Outcome{Kind: anthropic.Retryable, Status: 200, ErrorType: sc.errType, RateLimited: sc.errType == anthropic.ErrRateLimit, Overloaded: sc.errType == anthropic.ErrOverloaded, Reason: "error event mid-stream"}
 	default:
 		o = anthropic.Outcome{Kind: anthropic.Retryable, Status: 200, ErrorType: anthropic.ErrTypeTruncated, Reason: "stream cut before message_stop"}
 		write([]byte("event: error\ndata: " + string(errorBody(anthropic.ErrAPI, "apidispatch gateway: the upstream stream was cut before message_stop")) + "\n\n"))
-		if sc.started {
-			usage = &sc.usage
-		}
 	}
 	if clientOK {
 		rc.Flush()
@@ -530,9 +529,19 @@ func (x *exchange) stream(gr grant) (anthropic.Outcome, *answer, bool) {
 	if gone {
 		g.stats.abandoned.Add(1)
 	}
-	if usage != nil {
+	switch {
+	case usage != nil:
 		x.settle(Entry{Cost: c, Org: gr.lane.up.Name, RequestID: resp.Header.Get(anthropic.HeaderRequestID), Abandoned: gone})
+	case sc.started:
+		// Ended after message_start without message_stop (cut, reset, or
+		// an error event): the API may have billed the whole answer, and
+		// what message_start said is only its start. Counted at its worst
+		// case, as a non-streaming answer cut after its headers is.
+		c = x.worst
+		x.settle(Entry{Cost: c, Unread: c, Org: gr.lane.up.Name, RequestID: resp.Header.Get(anthropic.HeaderRequestID), Abandoned: gone})
 	}
+	// An error event before message_start ends a stream the API did not
+	// start: nothing to price.
 	g.lanes.release(gr, fb) // after the ledger: a lane idle means every answer is priced
 	h.Set(headerCost, strconv.FormatFloat(c.USD(), 'f', -1, 64))
 	return o, nil, true
