@@ -121,6 +121,7 @@ type Gateway struct {
 	client  *http.Client
 	lanes   *laneSet
 	ledger  *Ledger
+	journal *spendJournal          // every attempt, before it is sent (journal.go)
 	gate    *spend.Gate            // the gateway's (--max-cost)
 	gates   map[string]*spend.Gate // each client's, children of gate
 	tokens  []tokenEntry
@@ -216,6 +217,11 @@ func New(cfg Config) (*Gateway, error) {
 		lock.Close()
 		return nil, err
 	}
+	if g.journal, err = openSpendJournal(cfg.StateDir, g.ledger, g.log); err != nil {
+		g.ledger.Close()
+		lock.Close()
+		return nil, err
+	}
 	if g.gate = cfg.Spend; g.gate == nil {
 		g.gate = spend.New("the gateway's --max-cost", cfg.MaxCost, g.ledger.totalSpent())
 	}
@@ -227,7 +233,7 @@ func New(cfg Config) (*Gateway, error) {
 	g.mux = http.NewServeMux()
 	g.routes()
 	if g.batches, err = openBatchStore(g); err != nil {
-		g.ledger.Close()
+		g.closeSpend()
 		lock.Close()
 		return nil, err
 	}
@@ -241,8 +247,8 @@ func New(cfg Config) (*Gateway, error) {
 	return g, nil
 }
 
-// flushLoop writes the ledger to its file every 100 ms, or sooner when
-// 64 KB of entries wait.
+// flushLoop writes the ledger to its file (and the journal's ends after
+// it) every 100 ms, or sooner when 64 KB of entries wait.
 func (g *Gateway) flushLoop() {
 	t := time.NewTicker(100 * time.Millisecond)
 	defer t.Stop()
@@ -254,7 +260,7 @@ func (g *Gateway) flushLoop() {
 		case <-t.C:
 		case <-g.ledger.full:
 		}
-		if err := g.ledger.Flush(); err != nil {
+		if err := g.flushSpend(); err != nil {
 			g.log.Error("writing the ledger", "error", err)
 		}
 		if now := time.Now(); now.Sub(wrote) >= StatusEvery {
@@ -312,7 +318,7 @@ func (g *Gateway) Close() error {
 	g.cancel()
 	g.wg.Wait()
 	g.lanes.stop()
-	err := g.ledger.Close()
+	err := g.closeSpend()
 	if werr := g.writeStatus(time.Now(), true); werr != nil {
 		g.log.Warn("writing the status file", "error", werr)
 	}

@@ -35,7 +35,7 @@ type Entry struct {
 
 // account is one client's (or the gateway's) spend in the ledger.
 type account struct {
-	spent              cost.Nanos
+	spent, unread      cost.Nanos
 	requests, abandond int64
 	byOrg              map[string]cost.Nanos
 }
@@ -116,6 +116,7 @@ func (l *Ledger) addLocked(e Entry) {
 		l.batches[e.BatchID] = true
 	}
 	a.spent += e.Cost
+	a.unread += e.Unread
 	a.requests++
 	if e.Cost != 0 {
 		org := e.Org
@@ -130,6 +131,7 @@ func (l *Ledger) addLocked(e Entry) {
 		}
 	}
 	l.total.spent += e.Cost
+	l.total.unread += e.Unread
 	l.total.requests++
 	if e.Abandoned {
 		a.abandond++
@@ -205,8 +207,11 @@ func (l *Ledger) Close() error {
 // ClientSpend is one client's line of Totals. CapUSD and InFlight are
 // the client's spend gate's (filled in by Gateway.Status).
 type ClientSpend struct {
-	Client    string  `json:"client"`
-	SpentUSD  float64 `json:"spent_usd"`
+	Client   string  `json:"client"`
+	SpentUSD float64 `json:"spent_usd"`
+	// UnreadUSD is the part of SpentUSD that is the worst case of answers
+	// never read (Entry.Unread): the API may have billed less.
+	UnreadUSD float64 `json:"unread_usd,omitempty"`
 	CapUSD    float64 `json:"max_cost_usd,omitempty"`
 	InFlight  float64 `json:"reserved_usd"`
 	Requests  int64   `json:"requests"`
@@ -234,11 +239,11 @@ func (l *Ledger) Totals() ([]ClientSpend, ClientSpend) {
 	defer l.mu.Unlock()
 	var out []ClientSpend
 	for c, a := range l.clients {
-		out = append(out, ClientSpend{Client: c, SpentUSD: a.spent.USD(), Requests: a.requests, Abandoned: a.abandond, ByOrg: usdByOrg(a.byOrg)})
+		out = append(out, ClientSpend{Client: c, SpentUSD: a.spent.USD(), UnreadUSD: a.unread.USD(), Requests: a.requests, Abandoned: a.abandond, ByOrg: usdByOrg(a.byOrg)})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Client < out[j].Client })
 	t := l.total
-	return out, ClientSpend{Client: "*", SpentUSD: t.spent.USD(), Requests: t.requests, Abandoned: t.abandond}
+	return out, ClientSpend{Client: "*", SpentUSD: t.spent.USD(), UnreadUSD: t.unread.USD(), Requests: t.requests, Abandoned: t.abandond}
 }
 
 // spent is what the ledger holds for client.

@@ -135,6 +135,7 @@ type exchange struct {
 	p      msgParams
 	hold   *hold
 	worst  cost.Nanos // one attempt's worst case, reserved in hold
+	id     int64      // the exchange's id in the spend journal (0: none yet)
 	// wrote: the current attempt's request went out whole.
 	wrote    atomic.Bool
 	demand   gate.Demand
@@ -178,6 +179,9 @@ func (x *exchange) run() {
 			return
 		}
 		x.attempts++
+		if !x.journalSent(gr) {
+			return
+		}
 		g.stats.upstreamAttempts.Add(1)
 		var o anthropic.Outcome
 		var a *answer
@@ -194,6 +198,7 @@ func (x *exchange) run() {
 			// retry or went away.
 			x.settle(Entry{Cost: x.worst, Unread: x.worst, Org: gr.lane.up.Name, Abandoned: ctx.Err() != nil})
 		}
+		g.journal.ended(x.id, int64(x.attempts)) // after its ledger entry
 		if done {
 			return
 		}
@@ -248,6 +253,25 @@ func (x *exchange) run() {
 			}
 		}
 	}
+}
+
+// journalSent journals the attempt about to be sent on gr (the spend
+// journal, journal.go), durably, before anything goes out. When the
+// journal cannot be written the request is not sent: the client gets the
+// API's 503 (its spend could not be kept safe from a crash) and false.
+func (x *exchange) journalSent(gr grant) bool {
+	g := x.g
+	if x.id == 0 {
+		x.id = g.journal.next.Add(1)
+	}
+	err := g.journal.sent(x.id, int64(x.attempts), x.worst, spendTag{Client: x.client, Org: gr.lane.up.Name, Model: x.p.Model})
+	if err == nil {
+		return true
+	}
+	g.lanes.release(gr, gate.Feedback{})
+	g.log.Error("not sent: the spend journal cannot be written", "error", err)
+	writeError(x.w, http.StatusServiceUnavailable, anthropic.ErrAPI, "apidispatch gateway: the request was not sent: its spend could not be journaled ("+err.Error()+")")
+	return false
 }
 
 // errLeaseEnded: the shared lease the attempt was admitted on ended

@@ -187,6 +187,10 @@ func TestCutStreamsCountedAtWorstCase(t *testing.T) {
 			if spent < billed || paid != spent || read != 0 || unread != spent {
 				t.Errorf("alice's spend %v, trailers %v, ledger %v read + %v unread: each must be the streams' worst cases, at least the bill %v", spent, paid, read, unread, billed)
 			}
+			// Her status says so: all of her spend is worst cases.
+			if v := g.ClientStatus("alice"); len(v.Clients) != 1 || v.Clients[0].SpentUSD != spent.USD() || v.Clients[0].UnreadUSD != spent.USD() {
+				t.Errorf("alice's status %+v, want spent and unread %v", v.Clients, spent)
+			}
 		})
 	}
 }

@@ -3,11 +3,14 @@ package rundir
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 
+	"github.com/apidispatch/apidispatch/cost"
 	"github.com/apidispatch/apidispatch/store"
 	"github.com/apidispatch/apidispatch/store/sqlite"
 	"github.com/apidispatch/apidispatch/store/storetest"
@@ -150,5 +153,71 @@ func TestJournalStopsAfterFailedWrite(t *testing.T) {
 	tally, err := readJournal(j.path)
 	if err != nil || tally.inFlight != 1 {
 		t.Fatalf("replay of a broken journal: %+v %v", tally, err)
+	}
+}
+
+// The gateway's durable journal: tagged records written by many callers at
+// once (each returns once its record is synced), and OpenAttempts lists
+// those sent and never ended with their worst case and tag, whatever the
+// tag holds.
+func TestDurableJournalOpenAttempts(t *testing.T) {
+	dir := t.TempDir()
+	j, err := OpenDurableJournal(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 64
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	for i := range n {
+		wg.Go(func() {
+			tag := fmt.Sprintf("client %d ñ", i%3)
+			errs <- j.SentTagged(int64(i+1), 1, cost.Nanos(1000+i), tag)
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range n {
+		if i%2 == 0 {
+			j.Ended(int64(i+1), 1, false)
+		}
+	}
+	j.Sent(1000, 1, 5) // an untagged record reads too
+	if err := j.SentTagged(1001, 1, 5, ""); !errors.Is(err, ErrJournal) {
+		t.Errorf("an empty tag: %v, want ErrJournal", err)
+	}
+	if err := j.Close(false); err != nil {
+		t.Fatal(err)
+	}
+	paths, open, err := OpenAttempts(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(paths) != 1 || len(open) != n/2+1 {
+		t.Fatalf("%d journals, %d open attempts; want 1 and %d", len(paths), len(open), n/2+1)
+	}
+	for _, a := range open[:n/2] {
+		i := a.Seq - 1
+		if i%2 == 0 || a.Attempt != 1 || a.Worst != cost.Nanos(1000+i) || a.Tag != fmt.Sprintf("client %d ñ", i%3) {
+			t.Errorf("open attempt %+v", a)
+		}
+	}
+	if last := open[n/2]; last.Seq != 1000 || last.Tag != "" || last.Worst != 5 {
+		t.Errorf("untagged attempt %+v", last)
+	}
+	if err := RemoveJournals(paths); err != nil {
+		t.Fatal(err)
+	}
+	if paths, open, err := OpenAttempts(dir); err != nil || len(paths)+len(open) != 0 {
+		t.Errorf("after removal: %v %v %v", paths, open, err)
+	}
+	var nilJ *Journal
+	if err := nilJ.SentTagged(1, 1, 1, "x"); !errors.Is(err, ErrJournal) {
+		t.Errorf("nil journal: %v", err)
 	}
 }
