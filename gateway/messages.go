@@ -556,11 +556,12 @@ func (x *exchange) stream(gr grant) (anthropic.Outcome, *answer, bool) {
 	switch {
 	case usage != nil:
 		x.settle(Entry{Cost: c, Org: gr.lane.up.Name, RequestID: resp.Header.Get(anthropic.HeaderRequestID), Abandoned: gone})
-	case sc.started:
+	case sc.begun:
 		// Ended after message_start without message_stop (cut, reset, or
 		// an error event): the API may have billed the whole answer, and
 		// what message_start said is only its start. Counted at its worst
-		// case, as a non-streaming answer cut after its headers is.
+		// case, as a non-streaming answer cut after its headers is. (Cut
+		// before it, the attempt is unread all the same: run counts it.)
 		c = x.worst
 		x.settle(Entry{Cost: c, Unread: c, Org: gr.lane.up.Name, RequestID: resp.Header.Get(anthropic.HeaderRequestID), Abandoned: gone})
 	}
@@ -580,7 +581,8 @@ func isEventStream(h http.Header) bool {
 type sseState struct {
 	event            string
 	usage            anthropic.Usage
-	started, stopped bool
+	started, stopped bool // message_start read (with its usage), message_stop seen
+	begun            bool // a message_start event came, readable or not
 	errType          string
 	skip             bool // inside a long line already judged
 }
@@ -602,6 +604,7 @@ func (s *sseState) line(b []byte) {
 		data := bytes.TrimSpace(b[5:])
 		switch s.event {
 		case "message_start":
+			s.begun = true
 			var v struct {
 				Message struct {
 					Usage anthropic.Usage `json:"usage"`

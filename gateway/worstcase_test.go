@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -461,5 +462,31 @@ func TestResetAfterTheClientLeftIsCounted(t *testing.T) {
 	read, unread := splitLedger(es)
 	if billed == 0 || read != 0 || unread < billed || len(es) != 1 || !es[0].Abandoned {
 		t.Errorf("the simulator billed %v; the ledger %+v (%v read, %v unread): want the abandoned request's worst case", billed, es, read, unread)
+	}
+}
+
+// A stream whose message_start cannot be read, then ended by an error
+// event, began all the same: it counts at its worst case (the usage of a
+// malformed message_start is not needed to know the API started it).
+func TestStreamWithAnUnreadableStartCountedAtWorstCase(t *testing.T) {
+	run, _ := simtest.Start(t, sim.PresetOrigin3Org, 200, nil)
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		w.Header().Set("content-type", "text/event-stream")
+		w.Header().Set("request-id", "req_upstream_1")
+		w.WriteHeader(http.StatusOK)
+		io.WriteString(w, "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":\n\n"+
+			"event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"Overloaded\"}}\n\n")
+	}))
+	defer up.Close()
+	g, srv := startGW(t, run, func(c *Config) { c.BaseURL = up.URL })
+	status, answer, paid := gwPost(t, srv.URL, tokA, []byte(longPlain(1)))
+	if status != http.StatusOK || !bytes.Contains(answer, []byte("overloaded_error")) {
+		t.Fatalf("%d %s", status, answer)
+	}
+	waitIdle(t, g)
+	es := ledgerEntries(t, g)
+	if len(es) != 1 || es[0].Unread == 0 || es[0].Unread != es[0].Cost || paid != es[0].Cost || es[0].RequestID != "req_upstream_1" {
+		t.Errorf("ledger %+v, cost trailer %v: want the stream's worst case, unread", es, paid)
 	}
 }
