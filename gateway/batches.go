@@ -451,7 +451,7 @@ func (s *batchStore) runOnce(ctx context.Context, gb *gwBatch, cancelOpen bool) 
 	}
 	sync := dispatch.Config{
 		Orgs: g.cfg.Orgs, BaseURL: g.cfg.BaseURL, Caps: g.cfg.Caps, Speed: g.cfg.Speed, Prices: g.cfg.Prices,
-		Client: g.client, Log: g.log, NewGate: g.lanes.engineGate, Lane: g.cfg.Lane,
+		Client: g.client, Log: g.log, NewGate: g.lanes.engineGate, Lane: g.cfg.Lane, Timeout: g.cfg.Timeout,
 		PromptCaches: g.lanes.places, // the same orgs' prompt caches as the sync requests
 	}
 	cfg := runner.Config{
@@ -494,7 +494,7 @@ func (s *batchStore) batchGate(ctx context.Context, gb *gwBatch, st store.Store)
 	if err != nil {
 		return nil, fmt.Errorf("reading what the gateway batch spent: %w", err)
 	}
-	spent := cost.Nanos(agg.CostNanos)
+	spent := rundir.SpentBefore(agg)
 	cg := s.g.clientGate(gb.meta.Client)
 	if spent > 0 {
 		cg.Hold(spent).Settle(spent)
@@ -513,9 +513,14 @@ func (s *batchStore) finalize(gb *gwBatch, canceled, expired bool, out runner.Ou
 	gb.mu.Lock()
 	m := gb.meta
 	gb.mu.Unlock()
-	c, costN, err := writeAPIResults(gb.dir, canceled, expired)
+	c, err := writeAPIResults(gb.dir, canceled, expired)
 	if err != nil {
 		g.log.Error("gateway batch: writing results", "batch", m.ID, "error", err)
+		return // stays open; the next start finishes it
+	}
+	costN, unread, err := runSpent(filepath.Join(gb.dir, batchRun))
+	if err != nil {
+		g.log.Error("gateway batch: reading what it spent", "batch", m.ID, "error", err)
 		return // stays open; the next start finishes it
 	}
 	gb.mu.Lock()
@@ -525,7 +530,7 @@ func (s *batchStore) finalize(gb *gwBatch, canceled, expired bool, out runner.Ou
 	// Without a hold, runner's reservations in the batch's gate have
 	// charged the client's gate already: the ledger only records.
 	if !g.ledger.billed(m.ID) {
-		e := Entry{Cost: costN, Route: "batch", BatchID: m.ID}
+		e := Entry{Cost: costN, Unread: unread, Route: "batch", BatchID: m.ID}
 		if h != nil {
 			h.Settle(e)
 		} else {
@@ -547,26 +552,43 @@ func (s *batchStore) finalize(gb *gwBatch, canceled, expired bool, out runner.Ou
 	gb.mu.Unlock()
 }
 
-// resultLine is a results.jsonl line of a run (with its dispatch object).
+// runSpent is what the run directory dir spent, from its store, exactly:
+// its answers' usage and the worst case of every attempt the API may have
+// billed without an answer (re-sends after a reset, attempts in flight
+// when a process died), unread being the latter. A run directory never
+// opened spent nothing.
+func runSpent(dir string) (spent, unread cost.Nanos, err error) {
+	st, err := rundir.OpenStore(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return 0, 0, nil
+	}
+	if err != nil {
+		return 0, 0, err
+	}
+	defer st.Close()
+	agg, err := st.Aggregate(context.Background())
+	if err != nil {
+		return 0, 0, err
+	}
+	return rundir.SpentBefore(agg), cost.Nanos(agg.Counters[rundir.CounterMaybeBilledNanos]), nil
+}
+
+// resultLine is what writeAPIResults reads of a results.jsonl line of a run.
 type resultLine struct {
 	CustomID string          `json:"custom_id"`
 	Result   json.RawMessage `json:"result"`
-	Dispatch struct {
-		CostUSD float64 `json:"cost_usd"`
-	} `json:"dispatch"`
 }
 
 // writeAPIResults turns the run's results into the API's results file:
 // {"custom_id","result"} a line, with every request the run did not end
-// as canceled (or expired). It returns the counts and the cost.
-func writeAPIResults(dir string, canceled, expired bool) (counts, cost.Nanos, error) {
+// as canceled (or expired). It returns the counts.
+func writeAPIResults(dir string, canceled, expired bool) (counts, error) {
 	var c counts
 	done := map[string]bool{}
 	var out bytes.Buffer
-	var usd float64
 	f, err := os.Open(filepath.Join(dir, batchRun, "results.jsonl"))
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
-		return c, 0, err
+		return c, err
 	}
 	if f != nil {
 		sc := bufio.NewScanner(f)
@@ -587,7 +609,6 @@ func writeAPIResults(dir string, canceled, expired bool) (counts, cost.Nanos, er
 			default:
 				c.Errored++
 			}
-			usd += l.Dispatch.CostUSD
 			id, _ := json.Marshal(l.CustomID)
 			out.WriteString(`{"custom_id":`)
 			out.Write(id)
@@ -597,7 +618,7 @@ func writeAPIResults(dir string, canceled, expired bool) (counts, cost.Nanos, er
 		}
 		f.Close()
 		if err := sc.Err(); err != nil {
-			return c, 0, err
+			return c, err
 		}
 	}
 	kind := "canceled"
@@ -620,12 +641,12 @@ func writeAPIResults(dir string, canceled, expired bool) (counts, cost.Nanos, er
 		return nil
 	})
 	if err != nil {
-		return c, 0, err
+		return c, err
 	}
 	if err := rundir.WriteFileAtomic(filepath.Join(dir, batchResults), out.Bytes(), 0o600); err != nil {
-		return c, 0, err
+		return c, err
 	}
-	return c, cost.Nanos(math.Round(usd * 1e9)), nil
+	return c, nil
 }
 
 // find returns the client's batch id, or answers 404 (another client's

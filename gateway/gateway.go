@@ -82,7 +82,9 @@ type Config struct {
 	// RetryFor bounds how long a request is retried inside the gateway
 	// (default 10 minutes of wall time).
 	RetryFor time.Duration
-	// Timeout bounds one upstream attempt (default 10 min of server time).
+	// Timeout bounds one upstream attempt, of a Messages request or of a
+	// gateway batch's request sent on the sync route (default 10 min of
+	// server time).
 	Timeout time.Duration
 	// StateDir holds ledger.jsonl and batches/ (default gateway-state).
 	StateDir string
@@ -126,6 +128,7 @@ type Gateway struct {
 	client  *http.Client
 	lanes   *laneSet
 	ledger  *Ledger
+	journal *spendJournal          // every attempt, before it is sent (journal.go)
 	gate    *spend.Gate            // the gateway's (--max-cost)
 	gates   map[string]*spend.Gate // each client's, children of gate
 	tokens  []tokenEntry
@@ -228,6 +231,11 @@ func New(cfg Config) (*Gateway, error) {
 		lock.Close()
 		return nil, err
 	}
+	if g.journal, err = openSpendJournal(cfg.StateDir, g.ledger, g.log); err != nil {
+		g.ledger.Close()
+		lock.Close()
+		return nil, err
+	}
 	if g.gate = cfg.Spend; g.gate == nil {
 		g.gate = spend.New("the gateway's --max-cost", cfg.MaxCost, g.ledger.totalSpent())
 	}
@@ -239,7 +247,7 @@ func New(cfg Config) (*Gateway, error) {
 	g.mux = http.NewServeMux()
 	g.routes()
 	if g.batches, err = openBatchStore(g); err != nil {
-		g.ledger.Close()
+		g.closeSpend()
 		lock.Close()
 		return nil, err
 	}
@@ -253,8 +261,8 @@ func New(cfg Config) (*Gateway, error) {
 	return g, nil
 }
 
-// flushLoop writes the ledger to its file every 100 ms, or sooner when
-// 64 KB of entries wait.
+// flushLoop writes the ledger to its file (and the journal's ends after
+// it) every 100 ms, or sooner when 64 KB of entries wait.
 func (g *Gateway) flushLoop() {
 	t := time.NewTicker(100 * time.Millisecond)
 	defer t.Stop()
@@ -266,7 +274,7 @@ func (g *Gateway) flushLoop() {
 		case <-t.C:
 		case <-g.ledger.full:
 		}
-		if err := g.ledger.Flush(); err != nil {
+		if err := g.flushSpend(); err != nil {
 			g.log.Error("writing the ledger", "error", err)
 		}
 		if now := time.Now(); now.Sub(wrote) >= StatusEvery {
@@ -324,7 +332,7 @@ func (g *Gateway) Close() error {
 	g.cancel()
 	g.wg.Wait()
 	g.lanes.stop()
-	err := g.ledger.Close()
+	err := g.closeSpend()
 	if werr := g.writeStatus(time.Now(), true); werr != nil {
 		g.log.Warn("writing the status file", "error", werr)
 	}

@@ -145,6 +145,7 @@ type exchange struct {
 	p      msgParams
 	hold   *hold
 	worst  cost.Nanos // one attempt's worst case, reserved in hold
+	id     int64      // the exchange's id in the spend journal (0: none yet)
 	// wrote: the current attempt's request went out whole.
 	wrote    atomic.Bool
 	demand   gate.Demand
@@ -196,6 +197,9 @@ func (x *exchange) run() {
 			return
 		}
 		x.attempts++
+		if !x.journalSent(gr) {
+			return
+		}
 		g.stats.upstreamAttempts.Add(1)
 		var o anthropic.Outcome
 		var a *answer
@@ -205,6 +209,14 @@ func (x *exchange) run() {
 		} else {
 			o, a, done = x.sync(gr)
 		}
+		unread := o.Kind == anthropic.Retryable && x.mayHaveBilled(o)
+		if unread {
+			// Billed without an answer: its worst case is counted for good
+			// (its cost cannot be known), whether the client waits for a
+			// retry or went away.
+			x.settle(Entry{Cost: x.worst, Unread: x.worst, Org: gr.lane.up.Name, Abandoned: ctx.Err() != nil})
+		}
+		g.journal.ended(x.id, int64(x.attempts)) // after its ledger entry
 		if done {
 			return
 		}
@@ -217,11 +229,8 @@ func (x *exchange) run() {
 			}
 			continue
 		case anthropic.Retryable:
-			if x.mayHaveBilled(o) {
-				// Billed without an answer: its worst case stays counted
-				// (its cost cannot be known), and the retry needs room of
-				// its own under the caps.
-				x.settle(Entry{Cost: x.worst, Org: gr.lane.up.Name})
+			if unread {
+				// The retry needs room of its own under the caps.
 				hold, err := g.reserve(x.client, x.worst)
 				if err != nil {
 					g.stats.refusedCap.Add(1)
@@ -262,6 +271,25 @@ func (x *exchange) run() {
 			}
 		}
 	}
+}
+
+// journalSent journals the attempt about to be sent on gr (the spend
+// journal, journal.go), durably, before anything goes out. When the
+// journal cannot be written the request is not sent: the client gets the
+// API's 503 (its spend could not be kept safe from a crash) and false.
+func (x *exchange) journalSent(gr grant) bool {
+	g := x.g
+	if x.id == 0 {
+		x.id = g.journal.next.Add(1)
+	}
+	err := g.journal.sent(x.id, int64(x.attempts), x.worst, spendTag{Client: x.client, Org: gr.lane.up.Name, Model: x.p.Model})
+	if err == nil {
+		return true
+	}
+	g.lanes.release(gr, gate.Feedback{})
+	g.log.Error("not sent: the spend journal cannot be written", "error", err)
+	writeError(x.w, http.StatusServiceUnavailable, anthropic.ErrAPI, "apidispatch gateway: the request was not sent: its spend could not be journaled ("+err.Error()+")")
+	return false
 }
 
 // errLeaseEnded: the shared lease the attempt was admitted on ended
@@ -535,15 +563,10 @@ func (x *exchange) stream(gr grant) (anthropic.Outcome, *answer, bool) {
 		o = anthropic.Outcome{Kind: anthropic.Success, Status: 200}
 		usage = &sc.usage
 	case sc.errType != "":
-		// An error event ends the stream unbilled (docs/design.md §16;
-		// the simulator's stream_overloaded): nothing to price.
 		o = anthropic.Outcome{Kind: anthropic.Retryable, Status: 200, ErrorType: sc.errType, RateLimited: sc.errType == anthropic.ErrRateLimit, Overloaded: sc.errType == anthropic.ErrOverloaded, Reason: "error event mid-stream"}
 	default:
 		o = anthropic.Outcome{Kind: anthropic.Retryable, Status: 200, ErrorType: anthropic.ErrTypeTruncated, Reason: "stream cut before message_stop"}
 		write([]byte("event: error\ndata: " + string(errorBody(anthropic.ErrAPI, "apidispatch gateway: the upstream stream was cut before message_stop")) + "\n\n"))
-		if sc.started {
-			usage = &sc.usage
-		}
 	}
 	if clientOK {
 		rc.Flush()
@@ -553,9 +576,20 @@ func (x *exchange) stream(gr grant) (anthropic.Outcome, *answer, bool) {
 	if gone {
 		g.stats.abandoned.Add(1)
 	}
-	if usage != nil {
+	switch {
+	case usage != nil:
 		x.settle(Entry{Cost: c, Org: gr.lane.up.Name, RequestID: resp.Header.Get(anthropic.HeaderRequestID), Abandoned: gone})
+	case sc.begun:
+		// Ended after message_start without message_stop (cut, reset, or
+		// an error event): the API may have billed the whole answer, and
+		// what message_start said is only its start. Counted at its worst
+		// case, as a non-streaming answer cut after its headers is. (Cut
+		// before it, the attempt is unread all the same: run counts it.)
+		c = x.worst
+		x.settle(Entry{Cost: c, Unread: c, Org: gr.lane.up.Name, RequestID: resp.Header.Get(anthropic.HeaderRequestID), Abandoned: gone})
 	}
+	// An error event before message_start ends a stream the API did not
+	// start: nothing to price.
 	g.lanes.release(gr, fb) // after the ledger: a lane idle means every answer is priced
 	h.Set(headerCost, strconv.FormatFloat(c.USD(), 'f', -1, 64))
 	return o, nil, true
@@ -570,7 +604,8 @@ func isEventStream(h http.Header) bool {
 type sseState struct {
 	event            string
 	usage            anthropic.Usage
-	started, stopped bool
+	started, stopped bool // message_start read (with its usage), message_stop seen
+	begun            bool // a message_start event came, readable or not
 	errType          string
 	skip             bool // inside a long line already judged
 }
@@ -592,6 +627,7 @@ func (s *sseState) line(b []byte) {
 		data := bytes.TrimSpace(b[5:])
 		switch s.event {
 		case "message_start":
+			s.begun = true
 			var v struct {
 				Message struct {
 					Usage anthropic.Usage `json:"usage"`
