@@ -117,6 +117,14 @@ type Config struct {
 	// results_url of its batches (default: the scheme and local address of
 	// the connection the request came in on; never the client's Host).
 	PublicURL string
+	// BodyTimeout bounds reading a request's body (default
+	// DefaultBodyTimeout, and a second more for each MB received, so that
+	// a big body sent steadily is read whole); WriteTimeout bounds each
+	// write of an answer to a client (default DefaultWriteTimeout): a client
+	// that takes no bytes for that long is cut. Neither holds up a lane: an
+	// upstream answer is read to its end whatever the client reads.
+	BodyTimeout  time.Duration
+	WriteTimeout time.Duration
 }
 
 // Gateway serves the API. Use New, then Handler; Close when done.
@@ -137,6 +145,7 @@ type Gateway struct {
 	mux     *http.ServeMux
 	rr      atomic.Uint64
 	lock    *os.File // the state directory's lock, held until Close
+	probes  prober
 
 	stats struct {
 		requests, upstreamAttempts, retries, abandoned, rateLimited, refusedCap atomic.Int64
@@ -331,8 +340,8 @@ func (g *Gateway) Close() error {
 // Ledger returns the gateway's ledger.
 func (g *Gateway) Ledger() *Ledger { return g.ledger }
 
-// Handler is the gateway's HTTP handler.
-func (g *Gateway) Handler() http.Handler { return g.mux }
+// Handler is the gateway's HTTP handler (its routes behind guard).
+func (g *Gateway) Handler() http.Handler { return g.guard(g.mux) }
 
 func (g *Gateway) routes() {
 	h := func(pattern string, fn func(w http.ResponseWriter, r *http.Request, client string)) {

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	sdk "github.com/anthropics/anthropic-sdk-go/v2"
 
@@ -68,7 +69,13 @@ func (c hostileCall) do(t *testing.T, base string) (int, string) {
 func TestHostileInputOnEveryRouteReachesNoUpstream(t *testing.T) {
 	run, _ := simtest.Start(t, sim.PresetOrigin3Org, 200, nil)
 	up, reached := countingUpstream(t, run)
-	_, srv := startGW(t, run, func(c *Config) { c.BaseURL = up })
+	_, srv := startGW(t, run, func(c *Config) {
+		c.BaseURL = up
+		// The 256 MB body is sent and read in this one process: under
+		// -race on a loaded machine, slower than the body deadline's
+		// pace of a second a MB. The deadline has tests of its own.
+		c.BodyTimeout = 10 * time.Minute
+	})
 	good := `{"model":"claude-sonnet-4-5","max_tokens":16,"messages":[{"role":"user","content":"hi"}]}`
 	batch := `{"requests":[{"custom_id":"a","params":` + good + `}]}`
 	wrong := map[string]string{"x-api-key": "sk-gw-wrong-token-000000000"}
@@ -123,12 +130,16 @@ func TestHostileInputOnEveryRouteReachesNoUpstream(t *testing.T) {
 	}
 }
 
-// zeroes is an endless body of '0' bytes.
+// zeroes is an endless body of '0' bytes, copied a block at a time (a
+// byte at a time, the race detector slowed the 256 MB body below the
+// gateway's body rate on a loaded machine).
 type zeroes struct{}
 
+var zeroBlock = []byte(strings.Repeat("0", 64<<10))
+
 func (zeroes) Read(p []byte) (int, error) {
-	for i := range p {
-		p[i] = '0'
+	for n := 0; n < len(p); {
+		n += copy(p[n:], zeroBlock)
 	}
 	return len(p), nil
 }

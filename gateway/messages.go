@@ -12,6 +12,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptrace"
+	"os"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -41,6 +42,10 @@ func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, bool
 	b, err := io.ReadAll(io.LimitReader(r.Body, limit+1))
 	if int64(len(b)) > limit {
 		writeError(w, http.StatusRequestEntityTooLarge, anthropic.ErrRequestTooLarge, "Request exceeds the maximum allowed number of bytes.")
+		return nil, false
+	}
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		writeError(w, http.StatusRequestTimeout, anthropic.ErrTimeout, "the request body was not received within the gateway's body timeout")
 		return nil, false
 	}
 	if err != nil {
@@ -190,6 +195,16 @@ func (x *exchange) run() {
 		}
 		if done {
 			return
+		}
+		if o.Kind == anthropic.LaneFatal {
+			if fault := g.refusalOf(gr.lane.up, x.p.Model, o); fault != keyRefused {
+				// Not the key's fault: the org stays in rotation.
+				if fault == clientRefused {
+					x.passOn(a, gr.lane, 0)
+					return
+				}
+				o.Kind = anthropic.Retryable // the probe could not tell: again, after a back-off
+			}
 		}
 		switch o.Kind {
 		case anthropic.LaneFatal:
@@ -470,24 +485,17 @@ func (x *exchange) stream(gr grant) (anthropic.Outcome, *answer, bool) {
 	h.Del(headerCost)
 	h.Set("Trailer", headerCost)
 	x.w.WriteHeader(http.StatusOK)
-	rc := http.NewResponseController(x.w)
-	clientOK := true
-	write := func(b []byte) {
-		if clientOK {
-			if _, err := x.w.Write(b); err != nil {
-				clientOK = false
-			}
-		}
-	}
+	// The client is written to from a queue: the upstream answer is read
+	// to its end, and its lane freed, whatever the client reads.
+	cw := newClientWriter(x.w)
+	write := cw.write
 	var sc sseState
 	line := first
 	for {
 		sc.line(line)
 		write(line)
-		if len(bytes.TrimRight(line, "\r\n")) == 0 && clientOK {
-			if rc.Flush() != nil {
-				clientOK = false
-			}
+		if len(bytes.TrimRight(line, "\r\n")) == 0 {
+			cw.flush()
 		}
 		line, rerr = br.ReadSlice('\n')
 		if rerr == bufio.ErrBufferFull {
@@ -523,11 +531,9 @@ func (x *exchange) stream(gr grant) (anthropic.Outcome, *answer, bool) {
 			usage = &sc.usage
 		}
 	}
-	if clientOK {
-		rc.Flush()
-	}
+	cw.flush()
 	fb, c := x.feedback(o, resp.Header, usage)
-	gone := !clientOK || x.r.Context().Err() != nil
+	gone := cw.failed() || x.r.Context().Err() != nil
 	if gone {
 		g.stats.abandoned.Add(1)
 	}
@@ -535,6 +541,7 @@ func (x *exchange) stream(gr grant) (anthropic.Outcome, *answer, bool) {
 		x.settle(Entry{Cost: c, Org: gr.lane.up.Name, RequestID: resp.Header.Get(anthropic.HeaderRequestID), Abandoned: gone})
 	}
 	g.lanes.release(gr, fb) // after the ledger: a lane idle means every answer is priced
+	cw.finish()
 	h.Set(headerCost, strconv.FormatFloat(c.USD(), 'f', -1, 64))
 	return o, nil, true
 }

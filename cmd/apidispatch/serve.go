@@ -47,7 +47,12 @@ answers (--cache-scope client, the default); --cache-scope shared answers
 every client with every client's and with those of 'run', which tells a client
 that someone sent the same request before.
 
-A token file its group or others may read is refused.
+Clients cannot hold up each other: upstream answers are read to their end
+whatever a client reads (--write-timeout cuts a client that stops reading),
+bodies have deadlines, and an upstream 401/403 takes an org out of rotation
+only when a plain probe (no beta, no client header) confirms that its key
+is refused; otherwise the client gets the API's answer. A token file its
+group or others may read is refused.
 
 flags:`
 
@@ -57,7 +62,7 @@ type serveFlags struct {
 	tokenFile, clientsFile, stateDir, tlsCert, tlsKey      *string
 	metricsAddr, publicURL, cacheScope                     *string
 	speed                                                  *float64
-	retryFor                                               *time.Duration
+	retryFor, bodyTimeout, writeTimeout                    *time.Duration
 	quiet, insecureTokenFile                               *bool
 	caps                                                   capsFlag
 	shf                                                    sharedFlags
@@ -82,6 +87,8 @@ func (f *serveFlags) register(fs *flag.FlagSet, stderr io.Writer) {
 	f.metricsAddr = fs.String("metrics", "", "serve Prometheus metrics on `ADDR` (a loopback address) at /metrics")
 	f.insecureTokenFile = fs.Bool("insecure-token-file", false, "use a token file (or a clients file holding tokens) that its group or others may read; without it such a file is refused, as ssh refuses such a key")
 	f.publicURL = fs.String("public-url", "", "base `URL` clients reach the gateway at, for the results_url of batches (default: the address a request came in on; never the client's Host header)")
+	f.bodyTimeout = fs.Duration("body-timeout", gateway.DefaultBodyTimeout, "a request's body must arrive within `DURATION` of its header, and a second more for each MB received (a dribbled body is cut)")
+	f.writeTimeout = fs.Duration("write-timeout", gateway.DefaultWriteTimeout, "a client that takes no bytes of its answer for `DURATION` is cut (the upstream answer is read and priced whatever the client reads)")
 	f.cacheScope = fs.String("cache-scope", gateway.CacheScopeClient, "`SCOPE` of --cache hits: client (a client reads only its own requests' answers) or shared (every client's and run's answers; a hit reveals that someone sent the same request)")
 	f.shf.register(fs)
 	f.cf.register(fs)
@@ -171,7 +178,7 @@ func (f *serveFlags) config(fs *flag.FlagSet, stderr io.Writer) (cfg gateway.Con
 	cfg = gateway.Config{
 		Orgs: c.orgs, BaseURL: *f.baseURL, Caps: f.caps, Speed: *f.speed, Prices: c.prices, MaxCost: c.maxCost,
 		RetryFor: *f.retryFor, StateDir: *f.stateDir, Log: newLogger(stderr, *f.quiet), Limits: limits,
-		PublicURL: *f.publicURL, CacheScope: *f.cacheScope,
+		PublicURL: *f.publicURL, CacheScope: *f.cacheScope, BodyTimeout: *f.bodyTimeout, WriteTimeout: *f.writeTimeout,
 	}
 	if *f.clientsFile != "" {
 		cfg.Clients, err = gateway.LoadClients(*f.clientsFile, *f.insecureTokenFile)
