@@ -67,9 +67,11 @@ func (g *Gateway) publicBase(r *http.Request) string {
 // it is cut at the deadline); each write of an answer must be taken within
 // WriteTimeout (a client that stops reading is cut then; the lanes never
 // wait for it: upstream answers are read to their end whatever the client
-// reads).
+// reads); and every request is counted for WaitIdle.
 func (g *Gateway) guard(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		g.life.enter()
+		defer g.life.leave()
 		rc := http.NewResponseController(w)
 		// No deadline left over from the connection's previous request
 		// (say, while the body is read with Expect: 100-continue).

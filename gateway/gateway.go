@@ -145,6 +145,7 @@ type Gateway struct {
 	mux     *http.ServeMux
 	rr      atomic.Uint64
 	lock    *os.File // the state directory's lock, held until Close
+	life    lifecycle
 	probes  prober
 
 	stats struct {
@@ -241,6 +242,7 @@ func New(cfg Config) (*Gateway, error) {
 		g.gates[c.Name] = g.gate.Child("client "+c.Name+"'s max_cost", c.MaxCost, g.ledger.spent(c.Name))
 	}
 	g.ctx, g.cancel = context.WithCancel(context.Background())
+	g.life.init(g.ctx)
 	g.mux = http.NewServeMux()
 	g.routes()
 	if g.batches, err = openBatchStore(g); err != nil {
@@ -322,10 +324,14 @@ func ReadStatus(dir string) (StatusSnapshot, error) {
 	return s, nil
 }
 
-// Close stops the gateway's batches (they resume at the next New on the
-// same state directory), waits for them and closes the ledger. In-flight
-// HTTP requests are the http.Server's to drain first.
+// Close drains the gateway (see Drain), stops its batches (they resume at
+// the next New on the same state directory), waits for them and closes
+// the ledger. In-flight HTTP requests are the http.Server's to drain
+// first (Serve does both); Close waits a moment for the handlers still
+// running to record what they settle.
 func (g *Gateway) Close() error {
+	g.Drain()
+	g.life.waitIdle(closeWait)
 	g.cancel()
 	g.wg.Wait()
 	g.lanes.stop()
@@ -349,6 +355,9 @@ func (g *Gateway) routes() {
 			client, ok := g.authenticate(r)
 			if !ok {
 				writeError(w, http.StatusUnauthorized, anthropic.ErrAuthentication, "invalid x-api-key")
+				return
+			}
+			if g.refuseDraining(w, r) {
 				return
 			}
 			fn(w, r, client)

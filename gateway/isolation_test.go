@@ -355,3 +355,36 @@ func TestSlowAnswerOutlastsTheWriteTimeout(t *testing.T) {
 		}
 	}
 }
+
+// A client that hangs up in the middle of its stream: the stream is still
+// read to its end upstream, priced in the ledger as abandoned, counted,
+// and its lane released (the stream now reaches its client from a queue;
+// this held before and must keep holding).
+func TestClientGoneMidStreamBilledCountedReleased(t *testing.T) {
+	run, _ := simtest.Start(t, sim.PresetOrigin3Org, 100, nil)
+	if _, err := run.Server.AddFault(sim.Fault{ID: "slow", Kind: sim.FaultSlow, ExtraLatency: 200 * time.Second}); err != nil { // 2 s real
+		t.Fatal(err)
+	}
+	g, srv := startGW(t, run, nil)
+	req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/messages", bytes.NewReader(judgeBody(1, `,"stream":true`)))
+	req.Header.Set("x-api-key", tokA)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	line, err := bufio.NewReader(resp.Body).ReadString('\n')
+	resp.Body.Close() // gone, after the first event's first line
+	if err != nil || !strings.HasPrefix(line, "event: message_start") {
+		t.Fatalf("first line %q %v", line, err)
+	}
+	for end := time.Now().Add(20 * time.Second); run.Server.LedgerTotals().Requests == 0 || g.Status().Abandoned == 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatalf("after 20 s: %d billed upstream, %d abandoned", run.Server.LedgerTotals().Requests, g.Status().Abandoned)
+		}
+	}
+	waitIdle(t, g)
+	g.Ledger().Flush()
+	if _, tot := g.Ledger().Totals(); tot.Requests != 1 || tot.Abandoned != 1 || tot.SpentUSD <= 0 {
+		t.Errorf("ledger %+v, want the stream priced as abandoned", tot)
+	}
+}

@@ -173,6 +173,8 @@ func (x *exchange) run() {
 			switch {
 			case ctx.Err() != nil:
 				return // the client went away before anything was sent
+			case errors.Is(err, ErrDraining):
+				writeDraining(x.w, msgStopping)
 			case last != nil:
 				x.passOn(last, nil, 0)
 			case errors.Is(err, ErrNoUsableOrg):
@@ -255,6 +257,10 @@ func (x *exchange) run() {
 				case <-ctx.Done():
 					t.Stop()
 					return
+				case <-g.life.draining:
+					t.Stop()
+					writeDraining(x.w, msgStopping)
+					return
 				case <-t.C:
 				}
 			}
@@ -266,14 +272,22 @@ func (x *exchange) run() {
 // before it went out (see gate.Permit.Until); it is not sent.
 var errLeaseEnded = errors.New("not sent: the shared lease ended before the request went out")
 
+// errDraining: the gateway began to stop after the attempt was admitted
+// and before it went out; it is not sent.
+var errDraining = errors.New("not sent: the gateway is stopping")
+
 // newUpstream builds the upstream request of one attempt. Its context is
 // not the client's: a request sent is let finish and billed even when the
-// client goes away. An attempt whose lease has ended is not built.
+// client goes away (only Abort cuts it). An attempt whose lease has ended,
+// or admitted just before the gateway began to stop, is not built.
 func (x *exchange) newUpstream(ctx context.Context, gr grant) (*http.Request, error) {
 	l := gr.lane
 	x.wrote.Store(false)
 	if gr.permit.Lapsed(time.Now()) {
 		return nil, errLeaseEnded
+	}
+	if x.g.life.isDraining() {
+		return nil, errDraining
 	}
 	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{WroteRequest: func(i httptrace.WroteRequestInfo) {
 		if i.Err == nil {
@@ -322,7 +336,7 @@ func (x *exchange) feedback(o anthropic.Outcome, h http.Header, u *anthropic.Usa
 // over (answered, or the client is gone and the answer billed).
 func (x *exchange) sync(gr grant) (anthropic.Outcome, *answer, bool) {
 	g := x.g
-	ctx, cancel := apihttp.AttemptContext(context.WithoutCancel(x.r.Context()), g.cfg.Timeout)
+	ctx, cancel := apihttp.AttemptContext(g.life.cutCtx, g.cfg.Timeout)
 	defer cancel()
 	req, err := x.newUpstream(ctx, gr)
 	var status int
@@ -342,6 +356,9 @@ func (x *exchange) sync(gr grant) (anthropic.Outcome, *answer, bool) {
 	}
 	now := time.Now()
 	o := anthropic.Classify(status, hdr, rb, err, now)
+	if o.Kind == anthropic.Retryable && g.life.cutting() {
+		return x.cutAtExit(gr, o, hdr)
+	}
 	var usage *anthropic.Usage
 	if o.Message != nil {
 		usage = &o.Message.Usage
@@ -427,7 +444,7 @@ func (x *exchange) passOn(a *answer, l *lane, c cost.Nanos) {
 // as the API's SSE error event and the exchange is over.
 func (x *exchange) stream(gr grant) (anthropic.Outcome, *answer, bool) {
 	g := x.g
-	ctx, cancel := apihttp.AttemptContext(context.WithoutCancel(x.r.Context()), g.cfg.Timeout)
+	ctx, cancel := apihttp.AttemptContext(g.life.cutCtx, g.cfg.Timeout)
 	defer cancel()
 	req, err := x.newUpstream(ctx, gr)
 	var resp *http.Response
@@ -448,6 +465,9 @@ func (x *exchange) stream(gr grant) (anthropic.Outcome, *answer, bool) {
 			}
 		}
 		o := anthropic.Classify(status, hdr, rb, err, time.Now())
+		if o.Kind == anthropic.Retryable && g.life.cutting() {
+			return x.cutAtExit(gr, o, hdr)
+		}
 		if o.Kind == anthropic.Success {
 			// A 200 JSON message to a stream request: pass it on as is.
 			u := o.Message.Usage
@@ -475,6 +495,9 @@ func (x *exchange) stream(gr grant) (anthropic.Outcome, *answer, bool) {
 	if rerr != nil {
 		// Nothing reached the client: retryable, as a truncated body.
 		o := anthropic.Outcome{Kind: anthropic.Retryable, Status: resp.StatusCode, ErrorType: anthropic.ErrTypeTruncated, Reason: "stream ended before its first event"}
+		if g.life.cutting() {
+			return x.cutAtExit(gr, o, resp.Header)
+		}
 		fb, _ := x.feedback(o, resp.Header, nil)
 		g.lanes.release(gr, fb)
 		return o, &answer{status: http.StatusBadGateway, body: errorBody(anthropic.ErrAPI, "apidispatch gateway: upstream stream ended before its first event")}, x.r.Context().Err() != nil
@@ -516,6 +539,7 @@ func (x *exchange) stream(gr grant) (anthropic.Outcome, *answer, bool) {
 	}
 	var o anthropic.Outcome
 	var usage *anthropic.Usage
+	atExit := false
 	switch {
 	case sc.stopped:
 		o = anthropic.Outcome{Kind: anthropic.Success, Status: 200}
@@ -524,6 +548,11 @@ func (x *exchange) stream(gr grant) (anthropic.Outcome, *answer, bool) {
 		// An error event ends the stream unbilled (anthropic-api.md §3;
 		// the simulator's stream_overloaded): nothing to price.
 		o = anthropic.Outcome{Kind: anthropic.Retryable, Status: 200, ErrorType: sc.errType, RateLimited: sc.errType == anthropic.ErrRateLimit, Overloaded: sc.errType == anthropic.ErrOverloaded, Reason: "error event mid-stream"}
+	case g.life.cutting():
+		// Cut by Abort: ended with the API's retryable error event.
+		o = anthropic.Outcome{Kind: anthropic.Retryable, Status: 200, ErrorType: anthropic.ErrTypeTruncated, Reason: "stream cut at the gateway's exit"}
+		write([]byte("event: error\ndata: " + string(errorBody(anthropic.ErrOverloaded, "apidispatch gateway: "+msgCut)) + "\n\n"))
+		atExit = true
 	default:
 		o = anthropic.Outcome{Kind: anthropic.Retryable, Status: 200, ErrorType: anthropic.ErrTypeTruncated, Reason: "stream cut before message_stop"}
 		write([]byte("event: error\ndata: " + string(errorBody(anthropic.ErrAPI, "apidispatch gateway: the upstream stream was cut before message_stop")) + "\n\n"))
@@ -532,6 +561,13 @@ func (x *exchange) stream(gr grant) (anthropic.Outcome, *answer, bool) {
 		}
 	}
 	cw.flush()
+	if atExit {
+		x.settle(Entry{Cost: x.worst, Org: gr.lane.up.Name, RequestID: resp.Header.Get(anthropic.HeaderRequestID), Abandoned: true})
+		g.stats.abandoned.Add(1)
+		cw.finish() // the permit is kept, not released: see Abort
+		h.Set(headerCost, strconv.FormatFloat(x.worst.USD(), 'f', -1, 64))
+		return o, nil, true
+	}
 	fb, c := x.feedback(o, resp.Header, usage)
 	gone := cw.failed() || x.r.Context().Err() != nil
 	if gone {

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"bytes"
+	"context"
 	"io"
 	"math"
 	"net/http"
@@ -61,12 +62,16 @@ func validModelID(id string) bool {
 // confirms that the key is refused, not what the client asked for: then
 // the client gets the answer), anything else is passed on byte for byte.
 // These endpoints are free and have their own limits, so they go through
-// no lane.
+// no lane. Nothing is sent once the gateway stops.
 func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, body []byte, model string) {
 	ctx := r.Context()
 	deadline := time.Now().Add(g.cfg.RetryFor)
 	var last *answer
 	for n := 1; ; n++ {
+		if g.life.isDraining() {
+			writeDraining(w, msgStopping)
+			return
+		}
 		u := g.usableOrg()
 		if u == nil {
 			if last != nil {
@@ -77,8 +82,10 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, body []byte, m
 			return
 		}
 		actx, cancel := apihttp.AttemptContext(ctx, g.cfg.Timeout)
+		stop := context.AfterFunc(g.life.cutCtx, cancel)
 		req, err := http.NewRequestWithContext(actx, r.Method, g.base+r.URL.Path, bytesReader(body))
 		if err != nil {
+			stop()
 			cancel()
 			writeError(w, http.StatusInternalServerError, anthropic.ErrAPI, "apidispatch gateway: "+err.Error())
 			return
@@ -93,8 +100,13 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, body []byte, m
 			a.body, err = io.ReadAll(io.LimitReader(resp.Body, maxUpstreamAnswer))
 			resp.Body.Close()
 		}
+		stop()
 		cancel()
 		if ctx.Err() != nil {
+			return
+		}
+		if err != nil && g.life.cutting() {
+			writeDraining(w, msgStopping) // free endpoints: nothing billed
 			return
 		}
 		o := anthropic.Classify(a.status, a.header, a.body, err, time.Now())
@@ -128,6 +140,10 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, body []byte, m
 		select {
 		case <-ctx.Done():
 			t.Stop()
+			return
+		case <-g.life.draining:
+			t.Stop()
+			writeDraining(w, msgStopping)
 			return
 		case <-t.C:
 		}

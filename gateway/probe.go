@@ -100,7 +100,7 @@ const probeTimeout = 30 * time.Second
 // do: count_tokens of one word with model, or the first model of the list
 // without one.
 func (g *Gateway) probe(u *upstream, model string) refusal {
-	ctx, cancel := context.WithTimeout(context.Background(), min(probeTimeout, g.cfg.Timeout))
+	ctx, cancel := context.WithTimeout(g.life.cutCtx, min(probeTimeout, g.cfg.Timeout))
 	defer cancel()
 	var req *http.Request
 	var err error
