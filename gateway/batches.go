@@ -385,7 +385,7 @@ func (s *batchStore) execute(gb *gwBatch) {
 			canceling = true
 		default:
 		}
-		ctx, cancel := context.WithCancel(g.ctx)
+		ctx, cancel := context.WithCancel(g.life.batchCtx)
 		stopWatch := make(chan struct{})
 		watchDone := make(chan struct{})
 		go func() {
@@ -405,8 +405,8 @@ func (s *batchStore) execute(gb *gwBatch) {
 		close(stopWatch)
 		<-watchDone
 		cancel()
-		if g.ctx.Err() != nil {
-			return // the gateway is closing: resume next time
+		if g.life.batchCtx.Err() != nil {
+			return // the gateway is stopping: resume next time
 		}
 		if out.Stop.Kind == runner.Complete || canceling || expired {
 			s.finalize(gb, canceling, expired, out)
@@ -427,7 +427,7 @@ func (s *batchStore) execute(gb *gwBatch) {
 		wait := time.Duration(math.Min(60, math.Pow(2, float64(min(attempt, 6))))/g.cfg.Speed*float64(time.Second)) + 10*time.Millisecond
 		t := time.NewTimer(wait)
 		select {
-		case <-g.ctx.Done():
+		case <-g.life.batchCtx.Done():
 			t.Stop()
 			return
 		case <-gb.cancelReq:
@@ -454,7 +454,10 @@ func (s *batchStore) runOnce(ctx context.Context, gb *gwBatch, cancelOpen bool) 
 		Client: g.client, Log: g.log, NewGate: g.lanes.engineGate, Lane: g.cfg.Lane, Timeout: g.cfg.Timeout,
 		PromptCaches: g.lanes.places, // the same orgs' prompt caches as the sync requests
 	}
+	abort, forget := g.life.aborter()
+	defer forget()
 	cfg := runner.Config{
+		Abort: abort,
 		Input: filepath.Join(gb.dir, batchRequests), RunDir: filepath.Join(gb.dir, batchRun), Prices: g.cfg.Prices,
 		Sync: sync, Confirm: true, Route: route, Cancel: cancelOpen, Limits: g.cfg.Limits,
 		Deadline: time.Duration(m.DeadlineS * float64(time.Second)),

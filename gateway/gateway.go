@@ -119,6 +119,14 @@ type Config struct {
 	// results_url of its batches (default: the scheme and local address of
 	// the connection the request came in on; never the client's Host).
 	PublicURL string
+	// BodyTimeout bounds reading a request's body (default
+	// DefaultBodyTimeout, and a second more for each MB received, so that
+	// a big body sent steadily is read whole); WriteTimeout bounds each
+	// write of an answer to a client (default DefaultWriteTimeout): a client
+	// that takes no bytes for that long is cut. Neither holds up a lane: an
+	// upstream answer is read to its end whatever the client reads.
+	BodyTimeout  time.Duration
+	WriteTimeout time.Duration
 }
 
 // Gateway serves the API. Use New, then Handler; Close when done.
@@ -140,6 +148,8 @@ type Gateway struct {
 	mux     *http.ServeMux
 	rr      atomic.Uint64
 	lock    *os.File // the state directory's lock, held until Close
+	life    lifecycle
+	probes  prober
 
 	// estimated holds the models priced by estimate, each once warned
 	// about (unknown.go).
@@ -244,6 +254,7 @@ func New(cfg Config) (*Gateway, error) {
 		g.gates[c.Name] = g.gate.Child("client "+c.Name+"'s max_cost", c.MaxCost, g.ledger.spent(c.Name))
 	}
 	g.ctx, g.cancel = context.WithCancel(context.Background())
+	g.life.init(g.ctx)
 	g.mux = http.NewServeMux()
 	g.routes()
 	if g.batches, err = openBatchStore(g); err != nil {
@@ -325,10 +336,14 @@ func ReadStatus(dir string) (StatusSnapshot, error) {
 	return s, nil
 }
 
-// Close stops the gateway's batches (they resume at the next New on the
-// same state directory), waits for them and closes the ledger. In-flight
-// HTTP requests are the http.Server's to drain first.
+// Close drains the gateway (see Drain), stops its batches (they resume at
+// the next New on the same state directory), waits for them and closes
+// the ledger. In-flight HTTP requests are the http.Server's to drain
+// first (Serve does both); Close waits a moment for the handlers still
+// running to record what they settle.
 func (g *Gateway) Close() error {
+	g.Drain()
+	g.life.waitIdle(closeWait)
 	g.cancel()
 	g.wg.Wait()
 	g.lanes.stop()
@@ -343,8 +358,8 @@ func (g *Gateway) Close() error {
 // Ledger returns the gateway's ledger.
 func (g *Gateway) Ledger() *Ledger { return g.ledger }
 
-// Handler is the gateway's HTTP handler.
-func (g *Gateway) Handler() http.Handler { return g.mux }
+// Handler is the gateway's HTTP handler (its routes behind guard).
+func (g *Gateway) Handler() http.Handler { return g.guard(g.mux) }
 
 func (g *Gateway) routes() {
 	h := func(pattern string, fn func(w http.ResponseWriter, r *http.Request, client string)) {
@@ -352,6 +367,9 @@ func (g *Gateway) routes() {
 			client, ok := g.authenticate(r)
 			if !ok {
 				writeError(w, http.StatusUnauthorized, anthropic.ErrAuthentication, "invalid x-api-key")
+				return
+			}
+			if g.refuseDraining(w, r) {
 				return
 			}
 			fn(w, r, client)

@@ -103,6 +103,13 @@ type laneSet struct {
 	mu    sync.Mutex
 	pools map[anthropic.Pool]*poolQueue
 	all   []*lane
+	// shutErr, once set (shut), is every admission's answer; isShut reads
+	// closed without the lock (an engine's every TryAdmit asks it).
+	shutErr error
+	closed  atomic.Bool
+	// aborted: the requests in flight were cut (Gateway.Abort); an engine's
+	// attempt cut then keeps its slot (see sharedLane.Done).
+	aborted atomic.Bool
 }
 
 func newLaneSet(orgs []*upstream, lc gate.LaneConfig, capFor func(string) int, speed float64, newGate func(gate.LaneConfig) gate.Gate) *laneSet {
@@ -215,6 +222,10 @@ func (s *laneSet) pumpLocked(q *poolQueue, now time.Time) {
 func (s *laneSet) admit(ctx context.Context, deadline time.Time, model string, d gate.Demand, pre *promptcache.Prefix) (grant, error) {
 	w := &waiter{d: d, pre: pre, ch: make(chan grant, 1)}
 	s.mu.Lock()
+	if err := s.shutErr; err != nil {
+		s.mu.Unlock()
+		return grant{}, err
+	}
 	q := s.queueLocked(model)
 	q.waiters = append(q.waiters, w)
 	q.nwait.Store(int32(len(q.waiters)))
@@ -303,9 +314,21 @@ type sharedLane struct {
 	s *laneSet
 }
 
+// TryAdmit implements gate.Gate: nothing once the gateway stops admitting.
+func (l *sharedLane) TryAdmit(now time.Time, d gate.Demand) (gate.Permit, time.Duration, bool) {
+	if l.s.isShut() {
+		return gate.Permit{}, time.Duration(math.MaxInt64), false
+	}
+	return l.lane.TryAdmit(now, d)
+}
+
 // Done implements gate.Gate: the engine's release wakes the gateway's
-// waiters too.
+// waiters too. An attempt the gateway's Abort cut keeps its slot, as the
+// gateway's own requests do: it may still run upstream.
 func (l *sharedLane) Done(now time.Time, p gate.Permit, fb gate.Feedback) {
+	if l.s.aborted.Load() && fb.Outcome.Kind == anthropic.Retryable && !fb.Billed {
+		return
+	}
 	l.s.release(grant{lane: l.lane, permit: p}, fb)
 }
 
@@ -378,6 +401,26 @@ func (s *laneSet) queued() int {
 	}
 	return n
 }
+
+// shut makes every admission, waiting or to come, fail with err.
+func (s *laneSet) shut(err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.shutErr = err
+	s.closed.Store(true)
+	for _, q := range s.pools {
+		for _, w := range q.waiters {
+			w.ch <- grant{err: err}
+		}
+		q.waiters = nil
+		q.nwait.Store(0)
+	}
+}
+
+func (s *laneSet) isShut() bool { return s.closed.Load() }
+
+// abort marks the requests in flight as cut (Gateway.Abort).
+func (s *laneSet) abort() { s.aborted.Store(true) }
 
 // stop stops the timers.
 func (s *laneSet) stop() {
