@@ -423,7 +423,18 @@ func (s *batchStore) execute(gb *gwBatch) {
 			s.finalize(gb, false, false, out)
 			return
 		}
+		if ce := (*spend.CapError)(nil); errors.As(out.Err, &ce) {
+			// A spend cap refused the next request with nothing held
+			// anywhere that could free room: the client's max_cost (or the
+			// gateway's --max-cost) is spent, and spend never goes down,
+			// so running again would wait for ever. End it; what was not
+			// done is canceled.
+			g.log.Warn("gateway batch ended at a spend cap", "batch", m.ID, "error", ce)
+			s.finalize(gb, false, false, out)
+			return
+		}
 		// Incomplete (no usable lane now, an upstream failure): try again.
+		g.log.Warn("gateway batch stopped before its end; trying again", "batch", m.ID, "stop", out.Stop.Kind.String(), "reason", out.Stop.Reason, "error", out.Err)
 		wait := time.Duration(math.Min(60, math.Pow(2, float64(min(attempt, 6))))/g.cfg.Speed*float64(time.Second)) + 10*time.Millisecond
 		t := time.NewTimer(wait)
 		select {
@@ -462,7 +473,7 @@ func (s *batchStore) runOnce(ctx context.Context, gb *gwBatch, cancelOpen bool) 
 		Sync: sync, Confirm: true, Route: route, Cancel: cancelOpen, Limits: g.cfg.Limits,
 		Deadline: time.Duration(m.DeadlineS * float64(time.Second)),
 		OnJob: func(job *rundir.Job, sc *dispatch.Config) (func(), error) {
-			bg, err := s.batchGate(ctx, gb, job.Store)
+			bg, err := s.batchGate(ctx, gb, job)
 			if err != nil {
 				return nil, err
 			}
@@ -487,13 +498,19 @@ func (s *batchStore) runOnce(ctx context.Context, gb *gwBatch, cancelOpen bool) 
 // batch's hold of its worst case is freed: from then on runner reserves
 // each request and upstream batch in the client's gate, beside the
 // client's sync requests.
-func (s *batchStore) batchGate(ctx context.Context, gb *gwBatch, st store.Store) (*spend.Gate, error) {
+func (s *batchStore) batchGate(ctx context.Context, gb *gwBatch, job *rundir.Job) (*spend.Gate, error) {
 	gb.mu.Lock()
 	defer gb.mu.Unlock()
 	if gb.gate != nil {
 		return gb.gate, nil
 	}
-	agg, err := st.Aggregate(ctx)
+	// A process that died on this directory (a kill -9 mid-batch) left a
+	// journal of what it may have had billed: counted now, so spent holds
+	// it before the gate is made (the engine then finds nothing to replay).
+	if err := job.ReplayJournals(ctx); err != nil {
+		return nil, fmt.Errorf("reading the gateway batch's attempt journals: %w", err)
+	}
+	agg, err := job.Store.Aggregate(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("reading what the gateway batch spent: %w", err)
 	}
@@ -502,7 +519,13 @@ func (s *batchStore) batchGate(ctx context.Context, gb *gwBatch, st store.Store)
 	if spent > 0 {
 		cg.Hold(spent).Settle(spent)
 	}
-	gb.gate = cg.Child("gateway batch "+gb.meta.ID+"'s worst case", gb.meta.WorstNanos, spent)
+	// What an earlier process may have had billed without an answer (it
+	// died with requests in flight) is counted in spent and is sent again:
+	// the batch's own cap grows by it, or a batch resumed after a crash
+	// could never finish inside its worst case. The client's gate, which
+	// counts it too, still bounds the whole.
+	maybe := cost.Nanos(agg.Counters[rundir.CounterMaybeBilledNanos])
+	gb.gate = cg.Child("gateway batch "+gb.meta.ID+"'s worst case", gb.meta.WorstNanos+maybe, spent)
 	gb.hold.release()
 	gb.hold = nil
 	return gb.gate, nil
