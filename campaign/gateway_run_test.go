@@ -100,6 +100,9 @@ const (
 	gwStartTimeout = 30 * time.Second
 	// gwRetryFor is every gateway's --retry-for.
 	gwRetryFor = 15 * time.Second
+	// gwAttemptTimeoutAPI is a gateway's upstream attempt timeout, in API
+	// time (gateway.Config.Timeout's default).
+	gwAttemptTimeoutAPI = 10 * time.Minute
 )
 
 // gwWorld is one gateway scenario being run.

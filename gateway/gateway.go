@@ -241,11 +241,16 @@ func New(cfg Config) (*Gateway, error) {
 		lock.Close()
 		return nil, err
 	}
-	if g.journal, err = openSpendJournal(cfg.StateDir, g.ledger, g.log); err != nil {
+	dead, lastSent := []spendTag(nil), time.Time{}
+	if g.journal, dead, lastSent, err = openSpendJournal(cfg.StateDir, g.ledger, g.log); err != nil {
 		g.ledger.Close()
 		lock.Close()
 		return nil, err
 	}
+	// The attempts a dead gateway had in flight may still run upstream, on
+	// this gateway's keys, until its attempt timeout has passed since its
+	// last send at the latest: their slots stay taken until then.
+	g.lanes.holdDead(dead, lastSent.Add(cfg.Timeout))
 	if g.gate = cfg.Spend; g.gate == nil {
 		g.gate = spend.New("the gateway's --max-cost", cfg.MaxCost, g.ledger.totalSpent())
 	}

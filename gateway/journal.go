@@ -4,8 +4,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"os"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/apidispatch/apidispatch/cost"
 	"github.com/apidispatch/apidispatch/rundir"
@@ -58,37 +60,48 @@ type spendTag struct {
 // dir hold open (each at its worst case, as an unread, abandoned entry of
 // its client), makes it durable, deletes those journals and opens this
 // process's.
-func openSpendJournal(dir string, l *Ledger, log *slog.Logger) (*spendJournal, error) {
+//
+// It also returns those attempts (their org and model) and the last time
+// any of them can have been sent: the journals' last write.
+func openSpendJournal(dir string, l *Ledger, log *slog.Logger) (*spendJournal, []spendTag, time.Time, error) {
 	paths, open, err := rundir.OpenAttempts(dir)
 	if err != nil {
-		return nil, fmt.Errorf("gateway: reading the spend journal of a gateway that died: %w", err)
+		return nil, nil, time.Time{}, fmt.Errorf("gateway: reading the spend journal of a gateway that died: %w", err)
+	}
+	var tags []spendTag
+	var last time.Time
+	for _, p := range paths {
+		if fi, err := os.Stat(p); err == nil && fi.ModTime().After(last) {
+			last = fi.ModTime()
+		}
 	}
 	if len(open) > 0 {
 		var sum cost.Nanos
 		for _, a := range open {
 			var tag spendTag
 			if json.Unmarshal([]byte(a.Tag), &tag) != nil || tag.Client == "" {
-				return nil, fmt.Errorf("gateway: the spend journal in %s holds an attempt without its client (tag %q)", dir, a.Tag)
+				return nil, nil, time.Time{}, fmt.Errorf("gateway: the spend journal in %s holds an attempt without its client (tag %q)", dir, a.Tag)
 			}
 			l.record(tag.Client, Entry{Cost: a.Worst, Unread: a.Worst, Org: tag.Org, Model: tag.Model, Route: "sync", Abandoned: true})
 			sum += a.Worst
+			tags = append(tags, tag)
 		}
 		if err := l.Flush(); err != nil {
-			return nil, fmt.Errorf("gateway: recording the spend journal: %w", err)
+			return nil, nil, time.Time{}, fmt.Errorf("gateway: recording the spend journal: %w", err)
 		}
 		if err := l.sync(); err != nil {
-			return nil, fmt.Errorf("gateway: recording the spend journal: %w", err)
+			return nil, nil, time.Time{}, fmt.Errorf("gateway: recording the spend journal: %w", err)
 		}
 		log.Warn("a gateway died with requests in flight: each counted at its worst case", "requests", len(open), "worst_case_usd", sum.USD())
 	}
 	if err := rundir.RemoveJournals(paths); err != nil {
-		return nil, fmt.Errorf("gateway: %w", err)
+		return nil, nil, time.Time{}, fmt.Errorf("gateway: %w", err)
 	}
 	j, err := rundir.OpenDurableJournal(dir)
 	if err != nil {
-		return nil, fmt.Errorf("gateway: %w", err)
+		return nil, nil, time.Time{}, fmt.Errorf("gateway: %w", err)
 	}
-	return &spendJournal{j: j}, nil
+	return &spendJournal{j: j}, tags, last, nil
 }
 
 // sent journals, durably, that attempt att of exchange seq is about to be

@@ -2,8 +2,11 @@ package gateway
 
 import (
 	"encoding/json"
+	"fmt"
 	"path/filepath"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/apidispatch/apidispatch/cost"
 	"github.com/apidispatch/apidispatch/internal/simtest"
@@ -78,5 +81,51 @@ func TestRestartCountsTheAttemptsAJournalHoldsOpen(t *testing.T) {
 	}
 	if es := readLedgerFile(t, filepath.Join(dir, ledgerFile)); len(es) != 4 || es[3].Unread != 0 || es[3].Cost == 0 {
 		t.Errorf("ledger after the answer %+v", es)
+	}
+}
+
+// A gateway killed with requests in flight leaves them running upstream
+// (the API does not stop when its client dies): its successor on the same
+// state directory held none of their slots, and filled the keys on top of
+// them (the gateway campaign's seed 12: 4 in flight on a cap of 2 after a
+// kill -9 and a restart). The restart now holds a slot per open attempt of
+// the journal, on its (org, pool), until the attempt timeout has passed
+// since the journal's last write.
+func TestRestartHoldsTheSlotsOfTheDeadGatewaysAttempts(t *testing.T) {
+	dir := t.TempDir()
+	j, err := rundir.OpenDurableJournal(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := json.Marshal(spendTag{Client: "a", Org: "high_prio", Model: "claude-sonnet-4-5"})
+	for seq := int64(1); seq <= 2; seq++ {
+		if err := j.SentTagged(seq, 1, 1_000_000, string(b)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	j.Close(false) // killed: the file stays
+	run, _ := simtest.Start(t, sim.PresetOrigin3Org, 20, nil)
+	_, srv := startGW(t, run, func(c *Config) {
+		c.StateDir = dir
+		c.Caps = map[string]int{"sonnet": 2}
+		c.Timeout = time.Minute // the hold lasts a minute from the journal's last write
+	})
+	var wg sync.WaitGroup
+	for i := range 12 {
+		wg.Go(func() {
+			body := fmt.Sprintf(`{"model":"claude-sonnet-4-5","max_tokens":64,"messages":[{"role":"user","content":"question %d"}]}`, i)
+			if status, answer, _ := gwPost(t, srv.URL, tokA, []byte(body)); status != 200 {
+				t.Errorf("request %d: %d %s", i, status, answer)
+			}
+		})
+	}
+	wg.Wait()
+	for _, o := range run.Server.Stats().Orgs {
+		switch {
+		case o.Name == "high_prio" && o.MaxInFlight != 0:
+			t.Errorf("high_prio: %d in flight on top of the dead gateway's 2, on a cap of 2", o.MaxInFlight)
+		case o.Name != "high_prio" && o.MaxInFlight == 0:
+			t.Errorf("%s served nothing: the hold is for high_prio alone", o.Name)
+		}
 	}
 }

@@ -110,6 +110,66 @@ type laneSet struct {
 	// aborted: the requests in flight were cut (Gateway.Abort); an engine's
 	// attempt cut then keeps its slot (see sharedLane.Done).
 	aborted atomic.Bool
+	// dead are the slots held for a dead gateway's attempts (holdDead),
+	// per (org, pool); set before the first lane is made.
+	dead map[deadKey]*deadHold
+}
+
+type deadKey struct {
+	org  string
+	pool anthropic.Pool
+}
+
+// deadHold is n slots of a lane held until until: the attempts a gateway
+// killed on this state directory had in flight there, which may still
+// run upstream (the API does not stop when its client dies).
+type deadHold struct {
+	n     int
+	until time.Time
+}
+
+// holdDead holds a slot of its (org, pool) lane for each attempt in tags
+// until until, so the lanes count what a killed predecessor left running
+// on the keys. Called once, before any lane is made.
+func (s *laneSet) holdDead(tags []spendTag, until time.Time) {
+	if len(tags) == 0 || !until.After(time.Now()) {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.dead = map[deadKey]*deadHold{}
+	for _, t := range tags {
+		k := deadKey{t.Org, anthropic.PoolOf(t.Model)}
+		if s.dead[k] == nil {
+			s.dead[k] = &deadHold{until: until}
+		}
+		s.dead[k].n++
+	}
+}
+
+// heldGate is a lane's gate while slots are held for a dead gateway's
+// attempts: it admits only while what is in flight plus what is held is
+// below the lane's cap, until the hold ends.
+type heldGate struct {
+	gate.Gate
+	h *deadHold
+}
+
+// TryAdmit implements gate.Gate.
+func (g *heldGate) TryAdmit(now time.Time, d gate.Demand) (gate.Permit, time.Duration, bool) {
+	if now.Before(g.h.until) {
+		if sn := g.Gate.Snapshot(now); sn.InFlight+g.h.n >= sn.Cap {
+			return gate.Permit{}, g.h.until.Sub(now), false
+		}
+	}
+	return g.Gate.TryAdmit(now, d)
+}
+
+// SetWake implements gate.Waker when the held gate does.
+func (g *heldGate) SetWake(f func()) {
+	if wk, ok := g.Gate.(gate.Waker); ok {
+		wk.SetWake(f)
+	}
 }
 
 func newLaneSet(orgs []*upstream, lc gate.LaneConfig, capFor func(string) int, speed float64, newGate func(gate.LaneConfig) gate.Gate) *laneSet {
@@ -146,6 +206,9 @@ func (s *laneSet) poolLocked(pool anthropic.Pool, capN int) *poolQueue {
 				s.kick(q)
 				s.wakeEngines(l)
 			})
+		}
+		if h := s.dead[deadKey{u.Name, pool}]; h != nil {
+			l.Gate = &heldGate{Gate: l.Gate, h: h}
 		}
 		if r := u.Disabled(); r != "" {
 			l.Disable(r)
