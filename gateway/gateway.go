@@ -42,16 +42,19 @@ import (
 
 // Limits of request bodies, as the API's (docs/design.md §16, §19).
 const (
-	MaxMessagesBytes  = 32 << 20
-	MaxBatchBytes     = 256 << 20
-	MaxBatchRequests  = 100_000
-	DefaultRetryFor   = 10 * time.Minute
-	gatewayIDPrefix   = "req_gw_"
-	headerOrg         = "x-apidispatch-org"
-	headerAttempts    = "x-apidispatch-attempts"
-	headerCost        = "x-apidispatch-cost-usd"
-	headerRoute       = "x-apidispatch-route"
-	headerDeadline    = "x-apidispatch-deadline"
+	MaxMessagesBytes = 32 << 20
+	MaxBatchBytes    = 256 << 20
+	MaxBatchRequests = 100_000
+	DefaultRetryFor  = 10 * time.Minute
+	gatewayIDPrefix  = "req_gw_"
+	headerOrg        = "x-apidispatch-org"
+	headerAttempts   = "x-apidispatch-attempts"
+	headerCost       = "x-apidispatch-cost-usd"
+	headerRoute      = "x-apidispatch-route"
+	headerDeadline   = "x-apidispatch-deadline"
+	// headerPriority overrides the client's class for one request
+	// ("interactive" or "bulk").
+	headerPriority    = "x-apidispatch-priority"
 	ledgerFile        = "ledger.jsonl"
 	statusFile        = "status.json"
 	batchesDir        = "batches"
@@ -67,6 +70,15 @@ type Client struct {
 	Name    string
 	Token   string
 	MaxCost cost.Nanos // 0: no cap of its own
+	// Weight is the client's share of a pool's lanes against the other
+	// clients of its class waiting at the same time (0: 1).
+	Weight float64
+	// Priority is the class of its requests unless a request's
+	// x-apidispatch-priority header says otherwise (zero: Interactive).
+	Priority Class
+	// MaxInFlight caps its requests admitted at once, over every pool
+	// (0: no cap; it may take every slot no one else waits for).
+	MaxInFlight int
 }
 
 // Config is a gateway. Zero fields take the defaults noted.

@@ -1,0 +1,376 @@
+package gateway
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/apidispatch/apidispatch/internal/simtest"
+	"github.com/apidispatch/apidispatch/sim"
+)
+
+const tokC = "sk-gw-test-client-charlie-0003"
+
+// fairSpeed is the simulator's speed in the fairness tests: judge answers
+// take ~0.25 s, so 60 slots admit ~240 requests a second, which the race
+// build keeps up with on two cores.
+const fairSpeed = 10
+
+// fairCaps: three orgs capped at 20 on Sonnet, 60 slots in all (the
+// issue's set-up).
+var fairCaps = map[string]int{"sonnet": 20}
+
+// tameLatency narrows the simulator's latency spread (no stalls), so that
+// the bounds below judge the gateway's queue, not the API's tail.
+func tameLatency(c *sim.Config) {
+	c.Latency.Sigma, c.Latency.TailProb = 0.15, 0
+}
+
+// fairLoad is closed-loop load through a gateway: workers that each send
+// one request at a time until stopped, recording every answer.
+type fairLoad struct {
+	url string
+	hc  *http.Client
+
+	mu   sync.Mutex
+	done map[string][]time.Time // completions by client token
+	bad  []string
+
+	stop chan struct{}
+	wg   sync.WaitGroup
+}
+
+func newFairLoad(url string) *fairLoad {
+	return &fairLoad{url: url, done: map[string][]time.Time{}, stop: make(chan struct{}),
+		hc: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4096}}}
+}
+
+// send sends one request of tok (with header pairs) and reports its
+// latency; a failure is recorded.
+func (l *fairLoad) send(tok string, i int, header ...string) time.Duration {
+	req, _ := http.NewRequest(http.MethodPost, l.url+"/v1/messages", bytes.NewReader(judgeBody(i, "")))
+	req.Header.Set("x-api-key", tok)
+	req.Header.Set("anthropic-version", "2023-06-01")
+	req.Header.Set("content-type", "application/json")
+	for k := 0; k+1 < len(header); k += 2 {
+		req.Header.Set(header[k], header[k+1])
+	}
+	t0 := time.Now()
+	resp, err := l.hc.Do(req)
+	if err == nil {
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			err = errStatus(resp.StatusCode)
+		}
+	}
+	lat := time.Since(t0)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if err != nil {
+		l.bad = append(l.bad, err.Error())
+	} else {
+		l.done[tok] = append(l.done[tok], time.Now())
+	}
+	return lat
+}
+
+// closedLoop starts n workers of tok.
+func (l *fairLoad) closedLoop(tok string, n int) {
+	for w := range n {
+		l.wg.Go(func() {
+			for i := w; ; i += n {
+				select {
+				case <-l.stop:
+					return
+				default:
+				}
+				l.send(tok, i)
+			}
+		})
+	}
+}
+
+// end stops the workers and waits for their last answers.
+func (l *fairLoad) end() {
+	close(l.stop)
+	l.wg.Wait()
+	l.hc.CloseIdleConnections()
+}
+
+// completions counts tok's answers in [from, to).
+func (l *fairLoad) completions(tok string, from, to time.Time) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for _, t := range l.done[tok] {
+		if !t.Before(from) && t.Before(to) {
+			n++
+		}
+	}
+	return n
+}
+
+func (l *fairLoad) answered() (n int, bad []string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, d := range l.done {
+		n += len(d)
+	}
+	return n, slices.Clone(l.bad)
+}
+
+// waitQueued waits until at least n requests wait in g.
+func waitQueued(t testing.TB, g *Gateway, n int) {
+	t.Helper()
+	for end := time.Now().Add(30 * time.Second); g.lanes.queued() < n; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatalf("%d requests waiting after 30 s, want %d", g.lanes.queued(), n)
+		}
+	}
+}
+
+// latWindow is the mean upstream attempt latency between two readings
+// of tt.
+type latReading struct{ sum, n int64 }
+
+func readLat(tt *timedTransport) latReading { return latReading{tt.sumNanos.Load(), tt.n.Load()} }
+
+func meanSince(tt *timedTransport, r latReading) time.Duration {
+	now := readLat(tt)
+	if now.n == r.n {
+		return 0
+	}
+	return time.Duration((now.sum - r.sum) / (now.n - r.n))
+}
+
+func quantile(d []time.Duration, q float64) time.Duration {
+	s := slices.Clone(d)
+	slices.Sort(s)
+	return s[min(len(s)-1, int(q*float64(len(s))))]
+}
+
+// checkOnce checks that every answer the clients got was billed once and
+// nothing else was: the simulator's completions equal the answers.
+func checkOnce(t *testing.T, run *sim.Running, l *fairLoad) {
+	t.Helper()
+	n, bad := l.answered()
+	if len(bad) > 0 {
+		t.Errorf("%d requests failed, the first: %v", len(bad), bad[0])
+	}
+	var billed int64
+	for _, o := range run.Server.Stats().Orgs {
+		billed += o.Completions
+	}
+	if billed != int64(n) {
+		t.Errorf("the API billed %d completions for %d answers", billed, n)
+	}
+}
+
+// Issue 27, finding 3: one FIFO per pool let a client keeping 1,000
+// requests waiting hold back a colleague's every request for the whole
+// queue (17× the upstream latency). A bulk client (a) keeps ≥ 1,000
+// waiting on 60 slots; alone, it fills the slots; an interactive client
+// (b) sending two at a time, and a bulk client (c) whose requests say
+// x-apidispatch-priority: interactive, each wait about one slot's
+// release: p50 ≤ 2× and p95 ≤ 3× the upstream latency. Every answer
+// billed once.
+func TestInteractiveClientNotHeldBehindBulkQueue(t *testing.T) {
+	run, _ := simtest.Start(t, sim.PresetOrigin3Org, fairSpeed, tameLatency)
+	tt := &timedTransport{rt: &http.Transport{MaxIdleConnsPerHost: 4096}}
+	g, srv := startGW(t, run, func(c *Config) {
+		c.HTTPClient, c.Caps = &http.Client{Transport: tt}, fairCaps
+		c.Clients[0].Priority = Bulk
+		c.Clients[1].Priority = Interactive
+		c.Clients = append(c.Clients, Client{Name: "c", Token: tokC, Priority: Bulk})
+	})
+	const slots, waiting = 60, 1000
+	l := newFairLoad(srv.URL)
+	l.closedLoop(tokA, slots+waiting+40)
+	waitQueued(t, g, waiting)
+
+	// The bulk client alone: its completions against the cap-bound
+	// ceiling, Σ cap ÷ the mean upstream latency, over 2 s.
+	lat0, from := readLat(tt), time.Now()
+	time.Sleep(2 * time.Second)
+	to := time.Now()
+	alone := float64(l.completions(tokA, from, to)) / to.Sub(from).Seconds()
+	fill := alone / ceiling(slots, meanSince(tt, lat0))
+
+	lat1 := readLat(tt)
+	var lats, over []time.Duration
+	minQueued := waiting * 10
+	for round := range 10 {
+		minQueued = min(minQueued, g.lanes.queued())
+		var wg sync.WaitGroup
+		var mu sync.Mutex
+		for k := range 2 {
+			wg.Go(func() {
+				d := l.send(tokB, 10_000+2*round+k)
+				mu.Lock()
+				lats = append(lats, d)
+				mu.Unlock()
+			})
+		}
+		wg.Go(func() {
+			d := l.send(tokC, 20_000+round, headerPriority, "interactive")
+			mu.Lock()
+			over = append(over, d)
+			mu.Unlock()
+		})
+		wg.Wait()
+	}
+	upstream := meanSince(tt, lat1)
+	l.end()
+
+	p50, p95 := quantile(lats, 0.50), quantile(lats, 0.95)
+	t.Logf("bulk alone: %.1f/s = %.3f of the ceiling; interactive while ≥ %d waited: p50 %v (%.2f×), p95 %v (%.2f×) of upstream %v; bulk with the interactive header: p50 %v, max %v",
+		alone, fill, minQueued, p50, p50.Seconds()/upstream.Seconds(), p95, p95.Seconds()/upstream.Seconds(), upstream, quantile(over, 0.5), slices.Max(over))
+	if minQueued < waiting*9/10 {
+		t.Errorf("only %d waited while the interactive client sent: the bulk queue was not kept full", minQueued)
+	}
+	if p50 > 2*upstream || p95 > 3*upstream {
+		t.Errorf("interactive p50 %v, p95 %v: want ≤ 2× and ≤ 3× the upstream latency %v", p50, p95, upstream)
+	}
+	if o := quantile(over, 0.5); o > 2*upstream {
+		t.Errorf("a bulk client's request marked interactive waited %v (p50): want ≤ 2× the upstream latency %v", o, upstream)
+	}
+	// The exact figure is BenchmarkGatewayFairness's; here a margin the
+	// race build on a loaded machine holds.
+	if fill < 0.85 {
+		t.Errorf("the bulk client alone reached %.3f of the cap-bound ceiling, want ≥ 0.85 here (0.95 in the benchmark)", fill)
+	}
+	checkOnce(t, run, l)
+}
+
+// Two bulk clients with weights 1 and 3, both keeping requests waiting,
+// get a quarter and three quarters of the completions (one FIFO gave each
+// what it queued: half).
+func TestBulkClientsShareByWeight(t *testing.T) {
+	run, _ := simtest.Start(t, sim.PresetOrigin3Org, fairSpeed, tameLatency)
+	g, srv := startGW(t, run, func(c *Config) {
+		c.Caps = fairCaps
+		c.Clients[0].Priority, c.Clients[0].Weight = Bulk, 1
+		c.Clients[1].Priority, c.Clients[1].Weight = Bulk, 3
+	})
+	l := newFairLoad(srv.URL)
+	l.closedLoop(tokA, 300)
+	l.closedLoop(tokB, 300)
+	waitQueued(t, g, 400)
+	time.Sleep(500 * time.Millisecond) // past the first answers' wave
+	from := time.Now()
+	time.Sleep(3 * time.Second)
+	to := time.Now()
+	queued := g.lanes.queued()
+	l.end()
+	a, b := l.completions(tokA, from, to), l.completions(tokB, from, to)
+	share := float64(a) / float64(a+b)
+	t.Logf("weights 1 and 3: %d and %d completions in %v: %.3f and %.3f (%d still waiting at the end)", a, b, to.Sub(from).Round(time.Millisecond), share, 1-share, queued)
+	if queued < 300 {
+		t.Errorf("only %d waited at the end of the window: both clients must wait throughout", queued)
+	}
+	if a+b < 300 || share < 0.22 || share > 0.28 {
+		t.Errorf("weight 1 got %d of %d completions (%.3f): want 0.25 ± 0.03", a, a+b, share)
+	}
+	checkOnce(t, run, l)
+}
+
+// A client's max_in_flight is a hard share: client a (max_in_flight 5)
+// never has more than 5 requests upstream, even with the slots free, and
+// client b takes the rest.
+func TestClientMaxInFlightIsAHardShare(t *testing.T) {
+	run, _ := simtest.Start(t, sim.PresetOrigin3Org, fairSpeed, tameLatency)
+	_, srv := startGW(t, run, func(c *Config) {
+		c.Orgs = c.Orgs[:1] // one org: the simulator's in flight is the gateway's
+		c.Caps = fairCaps
+		c.Clients[0].MaxInFlight = 5
+	})
+	l := newFairLoad(srv.URL)
+	for i := range 60 {
+		l.wg.Go(func() { l.send(tokA, i) })
+	}
+	l.wg.Wait()
+	peakA := run.Server.Stats().Orgs[0].MaxInFlight
+	for i := range 60 {
+		l.wg.Go(func() { l.send(tokB, 100+i) })
+		if i < 30 {
+			l.wg.Go(func() { l.send(tokA, 200+i) })
+		}
+	}
+	l.wg.Wait()
+	peak := run.Server.Stats().Orgs[0].MaxInFlight
+	t.Logf("client a alone: max %d in flight; with b: max %d", peakA, peak)
+	if peakA != 5 {
+		t.Errorf("client a (max_in_flight 5) alone had %d in flight: want 5", peakA)
+	}
+	if peak <= 5 || peak > 20 {
+		t.Errorf("with client b, the org had %d in flight: want more than a's 5, at most the cap 20", peak)
+	}
+	checkOnce(t, run, l)
+}
+
+// A request whose x-apidispatch-priority is neither class is refused with
+// a 400 naming the header, and sends nothing upstream.
+func TestBadPriorityHeaderRefused(t *testing.T) {
+	run, _ := simtest.Start(t, sim.PresetOrigin3Org, 200, nil)
+	_, srv := startGW(t, run, nil)
+	a := postMessage(t, srv.URL, tokA, judgeBody(1, ""), headerPriority, "urgent")
+	if a.status != http.StatusBadRequest || !strings.Contains(string(a.body), headerPriority) || !strings.Contains(string(a.body), "urgent") {
+		t.Errorf("got %d %s: want 400 naming %s and the value", a.status, a.body, headerPriority)
+	}
+	if n := upstreamRequests(run); n != 0 {
+		t.Errorf("%d requests sent upstream", n)
+	}
+}
+
+// The clients file's weight, priority and max_in_flight: defaults, and a
+// bad value refused with an error naming the client, the line and the
+// field.
+func TestClientsFileFairnessFields(t *testing.T) {
+	dir := t.TempDir()
+	write := func(body string) string {
+		p := filepath.Join(dir, "clients.toml")
+		if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	const head = "[[client]]\nname = \"alice\"\ntoken = \"" + tokA + "\"\n[[client]]\nname = \"bob\"\ntoken = \"" + tokB + "\"\n"
+	cl, err := LoadClients(write(head+"weight = 3\npriority = \"bulk\"\nmax_in_flight = 7\n"), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a := cl[0]; a.Weight != 1 || a.Priority != Interactive || a.MaxInFlight != 0 {
+		t.Errorf("alice (defaults): %+v", a)
+	}
+	if b := cl[1]; b.Weight != 3 || b.Priority != Bulk || b.MaxInFlight != 7 {
+		t.Errorf("bob: %+v", b)
+	}
+	for _, c := range []struct{ field, want string }{
+		{"weight = 0", "weight must be above 0"},
+		{"weight = -1", "weight must be above 0"},
+		{"weight = nan", "weight must be above 0"},
+		{"weight = 5000", "at most 1000"},
+		{`priority = "urgent"`, `priority must be "interactive" or "bulk", not "urgent"`},
+		{`priority = ""`, `priority must be`},
+		{"max_in_flight = 0", "max_in_flight must be at least 1"},
+		{"max_in_flight = -3", "max_in_flight must be at least 1"},
+	} {
+		_, err := LoadClients(write(head+"\n"+c.field+"\n"), false)
+		if err == nil || !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), c.want) ||
+			!strings.Contains(err.Error(), "client 2 (bob), line 8") {
+			t.Errorf("%s: %v: want an error naming client 2 (bob), line 8 and %q", c.field, err, c.want)
+		}
+	}
+	if _, err := LoadClients(write(head+"weight = \"heavy\"\n"), false); err == nil {
+		t.Error("a weight that is not a number was accepted")
+	}
+}
