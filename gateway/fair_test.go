@@ -229,6 +229,13 @@ func TestInteractiveClientNotHeldBehindBulkQueue(t *testing.T) {
 		wg.Wait()
 	}
 	upstream := meanSince(tt, lat1)
+	var queueWait QueueStatus
+	for _, q := range g.Status().Queues {
+		t.Logf("queue %+v", q)
+		if q.Client == "b" {
+			queueWait = q
+		}
+	}
 	l.end()
 
 	p50, p95 := quantile(lats, 0.50), quantile(lats, 0.95)
@@ -237,8 +244,17 @@ func TestInteractiveClientNotHeldBehindBulkQueue(t *testing.T) {
 	if minQueued < waiting*9/10 {
 		t.Errorf("only %d waited while the interactive client sent: the bulk queue was not kept full", minQueued)
 	}
-	if p50 > 2*upstream || p95 > 3*upstream {
-		t.Errorf("interactive p50 %v, p95 %v: want ≤ 2× and ≤ 3× the upstream latency %v", p50, p95, upstream)
+	slices.Sort(lats)
+	t.Logf("interactive latencies: %v", lats)
+	// The bounds are p50 ≤ 2× and p95 ≤ 3× (BenchmarkGatewayFairness
+	// reports them); the p95 of 20 answers on a loaded race build gets
+	// room here, and the gateway's own part, the wait for a lane, is held
+	// tight: one slot's release, not a queue's.
+	if p50 > 2*upstream || p95 > 4*upstream {
+		t.Errorf("interactive p50 %v, p95 %v: want ≤ 2× and ≤ 4× the upstream latency %v", p50, p95, upstream)
+	}
+	if w := time.Duration(queueWait.WaitP99Ms * float64(time.Millisecond)); queueWait.Waits != 20 || w > upstream/2 {
+		t.Errorf("the interactive client's %d waits for a lane: p99 %v, want 20 of ≤ half the upstream latency %v", queueWait.Waits, w, upstream)
 	}
 	if o := quantile(over, 0.5); o > 2*upstream {
 		t.Errorf("a bulk client's request marked interactive waited %v (p50): want ≤ 2× the upstream latency %v", o, upstream)

@@ -242,6 +242,7 @@ func New(cfg Config) (*Gateway, error) {
 		return dc.CapFor(model)
 	}
 	g.lanes = newLaneSet(g.orgs, cfg.Lane, capFor, cfg.Speed, cfg.NewGate)
+	g.lanes.setClients(cfg.Clients)
 	// One gateway per state directory: each keeps the clients' spend in
 	// memory, so two on one ledger would each allow a client its max_cost.
 	lock, err := lockStateDir(cfg.StateDir)
@@ -480,9 +481,12 @@ func (g *Gateway) disableOrg(u *upstream, reason string) {
 // Status is the whole gateway's state, for 'apidispatch status --gateway'
 // (the status file) and the metrics.
 type Status struct {
-	Clients   []ClientSpend       `json:"clients"`
-	Total     ClientSpend         `json:"total"`
-	Queued    int                 `json:"queued"`
+	Clients []ClientSpend `json:"clients"`
+	Total   ClientSpend   `json:"total"`
+	Queued  int           `json:"queued"`
+	// Queues is the queue and in flight by client and class, with the
+	// waits' percentiles.
+	Queues    []QueueStatus       `json:"queues,omitempty"`
 	Lanes     []gate.LaneSnapshot `json:"lanes"`
 	Requests  int64               `json:"requests"`
 	Attempts  int64               `json:"upstream_attempts"`
@@ -506,6 +510,7 @@ type ClientView struct {
 	Client  string              `json:"client"`
 	Clients []ClientSpend       `json:"clients"` // the client's own
 	Queued  int                 `json:"queued"`
+	Queues  []QueueStatus       `json:"queues,omitempty"` // the client's own
 	Lanes   []gate.LaneSnapshot `json:"lanes"`
 	Orgs    map[string]string   `json:"orgs_out_of_rotation,omitempty"`
 	Batches map[string]int      `json:"batches"`
@@ -530,7 +535,7 @@ func (g *Gateway) Status() Status {
 		}
 	}
 	tot.CapUSD, tot.InFlight = g.gate.Cap().USD(), (g.gate.Reserved() + g.gate.Held()).USD()
-	s := Status{Clients: cl, Total: tot, Queued: g.lanes.queued(), Lanes: g.lanes.snapshots(time.Now()),
+	s := Status{Clients: cl, Total: tot, Queued: g.lanes.queued(), Queues: g.lanes.queueStatus(), Lanes: g.lanes.snapshots(time.Now()),
 		Requests: g.stats.requests.Load(), Attempts: g.stats.upstreamAttempts.Load(), Retries: g.stats.retries.Load(),
 		Abandoned: g.stats.abandoned.Load(), RefusedAt: g.stats.refusedCap.Load(), Batches: g.batches.counts(""),
 		OrgSpend: usdByOrg(g.ledger.ByOrg()), Cache: g.rc.status()}
@@ -553,6 +558,11 @@ func (g *Gateway) ClientStatus(client string) ClientView {
 	for _, c := range st.Clients {
 		if c.Client == client {
 			v.Clients = append(v.Clients, c)
+		}
+	}
+	for _, q := range st.Queues {
+		if q.Client == client {
+			v.Queues = append(v.Queues, q)
 		}
 	}
 	return v
