@@ -231,6 +231,12 @@ func New(cfg Config) (*Gateway, error) {
 		if seen[c.Name] {
 			return nil, fmt.Errorf("gateway: client %q named twice", c.Name)
 		}
+		if c.Weight < 0 || c.Weight > maxWeight || c.Weight != c.Weight {
+			return nil, fmt.Errorf("gateway: client %q: weight %v: want above 0 (0: 1) and at most %d", c.Name, c.Weight, maxWeight)
+		}
+		if c.MaxInFlight < 0 || c.Priority >= nClasses {
+			return nil, fmt.Errorf("gateway: client %q: max_in_flight %d and class %d: want max_in_flight ≥ 0 and a known class", c.Name, c.MaxInFlight, c.Priority)
+		}
 		seen[c.Name] = true
 		g.tokens = append(g.tokens, tokenEntry{sum: sha256.Sum256([]byte(c.Token)), client: c.Name})
 	}
