@@ -180,6 +180,7 @@ func checkOnce(t *testing.T, run *sim.Running, l *fairLoad) {
 // behind a bulk queue.
 type priorityFigures struct {
 	alone, fill float64 // the bulk client alone: completions/s, and ÷ the cap-bound ceiling
+	laneFlight  float64 // the bulk client alone: mean of the lanes' in flight (sampled)
 	minQueued   int     // the fewest waiting when an interactive round began
 	lats, over  []time.Duration
 	upstream    time.Duration // mean upstream attempt latency while they were sent
@@ -208,7 +209,14 @@ func measurePriority(t testing.TB, speed float64, mutate func(*sim.Config), roun
 	// ceiling, Σ cap ÷ the mean upstream latency, over 2 s.
 	var f priorityFigures
 	lat0, from := readLat(tt), time.Now()
-	time.Sleep(2 * time.Second)
+	var sum, n float64
+	for tk := time.NewTicker(10 * time.Millisecond); time.Since(from) < 2*time.Second; <-tk.C {
+		for _, s := range g.lanes.snapshots(time.Now()) {
+			sum += float64(s.InFlight)
+		}
+		n++
+	}
+	f.laneFlight = sum / n
 	to := time.Now()
 	f.alone = float64(l.completions(tokA, from, to)) / to.Sub(from).Seconds()
 	f.fill = f.alone / ceiling(slots, meanSince(tt, lat0))
@@ -251,8 +259,8 @@ func measurePriority(t testing.TB, speed float64, mutate func(*sim.Config), roun
 
 func (f priorityFigures) String() string {
 	p50, p95 := quantile(f.lats, 0.50), quantile(f.lats, 0.95)
-	return fmt.Sprintf("bulk alone: %.1f/s = %.3f of the ceiling; interactive (%d) while ≥ %d waited: p50 %v (%.2f×), p95 %v (%.2f×) of upstream %v, its waits for a lane p50 %.1f ms, p99 %.1f ms; bulk marked interactive: p50 %v (%.2f×), max %v",
-		f.alone, f.fill, len(f.lats), f.minQueued, p50.Round(time.Millisecond), p50.Seconds()/f.upstream.Seconds(), p95.Round(time.Millisecond), p95.Seconds()/f.upstream.Seconds(),
+	return fmt.Sprintf("bulk alone: %.1f/s = %.3f of the ceiling, lanes' in flight %.1f; interactive (%d) while ≥ %d waited: p50 %v (%.2f×), p95 %v (%.2f×) of upstream %v, its waits for a lane p50 %.1f ms, p99 %.1f ms; bulk marked interactive: p50 %v (%.2f×), max %v",
+		f.alone, f.fill, f.laneFlight, len(f.lats), f.minQueued, p50.Round(time.Millisecond), p50.Seconds()/f.upstream.Seconds(), p95.Round(time.Millisecond), p95.Seconds()/f.upstream.Seconds(),
 		f.upstream.Round(time.Millisecond), f.queueWait.WaitP50Ms, f.queueWait.WaitP99Ms,
 		quantile(f.over, 0.5).Round(time.Millisecond), quantile(f.over, 0.5).Seconds()/f.upstream.Seconds(), slices.Max(f.over).Round(time.Millisecond))
 }
