@@ -52,21 +52,16 @@ func startSharedPair(tb testing.TB, speed float64, clients []Client) *sharedPair
 func (p *sharedPair) queued() int { return p.gws[0].lanes.queued() + p.gws[1].lanes.queued() }
 
 // BenchmarkTwoGatewaysFairness measures the fair shares across two
-// gateways on one Redis, where each gateway orders only its own waiters:
+// gateways on one Redis, where each gateway orders only its own waiters.
+// bulk-split: a bulk client keeps ≥ 1,000 requests waiting on gateway 0,
+// an interactive client sends two at a time to gateway 1; its p50 and p95
+// against the upstream latency. bulk-both: the same with each client's
+// requests spread over both gateways. weights-split: bulk clients of
+// weights 1 and 3, 300 requests at a time each, one per gateway; the
+// weight-1 client's share of the completions. weights-both: the same with
+// each client's requests spread over both gateways.
 //
-//   - bulk-split: a bulk client keeps ≥ 1,000 requests waiting on gateway
-//     0, an interactive client sends two at a time to gateway 1: its p50
-//     and p95 against the upstream latency;
-//
-//   - bulk-both: the same with the bulk client's requests spread over both
-//     gateways and the interactive one's too;
-//
-//   - weights-split: clients of weights 1 and 3 (bulk, 300 at a time
-//     each), one per gateway: the weight-1 client's share;
-//
-//   - weights-both: the same, each client's requests spread over both.
-//
-//     go test ./gateway -run '^$' -bench TwoGatewaysFairness -benchtime 1x
+//	go test ./gateway -run '^$' -bench TwoGatewaysFairness -benchtime 1x
 func BenchmarkTwoGatewaysFairness(b *testing.B) {
 	speed := float64(envInt("APIDISPATCH_GW_SPEED", fairSpeed))
 	rounds := envInt("APIDISPATCH_FAIR_ROUNDS", 15)
