@@ -163,6 +163,24 @@ func waitQueued(t testing.TB, g *Gateway, n int) {
 	}
 }
 
+// waitRamped waits until the lanes' limits have grown to their caps
+// (slots in all): the start of a lane is polite, below its cap.
+func waitRamped(t testing.TB, g *Gateway, slots int) {
+	t.Helper()
+	for end := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		var lim float64
+		for _, s := range g.lanes.snapshots(time.Now()) {
+			lim += s.Limit
+		}
+		if lim >= float64(slots) {
+			return
+		}
+		if time.Now().After(end) {
+			t.Fatalf("the lanes' limits reached %.0f of %d in 30 s", lim, slots)
+		}
+	}
+}
+
 // latWindow is the mean upstream attempt latency between two readings
 // of tt.
 type latReading struct{ sum, n int64 }
@@ -228,6 +246,7 @@ func measurePriority(t testing.TB, speed float64, mutate func(*sim.Config), roun
 	l := newFairLoad(srv.URL)
 	l.closedLoop(tokA, slots+waiting+40)
 	waitQueued(t, g, waiting)
+	waitRamped(t, g, slots)
 
 	// The bulk client alone: its completions against the cap-bound
 	// ceiling, Σ cap ÷ the mean upstream latency, over 2 s.
