@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/apidispatch/apidispatch/cost"
-	"github.com/apidispatch/apidispatch/internal/simtest"
 	"github.com/apidispatch/apidispatch/internal/testredis"
 	"github.com/apidispatch/apidispatch/shared"
 	"github.com/apidispatch/apidispatch/sim"
@@ -27,7 +26,7 @@ type sharedPair struct {
 func startSharedPair(tb testing.TB, speed float64, clients []Client) *sharedPair {
 	tb.Helper()
 	rs := testredis.Start(tb)
-	run, _ := simtest.Start(tb, sim.PresetOrigin3Org, speed, nil)
+	run := fairSim(tb, speed, nil)
 	p := &sharedPair{run: run, tt: &timedTransport{rt: &http.Transport{MaxIdleConnsPerHost: 4096}}}
 	for i := range 2 {
 		sb, err := shared.Open(context.Background(), shared.Config{URL: "redis://" + rs.Addr + "/0", Orgs: run.Server.Orgs()})
@@ -79,6 +78,7 @@ func BenchmarkTwoGatewaysFairness(b *testing.B) {
 			}
 			for end := time.Now().Add(30 * time.Second); p.queued() < 1000 && time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
 			}
+			waitRamped(b, p.gws[0], 60)
 			lat := readLat(p.tt)
 			var lats []time.Duration
 			minQ := 1 << 30
