@@ -67,14 +67,39 @@ func campaign(t *testing.T, defaultSeeds int) {
 			seeds = append(seeds, *firstFlag+int64(i))
 		}
 	}
+	runSeeds(t, "seeds", seeds, runSeed)
+}
+
+// runSeeds runs one(seed) for each seed in a subtest of its own, in
+// parallel, and logs how many (what) ran and how long they took.
+func runSeeds(t *testing.T, what string, seeds []int64, one func(*testing.T, int64)) {
 	start := time.Now()
 	for _, seed := range seeds {
 		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
 			t.Parallel()
-			runSeed(t, seed)
+			one(t, seed)
 		})
 	}
-	t.Cleanup(func() { t.Logf("%d seeds in %s", len(seeds), time.Since(start).Round(time.Second)) })
+	t.Cleanup(func() { t.Logf("%d %s in %s", len(seeds), what, time.Since(start).Round(time.Second)) })
+}
+
+// reportSeed logs a seed's scenario and timeline (always with -v) and fails
+// the test with each promise it broke and the command that reruns it.
+func reportSeed(t *testing.T, test string, seed int64, sc fmt.Stringer, began time.Time, log, v []string) {
+	if testing.Verbose() || len(v) > 0 {
+		t.Logf("%s\nran in %s:\n  %s", sc, time.Since(began).Round(time.Millisecond), strings.Join(log, "\n  "))
+	}
+	if len(v) > 0 {
+		race, label := "", "seed"
+		if raceBuild {
+			race = " -race"
+		}
+		if test == "TestGatewayCampaign" {
+			label = "gateway seed"
+		}
+		t.Errorf("%s %d broke %d promise(s):\n- %s\nrerun alone: go test%s ./campaign -run '%s/seed=%d$' -seed %d -v",
+			label, seed, len(v), strings.Join(v, "\n- "), race, test, seed, seed)
+	}
 }
 
 // runSeed runs one seed's scenario and checks it.
@@ -83,16 +108,5 @@ func runSeed(t *testing.T, seed int64) {
 	w := setup(t, sc)
 	began := time.Now()
 	w.execute()
-	v := check(w)
-	if testing.Verbose() || len(v) > 0 {
-		t.Logf("%s\nran in %s:\n  %s", sc, time.Since(began).Round(time.Millisecond), strings.Join(w.log, "\n  "))
-	}
-	if len(v) > 0 {
-		race := ""
-		if raceBuild {
-			race = " -race"
-		}
-		t.Errorf("seed %d broke %d promise(s):\n- %s\nrerun alone: go test%s ./campaign -run 'TestCampaign/seed=%d$' -seed %d -v",
-			seed, len(v), strings.Join(v, "\n- "), race, seed, seed)
-	}
+	reportSeed(t, "TestCampaign", seed, sc, began, w.log, check(w))
 }

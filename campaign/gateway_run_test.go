@@ -60,14 +60,7 @@ func gatewayCampaign(t *testing.T, defaultSeeds int) {
 			}
 		}
 	}
-	start := time.Now()
-	for _, seed := range seeds {
-		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
-			t.Parallel()
-			runGatewaySeed(t, seed)
-		})
-	}
-	t.Cleanup(func() { t.Logf("%d gateway seeds in %s", len(seeds), time.Since(start).Round(time.Second)) })
+	runSeeds(t, "gateway seeds", seeds, runGatewaySeed)
 }
 
 // runGatewaySeed runs one seed's gateway scenario and checks it.
@@ -76,18 +69,7 @@ func runGatewaySeed(t *testing.T, seed int64) {
 	w := setupGateway(t, sc)
 	began := time.Now()
 	w.execute()
-	v := checkGateway(w)
-	if testing.Verbose() || len(v) > 0 {
-		t.Logf("%s\nran in %s:\n  %s", sc, time.Since(began).Round(time.Millisecond), strings.Join(w.log, "\n  "))
-	}
-	if len(v) > 0 {
-		race := ""
-		if raceBuild {
-			race = " -race"
-		}
-		t.Errorf("gateway seed %d broke %d promise(s):\n- %s\nrerun alone: go test%s ./campaign -run 'TestGatewayCampaign/seed=%d$' -seed %d -v",
-			seed, len(v), strings.Join(v, "\n- "), race, seed, seed)
-	}
+	reportSeed(t, "TestGatewayCampaign", seed, sc, began, w.log, checkGateway(w))
 }
 
 // Bounds of a gateway scenario, in real time.
