@@ -39,6 +39,7 @@ import (
 	"github.com/apidispatch/apidispatch/rundir"
 	"github.com/apidispatch/apidispatch/spend"
 	"github.com/apidispatch/apidispatch/store"
+	"github.com/apidispatch/apidispatch/upstream"
 	"github.com/apidispatch/apidispatch/workload"
 )
 
@@ -116,6 +117,11 @@ type Config struct {
 	// NewGate makes a lane's gate (default: NewLane, in-process). A shared
 	// implementation lets several processes keep one budget per key.
 	NewGate func(gate.LaneConfig) gate.Gate
+	// SameOrg is the same-organisation rule the lanes are under (default:
+	// the engine's own, upstream.NewOrgs of Orgs). A gate NewGate makes
+	// under the same rule (the gateway's lanes, for its batches) is not
+	// put under it twice.
+	SameOrg *upstream.Orgs
 	Log     *slog.Logger
 	// SampleEvery is the period of "sample" events for the report (default 1 s; <0 disables).
 	SampleEvery time.Duration
@@ -237,6 +243,8 @@ type Engine struct {
 	orgs   []*orgState
 	lanes  map[anthropic.Pool][]*laneRef
 	places *promptcache.Places // where prompt caches are warm
+	// sameOrg: two keys of one organisation hold one cap between them.
+	sameOrg *upstream.Orgs
 	// laneList is every lane, for readers on other goroutines.
 	lanesMu  sync.Mutex
 	laneList []*laneRef
@@ -361,6 +369,9 @@ func New(cfg Config) (*Engine, error) {
 	for _, o := range cfg.Orgs {
 		e.orgs = append(e.orgs, &orgState{Org: o})
 	}
+	if e.sameOrg = cfg.SameOrg; e.sameOrg == nil {
+		e.sameOrg = upstream.NewOrgs(cfg.Orgs, nil)
+	}
 	if e.places = cfg.PromptCaches; e.places == nil {
 		e.places = promptcache.NewPlaces(cfg.Speed)
 	}
@@ -380,7 +391,7 @@ func (e *Engine) lanesFor(pool anthropic.Pool, model string) []*laneRef {
 		// LaneConfig.ProbeFirst), whoever makes it: the shared gate, the
 		// metrics wrapper's lane.
 		lc.ProbeFirst = true
-		l := &laneRef{Gate: e.cfg.NewGate(lc), cap: lc.Cap, org: o, pool: pool, key: o.Name + "/" + string(pool)}
+		l := &laneRef{Gate: e.sameOrg.Wrap(e.cfg.NewGate(lc), lc), cap: lc.Cap, org: o, pool: pool, key: o.Name + "/" + string(pool)}
 		if w, ok := l.Gate.(gate.Waker); ok {
 			w.SetWake(e.signal)
 		}

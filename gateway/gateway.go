@@ -38,6 +38,7 @@ import (
 	"github.com/apidispatch/apidispatch/plan"
 	"github.com/apidispatch/apidispatch/rundir"
 	"github.com/apidispatch/apidispatch/spend"
+	upstreampkg "github.com/apidispatch/apidispatch/upstream"
 )
 
 // Limits of request bodies, as the API's (docs/design.md §16, §19).
@@ -229,7 +230,10 @@ func New(cfg Config) (*Gateway, error) {
 		dc := dispatch.Config{Caps: cfg.Caps}
 		return dc.CapFor(model)
 	}
-	g.lanes = newLaneSet(g.orgs, cfg.Lane, capFor, cfg.Speed, cfg.NewGate)
+	sameOrg := upstreampkg.NewOrgs(cfg.Orgs, func(drop, keep, id, reason string) {
+		g.log.Warn("two keys reach one organisation: the later org's lanes stop", "org", drop, "same_as", keep, "organization_id", id)
+	})
+	g.lanes = newLaneSet(g.orgs, cfg.Lane, capFor, cfg.Speed, cfg.NewGate, sameOrg)
 	// One gateway per state directory: each keeps the clients' spend in
 	// memory, so two on one ledger would each allow a client its max_cost.
 	lock, err := lockStateDir(cfg.StateDir)

@@ -12,6 +12,7 @@ import (
 	"github.com/apidispatch/apidispatch/gate"
 	"github.com/apidispatch/apidispatch/org"
 	"github.com/apidispatch/apidispatch/promptcache"
+	upstreampkg "github.com/apidispatch/apidispatch/upstream"
 )
 
 // Errors of admission callers can branch on.
@@ -99,6 +100,9 @@ type laneSet struct {
 	capFor  func(model string) int
 	speed   float64
 	places  *promptcache.Places // where cached prefixes are warm
+	// sameOrg: two keys of one organisation hold one cap between them
+	// (every lane's gate is under it).
+	sameOrg *upstreampkg.Orgs
 
 	mu    sync.Mutex
 	pools map[anthropic.Pool]*poolQueue
@@ -112,12 +116,12 @@ type laneSet struct {
 	aborted atomic.Bool
 }
 
-func newLaneSet(orgs []*upstream, lc gate.LaneConfig, capFor func(string) int, speed float64, newGate func(gate.LaneConfig) gate.Gate) *laneSet {
+func newLaneSet(orgs []*upstream, lc gate.LaneConfig, capFor func(string) int, speed float64, newGate func(gate.LaneConfig) gate.Gate, sameOrg *upstreampkg.Orgs) *laneSet {
 	if newGate == nil {
 		newGate = func(c gate.LaneConfig) gate.Gate { return gate.NewLane(c) }
 	}
 	return &laneSet{orgs: orgs, newGate: newGate, laneCfg: lc, capFor: capFor, speed: speed, pools: map[anthropic.Pool]*poolQueue{},
-		places: promptcache.NewPlaces(speed)}
+		places: promptcache.NewPlaces(speed), sameOrg: sameOrg}
 }
 
 // queueLocked returns (creating on first use) the pool of model. s.mu is held.
@@ -140,7 +144,7 @@ func (s *laneSet) poolLocked(pool anthropic.Pool, capN int) *poolQueue {
 		// long Redis keeps its slots past its lease) follows the requests
 		// it has seen end.
 		lc.ProbeFirst = true
-		l := &lane{Gate: s.newGate(lc), up: u, pool: pool, q: q}
+		l := &lane{Gate: s.sameOrg.Wrap(s.newGate(lc), lc), up: u, pool: pool, q: q}
 		if wk, ok := l.Gate.(gate.Waker); ok {
 			wk.SetWake(func() {
 				s.kick(q)
@@ -331,6 +335,10 @@ func (l *sharedLane) Done(now time.Time, p gate.Permit, fb gate.Feedback) {
 	}
 	l.s.release(grant{lane: l.lane, permit: p}, fb)
 }
+
+// SameOrg is the same-organisation rule the lane is under, so that an
+// engine does not put it under its own as well.
+func (l *sharedLane) SameOrg() *upstreampkg.Orgs { return l.s.sameOrg }
 
 // SetWake implements gate.Waker.
 func (l *sharedLane) SetWake(f func()) {
