@@ -55,7 +55,7 @@ type Config struct {
 	Orgs    []org.Org
 	BaseURL string // default https://api.anthropic.com
 	// Caps are polite per-key concurrency caps by model family ("sonnet",
-	// "haiku", "opus", "other"); missing families take DefaultCaps.
+	// "haiku", "opus", "other"); missing families take upstream.DefaultCaps.
 	Caps map[string]int
 	// Speed is the server's time compression (the simulator's K); 1 for the
 	// real API. The controller's time constants are divided by it.
@@ -142,17 +142,8 @@ type Config struct {
 // DefaultGiveUpAfter is Config.GiveUpAfter's default.
 const DefaultGiveUpAfter = 10 * time.Minute
 
-// DefaultCaps are the polite per-key concurrency caps (docs/design.md §21).
-var DefaultCaps = map[string]int{"sonnet": 100, "haiku": 120, "opus": 40, "other": 40}
-
-// CapFor returns the cap for model's family.
-func (c *Config) CapFor(model string) int {
-	f := anthropic.Family(model)
-	if v, ok := c.Caps[f]; ok && v > 0 {
-		return v
-	}
-	return DefaultCaps[f]
-}
+// CapFor returns the cap for model's family (upstream.CapFor of Caps).
+func (c *Config) CapFor(model string) int { return upstream.CapFor(c.Caps, model) }
 
 // NewTransport returns the tuned transport the engine uses: enough idle
 // connections for every in-flight request, TLS verification always on. It
@@ -353,7 +344,7 @@ func New(cfg Config) (*Engine, error) {
 	e.client = apihttp.Guard(cfg.Client)
 	if e.client == nil {
 		conns := 0
-		for _, c := range DefaultCaps {
+		for _, c := range upstream.DefaultCaps {
 			conns += c
 		}
 		for _, c := range cfg.Caps {
@@ -1249,12 +1240,7 @@ func (e *Engine) handle(a *attempt, com *committer, stopping bool) {
 			w.notBefore = now
 		} else {
 			w.transient++
-			back := math.Min(8, 0.5*math.Pow(2, float64(w.transient-1))) * (1 - 0.25*rand.Float64())
-			d := time.Duration(back / e.cfg.Speed * float64(time.Second))
-			if o.HasRetryAfter {
-				d = max(d, o.RetryAfter)
-			}
-			w.notBefore = now.Add(d)
+			w.notBefore = now.Add(gate.RetryWait(o, w.transient, e.cfg.Speed, rand.Float64()))
 		}
 	}
 	if stopping {

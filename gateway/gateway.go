@@ -32,7 +32,6 @@ import (
 	"github.com/apidispatch/apidispatch/apihttp"
 	"github.com/apidispatch/apidispatch/cache"
 	"github.com/apidispatch/apidispatch/cost"
-	"github.com/apidispatch/apidispatch/dispatch"
 	"github.com/apidispatch/apidispatch/gate"
 	"github.com/apidispatch/apidispatch/org"
 	"github.com/apidispatch/apidispatch/plan"
@@ -226,10 +225,7 @@ func New(cfg Config) (*Gateway, error) {
 	for _, o := range cfg.Orgs {
 		g.orgs = append(g.orgs, &upstream{Org: o})
 	}
-	capFor := func(model string) int {
-		dc := dispatch.Config{Caps: cfg.Caps}
-		return dc.CapFor(model)
-	}
+	capFor := func(model string) int { return upstreampkg.CapFor(cfg.Caps, model) }
 	sameOrg := upstreampkg.NewOrgs(cfg.Orgs, func(drop, keep, id, reason string) {
 		g.log.Warn("two keys reach one organisation: the later org's lanes stop", "org", drop, "same_as", keep, "organization_id", id)
 	})

@@ -282,7 +282,11 @@ func (s *laneSet) release(g grant, fb gate.Feedback) {
 		s.pumpLocked(q, now)
 		s.mu.Unlock()
 	}
-	s.wakeEngines(g.lane)
+	// Every lane of the pool: under the same-organisation rule a release
+	// on one org's lane may make room on another's.
+	for _, l := range g.lane.q.lanes {
+		s.wakeEngines(l)
+	}
 }
 
 func (s *laneSet) wakeEngines(l *lane) {

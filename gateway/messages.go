@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math"
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptrace"
@@ -267,11 +266,7 @@ func (x *exchange) run() {
 			var wait time.Duration
 			if !o.RateLimited { // a 429 holds its lane; others may take it now
 				transient++
-				back := math.Min(8, 0.5*math.Pow(2, float64(transient-1))) * (1 - 0.25*rand.Float64())
-				wait = time.Duration(back / g.cfg.Speed * float64(time.Second))
-				if o.HasRetryAfter {
-					wait = max(wait, o.RetryAfter)
-				}
+				wait = gate.RetryWait(o, transient, g.cfg.Speed, rand.Float64())
 			}
 			if time.Now().Add(wait).After(deadline) {
 				x.passOn(last, nil, 0)

@@ -42,13 +42,18 @@ func goList(t *testing.T, args ...string) []string {
 // the metrics sit below the sync engine; the run directory and the gate
 // types sit below every route. A provider's wire package (anthropic,
 // openai) is a leaf: it knows no other provider and nothing above it.
+// The upstream layer (the same-organisation rule, the cap table) sits
+// below every route, and plan takes its defaults from it, not from the
+// engine.
 func TestLayers(t *testing.T) {
 	below := map[string][]string{
-		"batch":   {"dispatch"},
-		"shared":  {"dispatch"},
-		"metrics": {"dispatch"},
-		"rundir":  {"dispatch", "batch", "runner", "gateway", "ab", "shared", "plan"},
-		"gate":    {"dispatch", "rundir", "shared", "metrics", "batch"},
+		"upstream": {"dispatch", "batch", "runner", "gateway", "rundir", "plan", "shared", "ab"},
+		"plan":     {"dispatch", "gateway"},
+		"batch":    {"dispatch"},
+		"shared":   {"dispatch"},
+		"metrics":  {"dispatch"},
+		"rundir":   {"dispatch", "batch", "runner", "gateway", "ab", "shared", "plan"},
+		"gate":     {"dispatch", "rundir", "shared", "metrics", "batch"},
 		"openai": {"anthropic", "dispatch", "batch", "runner", "gateway", "rundir", "gate", "ratelimit",
 			"cost", "sim", "store", "org"},
 		"anthropic": {"openai", "dispatch", "batch", "runner", "gateway", "rundir", "gate", "ratelimit", "cost", "sim"},
