@@ -90,3 +90,25 @@ func TestOnlyRundirImportsSQLite(t *testing.T) {
 		t.Error("no package imports store/sqlite: the check would pass on anything")
 	}
 }
+
+// The gateway takes nothing from the engine but the engine itself, for
+// its batches' sync route (batches.go): its caps, its retry policy and
+// its same-organisation rule come from upstream and gate, as the
+// engine's do. A second file importing dispatch fails here.
+func TestGatewayImportsTheEngineOnlyForItsBatches(t *testing.T) {
+	lines := goList(t, "-f", `{{range .GoFiles}}{{.}} {{end}}`, "./gateway")
+	files := 0
+	for _, f := range lines {
+		files++
+		src, err := os.ReadFile(filepath.Join("..", "..", "gateway", f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(string(src), `"`+module+`/dispatch"`) && f != "batches.go" {
+			t.Errorf("gateway/%s imports dispatch: take defaults from upstream (caps) or gate (the retry policy)", f)
+		}
+	}
+	if files < 10 {
+		t.Fatalf("go list found %d files in gateway: the check would pass on anything", files)
+	}
+}
