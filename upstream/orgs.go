@@ -97,31 +97,37 @@ func (o *Orgs) roomLocked(name string, pool anthropic.Pool, capN int) bool {
 		return false // one request until the organisation is known
 	}
 	unknown := 0
-	groups := map[string]int{}
 	for n, c := range fl {
-		x := o.info[n]
-		switch {
-		case x == nil:
-		case !x.known:
+		if x := o.info[n]; x != nil && !x.known {
 			unknown += c
-		case x.id == "":
-			groups["\x00"+n] += c
-		default:
-			groups[x.id] += c
 		}
 	}
 	if in.known {
-		g := in.id
-		if g == "" {
-			g = "\x00" + name
-		}
-		return groups[g]+unknown+1 <= capN
+		return o.groupLocked(fl, name)+unknown+1 <= capN
 	}
 	most := 0
-	for _, c := range groups {
-		most = max(most, c)
+	for n, c := range fl {
+		if x := o.info[n]; c > 0 && x != nil && x.known {
+			most = max(most, o.groupLocked(fl, n))
+		}
 	}
 	return most+unknown+1 <= capN
+}
+
+// groupLocked is how many requests of fl (a pool's in flight by org) are
+// in flight on the organisation of org name, which is known. o.mu is held.
+func (o *Orgs) groupLocked(fl map[string]int, name string) int {
+	id := o.info[name].id
+	if id == "" {
+		return fl[name] // an organisation of its own
+	}
+	n := 0
+	for m, c := range fl {
+		if x := o.info[m]; x != nil && x.known && x.id == id {
+			n += c
+		}
+	}
+	return n
 }
 
 // learn records what an answer of org name's key showed of its
