@@ -1119,14 +1119,7 @@ func (e *Engine) send(a *attempt) {
 	a.reached = status != 0 || a.wrote.Load()
 	a.outcome = anthropic.Classify(status, hdr, rb, err, now)
 	a.body = rb
-	switch a.outcome.ErrorType {
-	case anthropic.ErrTypeTruncated, anthropic.ErrTypeNotMessage:
-		a.maybeBilled = true
-	case anthropic.ErrTypeConnection:
-		// Only a connection lost after the whole request went out can
-		// have been billed; a refused dial or a broken write cannot.
-		a.maybeBilled = a.wrote.Load()
-	}
+	a.maybeBilled = upstream.MayHaveBilled(a.outcome, a.wrote.Load())
 	if a.outcome.Kind == anthropic.Success {
 		e.jr.Succeeded(a.w.it.Seq, a.w.attempts)
 	} else {

@@ -22,6 +22,7 @@ import (
 	"github.com/apidispatch/apidispatch/gate"
 	"github.com/apidispatch/apidispatch/promptcache"
 	"github.com/apidispatch/apidispatch/ratelimit"
+	upstreampkg "github.com/apidispatch/apidispatch/upstream"
 	"github.com/apidispatch/apidispatch/workload"
 )
 
@@ -708,15 +709,8 @@ func (s *sseState) line(b []byte) {
 	}
 }
 
-// mayHaveBilled reports whether a failed attempt may have been billed: an
-// answer cut or unreadable after a 2xx, or a connection lost (or timed out)
-// after the request went out whole.
+// mayHaveBilled reports whether a failed attempt may have been billed
+// (upstream.MayHaveBilled, the rule of every route).
 func (x *exchange) mayHaveBilled(o anthropic.Outcome) bool {
-	switch o.ErrorType {
-	case anthropic.ErrTypeTruncated, anthropic.ErrTypeNotMessage:
-		return true
-	case anthropic.ErrTypeConnection:
-		return x.wrote.Load()
-	}
-	return false
+	return upstreampkg.MayHaveBilled(o, x.wrote.Load())
 }
