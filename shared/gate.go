@@ -554,8 +554,7 @@ func (g *Gate) renew(ctx context.Context) error {
 // has shown it (Done): the key's own slots are handed back, Redis learns
 // the organisation of the key (so a process started later begins on the
 // organisation's budget), and the gate starts on the organisation's lane
-// as a process joining it, with nothing granted until the renewal that
-// follows answers. g.renewMu is held.
+// as a process joining it. g.renewMu is held.
 func (g *Gate) moveToOrg(ctx context.Context) error {
 	g.mu.Lock()
 	id, old, proc := g.pendingOrg, g.keys, g.proc
@@ -577,8 +576,10 @@ func (g *Gate) moveToOrg(ctx context.Context) error {
 	if taken {
 		g.proc = g.b.proc + "|" + g.fp
 	}
+	// Nothing granted until the renewal that follows; what it asks for
+	// is what the lane was refused meanwhile (starved), if anything: a
+	// lane that stops (a later key of an organisation) asks for nothing.
 	g.grant, g.joined = 0, false
-	g.starved = true
 	g.mu.Unlock()
 	g.b.mu.Unlock()
 	return nil
