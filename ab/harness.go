@@ -29,6 +29,7 @@ import (
 	"github.com/apidispatch/apidispatch/rundir"
 	"github.com/apidispatch/apidispatch/runner"
 	"github.com/apidispatch/apidispatch/sim"
+	"github.com/apidispatch/apidispatch/upstream"
 	"github.com/apidispatch/apidispatch/workload"
 )
 
@@ -115,7 +116,7 @@ type Config struct {
 	ExpectOutput int64
 	// Prices is the price table (default cost.Default()).
 	Prices *cost.Table
-	// Caps are the dispatcher's polite caps (default dispatch.DefaultCaps).
+	// Caps are the dispatcher's polite caps (default upstream.DefaultCaps).
 	Caps map[string]int
 	// Stderr receives the human-readable story of the run (default discard).
 	Stderr io.Writer
@@ -767,7 +768,7 @@ func (h *harness) costArithmetic(p *plan.Projection, rounds int, bat *plan.Route
 
 func (h *harness) caps() map[string]int {
 	out := map[string]int{}
-	for k, v := range dispatch.DefaultCaps {
+	for k, v := range upstream.DefaultCaps {
 		out[k] = v
 	}
 	for k, v := range h.cfg.Caps {

@@ -39,6 +39,7 @@ import (
 	"github.com/apidispatch/apidispatch/rundir"
 	"github.com/apidispatch/apidispatch/spend"
 	"github.com/apidispatch/apidispatch/store"
+	"github.com/apidispatch/apidispatch/upstream"
 	"github.com/apidispatch/apidispatch/workload"
 )
 
@@ -54,7 +55,7 @@ type Config struct {
 	Orgs    []org.Org
 	BaseURL string // default https://api.anthropic.com
 	// Caps are polite per-key concurrency caps by model family ("sonnet",
-	// "haiku", "opus", "other"); missing families take DefaultCaps.
+	// "haiku", "opus", "other"); missing families take upstream.DefaultCaps.
 	Caps map[string]int
 	// Speed is the server's time compression (the simulator's K); 1 for the
 	// real API. The controller's time constants are divided by it.
@@ -116,6 +117,11 @@ type Config struct {
 	// NewGate makes a lane's gate (default: NewLane, in-process). A shared
 	// implementation lets several processes keep one budget per key.
 	NewGate func(gate.LaneConfig) gate.Gate
+	// SameOrg is the same-organisation rule the lanes are under (default:
+	// the engine's own, upstream.NewOrgs of Orgs). A gate NewGate makes
+	// under the same rule (the gateway's lanes, for its batches) is not
+	// put under it twice.
+	SameOrg *upstream.Orgs
 	Log     *slog.Logger
 	// SampleEvery is the period of "sample" events for the report (default 1 s; <0 disables).
 	SampleEvery time.Duration
@@ -136,17 +142,8 @@ type Config struct {
 // DefaultGiveUpAfter is Config.GiveUpAfter's default.
 const DefaultGiveUpAfter = 10 * time.Minute
 
-// DefaultCaps are the polite per-key concurrency caps (docs/design.md §21).
-var DefaultCaps = map[string]int{"sonnet": 100, "haiku": 120, "opus": 40, "other": 40}
-
-// CapFor returns the cap for model's family.
-func (c *Config) CapFor(model string) int {
-	f := anthropic.Family(model)
-	if v, ok := c.Caps[f]; ok && v > 0 {
-		return v
-	}
-	return DefaultCaps[f]
-}
+// CapFor returns the cap for model's family (upstream.CapFor of Caps).
+func (c *Config) CapFor(model string) int { return upstream.CapFor(c.Caps, model) }
 
 // NewTransport returns the tuned transport the engine uses: enough idle
 // connections for every in-flight request, TLS verification always on. It
@@ -237,6 +234,8 @@ type Engine struct {
 	orgs   []*orgState
 	lanes  map[anthropic.Pool][]*laneRef
 	places *promptcache.Places // where prompt caches are warm
+	// sameOrg: two keys of one organisation hold one cap between them.
+	sameOrg *upstream.Orgs
 	// laneList is every lane, for readers on other goroutines.
 	lanesMu  sync.Mutex
 	laneList []*laneRef
@@ -345,7 +344,7 @@ func New(cfg Config) (*Engine, error) {
 	e.client = apihttp.Guard(cfg.Client)
 	if e.client == nil {
 		conns := 0
-		for _, c := range DefaultCaps {
+		for _, c := range upstream.DefaultCaps {
 			conns += c
 		}
 		for _, c := range cfg.Caps {
@@ -360,6 +359,9 @@ func New(cfg Config) (*Engine, error) {
 	}
 	for _, o := range cfg.Orgs {
 		e.orgs = append(e.orgs, &orgState{Org: o})
+	}
+	if e.sameOrg = cfg.SameOrg; e.sameOrg == nil {
+		e.sameOrg = upstream.NewOrgs(cfg.Orgs, nil)
 	}
 	if e.places = cfg.PromptCaches; e.places == nil {
 		e.places = promptcache.NewPlaces(cfg.Speed)
@@ -380,7 +382,7 @@ func (e *Engine) lanesFor(pool anthropic.Pool, model string) []*laneRef {
 		// LaneConfig.ProbeFirst), whoever makes it: the shared gate, the
 		// metrics wrapper's lane.
 		lc.ProbeFirst = true
-		l := &laneRef{Gate: e.cfg.NewGate(lc), cap: lc.Cap, org: o, pool: pool, key: o.Name + "/" + string(pool)}
+		l := &laneRef{Gate: e.sameOrg.Wrap(e.cfg.NewGate(lc), lc), cap: lc.Cap, org: o, pool: pool, key: o.Name + "/" + string(pool)}
 		if w, ok := l.Gate.(gate.Waker); ok {
 			w.SetWake(e.signal)
 		}
@@ -1117,14 +1119,7 @@ func (e *Engine) send(a *attempt) {
 	a.reached = status != 0 || a.wrote.Load()
 	a.outcome = anthropic.Classify(status, hdr, rb, err, now)
 	a.body = rb
-	switch a.outcome.ErrorType {
-	case anthropic.ErrTypeTruncated, anthropic.ErrTypeNotMessage:
-		a.maybeBilled = true
-	case anthropic.ErrTypeConnection:
-		// Only a connection lost after the whole request went out can
-		// have been billed; a refused dial or a broken write cannot.
-		a.maybeBilled = a.wrote.Load()
-	}
+	a.maybeBilled = upstream.MayHaveBilled(a.outcome, a.wrote.Load())
 	if a.outcome.Kind == anthropic.Success {
 		e.jr.Succeeded(a.w.it.Seq, a.w.attempts)
 	} else {
@@ -1238,12 +1233,7 @@ func (e *Engine) handle(a *attempt, com *committer, stopping bool) {
 			w.notBefore = now
 		} else {
 			w.transient++
-			back := math.Min(8, 0.5*math.Pow(2, float64(w.transient-1))) * (1 - 0.25*rand.Float64())
-			d := time.Duration(back / e.cfg.Speed * float64(time.Second))
-			if o.HasRetryAfter {
-				d = max(d, o.RetryAfter)
-			}
-			w.notBefore = now.Add(d)
+			w.notBefore = now.Add(gate.RetryWait(o, w.transient, e.cfg.Speed, rand.Float64()))
 		}
 	}
 	if stopping {

@@ -235,7 +235,10 @@ func TestUnreachableGivesUp(t *testing.T) {
 	if !strings.Contains(res.StopReason, "no request reached "+down+" for 500ms") || !strings.Contains(res.StopReason, "connect") {
 		t.Fatalf("stop reason %q", res.StopReason)
 	}
-	if s.Succeeded != 0 || s.Errored != 0 || s.Unfinished != 200 || s.Attempts < 200 || s.PossibleDuplicateBilling != 0 {
+	// No key's organisation is known without an answer, so each lane
+	// sends one request at a time (upstream.Orgs): it keeps retrying, but
+	// not with every item at once.
+	if s.Succeeded != 0 || s.Errored != 0 || s.Unfinished != 200 || s.Attempts < 10 || s.PossibleDuplicateBilling != 0 {
 		t.Fatalf("after giving up: succeeded %d errored %d unfinished %d attempts %d possible duplicates %d",
 			s.Succeeded, s.Errored, s.Unfinished, s.Attempts, s.PossibleDuplicateBilling)
 	}

@@ -421,8 +421,7 @@ func (l *Lane) congestion(now time.Time, p Permit, o anthropic.Outcome) {
 		// No retry-after: back off 0.5, 1, 2 … 8 s of server time per
 		// epoch, so a storm without retry-after is not hammered.
 		l.noRAStreak++
-		sec := math.Min(8, 0.5*math.Pow(2, float64(l.noRAStreak-1)))
-		hold = time.Duration(sec / l.cfg.Speed * float64(time.Second))
+		hold = Backoff(l.noRAStreak, l.cfg.Speed, 0)
 	}
 	if hold > 0 {
 		until := now.Add(hold)

@@ -462,7 +462,7 @@ func (s *batchStore) runOnce(ctx context.Context, gb *gwBatch, cancelOpen bool) 
 	}
 	sync := dispatch.Config{
 		Orgs: g.cfg.Orgs, BaseURL: g.cfg.BaseURL, Caps: g.cfg.Caps, Speed: g.cfg.Speed, Prices: g.cfg.Prices,
-		Client: g.client, Log: g.log, NewGate: g.lanes.engineGate, Lane: g.cfg.Lane, Timeout: g.cfg.Timeout,
+		Client: g.client, Log: g.log, NewGate: g.lanes.engineGate, SameOrg: g.lanes.sameOrg, Lane: g.cfg.Lane, Timeout: g.cfg.Timeout,
 		PromptCaches: g.lanes.places, // the same orgs' prompt caches as the sync requests
 	}
 	abort, forget := g.life.aborter()

@@ -22,6 +22,7 @@ import (
 	"github.com/apidispatch/apidispatch/rundir"
 	"github.com/apidispatch/apidispatch/sim"
 	"github.com/apidispatch/apidispatch/soak"
+	upstreampkg "github.com/apidispatch/apidispatch/upstream"
 )
 
 // timedTransport measures the latency of every upstream attempt (sent to
@@ -325,7 +326,7 @@ func BenchmarkGatewayCapBound(b *testing.B) {
 	speed := float64(envInt("APIDISPATCH_GW_SPEED", 10))
 	n := envInt("APIDISPATCH_GW_N", 9000)
 	conc := envInt("APIDISPATCH_GW_CONC", 500)
-	capSum := 3 * dispatch.DefaultCaps["sonnet"]
+	capSum := 3 * upstreampkg.DefaultCaps["sonnet"]
 	for range b.N {
 		input := simtest.Judge(b, b.TempDir(), n, 1)
 		bodies := judgeBodies(b, input)

@@ -32,12 +32,12 @@ import (
 	"github.com/apidispatch/apidispatch/apihttp"
 	"github.com/apidispatch/apidispatch/cache"
 	"github.com/apidispatch/apidispatch/cost"
-	"github.com/apidispatch/apidispatch/dispatch"
 	"github.com/apidispatch/apidispatch/gate"
 	"github.com/apidispatch/apidispatch/org"
 	"github.com/apidispatch/apidispatch/plan"
 	"github.com/apidispatch/apidispatch/rundir"
 	"github.com/apidispatch/apidispatch/spend"
+	upstreampkg "github.com/apidispatch/apidispatch/upstream"
 )
 
 // Limits of request bodies, as the API's (docs/design.md §16, §19).
@@ -243,11 +243,11 @@ func New(cfg Config) (*Gateway, error) {
 	for _, o := range cfg.Orgs {
 		g.orgs = append(g.orgs, &upstream{Org: o})
 	}
-	capFor := func(model string) int {
-		dc := dispatch.Config{Caps: cfg.Caps}
-		return dc.CapFor(model)
-	}
-	g.lanes = newLaneSet(g.orgs, cfg.Lane, capFor, cfg.Speed, cfg.NewGate)
+	capFor := func(model string) int { return upstreampkg.CapFor(cfg.Caps, model) }
+	sameOrg := upstreampkg.NewOrgs(cfg.Orgs, func(drop, keep, id, reason string) {
+		g.log.Warn("two keys reach one organisation: the later org's lanes stop", "org", drop, "same_as", keep, "organization_id", id)
+	})
+	g.lanes = newLaneSet(g.orgs, cfg.Lane, capFor, cfg.Speed, cfg.NewGate, sameOrg)
 	g.lanes.setClients(cfg.Clients)
 	// One gateway per state directory: each keeps the clients' spend in
 	// memory, so two on one ledger would each allow a client its max_cost.

@@ -13,6 +13,7 @@ import (
 	"github.com/apidispatch/apidispatch/gate"
 	"github.com/apidispatch/apidispatch/org"
 	"github.com/apidispatch/apidispatch/promptcache"
+	upstreampkg "github.com/apidispatch/apidispatch/upstream"
 )
 
 // Errors of admission callers can branch on.
@@ -110,6 +111,9 @@ type laneSet struct {
 	capFor  func(model string) int
 	speed   float64
 	places  *promptcache.Places // where cached prefixes are warm
+	// sameOrg: two keys of one organisation hold one cap between them
+	// (every lane's gate is under it).
+	sameOrg *upstreampkg.Orgs
 
 	mu sync.Mutex
 	// shares are the clients' (by name), made on first use for a client
@@ -219,12 +223,12 @@ func (g *heldGate) SetWake(f func()) {
 	}
 }
 
-func newLaneSet(orgs []*upstream, lc gate.LaneConfig, capFor func(string) int, speed float64, newGate func(gate.LaneConfig) gate.Gate) *laneSet {
+func newLaneSet(orgs []*upstream, lc gate.LaneConfig, capFor func(string) int, speed float64, newGate func(gate.LaneConfig) gate.Gate, sameOrg *upstreampkg.Orgs) *laneSet {
 	if newGate == nil {
 		newGate = func(c gate.LaneConfig) gate.Gate { return gate.NewLane(c) }
 	}
 	return &laneSet{orgs: orgs, newGate: newGate, laneCfg: lc, capFor: capFor, speed: speed, pools: map[anthropic.Pool]*poolQueue{},
-		places: promptcache.NewPlaces(speed), shares: map[string]*share{}}
+		places: promptcache.NewPlaces(speed), shares: map[string]*share{}, sameOrg: sameOrg}
 }
 
 // setClients gives the set its clients' weights, classes and hard shares.
@@ -274,7 +278,7 @@ func (s *laneSet) poolLocked(pool anthropic.Pool, capN int) *poolQueue {
 		// long Redis keeps its slots past its lease) follows the requests
 		// it has seen end.
 		lc.ProbeFirst = true
-		l := &lane{Gate: s.newGate(lc), up: u, pool: pool, q: q}
+		l := &lane{Gate: s.sameOrg.Wrap(s.newGate(lc), lc), up: u, pool: pool, q: q}
 		if wk, ok := l.Gate.(gate.Waker); ok {
 			wk.SetWake(func() {
 				s.kick(q)
@@ -431,7 +435,11 @@ func (s *laneSet) release(g grant, fb gate.Feedback) {
 		s.pumpLocked(q, now)
 		s.mu.Unlock()
 	}
-	s.wakeEngines(g.lane)
+	// Every lane of the pool: under the same-organisation rule a release
+	// on one org's lane may make room on another's.
+	for _, l := range g.lane.q.lanes {
+		s.wakeEngines(l)
+	}
 }
 
 func (s *laneSet) wakeEngines(l *lane) {
@@ -484,6 +492,10 @@ func (l *sharedLane) Done(now time.Time, p gate.Permit, fb gate.Feedback) {
 	}
 	l.s.release(grant{lane: l.lane, permit: p}, fb)
 }
+
+// SameOrg is the same-organisation rule the lane is under, so that an
+// engine does not put it under its own as well.
+func (l *sharedLane) SameOrg() *upstreampkg.Orgs { return l.s.sameOrg }
 
 // SetWake implements gate.Waker.
 func (l *sharedLane) SetWake(f func()) {

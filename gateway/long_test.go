@@ -8,16 +8,16 @@ import (
 	"testing"
 	"time"
 
-	"github.com/apidispatch/apidispatch/dispatch"
 	"github.com/apidispatch/apidispatch/internal/simtest"
 	"github.com/apidispatch/apidispatch/sim"
+	upstreampkg "github.com/apidispatch/apidispatch/upstream"
 )
 
 // checkPolite asserts the simulator never saw more than the cap in flight
 // on a key, and that every org took part.
 func checkPolite(t *testing.T, run *sim.Running) {
 	t.Helper()
-	capN := int64(dispatch.DefaultCaps["sonnet"])
+	capN := int64(upstreampkg.DefaultCaps["sonnet"])
 	for _, o := range run.Server.Stats().Orgs {
 		if o.MaxInFlight > capN {
 			t.Errorf("org %s: %d in flight, cap %d", o.Name, o.MaxInFlight, capN)

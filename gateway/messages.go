@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math"
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptrace"
@@ -23,6 +22,7 @@ import (
 	"github.com/apidispatch/apidispatch/gate"
 	"github.com/apidispatch/apidispatch/promptcache"
 	"github.com/apidispatch/apidispatch/ratelimit"
+	upstreampkg "github.com/apidispatch/apidispatch/upstream"
 	"github.com/apidispatch/apidispatch/workload"
 )
 
@@ -287,11 +287,7 @@ func (x *exchange) run() {
 			var wait time.Duration
 			if !o.RateLimited { // a 429 holds its lane; others may take it now
 				transient++
-				back := math.Min(8, 0.5*math.Pow(2, float64(transient-1))) * (1 - 0.25*rand.Float64())
-				wait = time.Duration(back / g.cfg.Speed * float64(time.Second))
-				if o.HasRetryAfter {
-					wait = max(wait, o.RetryAfter)
-				}
+				wait = gate.RetryWait(o, transient, g.cfg.Speed, rand.Float64())
 			}
 			if time.Now().Add(wait).After(deadline) {
 				x.passOn(last, nil, 0)
@@ -733,17 +729,10 @@ func (s *sseState) line(b []byte) {
 	}
 }
 
-// mayHaveBilled reports whether a failed attempt may have been billed: an
-// answer cut or unreadable after a 2xx, or a connection lost (or timed out)
-// after the request went out whole.
+// mayHaveBilled reports whether a failed attempt may have been billed
+// (upstream.MayHaveBilled, the rule of every route).
 func (x *exchange) mayHaveBilled(o anthropic.Outcome) bool {
-	switch o.ErrorType {
-	case anthropic.ErrTypeTruncated, anthropic.ErrTypeNotMessage:
-		return true
-	case anthropic.ErrTypeConnection:
-		return x.wrote.Load()
-	}
-	return false
+	return upstreampkg.MayHaveBilled(o, x.wrote.Load())
 }
 
 // maxTokensOf is p's max_tokens (0 when it has none).

@@ -4,7 +4,7 @@ import (
 	"bytes"
 	"context"
 	"io"
-	"math"
+	"math/rand/v2"
 	"net/http"
 	"strconv"
 	"strings"
@@ -12,6 +12,7 @@ import (
 
 	"github.com/apidispatch/apidispatch/anthropic"
 	"github.com/apidispatch/apidispatch/apihttp"
+	"github.com/apidispatch/apidispatch/gate"
 )
 
 // countTokens serves POST /v1/messages/count_tokens from any usable org.
@@ -127,11 +128,8 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, body []byte, m
 			return
 		}
 		last = &a
-		back := math.Min(8, 0.5*math.Pow(2, float64(n-1)))
-		wait := time.Duration(back / g.cfg.Speed * float64(time.Second))
-		if o.HasRetryAfter {
-			wait = o.RetryAfter
-		}
+		// No lane holds for a 429 here: it waits like any retry.
+		wait := gate.RetryWait(o, n, g.cfg.Speed, rand.Float64())
 		if time.Now().Add(wait).After(deadline) {
 			passOnPlain(w, last, n)
 			return

@@ -8,8 +8,8 @@ import (
 
 	"github.com/apidispatch/apidispatch/anthropic"
 	"github.com/apidispatch/apidispatch/cost"
-	"github.com/apidispatch/apidispatch/dispatch"
 	"github.com/apidispatch/apidispatch/internal/numfmt"
+	"github.com/apidispatch/apidispatch/upstream"
 	"github.com/apidispatch/apidispatch/workload"
 )
 
@@ -55,7 +55,7 @@ type Input struct {
 	// Limits, else one org "default".
 	Orgs []string
 	// Caps are per-key concurrency caps by family ("sonnet", "haiku",
-	// "opus", "other"); missing families take dispatch.DefaultCaps.
+	// "opus", "other"); missing families take upstream.DefaultCaps.
 	Caps map[string]int
 	// Limits from 'apidispatch probe' (nil: unknown, lanes are cap-bound
 	// only, and the projection says so).
@@ -500,16 +500,7 @@ func newLaneProjector(in Input, p *Projection, note func(string, ...any)) *laneP
 }
 
 // capFor is the polite cap of a model's family.
-func (lp *laneProjector) capFor(model string) int {
-	f := anthropic.Family(model)
-	if v, ok := lp.in.Caps[f]; ok && v > 0 {
-		return v
-	}
-	if v := dispatch.DefaultCaps[f]; v > 0 {
-		return v
-	}
-	return dispatch.DefaultCaps["other"]
-}
+func (lp *laneProjector) capFor(model string) int { return upstream.CapFor(lp.in.Caps, model) }
 
 // lane computes one lane's ceiling with concurrency c.
 func (lp *laneProjector) lane(orgName string, d poolDemand, c int) LaneProjection {

@@ -50,8 +50,15 @@ import (
 	"github.com/apidispatch/apidispatch/rundir"
 )
 
-// keyPrefix starts every Redis key this package writes.
+// keyPrefix starts every Redis key of a lane this package writes.
 const keyPrefix = "apidispatch:v1:lane:"
+
+// orgOfPrefix starts the key that holds the organisation a key reaches
+// (its fingerprint follows), once a process has seen it in an answer.
+const orgOfPrefix = "apidispatch:v1:orgof:"
+
+// orgOfTTL is how long Redis remembers a key's organisation.
+const orgOfTTL = 30 * 24 * time.Hour
 
 // DefaultTTL is how long a process's lease outlives its last renewal.
 const DefaultTTL = 2 * time.Second
@@ -115,6 +122,9 @@ type Budget struct {
 	every     time.Duration
 	opTimeout time.Duration
 	fps       map[string]string // org name → key fingerprint
+	// orgOf is key fingerprint → the organisation it reaches, as Redis
+	// knew at Open (later ones each gate learns from its answers).
+	orgOf map[string]string
 
 	mu       sync.Mutex
 	gates    []*Gate
@@ -159,6 +169,7 @@ func Open(ctx context.Context, cfg Config) (*Budget, error) {
 		every:     min(cfg.TTL/4, 250*time.Millisecond),
 		opTimeout: max(cfg.TTL/4, 200*time.Millisecond),
 		fps:       map[string]string{},
+		orgOf:     map[string]string{},
 		kickC:     make(chan struct{}, 1),
 		done:      make(chan struct{}),
 	}
@@ -182,8 +193,35 @@ func Open(ctx context.Context, cfg Config) (*Budget, error) {
 		b.down, b.downFrom, b.periods, b.startLocal = true, time.Now(), 1, true
 		cfg.Events.Emit(rundir.EventWarning, "shared budget: Redis at "+host+" is unreachable; running on a conservative local share until it answers", map[string]any{"shared": host})
 		cfg.Log.Warn("shared budget: Redis unreachable; running on a local share", "host", host)
+		return b, nil
+	}
+	if err := b.loadOrgs(pctx); err != nil && !cfg.Fallback {
+		b.rdb.Close()
+		return nil, fmt.Errorf("%w at %s: %v", ErrUnreachable, host, scrub(err, opt.Password))
 	}
 	return b, nil
+}
+
+// loadOrgs reads the organisations other processes learnt the keys reach.
+func (b *Budget) loadOrgs(ctx context.Context) error {
+	if len(b.fps) == 0 {
+		return nil
+	}
+	var names, keys []string
+	for _, fp := range b.fps {
+		names = append(names, fp)
+		keys = append(keys, orgOfPrefix+fp)
+	}
+	vals, err := b.rdb.MGet(ctx, keys...).Result()
+	if err != nil {
+		return err
+	}
+	for i, v := range vals {
+		if s, ok := v.(string); ok && s != "" {
+			b.orgOf[names[i]] = s
+		}
+	}
+	return nil
 }
 
 // parseURL reads a redis:// or rediss:// URL, the password optionally
@@ -236,10 +274,12 @@ func (b *Budget) Host() string { return b.host }
 // NewGate therefore hands a later engine the lane's existing gate, which
 // judges the key anew (not disabled) and asks for slots at once.
 func (b *Budget) NewGate(lc gate.LaneConfig) gate.Gate {
-	g := newGate(b, lc, b.fps[lc.Org])
+	fp := b.fps[lc.Org]
+	g := newGate(b, lc, fp, b.orgOf[fp])
 	b.mu.Lock()
 	for _, old := range b.gates {
-		if old.keys[0] == g.keys[0] {
+		// The same key and pool: the same lane, wherever its budget is now.
+		if old.fp == g.fp && old.cfg.Pool == g.cfg.Pool {
 			b.mu.Unlock()
 			old.mu.Lock()
 			old.disabled = ""
@@ -248,6 +288,9 @@ func (b *Budget) NewGate(lc gate.LaneConfig) gate.Gate {
 			b.kick()
 			return old
 		}
+	}
+	if b.tagTakenLocked(g, g.keys[0]) {
+		g.proc = b.proc + "|" + fp
 	}
 	if !b.startLocal {
 		// The first renewal comes at once; until then the gate admits
@@ -260,6 +303,19 @@ func (b *Budget) NewGate(lc gate.LaneConfig) gate.Gate {
 	b.mu.Unlock()
 	b.kick()
 	return g
+}
+
+// tagTakenLocked reports whether a gate of b other than g renews on the
+// lane whose first key is k (two keys of one organisation, each with its
+// lane on the organisation's budget): g then renews under a name of its
+// own, so that neither overwrites what the other holds. b.mu is held.
+func (b *Budget) tagTakenLocked(g *Gate, k string) bool {
+	for _, x := range b.gates {
+		if x != g && x.keysNow()[0] == k {
+			return true
+		}
+	}
+	return false
 }
 
 func (b *Budget) kick() {

@@ -32,10 +32,21 @@ import (
 // answers, whatever its grant says: a process paused past its lease, or
 // cut off from Redis, does not admit on a grant Redis may have given away.
 type Gate struct {
-	b    *Budget
-	cfg  gate.LaneConfig
+	b   *Budget
+	cfg gate.LaneConfig
+	fp  string
+	// keys are the lane's keys in Redis: the organisation's once the key's
+	// is known (org), the key's own until then; proc is the name it
+	// renews under (the process's, or, when another gate of the process
+	// renews on the same keys, its own). Both change only in renew, with
+	// renewMu and mu held; read them with mu or renewMu.
 	keys []string
-	fp   string
+	proc string
+	org  string
+	// pendingOrg is the organisation an answer showed, until renew moves
+	// the lane to its budget; the gate admits nothing meanwhile (it has
+	// had one request out, its probe: see LaneConfig.ProbeFirst).
+	pendingOrg string
 
 	renewMu sync.Mutex // one renewal at a time
 
@@ -101,13 +112,25 @@ var (
 	_ gate.Waker = (*Gate)(nil)
 )
 
-func newGate(b *Budget, lc gate.LaneConfig, fp string) *Gate {
+// laneKeys are the Redis keys of the lane of owner (a key's fingerprint,
+// or "org." and an organisation id) and pool.
+func laneKeys(owner string, pool string) []string {
+	base := keyPrefix + "{" + owner + ":" + pool + "}"
+	return []string{base + ":state", base + ":held", base + ":want", base + ":infl", base + ":exp", base + ":r429", base + ":caps"}
+}
+
+// newGate makes the gate of lane lc for the key fp, on the budget of the
+// organisation org when it is known ("": the key's own until an answer
+// shows it).
+func newGate(b *Budget, lc gate.LaneConfig, fp, org string) *Gate {
 	lc = lc.WithDefaults()
-	tag := "{" + fp + ":" + string(lc.Pool) + "}"
-	base := keyPrefix + tag
+	owner := fp
+	if org != "" {
+		owner = "org." + org
+	}
 	g := &Gate{
-		b: b, cfg: lc, fp: fp,
-		keys:    []string{base + ":state", base + ":held", base + ":want", base + ":infl", base + ":exp", base + ":r429", base + ":caps"},
+		b: b, cfg: lc, fp: fp, org: org, proc: b.proc,
+		keys:    laneKeys(owner, string(lc.Pool)),
 		buckets: gate.NewBuckets(lc),
 		share:   1,
 		procs:   1,
@@ -160,6 +183,12 @@ func (g *Gate) TryAdmit(now time.Time, d gate.Demand) (gate.Permit, time.Duratio
 			}
 			return gate.Permit{}, g.b.every, false
 		}
+	}
+	if g.pendingOrg != "" && !g.local {
+		// Its organisation is known: nothing more on the key's own
+		// budget; the renewal that moves the lane wakes the caller.
+		g.starved = true
+		return gate.Permit{}, g.b.every, false
 	}
 	if now.Before(g.holdUntil) {
 		return gate.Permit{}, g.holdUntil.Sub(now), false
@@ -238,6 +267,12 @@ func (g *Gate) Done(now time.Time, p gate.Permit, fb gate.Feedback) {
 		}
 	}
 	g.answered = true
+	if id := fb.Limits.OrganizationID; id != "" && g.org == "" && g.pendingOrg == "" {
+		// The key's organisation: its budget is the organisation's from
+		// the next renewal on, now.
+		g.pendingOrg = id
+		g.b.kick()
+	}
 	first := !g.buckets.Mirror().Synced()
 	g.buckets.Done(now, p, fb, g.share)
 	if fb.Limits.Requests.Present || fb.Limits.Input.Present || fb.Limits.Output.Present {
@@ -346,9 +381,12 @@ func (g *Gate) congestion(now time.Time, p gate.Permit, o anthropic.Outcome) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), g.b.opTimeout)
 	defer cancel()
-	args := []any{g.b.proc, g.cfg.Cap, g.cfg.StartFraction, g.cfg.MinLimit, p.Epoch, rl, ra, g.cfg.Decrease, g.cfg.Speed}
+	g.mu.Lock()
+	keys, proc := g.keys, g.proc
+	g.mu.Unlock()
+	args := []any{proc, g.cfg.Cap, g.cfg.StartFraction, g.cfg.MinLimit, p.Epoch, rl, ra, g.cfg.Decrease, g.cfg.Speed}
 	g.b.trips.Add(1)
-	res, err := congestionScript.Run(ctx, g.b.rdb, g.keys, args...).Slice()
+	res, err := congestionScript.Run(ctx, g.b.rdb, keys, args...).Slice()
 	if err != nil {
 		g.b.lost(err)
 		g.mu.Lock()
@@ -378,7 +416,7 @@ func (g *Gate) congestion(now time.Time, p gate.Permit, o anthropic.Outcome) {
 	g.mu.Unlock()
 	if cut {
 		g.b.cfg.Events.Emit(rundir.EventLane, fmt.Sprintf("%s/%s shared limit cut to %.0f (epoch %d)", g.cfg.Org, g.cfg.Pool, limit, epoch),
-			map[string]any{"org": g.cfg.Org, "pool": string(g.cfg.Pool), "key": g.fp, "cut": true, "epoch": epoch, "limit": limit, "proc": g.b.proc})
+			map[string]any{"org": g.cfg.Org, "pool": string(g.cfg.Pool), "key": g.fp, "cut": true, "epoch": epoch, "limit": limit, "proc": proc})
 	}
 }
 
@@ -386,6 +424,9 @@ func (g *Gate) congestion(now time.Time, p gate.Permit, o anthropic.Outcome) {
 func (g *Gate) renew(ctx context.Context) error {
 	g.renewMu.Lock()
 	defer g.renewMu.Unlock()
+	if err := g.moveToOrg(ctx); err != nil {
+		return err
+	}
 	now := time.Now()
 	sent := now // the lease runs from here, before Redis' copy starts
 	g.mu.Lock()
@@ -428,7 +469,7 @@ func (g *Gate) renew(ctx context.Context) error {
 	}
 	// Redis keeps this process's slots for the lease and the grace.
 	ttl := (g.b.ttl + grace).Milliseconds()
-	args := []any{g.b.proc, g.cfg.Cap, g.cfg.StartFraction, g.cfg.MinLimit, want, mayHave, ttl,
+	args := []any{g.proc, g.cfg.Cap, g.cfg.StartFraction, g.cfg.MinLimit, want, mayHave, ttl,
 		g.cfg.RampPerSecond, g.cfg.IncreasePerSecond, g.cfg.Speed, succ, oth, hdr, age, inFlight}
 	g.b.trips.Add(1)
 	res, err := acquireScript.Run(ctx, g.b.rdb, g.keys, args...).Slice()
@@ -509,6 +550,48 @@ func (g *Gate) renew(ctx context.Context) error {
 	return nil
 }
 
+// moveToOrg moves the lane to its organisation's budget once an answer
+// has shown it (Done): the key's own slots are handed back, Redis learns
+// the organisation of the key (so a process started later begins on the
+// organisation's budget), and the gate starts on the organisation's lane
+// as a process joining it. g.renewMu is held.
+func (g *Gate) moveToOrg(ctx context.Context) error {
+	g.mu.Lock()
+	id, old, proc := g.pendingOrg, g.keys, g.proc
+	g.mu.Unlock()
+	if id == "" {
+		return nil
+	}
+	if err := releaseScript.Run(ctx, g.b.rdb, old, proc).Err(); err != nil {
+		return err
+	}
+	if err := g.b.rdb.Set(ctx, orgOfPrefix+g.fp, id, orgOfTTL).Err(); err != nil {
+		return err
+	}
+	keys := laneKeys("org."+id, string(g.cfg.Pool))
+	g.b.mu.Lock()
+	taken := g.b.tagTakenLocked(g, keys[0])
+	g.mu.Lock()
+	g.keys, g.org, g.pendingOrg = keys, id, ""
+	if taken {
+		g.proc = g.b.proc + "|" + g.fp
+	}
+	// Nothing granted until the renewal that follows; what it asks for
+	// is what the lane was refused meanwhile (starved), if anything: a
+	// lane that stops (a later key of an organisation) asks for nothing.
+	g.grant, g.joined = 0, false
+	g.mu.Unlock()
+	g.b.mu.Unlock()
+	return nil
+}
+
+// keysNow is the lane's keys in Redis.
+func (g *Gate) keysNow() []string {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.keys
+}
+
 // goDark notes that Redis stopped answering: the gate goes on on its grant
 // until its lease ends, then admits nothing until a renewal answers.
 func (g *Gate) goDark() {
@@ -530,7 +613,9 @@ func (g *Gate) busy() bool {
 
 // release hands the slots back (the run is over).
 func (g *Gate) release(ctx context.Context) error {
-	return releaseScript.Run(ctx, g.b.rdb, g.keys, g.b.proc).Err()
+	g.renewMu.Lock()
+	defer g.renewMu.Unlock()
+	return releaseScript.Run(ctx, g.b.rdb, g.keys, g.proc).Err()
 }
 
 // Disable implements gate.Gate.

@@ -42,13 +42,18 @@ func goList(t *testing.T, args ...string) []string {
 // the metrics sit below the sync engine; the run directory and the gate
 // types sit below every route. A provider's wire package (anthropic,
 // openai) is a leaf: it knows no other provider and nothing above it.
+// The upstream layer (the same-organisation rule, the cap table) sits
+// below every route, and plan takes its defaults from it, not from the
+// engine.
 func TestLayers(t *testing.T) {
 	below := map[string][]string{
-		"batch":   {"dispatch"},
-		"shared":  {"dispatch"},
-		"metrics": {"dispatch"},
-		"rundir":  {"dispatch", "batch", "runner", "gateway", "ab", "shared", "plan"},
-		"gate":    {"dispatch", "rundir", "shared", "metrics", "batch"},
+		"upstream": {"dispatch", "batch", "runner", "gateway", "rundir", "plan", "shared", "ab"},
+		"plan":     {"dispatch", "gateway"},
+		"batch":    {"dispatch"},
+		"shared":   {"dispatch"},
+		"metrics":  {"dispatch"},
+		"rundir":   {"dispatch", "batch", "runner", "gateway", "ab", "shared", "plan"},
+		"gate":     {"dispatch", "rundir", "shared", "metrics", "batch"},
 		"openai": {"anthropic", "dispatch", "batch", "runner", "gateway", "rundir", "gate", "ratelimit",
 			"cost", "sim", "store", "org"},
 		"anthropic": {"openai", "dispatch", "batch", "runner", "gateway", "rundir", "gate", "ratelimit", "cost", "sim"},
@@ -83,5 +88,27 @@ func TestOnlyRundirImportsSQLite(t *testing.T) {
 	}
 	if !seen {
 		t.Error("no package imports store/sqlite: the check would pass on anything")
+	}
+}
+
+// The gateway takes nothing from the engine but the engine itself, for
+// its batches' sync route (batches.go): its caps, its retry policy and
+// its same-organisation rule come from upstream and gate, as the
+// engine's do. A second file importing dispatch fails here.
+func TestGatewayImportsTheEngineOnlyForItsBatches(t *testing.T) {
+	lines := goList(t, "-f", `{{range .GoFiles}}{{.}} {{end}}`, "./gateway")
+	files := 0
+	for _, f := range lines {
+		files++
+		src, err := os.ReadFile(filepath.Join("..", "..", "gateway", f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(string(src), `"`+module+`/dispatch"`) && f != "batches.go" {
+			t.Errorf("gateway/%s imports dispatch: take defaults from upstream (caps) or gate (the retry policy)", f)
+		}
+	}
+	if files < 10 {
+		t.Fatalf("go list found %d files in gateway: the check would pass on anything", files)
 	}
 }

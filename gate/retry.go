@@ -1,0 +1,39 @@
+package gate
+
+import (
+	"math"
+	"time"
+
+	"github.com/apidispatch/apidispatch/anthropic"
+)
+
+// The one retry policy of every route (the engine of run and ab, the
+// gateway's Messages requests, its passthrough and its batches' items)
+// and of a lane's hold after congestion without retry-after. It lives
+// here, below every route, because a lane (Lane.congestion) applies it too.
+
+// Backoff is the back-off after the nth consecutive failure (n ≥ 1):
+// 0.5, 1, 2, 4, then 8 s of server time, less up to a quarter at random
+// (jitter u in [0, 1); 0: none), in wall time at speed (the simulator's
+// factor; 1 for the API).
+func Backoff(n int, speed, u float64) time.Duration {
+	if speed <= 0 {
+		speed = 1
+	}
+	sec := math.Min(8, 0.5*math.Pow(2, float64(max(n, 1)-1))) * (1 - 0.25*min(max(u, 0), 1))
+	return time.Duration(sec / speed * float64(time.Second))
+}
+
+// RetryWait is how long a request waits before its next attempt after
+// its nth consecutive failure o: the back-off, or the server's
+// retry-after when that is longer (it is already in wall time: a server
+// that runs fast scales it). A route whose lane holds for a 429's
+// retry-after (Lane.congestion) lets the request take another lane at
+// once instead; a route without lanes waits this for a 429 too.
+func RetryWait(o anthropic.Outcome, n int, speed, u float64) time.Duration {
+	d := Backoff(n, speed, u)
+	if o.HasRetryAfter {
+		d = max(d, o.RetryAfter)
+	}
+	return d
+}
