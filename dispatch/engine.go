@@ -1198,13 +1198,14 @@ func (e *Engine) handle(a *attempt, com *committer, stopping bool) {
 		default:
 			e.c.otherRetries.Add(1)
 		}
-		if o.RateLimited {
-			// The lane holds for retry-after; other lanes may take the item now.
+		if gate.Congested(o) {
+			// The lane holds (for retry-after, or its back-off and one
+			// probe at a time) and reopens when the storm ends; other
+			// lanes may take the item now.
 			w.notBefore = now
 		} else {
 			w.transient++
-			back := math.Min(8, 0.5*math.Pow(2, float64(w.transient-1))) * (1 - 0.25*rand.Float64())
-			d := time.Duration(back / e.cfg.Speed * float64(time.Second))
+			d := gate.Backoff(w.transient, e.cfg.Speed, rand.Float64())
 			if o.HasRetryAfter {
 				d = max(d, o.RetryAfter)
 			}

@@ -61,6 +61,9 @@ type Permit struct {
 	// so a process paused between admission and sending does not send on a
 	// lease whose slots may have been given to another process.
 	Until time.Time
+	// Probe marks the one request a lane sends after a back-off hold to
+	// learn whether a storm is over (see Lane).
+	Probe bool
 }
 
 // Lapsed reports whether the lease p was admitted on has ended at now: a
@@ -215,6 +218,11 @@ type Lane struct {
 	buckets     *Buckets
 	disabled    string
 	answered    bool // an answer has come back (see TryAdmit)
+	// probing: a back-off hold (a 429 or 529 without retry-after) has
+	// been set since the last success; past the hold the lane sends one
+	// request (the probe, probeOut while it is out) until a success.
+	probing  bool
+	probeOut bool
 }
 
 // NewLane returns a lane controller.
@@ -278,7 +286,7 @@ func (b *Buckets) Done(now time.Time, p Permit, fb Feedback, scale float64) {
 	if b.outstanding < 0 {
 		b.outstanding = 0
 	}
-	b.mirror.Landed(p.Need)
+	b.mirror.LandedAt(p.At, p.Need)
 	switch {
 	case fb.Billed:
 		b.mirror.Correct(now, p.Need, fb.Actual)
@@ -369,6 +377,11 @@ func (l *Lane) TryAdmit(now time.Time, d Demand) (Permit, time.Duration, bool) {
 		l.holdFrom = time.Time{}
 	}
 	l.grow(now)
+	if l.probing && l.probeOut {
+		// One probe at a time through a storm: its answer (a release)
+		// tells whether the storm is over.
+		return Permit{}, 0, false
+	}
 	if l.inFlight >= int(l.limit) || (l.cfg.ProbeFirst && !l.answered && l.inFlight > 0) {
 		l.boundAt = now
 		return Permit{}, 0, false
@@ -383,7 +396,8 @@ func (l *Lane) TryAdmit(now time.Time, d Demand) (Permit, time.Duration, bool) {
 		l.boundAt = now
 	}
 	l.maxInFlight = max(l.maxInFlight, l.inFlight)
-	return Permit{Need: n, Demand: d, Epoch: l.gen, At: now}, 0, true
+	l.probeOut = l.probing
+	return Permit{Need: n, Demand: d, Epoch: l.gen, At: now, Probe: l.probing}, 0, true
 }
 
 // Done implements Gate.
@@ -394,20 +408,75 @@ func (l *Lane) Done(now time.Time, p Permit, fb Feedback) {
 	l.inFlight--
 	l.answered = true
 	l.buckets.Done(now, p, fb, 1)
+	if p.Probe {
+		l.probeOut = false
+	}
 	o := fb.Outcome
 	if o.Kind == anthropic.Success {
+		// A success after errors: whatever storm held the lane is over.
 		l.noRAStreak = 0
+		l.probing = false
 	}
-	if o.RateLimited || o.Overloaded {
-		l.congestion(now, p, o)
+	if Congested(o) {
+		l.congestion(now, p, fb)
 	}
 }
 
+// Congested reports whether o is congestion a lane holds for (a 429 or a
+// 529): the lane's hold and probe pace the retries, so an attempt that
+// failed so needs no back-off of its own.
+func Congested(o anthropic.Outcome) bool { return o.RateLimited || o.Overloaded }
+
+// BucketsRefused reports whether a 429's rate-limit headers show a bucket
+// without room for p (or show none): the lane's own draws, or a
+// colleague's, emptied it, and the lane's concurrency is what to cut. A
+// 429 whose headers show room in every bucket is no bucket's doing (a
+// storm, or a limit the headers do not show): cutting the limit would
+// leave the lane slow long after it ends, so the lane only holds.
+// Remaining token counts are taken 500 low (the API rounds them to the
+// thousand).
+func BucketsRefused(p Permit, fb Feedback) bool {
+	rl := fb.Limits
+	if !rl.Requests.Present && !rl.Input.Present && !rl.Output.Present {
+		return true
+	}
+	short := func(l anthropic.Limit, need float64, slack float64) bool {
+		return l.Present && float64(l.Remaining)-slack < math.Max(1, need)
+	}
+	return short(rl.Requests, p.Need.Requests, 0) || short(rl.Input, p.Need.Input, 500) || short(rl.Output, p.Need.Output, 500)
+}
+
+// Backoff is how long an attempt that failed transiently (not congestion:
+// see Congested) waits before its n-th retry (n ≥ 1): 0.5, 1, 2, 4, then
+// 8 s of server time, divided by speed, less up to a quarter drawn by
+// jitter in [0, 1), so that requests that failed together do not come
+// back together. Both front doors retry by it.
+func Backoff(n int, speed, jitter float64) time.Duration {
+	sec := math.Min(8, 0.5*math.Pow(2, float64(n-1))) * (1 - 0.25*jitter)
+	return time.Duration(sec / speed * float64(time.Second))
+}
+
+// ProbeBackoffMax is the longest back-off hold without retry-after, in
+// server seconds: a lane sends one probe per hold, so it can be short,
+// and a lane resumes within it of a storm's end.
+const ProbeBackoffMax = 2.0
+
+// ProbeBackoff is the n-th consecutive back-off hold (n ≥ 1) after a 429
+// or 529 without retry-after: 0.5, 1, then 2 s of server time, divided by
+// speed.
+func ProbeBackoff(n int, speed float64) time.Duration {
+	sec := math.Min(ProbeBackoffMax, 0.5*math.Pow(2, float64(n-1)))
+	return time.Duration(sec / speed * float64(time.Second))
+}
+
 // congestion handles a 429 (or 529): one multiplicative cut per congestion
-// epoch, and a hold for retry-after (or, without one, a growing back-off).
-func (l *Lane) congestion(now time.Time, p Permit, o anthropic.Outcome) {
+// epoch for a 429 the buckets explain, and a hold for retry-after (or,
+// without one, a growing back-off, past which the lane sends one probe at
+// a time until a success).
+func (l *Lane) congestion(now time.Time, p Permit, fb Feedback) {
+	o := fb.Outcome
 	newEpoch := p.Epoch == l.gen
-	if newEpoch && o.RateLimited {
+	if newEpoch && o.RateLimited && BucketsRefused(p, fb) {
 		l.limit = math.Max(l.cfg.MinLimit, math.Floor(l.limit*l.cfg.Decrease))
 		l.gen++
 		l.cuts++
@@ -418,11 +487,11 @@ func (l *Lane) congestion(now time.Time, p Permit, o anthropic.Outcome) {
 	case o.HasRetryAfter:
 		hold = o.RetryAfter // already in wall time: the server scales it
 	case newEpoch:
-		// No retry-after: back off 0.5, 1, 2 … 8 s of server time per
-		// epoch, so a storm without retry-after is not hammered.
+		// No retry-after: back off per epoch, and probe, so a storm
+		// without retry-after is not hammered.
 		l.noRAStreak++
-		sec := math.Min(8, 0.5*math.Pow(2, float64(l.noRAStreak-1)))
-		hold = time.Duration(sec / l.cfg.Speed * float64(time.Second))
+		hold = ProbeBackoff(l.noRAStreak, l.cfg.Speed)
+		l.probing = true
 	}
 	if hold > 0 {
 		until := now.Add(hold)

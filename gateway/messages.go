@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math"
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptrace"
@@ -222,10 +221,9 @@ func (x *exchange) run() {
 				return
 			}
 			var wait time.Duration
-			if !o.RateLimited { // a 429 holds its lane; others may take it now
+			if !gate.Congested(o) { // a 429 or 529 holds its lane; others may take it now
 				transient++
-				back := math.Min(8, 0.5*math.Pow(2, float64(transient-1))) * (1 - 0.25*rand.Float64())
-				wait = time.Duration(back / g.cfg.Speed * float64(time.Second))
+				wait = gate.Backoff(transient, g.cfg.Speed, rand.Float64())
 				if o.HasRetryAfter {
 					wait = max(wait, o.RetryAfter)
 				}

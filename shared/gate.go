@@ -56,6 +56,11 @@ type Gate struct {
 	starvedAt   time.Time
 	success     bool // a success since the last renewal
 	answered    bool // an answer has come back (see LaneConfig.ProbeFirst)
+	// probing: a 429 or 529 without retry-after came back since the last
+	// success; past the hold the gate sends one request (the probe,
+	// probeOut while it is out) until a success (see gate.Lane).
+	probing  bool
+	probeOut bool
 	// joined: a renewal has answered; joinUntil: this process joined
 	// others drawing on the key, and sends no more than its probe until
 	// then (see renew).
@@ -168,6 +173,11 @@ func (g *Gate) TryAdmit(now time.Time, d gate.Demand) (gate.Permit, time.Duratio
 		g.heldTotal += g.holdUntil.Sub(g.holdFrom)
 		g.holdFrom = time.Time{}
 	}
+	if g.probing && g.probeOut {
+		// One probe at a time through a storm: its answer (a release)
+		// tells whether the storm is over.
+		return gate.Permit{}, 0, false
+	}
 	if g.inFlight >= g.available() {
 		if !g.starved {
 			g.starved = true
@@ -208,7 +218,8 @@ func (g *Gate) TryAdmit(now time.Time, d gate.Demand) (gate.Permit, time.Duratio
 	if g.inFlight >= g.available() {
 		g.starved = true
 	}
-	p := gate.Permit{Need: n, Demand: d, Epoch: g.epoch, At: now}
+	g.probeOut = g.probing
+	p := gate.Permit{Need: n, Demand: d, Epoch: g.epoch, At: now, Probe: g.probing}
 	if g.admitted == nil {
 		g.admitted = map[time.Time]int{}
 	}
@@ -249,23 +260,32 @@ func (g *Gate) Done(now time.Time, p gate.Permit, fb gate.Feedback) {
 			g.b.kick()
 		}
 	}
+	if p.Probe {
+		g.probeOut = false
+	}
 	o := fb.Outcome
 	if o.Kind == anthropic.Success {
+		// A success after errors: whatever storm held the gate is over.
 		g.success = true
+		g.probing = false
 	}
-	congested := o.RateLimited || o.Overloaded
+	congested := gate.Congested(o)
 	if congested && o.HasRetryAfter {
 		// Hold at once; Redis will make it everyone's.
 		g.holdLocked(now, o.RetryAfter)
 	}
+	if congested && !o.HasRetryAfter {
+		g.probing = true
+	}
+	cut := o.RateLimited && gate.BucketsRefused(p, fb)
 	local := g.local
 	if congested && local {
-		g.localCongestion(now, p, o)
+		g.localCongestion(now, p, o, cut)
 	}
 	wake := g.wake
 	g.mu.Unlock()
 	if congested && !local {
-		g.congestion(now, p, o)
+		g.congestion(now, p, o, cut)
 	}
 	if wake != nil {
 		wake()
@@ -321,21 +341,24 @@ func (g *Gate) holdLocked(now time.Time, d time.Duration) {
 }
 
 // localCongestion is the lane controller's own rule, on the local share,
-// while Redis is out of reach; g.mu is held.
-func (g *Gate) localCongestion(now time.Time, p gate.Permit, o anthropic.Outcome) {
-	if p.Epoch == g.epoch && o.RateLimited {
+// while Redis is out of reach (cut: a 429 the buckets explain, see
+// gate.BucketsRefused); g.mu is held.
+func (g *Gate) localCongestion(now time.Time, p gate.Permit, o anthropic.Outcome, cut bool) {
+	if p.Epoch == g.epoch && cut {
 		g.localLimit = math.Max(g.cfg.MinLimit, math.Floor(g.localLimit*g.cfg.Decrease))
 		g.epoch++
 		g.myCuts++
 	}
-	if !o.HasRetryAfter && p.Epoch+1 == g.epoch {
-		g.holdLocked(now, time.Duration(0.5/g.cfg.Speed*float64(time.Second)))
+	if !o.HasRetryAfter {
+		// The first back-off, past which the gate probes (see Done).
+		g.holdLocked(now, gate.ProbeBackoff(1, g.cfg.Speed))
 	}
 }
 
 // congestion reports a 429 or 529 to Redis, which cuts the shared limit
-// once per epoch and holds every process for the retry-after.
-func (g *Gate) congestion(now time.Time, p gate.Permit, o anthropic.Outcome) {
+// once per epoch for a 429 the buckets explain (mayCut) and holds every
+// process for the retry-after, or without one for a back-off.
+func (g *Gate) congestion(now time.Time, p gate.Permit, o anthropic.Outcome, mayCut bool) {
 	ra := int64(-1)
 	if o.HasRetryAfter {
 		ra = o.RetryAfter.Milliseconds()
@@ -346,13 +369,18 @@ func (g *Gate) congestion(now time.Time, p gate.Permit, o anthropic.Outcome) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), g.b.opTimeout)
 	defer cancel()
-	args := []any{g.b.proc, g.cfg.Cap, g.cfg.StartFraction, g.cfg.MinLimit, p.Epoch, rl, ra, g.cfg.Decrease, g.cfg.Speed}
+	cutOK := "0"
+	if mayCut {
+		cutOK = "1"
+	}
+	args := []any{g.b.proc, g.cfg.Cap, g.cfg.StartFraction, g.cfg.MinLimit, p.Epoch, rl, ra, g.cfg.Decrease, g.cfg.Speed,
+		cutOK, gate.ProbeBackoffMax}
 	g.b.trips.Add(1)
 	res, err := congestionScript.Run(ctx, g.b.rdb, g.keys, args...).Slice()
 	if err != nil {
 		g.b.lost(err)
 		g.mu.Lock()
-		g.localCongestion(now, p, o)
+		g.localCongestion(now, p, o, mayCut)
 		g.mu.Unlock()
 		return
 	}
