@@ -1,4 +1,4 @@
-// Package ab is the A/B harness of apidispatch (design.md §9): the Phase 6
+// Package ab is the A/B harness of apidispatch (docs/design.md §9): the Phase 6
 // validation that sends the same judge workload through the legacy
 // single-org path and through the dispatcher, back to back in one process,
 // and reports both arms honestly — wall-clock, cost from usage, outcomes,
@@ -14,7 +14,7 @@
 // origin-3org) at a speed factor K, and every output says that it is a
 // simulation and gives API-equivalent times.
 //
-// Legacy is the baseline arm on its own (origin.md §2): one key, a fixed
+// Legacy is the baseline arm on its own (docs/design.md §22): one key, a fixed
 // concurrency of 50, the SDK's retries (SDKRetry), failures kept as errors.
 //
 // An A/B directory holds:

@@ -34,7 +34,7 @@ import (
 
 // Errors Run returns. Each is a runner.StopError (or wraps one), so
 // runner.StopOf gives the kind of stop, and its ExitCode the exit code
-// (design.md §10).
+// (docs/design.md §10).
 var (
 	// ErrRefused: a precondition failed or --confirm is missing; nothing
 	// was sent (exit 3). The errors below that wrap it say which.
@@ -221,7 +221,7 @@ type harness struct {
 	res        *Result
 }
 
-// Run performs the A/B (design.md §9): the gates, the storm self-test,
+// Run performs the A/B (docs/design.md §9): the gates, the storm self-test,
 // both arms in the configured order, and the outputs. It returns the
 // result (nil when it stopped before any arm ran) and an error that wraps
 // ErrConfig, ErrRefused, ErrPaused, dispatch.ErrIncomplete or ErrDataLoss.

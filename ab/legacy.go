@@ -29,7 +29,7 @@ import (
 	"github.com/apidispatch/apidispatch/workload"
 )
 
-// LegacyConcurrency is the legacy path's fixed concurrency (origin.md §2:
+// LegacyConcurrency is the legacy path's fixed concurrency (docs/design.md §22:
 // judge_dispatch's Semaphore(50)).
 const LegacyConcurrency = 50
 
@@ -64,7 +64,7 @@ type LegacyConfig struct {
 	Jitter func() float64
 }
 
-// Legacy runs the legacy baseline arm of the A/B: origin.md §2 reproduced
+// Legacy runs the legacy baseline arm of the A/B: docs/design.md §22 reproduced
 // faithfully. One org's key; a fixed concurrency of 50 workers that each
 // hold their slot while the SDK sleeps between retries; the SDK's retry
 // policy (SDKRetry) and nothing else: no AIMD, no header watching, no
@@ -88,6 +88,7 @@ type Legacy struct {
 	owned  *http.Transport // the default client's transport, closed by Run
 	pool   atomic.Value    // anthropic.Pool of the first item
 
+	mu       sync.Mutex // guards start and n: Run sets them, Progress reads them from any goroutine
 	start    time.Time
 	n        int64
 	inFlight atomic.Int64
@@ -155,8 +156,9 @@ type legacyOutcome struct {
 // unfinished and Run returns dispatch.ErrIncomplete (wrapped) with the
 // summary of what was written.
 func (l *Legacy) Run(ctx context.Context, inputPath, resultsPath string, n int64) (*rundir.Summary, error) {
-	l.start = time.Now()
-	l.n = n
+	l.mu.Lock()
+	l.start, l.n = time.Now(), n
+	l.mu.Unlock()
 	if l.owned != nil {
 		defer l.owned.CloseIdleConnections()
 	}
@@ -440,10 +442,16 @@ func (l *Legacy) lane() gate.LaneSnapshot {
 
 // Progress returns a snapshot of the run. It is safe to call from any goroutine.
 func (l *Legacy) Progress() dispatch.Progress {
-	el := time.Since(l.start).Seconds()
+	l.mu.Lock()
+	start, total := l.start, l.n
+	l.mu.Unlock()
+	var el float64
+	if !start.IsZero() {
+		el = time.Since(start).Seconds()
+	}
 	succ, errd := l.c.succeeded.Load(), l.c.errored.Load()
 	p := dispatch.Progress{
-		Done: succ + errd, Total: l.n, Succeeded: succ, Errored: errd, InFlight: int(l.inFlight.Load()),
+		Done: succ + errd, Total: total, Succeeded: succ, Errored: errd, InFlight: int(l.inFlight.Load()),
 		CostUSD: cost.Nanos(l.c.costN.Load()).USD(), RateLimited: l.c.rateLimited.Load(),
 		Retries:  l.c.rateLimited.Load() + l.c.overloaded.Load() + l.c.otherRetries.Load(),
 		ElapsedS: el, Lanes: []gate.LaneSnapshot{l.lane()},

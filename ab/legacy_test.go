@@ -129,7 +129,7 @@ func TestLegacyCompletesAndMatchesLedger(t *testing.T) {
 }
 
 // TestLegacyStormMarksRetryableTerminal pins the legacy behaviour the A/B
-// exists to expose (origin.md §3): under a sustained 429 storm every item
+// exists to expose (docs/design.md §23): under a sustained 429 storm every item
 // is tried six times and then written down as an error, which the
 // data-loss check reports as retryable causes marked terminal — while no
 // result is missing or duplicated.
@@ -252,7 +252,7 @@ func TestLegacyRetriesTransientErrors(t *testing.T) {
 }
 
 // The legacy arm's result lines name their route as the dispatcher's do
-// (design.md §12; issue #19).
+// (docs/design.md §12; issue #19).
 func TestLegacyResultLineCarriesItsRoute(t *testing.T) {
 	line := resultLine("id_1", []byte(`{"type":"succeeded","message":{}}`), "a", 1, 10, 0, "req_1")
 	var r struct {
@@ -262,5 +262,45 @@ func TestLegacyResultLineCarriesItsRoute(t *testing.T) {
 	}
 	if err := json.Unmarshal(line, &r); err != nil || r.Dispatch.Route != "sync" {
 		t.Fatalf("legacy result line: %v\n%s", err, line)
+	}
+}
+
+// TestLegacyProgressWhileRunStarts: Progress, which the A/B's watcher
+// calls every second from its own goroutine, may run while Run is starting
+// (Run set the start time and the item count unguarded; the race detector
+// caught it in TestKeysNeverLeak/ab on a loaded machine). Before Run it
+// reports nothing done of nothing.
+func TestLegacyProgressWhileRunStarts(t *testing.T) {
+	t.Parallel()
+	srv, orgs := startSim(t, 50, nil)
+	h := newLegacyHarness(t, 20)
+	leg, err := NewLegacy(LegacyConfig{Org: orgs[0], BaseURL: srv.URL, Speed: 50, Prices: cost.Default()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := leg.Progress(); p.Total != 0 || p.Done != 0 || p.ElapsedS != 0 {
+		t.Fatalf("before Run: %+v", p)
+	}
+	done := make(chan struct{})
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		for {
+			leg.Progress()
+			select {
+			case <-done:
+				return
+			default:
+			}
+		}
+	}()
+	s, err := leg.Run(context.Background(), h.input, h.results, 20)
+	close(done)
+	<-watched
+	if err != nil || s.Succeeded != 20 {
+		t.Fatalf("run: %v, %+v", err, s)
+	}
+	if p := leg.Progress(); p.Total != 20 || p.Done != 20 {
+		t.Fatalf("after Run: %+v", p)
 	}
 }

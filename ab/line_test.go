@@ -7,7 +7,7 @@ import (
 	"github.com/apidispatch/apidispatch/rundir"
 )
 
-// The legacy arm's results lines have the sync route's shape (design.md §3
+// The legacy arm's results lines have the sync route's shape (docs/design.md §3
 // and §12): the same bytes as before the result line had one builder.
 func TestLegacyLineShape(t *testing.T) {
 	envelope := &anthropic.ErrorEnvelope{Type: "error", Error: anthropic.ErrorDetail{Type: "overloaded_error", Message: "Overloaded"}}

@@ -21,7 +21,7 @@ const (
 	ArmBatch = "batch"
 )
 
-// TargetSpeedup is the speed-up the A/B must show (design.md §9).
+// TargetSpeedup is the speed-up the A/B must show (docs/design.md §9).
 const TargetSpeedup = 5.0
 
 // Files of an A/B directory.
@@ -32,7 +32,7 @@ const (
 	SelfTestDir  = "selftest"       // the storm self-test's run
 )
 
-// Result is the A/B result JSON (ab.json; design.md §9). It is plain data.
+// Result is the A/B result JSON (ab.json; docs/design.md §9). It is plain data.
 type Result struct {
 	// Speedup is baseline wall ÷ dispatcher wall (with --order abab, the
 	// mean of the rounds' speed-ups).

@@ -11,7 +11,7 @@ import (
 )
 
 // SDKRetry is the retry policy of the official Anthropic SDKs as the legacy
-// path used it (anthropic-api.md §4, origin.md §2): the Python client built
+// path used it (docs/design.md §17, §22): the Python client built
 // with max_retries=5. It is plain data and its methods are pure, so the
 // schedule is tested without sleeping. The zero value is not useful; start
 // from LegacyRetry.

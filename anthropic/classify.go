@@ -15,7 +15,7 @@ import (
 // Kind is what the dispatcher must do with an attempt's outcome.
 type Kind int
 
-// Outcome kinds (design.md §4).
+// Outcome kinds (docs/design.md §4).
 const (
 	// Success: a 2xx whose body is a complete message.
 	Success Kind = iota + 1
@@ -95,7 +95,7 @@ var retryableTypes = map[string]bool{
 }
 
 // IsRetryableType reports whether an item errored with this type would be a
-// retryable cause marked terminal: the data-loss bug of origin.md §3.
+// retryable cause marked terminal: the data-loss bug of docs/design.md §23.
 func IsRetryableType(t string) bool { return retryableTypes[t] }
 
 // Classify maps one attempt to an Outcome. It is pure: the same inputs always
@@ -103,7 +103,7 @@ func IsRetryableType(t string) bool { return retryableTypes[t] }
 // response (then status and body are ignored); now resolves an HTTP-date
 // retry-after.
 //
-// Rules (design.md §4): 2xx with a complete message → Success; a 2xx whose
+// Rules (docs/design.md §4): 2xx with a complete message → Success; a 2xx whose
 // body is truncated or not a message → Retryable; 408, 409, 429, 5xx (529
 // included) and transport errors → Retryable; 401, 402 and the monthly
 // spend-cap 429 and a redirect (apihttp.ErrRedirect: never followed) →

@@ -92,7 +92,7 @@ func TestClassify(t *testing.T) {
 	}
 }
 
-// TestClassifyNeverTerminalForRetryableTypes pins the origin.md §3 data-loss
+// TestClassifyNeverTerminalForRetryableTypes pins the docs/design.md §23 data-loss
 // bug: whatever the status, a retryable error type never classifies Terminal.
 func TestClassifyNeverTerminalForRetryableTypes(t *testing.T) {
 	t.Parallel()

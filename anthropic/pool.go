@@ -3,7 +3,7 @@ package anthropic
 import "strings"
 
 // Pool names a set of models that share one rate limit inside an org
-// (anthropic-api.md §1): Sonnet 4.x is one pool, Haiku 4.5 another, and so on.
+// (docs/design.md §14): Sonnet 4.x is one pool, Haiku 4.5 another, and so on.
 type Pool string
 
 // Known pools. A model outside them gets a pool of its own, "model:<id>".

@@ -18,7 +18,7 @@ import (
 	"github.com/apidispatch/apidispatch/org"
 )
 
-// apiBatch is the message_batch object (anthropic-api.md §6), as far as the
+// apiBatch is the message_batch object (docs/design.md §19), as far as the
 // route reads it.
 type apiBatch struct {
 	ID               string        `json:"id"`

@@ -16,10 +16,6 @@ import (
 	"github.com/apidispatch/apidispatch/store"
 )
 
-func usageOf(in, out int64) anthropic.Usage {
-	return anthropic.Usage{InputTokens: in, OutputTokens: out}
-}
-
 // errForeign: a batch's results hold a custom_id its record never sent.
 var errForeign = errors.New("batch: results hold a custom_id the batch was not given")
 

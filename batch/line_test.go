@@ -9,7 +9,7 @@ import (
 	"github.com/apidispatch/apidispatch/store"
 )
 
-// The batch route's results lines keep their shape (design.md §3 and
+// The batch route's results lines keep their shape (docs/design.md §3 and
 // §12): the API's result object compacted, and batch_id with no
 // request_id; the same bytes as before the result line had one builder.
 func TestBatchLineShape(t *testing.T) {

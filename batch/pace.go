@@ -8,7 +8,7 @@ import (
 
 // DefaultRPM is the batch-endpoint budget assumed for an org whose limit
 // is not known: the lowest tier's HTTP RPM for all batch endpoints
-// together (anthropic-api.md §1 "Other pools": legacy Tier 1, 50).
+// together (docs/design.md §14 "Other pools": legacy Tier 1, 50).
 const DefaultRPM = 50
 
 // paceShare is the part of an org's batch RPM the route uses: the rest is

@@ -49,14 +49,14 @@ import (
 	"github.com/apidispatch/apidispatch/store"
 )
 
-// Limits of the Message Batches API (anthropic-api.md §6).
+// Limits of the Message Batches API (docs/design.md §19).
 const (
 	MaxRequests = 100_000
 	MaxBytes    = 256 << 20
 )
 
 // DefaultQueueCap is the processing-queue cap assumed for an org whose cap
-// is not known: the lowest tier's (origin.md §4: T1 100k).
+// is not known: the lowest tier's (docs/design.md §24: T1 100k).
 const DefaultQueueCap = 100_000
 
 // Times in API seconds (divided by Config.Speed).

@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math"
 	"net/http"
 	"time"
 
@@ -16,6 +15,7 @@ import (
 	"github.com/apidispatch/apidispatch/rundir"
 	"github.com/apidispatch/apidispatch/spend"
 	"github.com/apidispatch/apidispatch/store"
+	"github.com/apidispatch/apidispatch/workload"
 )
 
 // itemOverhead bounds the bytes a request adds to a create body beyond its
@@ -44,16 +44,24 @@ func CheckItems(ctx context.Context, st store.Store, maxBytes int64) error {
 	return cmp.Or(err, bad)
 }
 
-// worstCase is the most item it can cost at the batch price.
+// worstCase is the most item it can cost at the batch price. Under a cap
+// its params are read for the multipliers they bring (cache writes,
+// inference_geo); an item whose params cannot be read is bounded at all of
+// them.
 func (r *Route) worstCase(it store.Item) cost.Nanos {
-	p, err := r.cfg.Prices.Lookup(it.Model)
-	if err != nil {
-		return cost.Nanos(math.MaxInt64 / 4)
-	}
 	// Tokens never outnumber bytes, so the line's length bounds the input.
-	n, err := p.Cost(usageOf(max(it.EstInput, it.Length), it.MaxTokens), true)
+	b := cost.Bound{Model: it.Model, Input: max(it.EstInput, it.Length), MaxTokens: it.MaxTokens, Batch: true}
+	if r.gate.Capped() {
+		if body, err := r.cfg.Body(it); err == nil {
+			b = workload.BoundOf(it.Model, body, it.MaxTokens, true)
+			b.Input = max(b.Input, it.EstInput)
+		} else {
+			b.CacheWrite, b.GeoUS = cost.CacheWrite1h, true
+		}
+	}
+	n, err := r.cfg.Prices.WorstCase(b)
 	if err != nil {
-		return cost.Nanos(math.MaxInt64 / 4)
+		return cost.Unpriceable
 	}
 	return n
 }

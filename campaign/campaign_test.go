@@ -12,7 +12,7 @@ import (
 )
 
 var (
-	seedsFlag = flag.Int("seeds", 24, "how many seeds the campaign draws (from -first)")
+	seedsFlag = flag.Int("seeds", 0, "how many seeds the campaign draws (from -first; 0: 4, or 24 with -tags long)")
 	firstFlag = flag.Int64("first", 1, "the first seed of the campaign")
 	seedFlag  = flag.Int64("seed", 0, "run this one seed alone (0: the campaign)")
 )
@@ -48,17 +48,22 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// TestCampaign runs every seed of the campaign, two at a time, and fails
-// for each seed whose run breaks a promise, printing its scenario, what
-// happened and the command that reruns it alone.
-func TestCampaign(t *testing.T) {
+// campaign (TestCampaign) runs every seed of the campaign, two at a time,
+// and fails for each seed whose run breaks a promise, printing its
+// scenario, what happened and the command that reruns it alone. It draws
+// defaultSeeds seeds unless -seeds says how many.
+func campaign(t *testing.T, defaultSeeds int) {
 	if testing.Short() {
 		t.Skip("-short: the campaign spawns processes") // CI runs it without -short
+	}
+	n := *seedsFlag
+	if n == 0 {
+		n = defaultSeeds
 	}
 	seeds := []int64{*seedFlag}
 	if *seedFlag == 0 {
 		seeds = seeds[:0]
-		for i := range *seedsFlag {
+		for i := range n {
 			seeds = append(seeds, *firstFlag+int64(i))
 		}
 	}

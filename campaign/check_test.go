@@ -24,7 +24,7 @@ type item struct {
 // The checker reads only the simulator's ledger and stats and the files the
 // runs wrote (results.jsonl) and the inputs: never a dispatcher counter.
 //
-// Promises (design.md §13):
+// Promises (docs/design.md §13):
 //  1. every custom_id of an input ends with exactly one result line in its
 //     run directory, or stays pending when the run stopped at --max-cost;
 //  2. no prompt billed twice, except possible duplicates of a crash (kill
@@ -288,7 +288,7 @@ func check(w *world) []string {
 
 // capBound returns the key's cap in the real second [t, t+1) since the
 // simulator started. The cap of a key is the smallest --cap of the live
-// processes (design.md §13; README "--shared"): with one --cap for all it
+// processes (docs/design.md §13; docs/shared-budget.md): with one --cap for all it
 // is that. With different ones, a process's --cap holds the key down from
 // when it surely reached Redis (its first request billed in the pass, by
 // which it had renewed) and the others' requests admitted under a larger
@@ -307,7 +307,7 @@ func (w *world) capBound(ledger []sim.LedgerEntry, byHash map[sim.BodyHash]item)
 // process was cut off (those are exempt windows): the local shares of the passes
 // that started while their process could not reach Redis, with
 // --shared-fallback local: such a pass runs on a conservative local share,
-// a quarter of the start limit (README "--shared"; at least one request),
+// a quarter of the start limit (docs/shared-budget.md; at least one request),
 // not counted in Redis, until it joins. It cannot know what the others
 // hold, so the key may carry that share above its cap meanwhile.
 func (w *world) fallbackShares() func(t int64) int {

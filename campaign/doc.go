@@ -6,10 +6,54 @@
 // four promises with one checker that reads only the simulator's ledger and
 // stats and the results files.
 //
-//	go test ./campaign                            # the CI size (seeds 1-24)
+//	go test ./campaign                            # quick: seeds 1-4
+//	go test -tags long ./campaign                 # the CI size (seeds 1-24)
 //	go test ./campaign -seeds 500 -timeout 0      # the large run
 //	go test ./campaign -seeds 100 -first 501      # another range
 //	go test ./campaign -run 'TestCampaign/seed=17$' -seed 17 -v   # one seed alone
+//
+// # Gateway scenarios (issue 28, not in CI yet)
+//
+// The gateway scenarios build only with -tags gatewaycampaign: on today's
+// gateway they find open defects of issue 28 (an upstream 403 for one
+// client's beta takes every org out of rotation; cut streams recorded at
+// their message_start usage pass a client's max_cost; a kill -9 loses the
+// reservations in flight; a second signal is ignored; a sync-route gateway
+// batch never resumes after a kill -9), so they join CI with the fixes.
+// docs/campaign.md lists the seeds and what each found.
+//
+// TestGatewayCampaign draws, for every seed of the same range divisible by
+// -gateway-every (default 3: seeds 3, 6, … 24 in CI; 1: every seed; 0:
+// none), a second scenario from the seed (a random stream of its own, so the
+// run scenario of the seed is unchanged): 1–3 'apidispatch serve' gateways
+// (child processes of the built binary, each its own state directory and
+// port; --shared on a private Redis behind a proxy the test can cut, or
+// not), one clients file with 1–4 well-behaved clients (with and without
+// max_cost; on one gateway, or each request to the next gateway as behind a
+// load balancer) sending sync and streaming Messages requests and Message
+// Batches (routes batch, sync, auto), and hostile clients (streams never
+// read, requests naming a beta the orgs refuse — the simulator's
+// beta_forbidden fault answers 403 — and body dribblers); the simulator's
+// faults; and disturbances of gateways: SIGTERM, SIGTERM then SIGINT, kill
+// -9, SIGSTOP/SIGCONT and partitions from Redis. A gateway that exits is
+// started again on its state directory and port, as a supervisor would.
+// Clients are goroutines speaking plain HTTP with their tokens and retrying
+// as the SDKs do (connection errors, x-should-retry, 408/409/429/5xx, with
+// retry-after, else a back-off scaled down to the scenario's seconds). Each
+// request's body carries a marker of its own (seed, client, request) in
+// metadata.user_id and the prompt, so the simulator's ledger, keyed by body
+// hash, names the request it billed. The checker (gateway_check_test.go)
+// judges from the simulator's ledger and stats, the clients' answers and
+// how each gateway process ended: answered with its own answer, billed at
+// most once per answer, per key at most the cap at every second, per client
+// and gateway at most max_cost (the sum over gateways is exempt, and only
+// it: issue 27, a client's max_cost is per replica), no client harming
+// another, and the lifecycle (exit 0 after a signal, at once after a
+// second).
+//
+//	go test -tags gatewaycampaign ./campaign -run TestGatewayCampaign   # seeds 3, 6, … 24
+//	go test -tags gatewaycampaign ./campaign -run TestGatewayCampaign -gateway-every 1 -seeds 60 -timeout 0
+//	go test -tags gatewaycampaign ./campaign -run 'TestGatewayCampaign/seed=27$' -seed 27 -v
 //
 // The package has no code outside its tests.
 package campaign

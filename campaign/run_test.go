@@ -20,7 +20,7 @@ import (
 	"github.com/apidispatch/apidispatch/workload"
 )
 
-// Exit codes of 'apidispatch run' (design.md §10, §13).
+// Exit codes of 'apidispatch run' (docs/design.md §10, §13).
 const (
 	exitComplete   = 0
 	exitIncomplete = 4
@@ -95,7 +95,7 @@ type absence struct {
 
 // window is a span of real time since the simulator started during which
 // the in-flight bound is exempt (requests in flight when a process was cut
-// off end within their latency: design.md §13, promise 3).
+// off end within their latency: docs/design.md §13, promise 3).
 type window struct {
 	from, to time.Duration
 	why      string

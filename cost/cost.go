@@ -10,8 +10,15 @@
 // that turns a Usage into money, applying the cache-write split, cache reads,
 // the Sonnet 4/4.5 long-context rule, the Message Batches discount and the
 // ×1.1 of inference_geo "us" (Usage.InferenceGeo).
+// Table.WorstCase is the one worst case of a request not yet answered (see
+// Bound and ReadParams), under every route's spend reservations.
 // A --prices FILE is read with Load, which extends or overrides the embedded
 // table (prices.toml in this package documents the format).
+//
+// OpenAI models have their own table, OpenAI() (openai_prices.toml): its
+// Cost prices an openai.Usage (cached input, reasoning tokens as output,
+// the Batch API's half price) in tenths of a nano-dollar, rounded half up
+// to a nano-dollar per request.
 package cost
 
 import (
@@ -115,7 +122,7 @@ func (p *Price) Cost(u anthropic.Usage, batch bool) (Nanos, error) {
 	return c, nil
 }
 
-// usGeo is c × 1.1, the price of inference_geo "us" (anthropic-api.md §7),
+// usGeo is c × 1.1, the price of inference_geo "us" (docs/design.md §20),
 // rounded half up to a nano-dollar; exact for the embedded prices, which are
 // all multiples of 10 n$. It cannot overflow where c does not.
 func usGeo(c Nanos) Nanos {
@@ -166,20 +173,6 @@ func (t *Table) Cost(model string, u anthropic.Usage, batch bool) (Nanos, error)
 		return 0, err
 	}
 	return p.Cost(u, batch)
-}
-
-// WorstCase is the most a synchronous request with inputTokens input tokens
-// and max_tokens maxTokens can cost if it generates every allowed token:
-// all input at the uncached input rate (no cache discount, no cache write
-// premium), all maxTokens at the output rate, and the long-context rates when
-// inputTokens is above the model's threshold. It is a bound only as good as
-// inputTokens: with a local estimate it is an estimate too.
-func (t *Table) WorstCase(model string, inputTokens, maxTokens int64) (Nanos, error) {
-	p, err := t.Lookup(model)
-	if err != nil {
-		return 0, err
-	}
-	return p.Cost(anthropic.Usage{InputTokens: inputTokens, OutputTokens: maxTokens}, false)
 }
 
 // Models returns the canonical entries of the table, sorted by model id.

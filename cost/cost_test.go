@@ -119,7 +119,7 @@ func TestCostErrors(t *testing.T) {
 		} else if !strings.Contains(err.Error(), `"`+m+`"`) {
 			t.Errorf("error %q does not name the model", err)
 		}
-		if _, err := tab.WorstCase(m, 1, 1); !errors.Is(err, ErrNoPrice) {
+		if _, err := tab.WorstCase(Bound{Model: m, Input: 1, MaxTokens: 1}); !errors.Is(err, ErrNoPrice) {
 			t.Errorf("WorstCase(%q) err = %v, want ErrNoPrice", m, err)
 		}
 	}
@@ -139,12 +139,12 @@ func TestWorstCase(t *testing.T) {
 	t.Parallel()
 	tab := Default()
 	// 280×3,000 = 840,000; 256×15,000 = 3,840,000. Sum 4,680,000.
-	got, err := tab.WorstCase("claude-sonnet-4-5-20250929", 280, 256)
+	got, err := tab.WorstCase(Bound{Model: "claude-sonnet-4-5-20250929", Input: 280, MaxTokens: 256})
 	if err != nil || got != 4_680_000 {
 		t.Errorf("WorstCase judge = %d, %v; want 4680000", got, err)
 	}
 	// Over 200k: 300,000×6,000 + 4,096×22,500 = 1,800,000,000 + 92,160,000.
-	got, err = tab.WorstCase("claude-sonnet-4-5", 300_000, 4096)
+	got, err = tab.WorstCase(Bound{Model: "claude-sonnet-4-5", Input: 300_000, MaxTokens: 4096})
 	if err != nil || got != 1_892_160_000 {
 		t.Errorf("WorstCase long = %d, %v; want 1892160000", got, err)
 	}
@@ -346,7 +346,7 @@ func ExampleTable_Cost() {
 	// Output: $0.002013 0.002013
 }
 
-// inference_geo "us" is ×1.1 on every category (anthropic-api.md §7).
+// inference_geo "us" is ×1.1 on every category (docs/design.md §20).
 func TestCostUSGeo(t *testing.T) {
 	u := anthropic.Usage{InputTokens: 1000, OutputTokens: 200, CacheReadInputTokens: 3000, CacheCreationInputTokens: 500}
 	base, err := Default().Cost("claude-opus-4-6", u, false)

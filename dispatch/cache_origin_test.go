@@ -113,7 +113,7 @@ func (u unmarked) RoundTrip(r *http.Request) (*http.Response, error) {
 }
 
 // A hit served on the sync route says so: route sync, cached true
-// (design.md §12).
+// (docs/design.md §12).
 func TestCacheHitCarriesItsRoute(t *testing.T) {
 	t.Parallel()
 	const n = 20

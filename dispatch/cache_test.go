@@ -146,35 +146,6 @@ func TestCacheSecondRunSendsNothing(t *testing.T) {
 	}
 }
 
-func TestCacheHalfOverlapSendsTheOtherHalf(t *testing.T) {
-	t.Parallel()
-	h := newHarness(t, sim.PresetOrigin3Org, 50, 1, nil)
-	c := openCache(t, filepath.Join(t.TempDir(), "cache.db"))
-	lines := judgeLines(t, 800, workload.GenOptions{})
-	dir := filepath.Dir(h.dir)
-	a, b := filepath.Join(dir, "a.jsonl"), filepath.Join(dir, "b.jsonl")
-	writeLines(t, a, lines[:400])
-	writeLines(t, b, lines[200:600]) // 200 of A's, 200 new
-	h.runInto(a, "a", c, nil)
-	sent := h.sim.Server.LedgerTotals().Requests
-	// plan projects only the misses.
-	ws, err := rundir.Validate(b, cost.Default())
-	if err != nil {
-		t.Fatal(err)
-	}
-	ph, err := plan.ProjectCache(context.Background(), b, ws, c, cache.ModeReadWrite, false, mustOrigin(t, h.sim.URL))
-	if err != nil || ph.Hits != 200 || ph.Misses.N != 200 || ph.Misses.Models[workload.DefaultModel].N != 200 || ph.Saved <= 0 {
-		t.Fatalf("ProjectCache: %+v, %v", ph, err)
-	}
-	s := h.runInto(b, "b", c, nil)
-	if d := h.sim.Server.LedgerTotals().Requests - sent; d != 200 {
-		t.Fatalf("the overlapping input sent %d requests, want exactly 200", d)
-	}
-	if s.Cache.Hits != 200 || s.Cache.Misses != 200 || s.Succeeded != 400 {
-		t.Fatalf("cache summary %+v, %d succeeded", s.Cache, s.Succeeded)
-	}
-}
-
 // Changing what answers the request misses: one case per field.
 func TestCacheMissesWhenTheRequestChanges(t *testing.T) {
 	t.Parallel()

@@ -13,6 +13,7 @@ import (
 	"github.com/apidispatch/apidispatch/anthropic"
 	"github.com/apidispatch/apidispatch/cache"
 	"github.com/apidispatch/apidispatch/cost"
+	"github.com/apidispatch/apidispatch/promptcache"
 	"github.com/apidispatch/apidispatch/rundir"
 	"github.com/apidispatch/apidispatch/store"
 )
@@ -74,6 +75,13 @@ type fed struct {
 	it    store.Item
 	key   cache.Key
 	keyed bool // key is set: the item may be answered by or for its duplicates
+	// pre is the prompt-cache prefix the item marks, when hasPre
+	// (affinity.go).
+	pre    promptcache.Prefix
+	hasPre bool
+	// worst is the most the item can cost, read from its params (cache
+	// writes, inference_geo) when the spend gate has a cap; 0 without one.
+	worst cost.Nanos
 }
 
 // answer is a success that answers items without a request of their own.
@@ -93,14 +101,33 @@ func (e *Engine) caching() bool { return e.cfg.Cache != nil && e.cfg.CacheMode !
 func (e *Engine) keyItems(ctx context.Context, items []store.Item, com *committer) ([]fed, error) {
 	out := make([]fed, len(items))
 	var keys []cache.Key
+	capped := e.gate.Capped()
 	for i, it := range items {
 		out[i].it = it
-		if !e.caching() {
+		// A line shorter than the shortest prefix worth placing has none:
+		// its body is read only for the result cache or a capped run's
+		// worst case.
+		if !e.caching() && !capped && it.Length < promptcache.MinBytes {
 			continue
 		}
 		body, err := e.cfg.Body(it)
+		if capped {
+			// A body that cannot be read is bounded at every multiplier
+			// here; sending it reports the error.
+			if err != nil {
+				body = nil
+			}
+			out[i].worst = e.worstCase(it, body)
+		}
 		if err != nil {
+			if !e.caching() {
+				continue // sending it reports the error
+			}
 			return nil, fmt.Errorf("reading item %s: %w", it.CustomID, err)
+		}
+		out[i].pre, out[i].hasPre = itemPrefix(it.Model, body)
+		if !e.caching() {
+			continue
 		}
 		k, sampled, err := cache.Inspect(body)
 		if err != nil || sampled && !e.cfg.CacheSampled {
@@ -165,7 +192,7 @@ func hitOutcome(it store.Item, a answer) store.Outcome {
 // enqueue puts a fed item in its pool's queue, or behind the leader of its
 // key. It runs on the scheduler goroutine.
 func (e *Engine) enqueue(f fed) {
-	w := &work{it: f.it, pool: anthropic.PoolOf(f.it.Model), key: f.key, keyed: f.keyed}
+	w := &work{it: f.it, pool: anthropic.PoolOf(f.it.Model), key: f.key, keyed: f.keyed, pre: f.pre, hasPre: f.hasPre, worst: f.worst}
 	e.lanesFor(w.pool, f.it.Model)
 	e.held++
 	if w.keyed {

@@ -34,10 +34,12 @@ import (
 	"github.com/apidispatch/apidispatch/cost"
 	"github.com/apidispatch/apidispatch/gate"
 	"github.com/apidispatch/apidispatch/org"
+	"github.com/apidispatch/apidispatch/promptcache"
 	"github.com/apidispatch/apidispatch/ratelimit"
 	"github.com/apidispatch/apidispatch/rundir"
 	"github.com/apidispatch/apidispatch/spend"
 	"github.com/apidispatch/apidispatch/store"
+	"github.com/apidispatch/apidispatch/workload"
 )
 
 // Errors callers can branch on.
@@ -125,12 +127,16 @@ type Config struct {
 	Cache        *cache.Cache
 	CacheMode    cache.Mode
 	CacheSampled bool
+	// PromptCaches is where the API's prompt caches are warm, for
+	// cache-affine placement (affinity.go): engines sending through the
+	// same orgs (the gateway's) share one. Nil: the engine's own.
+	PromptCaches *promptcache.Places
 }
 
 // DefaultGiveUpAfter is Config.GiveUpAfter's default.
 const DefaultGiveUpAfter = 10 * time.Minute
 
-// DefaultCaps are the polite per-key concurrency caps (origin.md §1.2).
+// DefaultCaps are the polite per-key concurrency caps (docs/design.md §21).
 var DefaultCaps = map[string]int{"sonnet": 100, "haiku": 120, "opus": 40, "other": 40}
 
 // CapFor returns the cap for model's family.
@@ -186,7 +192,11 @@ type work struct {
 	heapIdx   int
 	key       cache.Key // the canonical request's key, when keyed
 	keyed     bool
-	sending   bool // an attempt is in flight
+	sending   bool       // an attempt is in flight
+	worst     cost.Nanos // the most it can cost (fed.worst)
+	// pre is the prompt-cache prefix the item marks, when hasPre.
+	pre    promptcache.Prefix
+	hasPre bool
 }
 
 type attempt struct {
@@ -224,8 +234,9 @@ type Engine struct {
 	client *http.Client
 	log    *slog.Logger
 
-	orgs  []*orgState
-	lanes map[anthropic.Pool][]*laneRef
+	orgs   []*orgState
+	lanes  map[anthropic.Pool][]*laneRef
+	places *promptcache.Places // where prompt caches are warm
 	// laneList is every lane, for readers on other goroutines.
 	lanesMu  sync.Mutex
 	laneList []*laneRef
@@ -264,7 +275,11 @@ type Engine struct {
 	// jr is this run's attempt journal (nil without Config.JournalDir).
 	jr *rundir.Journal
 
-	start     time.Time
+	start time.Time
+	// progress is what Progress needs of start, total and doneStart,
+	// published once restore has set them: Progress may be called from
+	// another goroutine before Run has begun (nil until then).
+	progress  atomic.Pointer[progressBase]
 	total     int64 // N
 	doneStart int64 // terminal at start
 }
@@ -345,6 +360,9 @@ func New(cfg Config) (*Engine, error) {
 	}
 	for _, o := range cfg.Orgs {
 		e.orgs = append(e.orgs, &orgState{Org: o})
+	}
+	if e.places = cfg.PromptCaches; e.places == nil {
+		e.places = promptcache.NewPlaces(cfg.Speed)
 	}
 	return e, nil
 }
@@ -491,6 +509,7 @@ func (e *Engine) restore(ctx context.Context) (sink *rundir.Sink, closeSink func
 		}
 	}
 	e.doneStart = agg.Succeeded + agg.Errored
+	e.progress.Store(&progressBase{start: e.start, total: e.total, doneStart: e.doneStart})
 	if e.gate = e.cfg.Spend; e.gate == nil {
 		e.gate = spend.New("--max-cost", e.cfg.MaxCost, rundir.SpentBefore(agg))
 	}
@@ -934,6 +953,14 @@ func (e *Engine) admit(now time.Time, workers *sync.WaitGroup) time.Duration {
 			sa, sb := a.Snapshot(now), b.Snapshot(now)
 			return cmp.Compare(float64(sb.InFlight)/max(sb.Limit, 1), float64(sa.InFlight)/max(sa.Limit, 1)) * -1
 		})
+		if anyPrefixed(q) {
+			rest, stop := e.admitPlaced(now, q, order, workers, &next)
+			e.ready[pool] = rest
+			if stop {
+				return next
+			}
+			continue
+		}
 		blocked := make([]bool, len(order))
 		for len(q) > 0 {
 			progressed := false
@@ -976,10 +1003,7 @@ func (e *Engine) admit(now time.Time, workers *sync.WaitGroup) time.Duration {
 // (open batches, another engine); with nothing held anywhere, nothing
 // will free room, and the run stops.
 func (e *Engine) reserve(w *work) (*spend.Reservation, error) {
-	var worst cost.Nanos
-	if e.gate.Capped() {
-		worst = e.worstCase(w)
-	}
+	worst := w.worst // 0 without a cap
 	res, err := e.gate.Reserve(worst)
 	if err == nil {
 		return res, nil
@@ -1008,11 +1032,20 @@ func (e *Engine) stopReasonCost(err error) {
 	e.signal()
 }
 
-func (e *Engine) worstCase(w *work) cost.Nanos {
-	// Tokens never outnumber bytes, so the params' length bounds the input.
-	n, err := e.cfg.Prices.WorstCase(w.it.Model, max(w.it.EstInput, w.it.Length), w.it.MaxTokens)
+// worstCase is the most item it can cost: cost.Table.WorstCase of the
+// bound of its params (body; nil when they could not be read, which bounds
+// it at every multiplier). It runs on the feeder goroutine, which reads the
+// body.
+func (e *Engine) worstCase(it store.Item, body []byte) cost.Nanos {
+	// Tokens never outnumber bytes, so the line's length bounds the input.
+	b := cost.Bound{Model: it.Model, Input: max(it.EstInput, it.Length), MaxTokens: it.MaxTokens, CacheWrite: cost.CacheWrite1h, GeoUS: true}
+	if body != nil {
+		b = workload.BoundOf(it.Model, body, it.MaxTokens, false)
+		b.Input = max(b.Input, it.EstInput)
+	}
+	n, err := e.cfg.Prices.WorstCase(b)
 	if err != nil {
-		return cost.Nanos(math.MaxInt64 / 4)
+		return cost.Unpriceable
 	}
 	return n
 }
@@ -1025,6 +1058,7 @@ func (e *Engine) start1(w *work, l *laneRef, p gate.Permit, res *spend.Reservati
 	e.c.attempts.Add(1)
 	l.attempts.Add(1)
 	a := &attempt{w: w, lane: l, permit: p, res: res}
+	e.prefixSent(time.Now(), a)
 	workers.Go(func() {
 		e.send(a)
 		e.results <- a
@@ -1132,6 +1166,7 @@ func (e *Engine) handle(a *attempt, com *committer, stopping bool) {
 	defer e.signal()
 	w, l, o := a.w, a.lane, a.outcome
 	w.sending = false
+	e.prefixAnswered(now, a, o.Kind == anthropic.Success && !a.fenced && a.readErr == nil)
 	e.noteReach(now, a)
 	if a.orgIDHdr != "" {
 		e.noteOrgID(l.org, a.orgIDHdr)

@@ -10,7 +10,7 @@ import (
 )
 
 // The sync route's and the cache's results lines keep their shape
-// (design.md §3 and §12): the same bytes as before the result line had one
+// (docs/design.md §3 and §12): the same bytes as before the result line had one
 // builder.
 func TestSyncAndCacheLineShape(t *testing.T) {
 	lane := &laneRef{org: &orgState{Org: org.Org{Name: "high_prio"}}}

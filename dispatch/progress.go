@@ -101,13 +101,23 @@ type Progress struct {
 	CacheSavedUSD float64 `json:"cache_saved_usd,omitempty"`
 }
 
+// progressBase is the part of a run's progress fixed when it starts.
+type progressBase struct {
+	start            time.Time
+	total, doneStart int64
+}
+
 // Progress returns a snapshot of the run. It is safe to call from any goroutine.
 func (e *Engine) Progress() Progress {
 	now := time.Now()
-	el := now.Sub(e.start).Seconds()
+	var b progressBase
+	var el float64
+	if pb := e.progress.Load(); pb != nil {
+		b, el = *pb, now.Sub(pb.start).Seconds()
+	}
 	succ, errd := e.c.succeeded.Load(), e.c.errored.Load()
 	p := Progress{
-		Done: e.doneStart + succ + errd, Total: e.total, Succeeded: succ, Errored: errd,
+		Done: b.doneStart + succ + errd, Total: b.total, Succeeded: succ, Errored: errd,
 		CostUSD: cost.Nanos(e.c.costN.Load()).USD(), RateLimited: e.c.rateLimited.Load(),
 		Retries: e.c.rateLimited.Load() + e.c.overloaded.Load() + e.c.otherRetries.Load(), ElapsedS: el,
 		CacheHits: e.c.cacheHits.Load(), CacheSavedUSD: cost.Nanos(e.c.cacheSaved.Load()).USD(),

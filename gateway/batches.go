@@ -268,12 +268,16 @@ func (g *Gateway) createBatch(w http.ResponseWriter, r *http.Request, client str
 			return
 		}
 		mp, bad := g.parseParams(p, true)
+		if bad == "" {
+			bad = g.strictPrice(mp.Model)
+		}
 		if bad != "" {
 			writeError(w, http.StatusBadRequest, anthropic.ErrInvalidRequest, fmt.Sprintf("requests.%d.params.%s", i, bad))
 			return
 		}
-		wc, _ := g.cfg.Prices.WorstCase(mp.Model, max(workload.EstimateInputTokens(p), int64(len(p))), *mp.MaxTokens)
-		worst += wc
+		// A batch on the batch route is billed at the batch rates; auto and
+		// sync may send any request at the full price.
+		worst += g.worstCase(mp.Model, p, *mp.MaxTokens, route == runner.RouteBatch)
 		line, _ := json.Marshal(anthropic.BatchRequest{CustomID: id, Params: json.RawMessage(compact(p))})
 		buf.Write(line)
 		buf.WriteByte('\n')
@@ -448,6 +452,7 @@ func (s *batchStore) runOnce(ctx context.Context, gb *gwBatch, cancelOpen bool) 
 	sync := dispatch.Config{
 		Orgs: g.cfg.Orgs, BaseURL: g.cfg.BaseURL, Caps: g.cfg.Caps, Speed: g.cfg.Speed, Prices: g.cfg.Prices,
 		Client: g.client, Log: g.log, NewGate: g.lanes.engineGate, Lane: g.cfg.Lane,
+		PromptCaches: g.lanes.places, // the same orgs' prompt caches as the sync requests
 	}
 	cfg := runner.Config{
 		Input: filepath.Join(gb.dir, batchRequests), RunDir: filepath.Join(gb.dir, batchRun), Prices: g.cfg.Prices,
@@ -662,11 +667,7 @@ func (g *Gateway) appendObject(buf []byte, r *http.Request, gb *gwBatch) []byte 
 	}
 	var resultsURL any
 	if m.Status == statusEnded {
-		scheme := "http"
-		if r.TLS != nil {
-			scheme = "https"
-		}
-		resultsURL = scheme + "://" + r.Host + "/v1/messages/batches/" + m.ID + "/results"
+		resultsURL = g.publicBase(r) + "/v1/messages/batches/" + m.ID + "/results"
 	}
 	obj := struct {
 		ID                string `json:"id"`

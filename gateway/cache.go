@@ -31,12 +31,26 @@ const headerCached = "x-apidispatch-cached"
 // hit, or, when the leader failed, one of them leads next). Streams are
 // never keyed.
 
+// Scopes of the result cache in the gateway (Config.CacheScope).
+const (
+	// CacheScopeClient (the default): a client is answered from the cache
+	// only with answers to its own requests; entries are keyed with its
+	// token, so a client whose token changes starts afresh, and the
+	// entries 'run' stored answer no client.
+	CacheScopeClient = "client"
+	// CacheScopeShared: every client is answered with every client's
+	// answers and those of 'run'. A hit reveals that someone sent the same
+	// request before.
+	CacheScopeShared = "shared"
+)
+
 // resultCache is the gateway's use of one cache file.
 type resultCache struct {
 	c       *cache.Cache
 	mode    cache.Mode
 	sampled bool
 	origin  string
+	shared  bool // CacheScopeShared
 
 	mu      sync.Mutex
 	flights map[cache.Key]chan struct{} // leaders in flight (readwrite)
@@ -59,7 +73,7 @@ func newResultCache(cfg Config, base *url.URL) *resultCache {
 		mode = cache.ModeReadWrite
 	}
 	return &resultCache{c: cfg.Cache, mode: mode, sampled: cfg.CacheSampled, origin: cache.OriginOf(base),
-		flights: map[cache.Key]chan struct{}{}, puts: make(chan putReq)}
+		shared: cfg.CacheScope == CacheScopeShared, flights: map[cache.Key]chan struct{}{}, puts: make(chan putReq)}
 }
 
 type putReq struct {
@@ -114,7 +128,9 @@ func (rc *resultCache) put(entries []cache.Entry) error {
 
 // CacheStatus is the gateway's use of the result cache since it started.
 type CacheStatus struct {
-	Path   string `json:"path"`
+	Path string `json:"path"`
+	// Scope is CacheScopeClient or CacheScopeShared.
+	Scope  string `json:"scope"`
 	Mode   string `json:"mode"`
 	Origin string `json:"origin"`
 	// Hits were answered from the cache; SavedUSD is what their requests
@@ -135,7 +151,11 @@ func (rc *resultCache) status() *CacheStatus {
 	if rc == nil {
 		return nil
 	}
-	return &CacheStatus{Path: rc.c.Path(), Mode: string(rc.mode), Origin: rc.origin,
+	scope := CacheScopeClient
+	if rc.shared {
+		scope = CacheScopeShared
+	}
+	return &CacheStatus{Path: rc.c.Path(), Scope: scope, Mode: string(rc.mode), Origin: rc.origin,
 		Hits: rc.hits.Load(), Misses: rc.misses.Load(), Stored: rc.stored.Load(), SavedUSD: cost.Nanos(rc.saved.Load()).USD(),
 		OtherOrigin: rc.otherOrigin.Load(), Damaged: rc.damaged.Load(), Errors: rc.errors.Load()}
 }
@@ -204,7 +224,7 @@ func (g *Gateway) fromCache(w http.ResponseWriter, r *http.Request, client strin
 	if err != nil || sampled && !rc.sampled {
 		return nil, false
 	}
-	k = withHeaders(k, r.Header)
+	k = g.scoped(withHeaders(k, r.Header), client)
 	ctx := r.Context()
 	if !rc.mode.Reads() {
 		rc.misses.Add(1)
@@ -275,6 +295,25 @@ func withHeaders(k cache.Key, h http.Header) cache.Key {
 	}
 	for _, b := range betas {
 		hs.Write([]byte("\nanthropic-beta: " + b))
+	}
+	hs.Sum(k[:0])
+	return k
+}
+
+// scoped folds client's token into k unless the cache is shared across
+// clients (CacheScopeShared): a client then reads only what was stored for
+// its own requests, and learns nothing of another's.
+func (g *Gateway) scoped(k cache.Key, client string) cache.Key {
+	if g.rc.shared {
+		return k
+	}
+	hs := sha256.New()
+	hs.Write([]byte("apidispatch-gateway-client-v1\n"))
+	hs.Write(k[:])
+	for _, t := range g.tokens {
+		if t.client == client {
+			hs.Write(t.sum[:])
+		}
 	}
 	hs.Sum(k[:0])
 	return k

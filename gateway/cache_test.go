@@ -74,12 +74,13 @@ func cacheEntries(t *testing.T, c *cache.Cache) int64 {
 // body, 200, x-apidispatch-cached, nothing sent upstream (the simulator's
 // ledger), billed once in the gateway's ledger, counted as a hit with
 // what it saved; it is answered even for a client whose max_cost could
-// not pay for it. A different body is a miss.
+// not pay for it (with the cache shared across clients). A different body
+// is a miss.
 func TestGatewayCacheHitSendsNothingBillsNothing(t *testing.T) {
 	run, _ := simtest.Start(t, sim.PresetOrigin3Org, 200, nil)
 	cc := openCache(t, filepath.Join(t.TempDir(), "c.db"))
 	g, srv := startGW(t, run, func(c *Config) {
-		c.Cache, c.CacheMode = cc, cache.ModeReadWrite
+		c.Cache, c.CacheMode, c.CacheScope = cc, cache.ModeReadWrite, CacheScopeShared
 		c.Clients[1].MaxCost = 1 // client b cannot pay for any request
 	})
 	first := postMessage(t, srv.URL, tokA, judgeBody(1, ""))

@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"net"
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
 
@@ -17,10 +18,34 @@ import (
 // ErrConfig: a token file, clients file or listen address is unusable.
 var ErrConfig = errors.New("gateway: configuration")
 
+// ErrTokenFileExposed: a file holding gateway tokens may be read by its
+// group or by others (refused, as ssh refuses such a key, unless the
+// caller allows it).
+var ErrTokenFileExposed = errors.New("gateway: a token file readable by others")
+
+// checkPrivate refuses a file of tokens that its group or others may read,
+// unless insecure: a gateway token is a key to every org behind it. The
+// error names the file, its mode and both ways out.
+func checkPrivate(path, flag string, insecure bool) error {
+	if insecure || runtime.GOOS == "windows" { // no Unix modes to judge there
+		return nil
+	}
+	fi, err := os.Stat(path)
+	if err != nil {
+		return fmt.Errorf("%w: %s %s: %w", ErrConfig, flag, path, err)
+	}
+	if m := fi.Mode().Perm(); m&0o077 != 0 {
+		return fmt.Errorf("%w: %w: %s %s has mode %#o: its group or others can read the tokens in it; chmod 600 it, or pass --insecure-token-file to use it as it is",
+			ErrConfig, ErrTokenFileExposed, flag, path, m)
+	}
+	return nil
+}
+
 // TokenFile reads the gateway token at path, or creates the file (mode
 // 0600) with a fresh random token when it does not exist. created reports
-// the latter.
-func TokenFile(path string) (tok string, created bool, err error) {
+// the latter. A file its group or others may read is refused
+// (ErrTokenFileExposed) unless insecure.
+func TokenFile(path string, insecure bool) (tok string, created bool, err error) {
 	b, err := os.ReadFile(path)
 	if errors.Is(err, fs.ErrNotExist) {
 		tok = NewToken()
@@ -36,6 +61,9 @@ func TokenFile(path string) (tok string, created bool, err error) {
 	}
 	if err != nil {
 		return "", false, fmt.Errorf("%w: --token-file %s: %w", ErrConfig, path, err)
+	}
+	if err := checkPrivate(path, "--token-file", insecure); err != nil {
+		return "", false, err
 	}
 	tok = strings.TrimSpace(string(b))
 	if len(tok) < 16 || strings.ContainsAny(tok, " \t\r\n") {
@@ -59,8 +87,11 @@ type clientsDoc struct {
 	} `toml:"client"`
 }
 
-// LoadClients reads a clients file; errors name the client and field.
-func LoadClients(path string) ([]Client, error) {
+// LoadClients reads a clients file; errors name the client and field. A
+// clients file that holds tokens itself, and each token_file, is refused
+// when its group or others may read it (ErrTokenFileExposed), unless
+// insecure.
+func LoadClients(path string, insecure bool) ([]Client, error) {
 	var doc clientsDoc
 	md, err := toml.DecodeFile(path, &doc)
 	if err != nil {
@@ -81,11 +112,16 @@ func LoadClients(path string) ([]Client, error) {
 		}
 		where += " (" + c.Name + ")"
 		tok := c.Token
+		if tok != "" {
+			if err := checkPrivate(path, "--clients", insecure); err != nil {
+				return nil, fmt.Errorf("%s: %w", where, err)
+			}
+		}
 		switch {
 		case tok != "" && c.TokenFile != "":
 			return nil, fmt.Errorf("%w: %s: give token or token_file, not both", ErrConfig, where)
 		case c.TokenFile != "":
-			if tok, _, err = TokenFile(c.TokenFile); err != nil {
+			if tok, _, err = TokenFile(c.TokenFile, insecure); err != nil {
 				return nil, fmt.Errorf("%s: %w", where, err)
 			}
 		case len(tok) < 16:

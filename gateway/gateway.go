@@ -40,7 +40,7 @@ import (
 	"github.com/apidispatch/apidispatch/spend"
 )
 
-// Limits of request bodies, as the API's (anthropic-api.md §3, §6).
+// Limits of request bodies, as the API's (docs/design.md §16, §19).
 const (
 	MaxMessagesBytes  = 32 << 20
 	MaxBatchBytes     = 256 << 20
@@ -110,6 +110,13 @@ type Config struct {
 	Cache        *cache.Cache
 	CacheMode    cache.Mode
 	CacheSampled bool
+	// CacheScope is CacheScopeClient (the default: a client's hits are
+	// its own answers) or CacheScopeShared (every client's, and those of 'run').
+	CacheScope string
+	// PublicURL is the base URL clients reach the gateway at, for the
+	// results_url of its batches (default: the scheme and local address of
+	// the connection the request came in on; never the client's Host).
+	PublicURL string
 }
 
 // Gateway serves the API. Use New, then Handler; Close when done.
@@ -130,6 +137,10 @@ type Gateway struct {
 	mux     *http.ServeMux
 	rr      atomic.Uint64
 	lock    *os.File // the state directory's lock, held until Close
+
+	// estimated holds the models priced by estimate, each once warned
+	// about (unknown.go).
+	estimated sync.Map
 
 	stats struct {
 		requests, upstreamAttempts, retries, abandoned, rateLimited, refusedCap atomic.Int64
@@ -175,6 +186,9 @@ func New(cfg Config) (*Gateway, error) {
 	}
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	if err := cfg.checkEdges(); err != nil {
+		return nil, err
 	}
 	if err := os.MkdirAll(filepath.Join(cfg.StateDir, batchesDir), 0o700); err != nil {
 		return nil, fmt.Errorf("gateway: state dir: %w", err)

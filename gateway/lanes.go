@@ -11,6 +11,7 @@ import (
 	"github.com/apidispatch/apidispatch/anthropic"
 	"github.com/apidispatch/apidispatch/gate"
 	"github.com/apidispatch/apidispatch/org"
+	"github.com/apidispatch/apidispatch/promptcache"
 )
 
 // Errors of admission callers can branch on.
@@ -54,12 +55,17 @@ type grant struct {
 	lane   *lane
 	permit gate.Permit
 	err    error
+	// pre is the request's cached prefix (nil: none), note what its
+	// answer showed of it (affinity.go).
+	pre  *promptcache.Prefix
+	note *cacheNote
 }
 
 // waiter is one request queued for admission.
 type waiter struct {
-	d  gate.Demand
-	ch chan grant // capacity 1: pump never blocks
+	d   gate.Demand
+	pre *promptcache.Prefix // its cached prefix, nil: none
+	ch  chan grant          // capacity 1: pump never blocks
 }
 
 // poolQueue is the lanes of one pool, one per org, and the requests
@@ -74,6 +80,10 @@ type poolQueue struct {
 	nwait   atomic.Int32
 	timer   *time.Timer
 	timerAt time.Time
+	// order, names and warmth are laneOrder's buffers.
+	order  []int
+	names  []string
+	warmth []promptcache.Warmth
 }
 
 // laneSet admits single requests through the same gates as 'run': one gate
@@ -88,6 +98,7 @@ type laneSet struct {
 	laneCfg gate.LaneConfig
 	capFor  func(model string) int
 	speed   float64
+	places  *promptcache.Places // where cached prefixes are warm
 
 	mu    sync.Mutex
 	pools map[anthropic.Pool]*poolQueue
@@ -98,7 +109,8 @@ func newLaneSet(orgs []*upstream, lc gate.LaneConfig, capFor func(string) int, s
 	if newGate == nil {
 		newGate = func(c gate.LaneConfig) gate.Gate { return gate.NewLane(c) }
 	}
-	return &laneSet{orgs: orgs, newGate: newGate, laneCfg: lc, capFor: capFor, speed: speed, pools: map[anthropic.Pool]*poolQueue{}}
+	return &laneSet{orgs: orgs, newGate: newGate, laneCfg: lc, capFor: capFor, speed: speed, pools: map[anthropic.Pool]*poolQueue{},
+		places: promptcache.NewPlaces(speed)}
 }
 
 // queueLocked returns (creating on first use) the pool of model. s.mu is held.
@@ -153,19 +165,19 @@ func (s *laneSet) pumpLocked(q *poolQueue, now time.Time) {
 		next := time.Duration(math.MaxInt64)
 		usable := 0
 		admitted := false
-		for i := range q.lanes {
-			l := q.lanes[(q.next+i)%len(q.lanes)]
+		for _, li := range s.laneOrder(q, w, now) {
+			l := q.lanes[li]
 			if l.Disabled() != "" {
 				continue
 			}
 			usable++
 			p, wait, ok := l.TryAdmit(now, w.d)
 			if ok {
-				q.next = (q.next + i + 1) % len(q.lanes)
+				q.next = (li + 1) % len(q.lanes)
 				q.waiters[0] = nil
 				q.waiters = q.waiters[1:]
 				q.nwait.Store(int32(len(q.waiters)))
-				w.ch <- grant{lane: l, permit: p}
+				w.ch <- s.granted(w, l, p, now)
 				admitted = true
 				break
 			}
@@ -199,8 +211,9 @@ func (s *laneSet) pumpLocked(q *poolQueue, now time.Time) {
 
 // admit waits until a lane of model's pool admits a request of demand d,
 // ctx ends (the client went away) or deadline passes.
-func (s *laneSet) admit(ctx context.Context, deadline time.Time, model string, d gate.Demand) (grant, error) {
-	w := &waiter{d: d, ch: make(chan grant, 1)}
+// pre is the request's cached prefix (nil: none), for placement.
+func (s *laneSet) admit(ctx context.Context, deadline time.Time, model string, d gate.Demand, pre *promptcache.Prefix) (grant, error) {
+	w := &waiter{d: d, pre: pre, ch: make(chan grant, 1)}
 	s.mu.Lock()
 	q := s.queueLocked(model)
 	q.waiters = append(q.waiters, w)
@@ -235,6 +248,7 @@ func (s *laneSet) admit(ctx context.Context, deadline time.Time, model string, d
 	// Admitted meanwhile: give the slot back unused.
 	if g := <-w.ch; g.err == nil {
 		g.lane.Done(time.Now(), g.permit, gate.Feedback{})
+		s.prefixAnswered(g, time.Now())
 		s.pumpLocked(q, time.Now())
 	}
 	return grant{}, cause
@@ -247,6 +261,7 @@ func (s *laneSet) admit(ctx context.Context, deadline time.Time, model string, d
 func (s *laneSet) release(g grant, fb gate.Feedback) {
 	now := time.Now()
 	g.lane.Done(now, g.permit, fb)
+	s.prefixAnswered(g, now)
 	if q := g.lane.q; q.nwait.Load() > 0 {
 		s.mu.Lock()
 		s.pumpLocked(q, now)

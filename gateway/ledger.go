@@ -24,7 +24,10 @@ type Entry struct {
 	Route     string     `json:"route,omitempty"` // sync or batch
 	BatchID   string     `json:"batch_id,omitempty"`
 	Abandoned bool       `json:"abandoned,omitempty"`
-	TS        time.Time  `json:"ts"`
+	// Estimated: the model has no price in the table; Cost is at its
+	// pool's most expensive known model's prices (unknown.go).
+	Estimated bool      `json:"estimated,omitempty"`
+	TS        time.Time `json:"ts"`
 }
 
 // account is one client's (or the gateway's) spend in the ledger.

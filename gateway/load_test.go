@@ -9,10 +9,6 @@ import (
 	"time"
 
 	"github.com/anthropics/anthropic-sdk-go/v2/option"
-
-	"github.com/apidispatch/apidispatch/dispatch"
-	"github.com/apidispatch/apidispatch/internal/simtest"
-	"github.com/apidispatch/apidispatch/sim"
 )
 
 // loadThrough sends n judge requests at concurrency conc through the
@@ -45,52 +41,4 @@ func loadThrough(t *testing.T, url string, n, conc int) (failed int64) {
 	}
 	wg.Wait()
 	return failed
-}
-
-// checkPolite asserts the simulator never saw more than the cap in flight
-// on a key, and that every org took part.
-func checkPolite(t *testing.T, run *sim.Running) {
-	t.Helper()
-	capN := int64(dispatch.DefaultCaps["sonnet"])
-	for _, o := range run.Server.Stats().Orgs {
-		if o.MaxInFlight > capN {
-			t.Errorf("org %s: %d in flight, cap %d", o.Name, o.MaxInFlight, capN)
-		}
-		if o.Completions == 0 {
-			t.Errorf("org %s unused", o.Name)
-		}
-		t.Logf("org %s: %d completions, max in flight %d (cap %d), %d 429s absorbed by the gateway", o.Name, o.Completions, o.MaxInFlight, capN, o.RateLimited429)
-	}
-}
-
-// 3,000 requests at concurrency 500 from one client: all 200, never above
-// the cap in flight on a key, every org used.
-func TestLoad3000AtConcurrency500(t *testing.T) {
-	run, _ := simtest.Start(t, sim.PresetOrigin3Org, 100, nil)
-	_, srv := startGW(t, run, nil)
-	if f := loadThrough(t, srv.URL, 3000, 500); f != 0 {
-		t.Errorf("%d requests failed", f)
-	}
-	checkPolite(t, run)
-}
-
-// The same under a 429 storm on every org shorter than --retry-for: the
-// client still sees no 429.
-func TestLoadThroughA429Storm(t *testing.T) {
-	run, _ := simtest.Start(t, sim.PresetOrigin3Org, 100, nil)
-	_, srv := startGW(t, run, nil)
-	if _, err := run.Server.AddFault(sim.Fault{ID: "storm", Kind: sim.FaultRateLimitStorm, FromNow: true, Duration: 300 * time.Second, RetryAfter: 5 * time.Second}); err != nil {
-		t.Fatal(err)
-	}
-	if f := loadThrough(t, srv.URL, 3000, 500); f != 0 {
-		t.Errorf("%d requests failed", f)
-	}
-	var s429 int64
-	for _, o := range run.Server.Stats().Orgs {
-		s429 += o.RateLimited429
-	}
-	if s429 == 0 {
-		t.Error("the storm sent no 429: the test proves nothing")
-	}
-	checkPolite(t, run)
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/apidispatch/apidispatch/apihttp"
 	"github.com/apidispatch/apidispatch/cost"
 	"github.com/apidispatch/apidispatch/gate"
+	"github.com/apidispatch/apidispatch/promptcache"
 	"github.com/apidispatch/apidispatch/ratelimit"
 	"github.com/apidispatch/apidispatch/workload"
 )
@@ -59,7 +60,8 @@ type msgParams struct {
 const invalidJSON = "There was an error parsing the body of your request: invalid JSON"
 
 // parseParams checks a Messages body as far as the gateway must (valid
-// JSON, model, max_tokens, a price) and returns its fields.
+// JSON, model, max_tokens) and returns its fields. Whether the model is
+// known is the upstream's to say (unknown.go).
 func (g *Gateway) parseParams(body []byte, needMax bool) (msgParams, string) {
 	var p msgParams
 	if err := json.Unmarshal(body, &p); err != nil {
@@ -78,9 +80,6 @@ func (g *Gateway) parseParams(body []byte, needMax bool) (msgParams, string) {
 	if p.MaxTokens != nil && *p.MaxTokens < 0 {
 		return p, "max_tokens: Input should be greater than or equal to 0"
 	}
-	if _, err := g.cfg.Prices.Lookup(p.Model); err != nil {
-		return p, fmt.Sprintf("model %q has no price in the gateway's price table, so its cost cannot be capped (add it with --prices)", p.Model)
-	}
 	return p, ""
 }
 
@@ -96,6 +95,11 @@ func (g *Gateway) messages(w http.ResponseWriter, r *http.Request, client string
 		writeError(w, http.StatusBadRequest, anthropic.ErrInvalidRequest, bad)
 		return
 	}
+	price, estimated, refused := g.priceFor(client, p.Model)
+	if refused != "" {
+		writeError(w, http.StatusBadRequest, anthropic.ErrInvalidRequest, refused)
+		return
+	}
 	tk, answered := g.fromCache(w, r, client, body, p)
 	if answered {
 		return
@@ -103,16 +107,21 @@ func (g *Gateway) messages(w http.ResponseWriter, r *http.Request, client string
 	var success *won
 	defer func() { tk.finish(success) }()
 	est := workload.EstimateInputTokens(body)
-	// Tokens never outnumber bytes, so the body's length bounds the input.
-	worst, _ := g.cfg.Prices.WorstCase(p.Model, max(est, int64(len(body))), *p.MaxTokens)
+	worst := g.worstCase(p.Model, body, *p.MaxTokens, false)
+	if estimated {
+		// No price of its own: the worst case at the price the answer will
+		// be recorded at (its pool's dearest known model's). Tokens never
+		// outnumber bytes, so the body's length bounds the input.
+		worst, _ = price.Cost(anthropic.Usage{InputTokens: max(est, int64(len(body))), OutputTokens: *p.MaxTokens}, false)
+	}
 	hold, err := g.reserve(client, worst)
 	if err != nil {
 		g.stats.refusedCap.Add(1)
 		writeCapError(w, err)
 		return
 	}
-	x := &exchange{g: g, w: w, r: r, client: client, body: body, p: p, hold: hold, worst: worst,
-		demand: gate.Demand{EstInput: est, MaxTokens: *p.MaxTokens}}
+	x := &exchange{g: g, w: w, r: r, client: client, body: body, p: p, price: price, estimated: estimated, hold: hold, worst: worst,
+		demand: gate.Demand{EstInput: est, MaxTokens: *p.MaxTokens}, pre: prefixOf(p.Model, body)}
 	x.run()
 	success = x.success
 }
@@ -141,6 +150,13 @@ type exchange struct {
 	attempts int
 	settled  bool
 	success  *won // the upstream success of a non-streaming request, for the cache
+	// pre is the prompt-cache prefix the request marks (nil: none); note
+	// the current attempt's record of it (affinity.go).
+	pre  *promptcache.Prefix
+	note *cacheNote
+	// price prices its answers; estimated: it is borrowed (unknown.go).
+	price     *cost.Price
+	estimated bool
 }
 
 func (x *exchange) settle(e Entry) {
@@ -148,6 +164,7 @@ func (x *exchange) settle(e Entry) {
 		x.settled = true
 		e.Model = x.p.Model
 		e.Route = "sync"
+		e.Estimated = x.estimated && e.Cost > 0
 		x.hold.Settle(e)
 	}
 }
@@ -162,7 +179,8 @@ func (x *exchange) run() {
 	var last *answer
 	transient := 0
 	for {
-		gr, err := g.lanes.admit(ctx, deadline, x.p.Model, x.demand)
+		gr, err := g.lanes.admit(ctx, deadline, x.p.Model, x.demand, x.pre)
+		x.note = gr.note
 		if err != nil {
 			switch {
 			case ctx.Err() != nil:
@@ -172,8 +190,7 @@ func (x *exchange) run() {
 			case errors.Is(err, ErrNoUsableOrg):
 				writeError(x.w, http.StatusServiceUnavailable, anthropic.ErrAPI, "apidispatch gateway: no org can serve model "+x.p.Model+" now (every key is out of rotation)")
 			default:
-				x.w.Header().Set(anthropic.HeaderRetryAfter, "1")
-				writeError(x.w, http.StatusTooManyRequests, anthropic.ErrRateLimit, fmt.Sprintf("apidispatch gateway: no lane admitted the request within --retry-for %s", g.cfg.RetryFor))
+				x.rateLimited()
 			}
 			return
 		}
@@ -291,11 +308,12 @@ func (x *exchange) feedback(o anthropic.Outcome, h http.Header, u *anthropic.Usa
 	if h != nil {
 		fb.Limits = anthropic.ParseRateLimits(h)
 	}
+	x.noteCache(o, u)
 	var c cost.Nanos
 	if u != nil {
 		fb.Billed = true
 		fb.Actual = ratelimit.Need{Requests: 1, Input: float64(u.InputTokens + u.CacheCreationInputTokens), Output: float64(u.OutputTokens)}
-		c, _ = x.g.cfg.Prices.Cost(x.p.Model, *u, false)
+		c, _ = x.price.Cost(*u, false)
 		fb.Cost = c
 	}
 	return fb, c
@@ -389,6 +407,10 @@ func (x *exchange) writeHead(a *answer, l *lane, c cost.Nanos) {
 	if l != nil {
 		x.g.rl.write(h, l.pool)
 		h.Set(headerOrg, l.up.Name)
+	} else {
+		// An answer passed on after the last attempt: the pool's
+		// aggregate, not the last org's own headers.
+		x.g.rl.write(h, anthropic.PoolOf(x.p.Model))
 	}
 	h.Set(headerAttempts, strconv.Itoa(x.attempts))
 	h.Set(headerCost, strconv.FormatFloat(c.USD(), 'f', -1, 64))
@@ -511,7 +533,7 @@ func (x *exchange) stream(gr grant) (anthropic.Outcome, *answer, bool) {
 		o = anthropic.Outcome{Kind: anthropic.Success, Status: 200}
 		usage = &sc.usage
 	case sc.errType != "":
-		// An error event ends the stream unbilled (anthropic-api.md §3;
+		// An error event ends the stream unbilled (docs/design.md §16;
 		// the simulator's stream_overloaded): nothing to price.
 		o = anthropic.Outcome{Kind: anthropic.Retryable, Status: 200, ErrorType: sc.errType, RateLimited: sc.errType == anthropic.ErrRateLimit, Overloaded: sc.errType == anthropic.ErrOverloaded, Reason: "error event mid-stream"}
 	default:

@@ -32,7 +32,7 @@
 // from a BatchModel (the simulator's batch timing, an assumption); with a
 // deadline it decides the split --route auto sends (Routes.Split).
 //
-// Gate applies the two pre-flight rules of design.md §7: pause when the
+// Gate applies the two pre-flight rules of docs/design.md §7: pause when the
 // expected cost is over budget × (1 + tolerance), and require --confirm when
 // the expected cost is at least $100 or N is at least 50,000. Every decision
 // carries its arithmetic.

@@ -16,7 +16,7 @@ const (
 	ConfirmRequired = "confirm_required" // a large run without --confirm: exit 3
 )
 
-// Thresholds of the confirm rule (design.md §2).
+// Thresholds of the confirm rule (docs/design.md §2).
 const (
 	ConfirmCost cost.Nanos = 100 * cost.NanosPerUSD // projected cost ≥ $100
 	ConfirmN    int64      = 50_000                 // or N ≥ 50,000
@@ -28,7 +28,7 @@ type GateConfig struct {
 	// Budget in nano-dollars; 0 means no budget gate.
 	Budget cost.Nanos
 	// Tolerance F: the run pauses when the expected cost is over
-	// Budget × (1 + F). design.md's default is 0.5; negative is taken as 0.
+	// Budget × (1 + F). docs/design.md §7's default is 0.5; negative is taken as 0.
 	Tolerance float64
 	// Confirm is --confirm: the user accepts a large run.
 	Confirm bool

@@ -69,7 +69,7 @@ func TestGate(t *testing.T) {
 	}
 }
 
-// TestGatePhase6 is the Phase 6 shape (origin.md §5): N = 141,600 judge
+// TestGatePhase6 is the Phase 6 shape (docs/design.md §25): N = 141,600 judge
 // items of claude-sonnet-4-5-20250929 at max_tokens 256, sent by both arms,
 // gated with --budget 400 and the default tolerance 0.5 ($600).
 func TestGatePhase6(t *testing.T) {

@@ -38,6 +38,10 @@ type LaneJSON struct {
 	ITPMRPM      float64 `json:"itpm_rpm,omitempty"`
 	OTPMRPM      float64 `json:"otpm_rpm,omitempty"`
 	Note         string  `json:"note,omitempty"`
+	// CacheWrites and CacheReads: the lane's requests projected to write
+	// and to read their prompt-cache prefix.
+	CacheWrites int64 `json:"cache_writes,omitempty"`
+	CacheReads  int64 `json:"cache_reads,omitempty"`
 }
 
 // PoolJSON is one pool in 'plan --json'.
@@ -67,7 +71,7 @@ type ModelJSON struct {
 	Arithmetic       string  `json:"arithmetic"`
 }
 
-// ProjectionJSON is the object 'plan --json' prints (design.md §7): at
+// ProjectionJSON is the object 'plan --json' prints (docs/design.md §7): at
 // least n, projected_cost_usd {expected, worst_case}, projected_wall_s,
 // gate and lanes [{org, pool, ceiling_rpm, binding_limit}].
 type ProjectionJSON struct {
@@ -207,7 +211,7 @@ func lanesJSON(ls []LaneProjection) []LaneJSON {
 			Org: l.Org, Pool: l.Pool, Cap: l.Cap, LatencyS: round3(l.LatencyS),
 			CeilingRPM: round3(l.CeilingRPM), BindingLimit: l.BindingLimit,
 			CapRPM: round3(l.CapRPM), RPM: round3(l.RPM), ITPMRPM: round3(l.ITPMRPM), OTPMRPM: round3(l.OTPMRPM),
-			Note: l.Note,
+			Note: l.Note, CacheWrites: l.CacheWrites, CacheReads: l.CacheReads,
 		})
 	}
 	return out

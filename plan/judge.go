@@ -12,7 +12,7 @@ import (
 	"github.com/apidispatch/apidispatch/workload"
 )
 
-// Phase 6 (origin.md §5): the judge workload, sent once by each arm of the A/B.
+// Phase 6 (docs/design.md §25): the judge workload, sent once by each arm of the A/B.
 const (
 	Phase6N    = 141_600
 	Phase6Arms = 2
@@ -60,16 +60,17 @@ func JudgeSummary(n int, seed int64, opts workload.GenOptions) (*workload.Summar
 		if p.bad {
 			return nil, errNotRequest
 		}
-		tot.n += p.n
-		tot.est += p.est
+		tot.ms.Add(p.ms)
 		tot.longest = max(tot.longest, p.longest)
 	}
+	total := tot.ms.N
 	sum := &workload.Summary{
-		N: tot.n, Lines: tot.n, Bytes: s.bytes, Hash: hex.EncodeToString(s.h.Sum(nil)),
+		N: total, Lines: total, Bytes: s.bytes, Hash: hex.EncodeToString(s.h.Sum(nil)),
 		LongestLine: tot.longest, Models: map[string]workload.ModelSummary{},
 	}
-	if tot.n > 0 {
-		sum.Models[model] = workload.ModelSummary{N: tot.n, MaxTokens: tot.n * maxTok, EstInput: tot.est}
+	if total > 0 {
+		tot.ms.MaxTokens = total * maxTok
+		sum.Models[model] = tot.ms
 	}
 	return sum, nil
 }
@@ -100,8 +101,9 @@ func (s *lineSummer) Write(b []byte) (int, error) {
 
 // chunkSum sums the lines of the chunks one worker saw.
 type chunkSum struct {
-	n, est, longest int64
-	bad             bool
+	ms      workload.ModelSummary // MaxTokens not summed
+	longest int64
+	bad     bool
 }
 
 var paramsKey = []byte(`,"params":`)
@@ -125,8 +127,7 @@ func (c *chunkSum) add(b []byte) {
 			c.bad = true
 			continue
 		}
-		c.n++
 		c.longest = max(c.longest, int64(len(line)))
-		c.est += workload.EstimateInputTokens(line[k+len(paramsKey) : len(line)-1])
+		c.ms.Add(workload.ItemSummary(line[k+len(paramsKey) : len(line)-1]))
 	}
 }

@@ -9,7 +9,7 @@ import (
 
 // TestLoadLimitsPhase0 reads a file in the shape of the original system's
 // phase0_limits.json (orgs → model → raw headers), written from the table
-// of origin.md §4 (no keys; org ids made up from the published prefixes).
+// of docs/design.md §24 (no keys; org ids made up from the published prefixes).
 func TestLoadLimitsPhase0(t *testing.T) {
 	t.Parallel()
 	l, err := LoadLimits("testdata/phase0_limits.json")

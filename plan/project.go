@@ -32,7 +32,7 @@ const InputBoundFactor = 4
 // count_tokens figure, which the API documents as an estimate.
 const countedBoundMargin = 1.10
 
-// BaselineConcurrency is the fixed concurrency of the legacy arm (origin.md §2).
+// BaselineConcurrency is the fixed concurrency of the legacy arm (docs/design.md §22).
 const BaselineConcurrency = 50
 
 // rampS is the throughput a cap-bound lane loses to the dispatcher's
@@ -162,6 +162,10 @@ type ModelProjection struct {
 	BatchExpected, BatchWorstCase cost.Nanos
 	// Arithmetic is the expected cost's formula with its numbers.
 	Arithmetic string
+	// CachePrefixed items mark a prompt-cache prefix, CacheWrites of them
+	// projected to write it (promptcache.go).
+	CachePrefixed, CacheWrites int64
+	prefixUses                 [workload.PrefixUsesMax]int64
 }
 
 // Binding limits a lane can name.
@@ -190,6 +194,9 @@ type LaneProjection struct {
 	BindingLimit string
 	// Note explains an unusual lane (a 429 at the probe, a shared org).
 	Note string
+	// CacheWrites and CacheReads are the requests of this lane projected
+	// to write and to read their prompt-cache prefix.
+	CacheWrites, CacheReads int64
 }
 
 // PoolProjection sums a pool's lanes.
@@ -255,6 +262,12 @@ func Project(in Input) (*Projection, error) {
 		mix := usageMix{uncached: 1}
 		mp.InputPerReq, mp.InputSource = estPer, "local estimate"
 		mc, counted := in.Counts.model(model)
+		if ms.Prefixed > 0 {
+			k := orgCount(in)
+			mix, mp.CacheWrites = promptCacheMix(ms, k)
+			mp.CachePrefixed, mp.prefixUses = ms.Prefixed, ms.PrefixUses
+			note("%s", describePromptCache(model, ms, k, mp.CacheWrites))
+		}
 		switch {
 		case pil != nil && pil.ratio > 0:
 			mp.InputPerReq = estPer * pil.ratio
@@ -294,15 +307,7 @@ func Project(in Input) (*Projection, error) {
 			inCost := mp.InputPerReq * (mix.uncached*float64(r.Input) + mix.write*float64(r.CacheWrite5m) + mix.read*float64(r.CacheRead))
 			e = n * (inCost + mp.OutputPerReq*float64(r.Output))
 			a = n * (inCost + mp.MaxTokensPerReq*float64(r.Output))
-			// The worst case takes the long-context rates if any one request
-			// could pass the threshold (its line is longer than it).
-			rw := price.RatesFor(batch, int64(math.Ceil(mp.InputBoundPerReq)))
-			if in.Workload.LongestLine > 0 {
-				if lr := price.RatesFor(batch, in.Workload.LongestLine); lr.Input > rw.Input {
-					rw = lr
-				}
-			}
-			w = n * (mp.InputBoundPerReq*float64(rw.Input) + mp.MaxTokensPerReq*float64(rw.Output))
+			w = n * worstPerReq(price, ms, &mp, in.Workload.LongestLine, batch)
 			return r, e, a, w
 		}
 		r, e, a, w := costs(false)
@@ -401,7 +406,7 @@ type usageMix struct{ uncached, write, read float64 }
 //	Haiku:              0.60 s +  7 ms per output token
 //	Opus:               1.60 s + 25 ms per output token
 //
-// Sonnet is calibrated on origin.md §4 Phase 1 n2500: 100 requests in
+// Sonnet is calibrated on docs/design.md §24 Phase 1 n2500: 100 requests in
 // flight at 3,070 requests/min is a mean of 1.95 s by Little's law, at
 // max_tokens 64 (taken as all used) and about 70 output tokens a second.
 // Haiku and Opus are scaled from the guesses there (Haiku p50 0.7–0.8 s,
@@ -434,6 +439,9 @@ type poolDemand struct {
 	outPer   float64
 	latencyS float64
 	latSrc   string
+	// prefixed items mark a cached prefix; prefixUses as ModelSummary's.
+	prefixed   int64
+	prefixUses [workload.PrefixUsesMax]int64
 }
 
 func newLaneProjector(in Input, p *Projection, note func(string, ...any)) *laneProjector {
@@ -466,6 +474,10 @@ func newLaneProjector(in Input, p *Projection, note func(string, ...any)) *laneP
 			d.outPer = (d.outPer*float64(d.n) + m.OutputPerReq*n) / tot
 		}
 		d.n += m.Remaining
+		d.prefixed += m.CachePrefixed
+		for i, u := range m.prefixUses {
+			d.prefixUses[i] += u
+		}
 		if m.N > biggest[pool] || d.model == "" {
 			biggest[pool], d.model = m.N, m.Model
 		}
@@ -579,6 +591,7 @@ func (lp *laneProjector) lanes() {
 			lp.p.Lanes = append(lp.p.Lanes, l)
 			pp.CeilingRPM += l.CeilingRPM
 		}
+		splitPromptCache(lp.p.Lanes[len(lp.p.Lanes)-len(lp.orgs):], d.prefixed, d.prefixUses)
 		pp.WallS, pp.Arithmetic = wall(d, pp.CeilingRPM, anyCapBound(lp.p.Lanes, d.pool))
 		lp.p.Pools = append(lp.p.Pools, pp)
 		lp.p.WallS = math.Max(lp.p.WallS, pp.WallS)
@@ -586,7 +599,7 @@ func (lp *laneProjector) lanes() {
 			lat[d.latSrc] = true
 			switch d.latSrc {
 			case "default":
-				lp.note("latency: %.2f s a request for %s (DefaultLatencyS: calibrated on origin.md §4, scaled by %s output tokens); a pilot measures it", d.latencyS, d.pool, tok(d.outPer))
+				lp.note("latency: %.2f s a request for %s (DefaultLatencyS: calibrated on docs/design.md §24, scaled by %s output tokens); a pilot measures it", d.latencyS, d.pool, tok(d.outPer))
 			case "pilot":
 				lp.note("latency: %.2f s a request, the pilot's mean (API seconds)", d.latencyS)
 			}
@@ -645,5 +658,40 @@ func (lp *laneProjector) baseline() {
 		total += w
 	}
 	lp.p.BaselineWallS = total
-	lp.note("baseline arm: org %s alone at a fixed concurrency of %d (origin.md §2); SDK retries are not modelled", o, BaselineConcurrency)
+	lp.note("baseline arm: org %s alone at a fixed concurrency of %d (docs/design.md §22); SDK retries are not modelled", o, BaselineConcurrency)
+}
+
+// worstPerReq is the worst case of one of a model's requests on average,
+// by cost.Table.WorstCase, the one worst case of every route: the input
+// bound and max_tokens per request, the long-context rates if any one
+// request could pass the threshold (the longest line is longer than it),
+// and, for the share of the items whose params ask for them (ms), the
+// dearest cache write and inference_geo "us" they hold.
+func worstPerReq(price *cost.Price, ms workload.ModelSummary, mp *ModelProjection, longestLine int64, batch bool) float64 {
+	b := cost.Bound{Model: mp.Model, Input: int64(math.Ceil(mp.InputBoundPerReq)), MaxTokens: int64(math.Ceil(mp.MaxTokensPerReq)), Batch: batch}
+	if longestLine > 0 && price.RatesFor(batch, longestLine).Input > price.RatesFor(batch, b.Input).Input {
+		b.LongContext = true
+	}
+	plain, err := price.WorstCase(b)
+	if err != nil {
+		return float64(cost.Unpriceable)
+	}
+	dearer := ms.GeoUS + ms.CacheWrite5m + ms.CacheWrite1h
+	if dearer == 0 || ms.N == 0 {
+		return float64(plain)
+	}
+	b.GeoUS = ms.GeoUS > 0
+	switch {
+	case ms.CacheWrite1h > 0:
+		b.CacheWrite = cost.CacheWrite1h
+	case ms.CacheWrite5m > 0:
+		b.CacheWrite = cost.CacheWrite5m
+	}
+	dear, err := price.WorstCase(b)
+	if err != nil {
+		return float64(cost.Unpriceable)
+	}
+	// The items that are dearer are at most the sum of each kind's count.
+	f := math.Min(1, float64(dearer)/float64(ms.N))
+	return (1-f)*float64(plain) + f*float64(dear)
 }

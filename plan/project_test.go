@@ -63,6 +63,17 @@ func TestProjectCosts(t *testing.T) {
 		// input is 300 × 1.1 = 330: 1,000 × (990,000 + 3,840,000).
 		{"counted, all", Input{Workload: judge, Counts: &TokenCounts{Models: map[string]ModelCount{sonnet: {Items: 1000, Counted: 300_000, Est: 280_000, All: true}}}},
 			2_400_000_000, 4_740_000_000, 4_830_000_000},
+		// The worst case is the one cost.Table.WorstCase, with the
+		// multipliers the items' params ask for. Half ask for
+		// inference_geo "us": 500 × 7,200,000 + 500 × 7,920,000.
+		{"inference_geo us", Input{Workload: summary(map[string]workload.ModelSummary{"claude-sonnet-4-6": {N: 1000, MaxTokens: 256_000, EstInput: 280_000, GeoUS: 500}})},
+			2_340_000_000, 4_680_000_000, 7_560_000_000},
+		// All write the 5-minute cache: 1,000 × (1,120 × 3,750 + 3,840,000).
+		{"5-minute cache writes", Input{Workload: summary(map[string]workload.ModelSummary{sonnet: {N: 1000, MaxTokens: 256_000, EstInput: 280_000, CacheWrite5m: 1000}})},
+			2_340_000_000, 4_680_000_000, 8_040_000_000},
+		// All write the 1-hour cache: 1,000 × (1,120 × 6,000 + 3,840,000).
+		{"1-hour cache writes", Input{Workload: summary(map[string]workload.ModelSummary{sonnet: {N: 1000, MaxTokens: 256_000, EstInput: 280_000, CacheWrite1h: 1000}})},
+			2_340_000_000, 4_680_000_000, 10_560_000_000},
 		// A sample scales the estimate but leaves the bound at 4 × estimate.
 		{"counted, sample", Input{Workload: judge, Counts: &TokenCounts{Models: map[string]ModelCount{sonnet: {Items: 10, Counted: 3000, Est: 2800}}}},
 			2_400_000_000, 4_740_000_000, 7_200_000_000},
@@ -259,7 +270,7 @@ func TestProjectErrors(t *testing.T) {
 	}
 }
 
-// TestProjectionJSON pins the keys design.md §7 promises for 'plan --json'.
+// TestProjectionJSON pins the keys docs/design.md §7 promises for 'plan --json'.
 func TestProjectionJSON(t *testing.T) {
 	t.Parallel()
 	ws := summary(map[string]workload.ModelSummary{sonnet: {N: 1000, MaxTokens: 256_000, EstInput: 280_000}})

@@ -11,7 +11,7 @@ import (
 	"github.com/apidispatch/apidispatch/internal/numfmt"
 )
 
-// Routes an item can take (design.md §12 --route).
+// Routes an item can take (docs/design.md §12 --route).
 const (
 	RouteSync  = "sync"  // the Messages API, by the lanes
 	RouteBatch = "batch" // the Message Batches API, at its batch rates
@@ -24,7 +24,7 @@ const (
 	BindQueueCap        = "queue cap"        // an org's share is over its processing-queue cap: batches go in as it drains
 )
 
-// MaxBatchRequests is the most requests one batch may hold (anthropic-api.md §6).
+// MaxBatchRequests is the most requests one batch may hold (docs/design.md §19).
 const MaxBatchRequests = 100_000
 
 // BatchExpiryS is the batch route's bound in API seconds: a batch's results
@@ -42,7 +42,7 @@ const minBatchItems = 100
 // per org, in API time. It is plain data; a zero field means its default
 // (WithDefaults), so the zero value is DefaultBatchModel. The defaults are
 // the simulator's (sim.DefaultBatch*), never measured against the API
-// (origin.md §4). The JSON names are those of a limits file's "batch".
+// (docs/design.md §24). The JSON names are those of a limits file's "batch".
 type BatchModel struct {
 	QueueWaitS float64 `json:"queue_wait_s,omitempty"` // API seconds from create until processing starts (default 240)
 	PerMinute  float64 `json:"per_minute,omitempty"`   // requests one org processes per API minute (default 2000)
@@ -241,7 +241,7 @@ func ProjectRoutes(p *Projection, in Input, m BatchModel, deadlineS float64) (*R
 			src += ", by the limits file's \"batch\""
 		}
 	}
-	p.addAssumption(fmt.Sprintf("batch route: per org a queue wait of %s from create until processing, then %s requests per API minute, the org's batches one after another (FIFO), a processing queue of %s requests, %s requests a batch, results harvested up to %s after a batch ends (%s); these are the simulator's model: no batch timing was ever measured (origin.md §4)",
+	p.addAssumption(fmt.Sprintf("batch route: per org a queue wait of %s from create until processing, then %s requests per API minute, the org's batches one after another (FIFO), a processing queue of %s requests, %s requests a batch, results harvested up to %s after a batch ends (%s); these are the simulator's model: no batch timing was ever measured (docs/design.md §24)",
 		dur(m.QueueWaitS), numfmt.Commas(int64(math.Round(m.PerMinute))), numfmt.Commas(m.Queue), numfmt.Commas(m.MaxBatch), dur(m.PollS), src))
 	p.addAssumption("batch cost: the sync projection's tokens per request at the price table's batch rates")
 	if r.Auto != nil {

@@ -110,6 +110,11 @@ func writeLanes(w io.Writer, title string, ls []LaneProjection) {
 			fmt.Fprintf(w, "  %s/%s: %s\n", l.Org, l.Pool, l.Note)
 		}
 	}
+	for _, l := range ls {
+		if l.CacheWrites+l.CacheReads > 0 {
+			fmt.Fprintf(w, "  %s/%s prompt cache: %s writes, %s reads\n", l.Org, l.Pool, numfmt.Commas(l.CacheWrites), numfmt.Commas(l.CacheReads))
+		}
+	}
 }
 
 func round1(f float64) float64 { return float64(int64(f*10+0.5)) / 10 }

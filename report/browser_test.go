@@ -87,7 +87,7 @@ func TestChromiumRendersABReport(t *testing.T) {
 	shot := filepath.Join(t.TempDir(), "report.png")
 	size := "1400,2400"
 	if *updateExample {
-		size = "1240,4200" // the whole page, for the README
+		size = "1240,4200" // the whole page, for docs/run.md
 	}
 	// One browser run takes the screenshot and dumps the DOM it built.
 	dom := chromium(t, page, "--screenshot="+shot, "--dump-dom", "--window-size="+size)
@@ -155,7 +155,7 @@ func colours(img image.Image) int {
 	return len(seen)
 }
 
-// writeExample saves img as a PNG of at most limit bytes for the README:
+// writeExample saves img as a PNG of at most limit bytes for docs/run.md:
 // the empty background under the page is cut off, the colours are reduced
 // to a palette of the 256 most common ones (a screenshot of flat colours
 // and text loses nothing visible), and the picture is scaled down in steps

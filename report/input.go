@@ -130,7 +130,7 @@ type routeSplit struct {
 	WallS        num `json:"wall_s"`
 }
 
-// dataLoss is the data-loss check of design.md §3.
+// dataLoss is the data-loss check of docs/design.md §3.
 type dataLoss struct {
 	Inputs                  num   `json:"inputs"`
 	Outcomes                num   `json:"outcomes"`

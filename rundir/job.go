@@ -69,6 +69,33 @@ func Validate(path string, prices *cost.Table) (*workload.Summary, error) {
 	}})
 }
 
+// ValidatePricing is Validate for a run that may price a model by
+// estimate. A model missing from prices is a problem, on each line that
+// names it, only when exact (a spend cap, which needs the exact price);
+// otherwise it is priced as its pool's most expensive known model
+// (cost.Table.EstimateFor): the table returned holds those estimates,
+// which are listed.
+func ValidatePricing(path string, prices *cost.Table, exact bool) (*workload.Summary, *cost.Table, []cost.Estimate, error) {
+	var missing []string
+	ws, err := workload.Validate(path, workload.ValidateOptions{KnownModel: func(model string) error {
+		_, err := prices.Lookup(model)
+		switch {
+		case err == nil:
+		case exact:
+			return fmt.Errorf("no price in the price table, and --max-cost needs the exact price of every model to keep its cap (add it with --prices FILE, or run without --max-cost to price it by estimate)")
+		default:
+			missing = append(missing, model)
+			return nil
+		}
+		return nil
+	}})
+	if err != nil {
+		return ws, prices, nil, err
+	}
+	ext, est := prices.WithEstimates(missing)
+	return ws, ext, est, nil
+}
+
 // OpenJob validates the input, then creates or reopens the run directory.
 // A run directory made for another input is refused and left untouched, as
 // is everything when the input is invalid.

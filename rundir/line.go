@@ -9,7 +9,7 @@ import (
 	"github.com/apidispatch/apidispatch/store"
 )
 
-// Dispatch is the "dispatch" object of a results line (design.md §3 and
+// Dispatch is the "dispatch" object of a results line (docs/design.md §3 and
 // §12): which org and route carried the item, and what it took. Every
 // writer of results.jsonl (the sync engine, the cache's hits, the batch
 // route, A/B's legacy arm) fills one in and builds its line with

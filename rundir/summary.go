@@ -69,7 +69,7 @@ type OrgSplit struct {
 	Rate429        float64 `json:"rate_429"`
 }
 
-// Summary is summary.json (design.md §3).
+// Summary is summary.json (docs/design.md §3).
 type Summary struct {
 	N              int64            `json:"n"`
 	Succeeded      int64            `json:"succeeded"`
@@ -110,7 +110,7 @@ type Summary struct {
 	Orgs   []map[string]string `json:"orgs"`
 	// Cache is present when the run had a result cache.
 	Cache *CacheSummary `json:"cache,omitempty"`
-	// ByRoute is what each route carried (design.md §12): "sync",
+	// ByRoute is what each route carried (docs/design.md §12): "sync",
 	// "batch", and "cache" for items the result cache answered.
 	ByRoute map[string]*RouteSplit `json:"by_route"`
 	// Route is the route the run was asked for (sync, batch or auto).

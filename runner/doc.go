@@ -7,7 +7,7 @@
 //
 // Options go in (Config, Exec) and a typed result comes out: Run returns
 // an Outcome whose Stop has a Kind callers switch on, and StopKind.ExitCode
-// is the one place a stop becomes an exit code (design.md §10). Errors of
+// is the one place a stop becomes an exit code (docs/design.md §10). Errors of
 // other front doors say their kind as a StopError, which StopOf reads.
 // Everything Run starts (services, progress display, engines) it stops and
 // waits for before it returns; an Aborter abandons the requests in flight

@@ -15,7 +15,7 @@ import (
 	"github.com/apidispatch/apidispatch/store"
 )
 
-// Routes a run can take (design.md §12).
+// Routes a run can take (docs/design.md §12).
 const (
 	RouteSync  = "sync"
 	RouteBatch = "batch"

@@ -33,7 +33,7 @@ type Config struct {
 	// MaxCost, Grace, GiveUpAfter, Log, the cache, the transport and gate
 	// factories. Its Deadline is set from Deadline.
 	Sync dispatch.Config
-	// The pre-flight gate (design.md §7).
+	// The pre-flight gate (docs/design.md §7).
 	Budget    cost.Nanos
 	Tolerance float64
 	Confirm   bool
@@ -89,7 +89,7 @@ type Outcome struct {
 	Err         error
 }
 
-// Code is the outcome's process exit code (design.md §10).
+// Code is the outcome's process exit code (docs/design.md §10).
 func (o Outcome) Code() int { return o.Stop.Kind.ExitCode() }
 
 // fail is an outcome that stopped for err, of kind k.
@@ -141,9 +141,13 @@ func Run(ctx context.Context, cfg Config) Outcome {
 	if err := cfg.check(); err != nil {
 		return fail(Usage, err)
 	}
-	ws, err := rundir.Validate(cfg.Input, cfg.Prices)
+	ws, prices, estimates, err := rundir.ValidatePricing(cfg.Input, cfg.Prices, cfg.Sync.MaxCost > 0)
 	if err != nil {
 		return failf(Usage, "%s: %w", cfg.Input, err)
+	}
+	cfg.Prices, cfg.Sync.Prices = prices, prices
+	for _, e := range estimates {
+		fmt.Fprintf(w, "warning: model %s has no price in the price table: its cost is an estimate, at the prices of %s (its pool's most expensive known model); add it with --prices FILE for exact costs\n", e.Model, e.As)
 	}
 	pin := plan.Input{Workload: ws, Prices: cfg.Prices, Orgs: orgNames(cfg.Sync.Orgs), Caps: cfg.Sync.Caps, Limits: cfg.Limits,
 		ExpectOutput: cfg.ExpectOutput, Speed: cfg.Sync.Speed}
@@ -169,6 +173,10 @@ func Run(ctx context.Context, cfg Config) Outcome {
 		return fail(Usage, err)
 	}
 	defer job.Close()
+	for _, e := range estimates {
+		job.Events.Emit(rundir.EventWarning, "model "+e.Model+" has no price in the price table: its costs are estimates at the prices of "+e.As,
+			map[string]any{"model": e.Model, "priced_as": e.As, "estimated": true})
+	}
 	out := Outcome{Dir: job.Dir, ResultsPath: job.ResultsPath}
 	svc, err := cfg.startServices(ctx, job, w)
 	if err != nil {

@@ -14,7 +14,7 @@ import (
 	"github.com/apidispatch/apidispatch/shared"
 )
 
-// Shared is the shared budget of design.md §12 (--shared): one polite
+// Shared is the shared budget of docs/design.md §12 (--shared): one polite
 // budget per key with every process on the same keys, in Redis. The zero
 // value is no shared budget.
 type Shared struct {

@@ -7,7 +7,7 @@ import (
 	"github.com/apidispatch/apidispatch/plan"
 )
 
-// Exit codes (design.md §10). StopKind.ExitCode is the one place a stop
+// Exit codes (docs/design.md §10). StopKind.ExitCode is the one place a stop
 // becomes one of them.
 const (
 	ExitOK         = 0 // complete, data-loss check passed
@@ -19,7 +19,7 @@ const (
 	// ExitNeedsPerson: a failure that would repeat on every resume (a
 	// batch whose results hold custom_ids it was not given, a batch the
 	// API has not known for an hour, a lost create whose candidates never
-	// end); the error says what to do (design.md §13).
+	// end); the error says what to do (docs/design.md §13).
 	ExitNeedsPerson = 6
 )
 
@@ -46,7 +46,7 @@ const (
 	Incomplete
 	// DataLoss: the data-loss check failed.
 	DataLoss
-	// NeedsPerson: a failure every resume would repeat (design.md §13).
+	// NeedsPerson: a failure every resume would repeat (docs/design.md §13).
 	NeedsPerson
 )
 
@@ -60,7 +60,7 @@ var exitCodes = [...]int{
 	Incomplete: ExitIncomplete, DataLoss: ExitDataLoss, NeedsPerson: ExitNeedsPerson,
 }
 
-// ExitCode is the process exit code of a stop of this kind (design.md
+// ExitCode is the process exit code of a stop of this kind (docs/design.md
 // §10); an unknown kind is ExitIncomplete (nothing is lost: rerun).
 func (k StopKind) ExitCode() int {
 	if k < 0 || int(k) >= len(exitCodes) {

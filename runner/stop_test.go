@@ -10,7 +10,7 @@ import (
 	"github.com/apidispatch/apidispatch/runner"
 )
 
-// Every kind of stop has its exit code of design.md §10, and an unknown
+// Every kind of stop has its exit code of docs/design.md §10, and an unknown
 // kind is resumable (4), never success.
 func TestStopKindExitCode(t *testing.T) {
 	for _, tc := range []struct {

@@ -9,7 +9,7 @@ import (
 	"time"
 )
 
-// The Message Batches API (anthropic-api.md §6), per org. A batch keeps the
+// The Message Batches API (docs/design.md §19), per org. A batch keeps the
 // raw bytes of its create body and, per request, where its custom_id and
 // params lie in them (16 bytes a request); nothing is parsed until the batch
 // ends. Its schedule is fixed at creation: the org's batches are processed
@@ -27,13 +27,13 @@ const (
 )
 
 // DefaultBatchRetention is how long after its creation a batch's results
-// can be downloaded (anthropic-api.md §6: 29 days); then the batch is
+// can be downloaded (docs/design.md §19: 29 days); then the batch is
 // archived (archived_at is set; the object is still served) and its
 // results answer 404 not_found_error.
 const DefaultBatchRetention = 29 * 24 * time.Hour
 
-// Default BatchLimits: the Start tier of anthropic-api.md §1 "Other pools";
-// a queue wait and throughput (never measured, origin.md §4) at which a
+// Default BatchLimits: the Start tier of docs/design.md §14 "Other pools";
+// a queue wait and throughput (never measured, docs/design.md §24) at which a
 // 500-request batch takes about 4.3 min (the origin saw "~5 min") and a
 // 100,000-request one 54 min ("most batches finish within 1 h").
 const (

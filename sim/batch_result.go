@@ -17,13 +17,25 @@ func (p price) half() price {
 }
 
 // batchCost prices a usage on m at the batch rates (long-context rates
-// halved when they apply).
+// halved when they apply), ×1.1 for inference_geo "us" as a synchronous
+// request is (the multipliers stack).
 func (m *modelInfo) batchCost(u usage) int64 {
 	p := m.price
 	if m.longContext && u.input+u.write5m+u.write1h+u.read > 200000 {
 		p = m.longPrice
 	}
-	return p.half().cost(u.input, u.output, u.write5m, u.write1h, u.read)
+	c := p.half().cost(u.input, u.output, u.write5m, u.write1h, u.read)
+	if u.geoUS {
+		c = c / 10 * 11
+	}
+	return c
+}
+
+// batchUsage is the usage of a batch request req whose answer is out: its
+// input and output, in the inference geography it asked for (the
+// simulator's batches write and read no prompt cache).
+func batchUsage(req request, out output) usage {
+	return usage{input: req.input, output: out.tokens, geoUS: req.x != nil && req.x.geoUS}
 }
 
 // validateItem validates request k of b as POST /v1/messages would, plus
@@ -114,14 +126,14 @@ func (s *Server) finalizeBatch(b *simBatch) {
 			p := b.params(k)
 			sum := sha256.Sum256(p)
 			out := plan(sum, req)
-			u := usage{input: req.input, output: out.tokens}
+			u := batchUsage(req, out)
 			cost := req.model.batchCost(u)
 			s.recordBatch(o, b.ks, &LedgerEntry{
 				RequestID: s.newID("req_", itemKey(b, k), saltBatchReq), MessageID: s.newID("msg_", itemKey(b, k), saltBatchMsg),
 				Org: o.name, KeyFingerprint: b.ks.fp, Model: req.model.id, BodySHA256: sum,
 				InputTokens: u.input, OutputTokens: u.output, CostNanos: cost, CostUSD: nanosToUSD(cost),
 				Time: wall, APISeconds: float64(at.Microseconds()) / 1e6, Status: http.StatusOK, Delivery: DeliveryOK,
-				ServiceTier: "batch", BatchID: b.id, CustomID: string(b.cid(k)),
+				ServiceTier: "batch", BatchID: b.id, CustomID: string(b.cid(k)), USGeo: u.geoUS,
 			}, now)
 			continue
 		}
@@ -135,6 +147,7 @@ func (s *Server) finalizeBatch(b *simBatch) {
 // that the ledger, its totals and Mark count a batch when it ends, not only
 // when a client first sees it ended.
 func (s *Server) settleBatches() {
+	s.oaSettleBatches()
 	if s.batches.seq.Load() == 0 {
 		return // no batch was ever created
 	}
@@ -186,7 +199,7 @@ func (s *Server) appendResult(line, scratch []byte, b *simBatch, k int) ([]byte,
 		}
 		p := b.params(k)
 		out := plan(sha256.Sum256(p), req)
-		scratch = appendMessage(scratch[:0], s.newID("msg_", itemKey(b, k), saltBatchMsg), req.model.id, out, usage{input: req.input, output: out.tokens})
+		scratch = appendMessage(scratch[:0], s.newID("msg_", itemKey(b, k), saltBatchMsg), req.model.id, out, batchUsage(req, out))
 		line = append(line, `succeeded","message":`...)
 		if i := bytes.LastIndex(scratch, tierStandard); i >= 0 {
 			line = append(line, scratch[:i]...)

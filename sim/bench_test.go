@@ -15,7 +15,7 @@ import (
 	"github.com/apidispatch/apidispatch/anthropic"
 )
 
-// calibrationPrompt is Phase 1's fixed ~45-token judge prompt (origin.md §4).
+// calibrationPrompt is Phase 1's fixed ~45-token judge prompt (docs/design.md §24).
 func calibrationBody(i int) []byte {
 	return []byte(fmt.Sprintf(`{"model":"claude-sonnet-4-5-20250929","max_tokens":64,"messages":[{"role":"user","content":`+
 		`"You are judging an answer. Question: what is the capital of France? Answer: Paris. Rate the answer's correctness from 0 to 100 and reply as a JSON object. Item %d."}]}`, i))
@@ -75,7 +75,7 @@ func closedLoop(b *testing.B, run *Running, key string, n, conc int) closedLoopR
 	}
 }
 
-// BenchmarkCalibration reproduces origin.md §4 Phase 1 against the
+// BenchmarkCalibration reproduces docs/design.md §24 Phase 1 against the
 // origin-3org high_prio org: n2500 at concurrency 100 (targets 3,070
 // requests/min, p50 1.52 s, p95 3.5 s) and n8000 at concurrency 800 (the
 // measured run ramped 100→800 and saw latency grow about 10×). Time is

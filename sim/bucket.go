@@ -8,7 +8,7 @@ import (
 
 // bucket is a token bucket continuously refilled at limit/60 tokens per
 // (real) second up to capacity, the model of one rate limit
-// (anthropic-api.md §1). At speed K its limit is already K times the API's.
+// (docs/design.md §14). At speed K its limit is already K times the API's.
 // Its time is the real time elapsed since the server started, passed in, so
 // the maths is tested without sleeping. Its level may go negative (output
 // tokens charged after the fact); it then refuses until refilled.

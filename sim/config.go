@@ -38,7 +38,7 @@ type Limits struct {
 // AnyPool is the Limits key that applies to every pool an org does not list
 // explicitly. An org without it serves only the pools it lists; a model of
 // any other pool is a 404 not_found_error for that org, as old models were
-// for the orgs of origin.md §4.
+// for the orgs of docs/design.md §24.
 const AnyPool anthropic.Pool = "*"
 
 // OrgConfig is one simulated organisation.
@@ -59,8 +59,20 @@ type OrgConfig struct {
 	// Zero means unlimited.
 	ServiceCapacity int `json:"service_capacity,omitempty"`
 	// Batch is the org's Message Batches limits and processing speed; zero
-	// fields take the defaults of BatchLimits.
+	// fields take the defaults of BatchLimits. An OpenAI org's batches use
+	// PerMinute, QueueWaitS (how long a batch validates) and CancelS.
 	Batch BatchLimits `json:"batch,omitzero"`
+	// Provider is "anthropic" (the default) or "openai". An OpenAI org
+	// serves the OpenAI surface (openai.go) with Bearer keys, ModelLimits
+	// instead of Limits, and Projects.
+	Provider string `json:"provider,omitempty"`
+	// ModelLimits are an OpenAI org's limits per model id ("gpt-4.1"; a
+	// dated snapshot shares its model's) or "*" for every model it does
+	// not list. An org without "*" serves only the models it lists.
+	ModelLimits map[string]OpenAILimits `json:"model_limits,omitempty"`
+	// Projects are an OpenAI org's project ids; a request's
+	// OpenAI-Project header must name one. Empty: one is generated.
+	Projects []string `json:"projects,omitempty"`
 }
 
 // LatencyConfig is the latency model, in API-equivalent time. A request that
@@ -117,7 +129,7 @@ func (l *LatencyConfig) UnmarshalJSON(b []byte) error {
 
 func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
 
-// DefaultLatency is the latency model calibrated to origin.md §4 Phase 1
+// DefaultLatency is the latency model calibrated to docs/design.md §24 Phase 1
 // n2500 (one org, concurrency 100, max_tokens 64, ~45-token prompt:
 // ≈3,070 requests/min, p50 ≈1.52 s, p95 ≈3.5 s). See CALIBRATION.md.
 func DefaultLatency() LatencyConfig {
@@ -156,7 +168,11 @@ type Config struct {
 	Faults []Fault `json:"faults,omitempty"`
 	// PromptCaching simulates prompt caching: a prefix ending in a block with
 	// cache_control and at least 1,024 tokens (2,048 for Haiku) is written on
-	// first use and read for 5 API-minutes after (1 h with "ttl":"1h").
+	// first use and read for 5 API-minutes after (1 h with "ttl":"1h"), each
+	// read refreshing it. Each org has its own cache, per model; a request
+	// refused before admission writes nothing, and a written prefix is
+	// readable only once its writer's response has begun (its first
+	// token), so requests sent together all write it.
 	// Every preset turns it on, as the API always caches; a Config built
 	// by hand has it off unless set. A cached prefix bills differently on
 	// its second use, so the arms of an A/B cost the same only when their
@@ -327,6 +343,9 @@ func (c *Config) validate() error {
 		}
 		if err := o.Batch.check(); err != nil {
 			return bad("org %q: batch: %v", o.Name, err)
+		}
+		if err := o.checkProvider(); err != nil {
+			return bad("org %q: %v", o.Name, err)
 		}
 	}
 	for i := range c.Faults {

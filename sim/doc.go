@@ -1,6 +1,6 @@
 // Package sim is a simulator of the Anthropic Messages API, faithful enough
 // that every test and benchmark of apidispatch runs against it over real HTTP
-// on loopback instead of the real API (design.md §8, anthropic-api.md).
+// on loopback instead of the real API (docs/design.md §8, §14–§20).
 //
 // A Server is an http.Handler serving
 //

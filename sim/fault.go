@@ -62,6 +62,12 @@ const (
 	// can after a 200. The request is not billed and its output is not
 	// charged; stats count it as a 529.
 	FaultStreamOverloaded FaultKind = "stream_overloaded"
+	// FaultBetaForbidden answers 403 permission_error, on every endpoint,
+	// to a request whose anthropic-beta header names Fault.Beta: a beta
+	// the org may not use (a research preview it is not enrolled in). The
+	// key itself stays good: the same request without that beta is served.
+	// Nothing is billed or charged to the buckets.
+	FaultBetaForbidden FaultKind = "beta_forbidden"
 
 	// Message Batches faults (batch.go). They match on org and key; pool is
 	// ignored except by the batch_errored_* kinds, which match the pool of
@@ -102,7 +108,7 @@ const (
 var faultKinds = []FaultKind{
 	FaultRateLimitStorm, FaultOverloaded, FaultServerError, FaultServerErrorHTML,
 	FaultConnectionReset, FaultTruncatedBody, FaultSlow, FaultKeyRevoked,
-	FaultSpendCap, FaultAcceleration, FaultColleague, FaultStreamOverloaded,
+	FaultSpendCap, FaultAcceleration, FaultColleague, FaultStreamOverloaded, FaultBetaForbidden,
 	FaultBatchCreateLost500, FaultBatchCreateLostReset, FaultBatchNotFound, FaultBatchPoll404, FaultBatchStall,
 	FaultBatchErroredAPI, FaultBatchErroredOverloaded, FaultBatchErroredInvalid, FaultBatchResultsCut,
 }
@@ -119,7 +125,7 @@ var faultKinds = []FaultKind{
 //
 // plus, by kind, "extra_latency" (slow), "key_fingerprint" (key_revoked),
 // "spend_cap_usd" (spend_cap), "fraction" (colleague), "factor",
-// "floor_rpm", "window", "baseline" (acceleration).
+// "floor_rpm", "window", "baseline" (acceleration), "beta" (beta_forbidden).
 type Fault struct {
 	// ID names the fault for ClearFaults; the server assigns "f<n>" when empty.
 	ID   string
@@ -155,6 +161,8 @@ type Fault struct {
 	FloorRPM float64
 	Window   time.Duration
 	Baseline time.Duration
+	// Beta is the anthropic-beta value beta_forbidden refuses.
+	Beta string
 }
 
 type faultJSON struct {
@@ -176,6 +184,7 @@ type faultJSON struct {
 	Window         jsonDuration   `json:"window,omitempty"`
 	Baseline       jsonDuration   `json:"baseline,omitempty"`
 	Bursts         bool           `json:"bursts,omitempty"`
+	Beta           string         `json:"beta,omitempty"`
 }
 
 // MarshalJSON writes the JSON form shown on Fault.
@@ -183,7 +192,7 @@ func (f Fault) MarshalJSON() ([]byte, error) {
 	return json.Marshal(faultJSON{f.ID, f.Kind, f.Org, f.Pool, f.KeyFingerprint,
 		jsonDuration(f.Start), f.FromNow, jsonDuration(f.Duration), f.Probability,
 		jsonDuration(f.RetryAfter), jsonDuration(f.ExtraLatency), f.SpendCapUSD,
-		f.Fraction, f.Factor, f.FloorRPM, jsonDuration(f.Window), jsonDuration(f.Baseline), f.Bursts})
+		f.Fraction, f.Factor, f.FloorRPM, jsonDuration(f.Window), jsonDuration(f.Baseline), f.Bursts, f.Beta})
 }
 
 // UnmarshalJSON reads the JSON form shown on Fault; unknown fields are an error.
@@ -195,7 +204,7 @@ func (f *Fault) UnmarshalJSON(b []byte) error {
 	*f = Fault{j.ID, j.Kind, j.Org, j.Pool, j.KeyFingerprint, time.Duration(j.Start),
 		j.FromNow, time.Duration(j.Duration), j.Probability, time.Duration(j.RetryAfter),
 		time.Duration(j.ExtraLatency), j.SpendCapUSD, j.Fraction, j.Bursts, j.Factor, j.FloorRPM,
-		time.Duration(j.Window), time.Duration(j.Baseline)}
+		time.Duration(j.Window), time.Duration(j.Baseline), j.Beta}
 	return nil
 }
 
@@ -248,6 +257,9 @@ func (f *Fault) check() error {
 	}
 	if f.Kind == FaultBatchStall && (f.Fraction < 0 || f.Fraction >= 1) {
 		return fmt.Errorf("batch_stall: fraction %v must be in [0, 1)", f.Fraction)
+	}
+	if f.Kind == FaultBetaForbidden && (f.Beta == "" || strings.ContainsAny(f.Beta, ", \t")) {
+		return fmt.Errorf("beta_forbidden: beta %q must name one beta (no commas or spaces)", f.Beta)
 	}
 	if f.SpendCapUSD < 0 || f.Factor < 0 || f.FloorRPM < 0 {
 		return fmt.Errorf("%s: spend_cap_usd, factor and floor_rpm must not be negative", f.Kind)
@@ -302,6 +314,19 @@ func (fs *faultSet) match(k FaultKind, org int, pool anthropic.Pool, keyFP strin
 			continue
 		}
 		return f
+	}
+	return nil
+}
+
+// matchBeta returns the beta_forbidden fault refusing beta for org and key
+// at API time now, if any (it hits every matching request).
+func (fs *faultSet) matchBeta(org int, keyFP, beta string, now time.Duration) *activeFault {
+	for i := range fs.list {
+		f := &fs.list[i]
+		if f.Kind == FaultBetaForbidden && f.Beta == beta && (f.org < 0 || f.org == org) &&
+			(f.KeyFingerprint == "" || f.KeyFingerprint == keyFP) && now >= f.from && now < f.to {
+			return f
+		}
 	}
 	return nil
 }

@@ -9,7 +9,7 @@ import (
 
 // The latency distribution, sampled without any clock: quantiles of the
 // default model for a 64-token answer match the lognormal-plus-tail maths,
-// and land near origin.md §4's p50 1.52 s and p95 3.5 s.
+// and land near docs/design.md §24's p50 1.52 s and p95 3.5 s.
 func TestLatencyQuantilesFromSamples(t *testing.T) {
 	t.Parallel()
 	m := latencyModel{cfg: DefaultLatency()}

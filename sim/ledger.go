@@ -69,9 +69,17 @@ type LedgerEntry struct {
 	// batch price, BodySHA256 the hash of its params); empty for a
 	// POST /v1/messages request (standard).
 	ServiceTier string `json:"service_tier,omitempty"`
-	// BatchID and CustomID name a Message Batches request.
+	// BatchID and CustomID name a Message Batches request (or an OpenAI
+	// batch's).
 	BatchID  string `json:"batch_id,omitempty"`
 	CustomID string `json:"custom_id,omitempty"`
+	// Provider is "openai" for a request to the OpenAI surface, empty for
+	// one to the Anthropic surface. An OpenAI entry's InputTokens are its
+	// uncached prompt tokens, CacheRead its cached_tokens, OutputTokens
+	// its completion_tokens (ReasoningTokens among them), MessageID the
+	// chat completion's id and Model the snapshot it named.
+	Provider        string `json:"provider,omitempty"`
+	ReasoningTokens int64  `json:"reasoning_tokens,omitempty"`
 }
 
 // appendJSON appends the entry as one JSON line (with the newline). It is
@@ -118,13 +126,17 @@ func (e *LedgerEntry) appendJSON(b []byte) []byte {
 	b = appendJSONString(b, e.Delivery)
 	b = append(b, `,"duplicate":`...)
 	b = strconv.AppendBool(b, e.Duplicate)
-	for _, f := range [...][2]string{{"service_tier", e.ServiceTier}, {"batch_id", e.BatchID}, {"custom_id", e.CustomID}} {
+	for _, f := range [...][2]string{{"service_tier", e.ServiceTier}, {"batch_id", e.BatchID}, {"custom_id", e.CustomID}, {"provider", e.Provider}} {
 		if f[1] != "" {
 			b = append(b, `,"`...)
 			b = append(b, f[0]...)
 			b = append(b, `":`...)
 			b = appendJSONString(b, f[1])
 		}
+	}
+	if e.ReasoningTokens != 0 {
+		b = append(b, `,"reasoning_tokens":`...)
+		b = strconv.AppendInt(b, e.ReasoningTokens, 10)
 	}
 	return append(b, "}\n"...)
 }

@@ -25,7 +25,7 @@ type price struct {
 	in, out, write5m, write1h, read int64
 }
 
-// Prices (anthropic-api.md §7): cache write 5 m ×1.25, 1 h ×2, read ×0.1.
+// Prices (docs/design.md §20): cache write 5 m ×1.25, 1 h ×2, read ×0.1.
 var (
 	priceSonnet4     = price{in: 3000, out: 15000, write5m: 3750, write1h: 6000, read: 300}
 	priceSonnet4Long = price{in: 6000, out: 22500, write5m: 7500, write1h: 12000, read: 600}
@@ -33,12 +33,12 @@ var (
 	priceHaiku35     = price{in: 800, out: 4000, write5m: 1000, write1h: 1600, read: 80}
 	priceOpus45      = price{in: 5000, out: 25000, write5m: 6250, write1h: 10000, read: 500}
 	priceSonnet5     = price{in: 2000, out: 10000, write5m: 2500, write1h: 4000, read: 200}
-	// Fable 5 is not in the price table of anthropic-api.md; the simulator
+	// Fable 5 is not in the price table of docs/design.md §20; the simulator
 	// assumes Sonnet 4.x prices.
 	priceFable5 = priceSonnet4
 )
 
-// models is the simulator's model list (anthropic-api.md §5), newest first.
+// models is the simulator's model list (docs/design.md §18), newest first.
 // Any other model id is a 404 not_found_error.
 var models = []modelInfo{
 	{id: "claude-opus-5", geo: true, display: "Claude Opus 5", created: "2026-11-01T00:00:00Z", pool: anthropic.PoolOpus5, maxOutput: 128000, context: 1000000, cacheMin: 1024, price: priceOpus45},

@@ -12,7 +12,7 @@ import (
 
 // Preset names.
 const (
-	// PresetOrigin3Org is the three orgs measured in origin.md §4 (high_prio,
+	// PresetOrigin3Org is the three orgs measured in docs/design.md §24 (high_prio,
 	// batch, low_prio) with their Sonnet 4.x, Haiku 4.5 and Opus 4.x limits,
 	// the calibrated latency and a service capacity of 120 per org, and
 	// Scale-tier Message Batches limits (4,000 RPM, 500,000 queued).
@@ -67,7 +67,7 @@ func Preset(name string) (Config, error) {
 	return Config{}, fmt.Errorf("%w: unknown preset %q (known: %v)", ErrConfig, name, names)
 }
 
-// Message Batches limits by tier (anthropic-api.md §1 "Other pools"):
+// Message Batches limits by tier (docs/design.md §14 "Other pools"):
 // batch endpoint RPM and processing-queue cap.
 var (
 	batchStart = BatchLimits{RPM: 1000, Queue: 200_000}
@@ -75,7 +75,7 @@ var (
 	batchScale = BatchLimits{RPM: 4000, Queue: 500_000}
 )
 
-// origin3Org: origin.md §4 phase0_limits.json. high_prio's Haiku ITPM had no
+// origin3Org: docs/design.md §24 phase0_limits.json. high_prio's Haiku ITPM had no
 // header at the probe; 8M makes the three orgs sum to the ~40M the
 // guidelines cite.
 func origin3Org() Config {

@@ -93,7 +93,13 @@ type orgState struct {
 	series      []SeriesPoint
 	ledger      []LedgerEntry
 	accel       [accelSlots]accelSlot
-	cache       map[[16]byte]time.Duration // prompt cache: prefix → expiry (API time)
+	cache       map[promptCacheID]promptCacheEntry // prompt cache (promptcache.go)
+	cacheWrites int64
+
+	// oaCache is an OpenAI org's automatic prompt cache: prefix → expiry
+	// (API time), made on first use.
+	oaCache map[[16]byte]time.Duration
+	oa      *oaOrg // an OpenAI org's state (openai.go); nil for an Anthropic org
 }
 
 // Canonical header keys, so that hot paths set the map directly.
@@ -146,7 +152,7 @@ func New(cfg Config) (*Server, error) {
 	allPools := Pools()
 	for i, oc := range cfg.Orgs {
 		o := &orgState{idx: i, name: oc.Name, id: oc.ID, idHdr: []string{oc.ID}, capacity: oc.ServiceCapacity,
-			pools: map[anthropic.Pool]*poolLimiter{}, cache: map[[16]byte]time.Duration{}}
+			pools: map[anthropic.Pool]*poolLimiter{}, cache: map[promptCacheID]promptCacheEntry{}}
 		for _, p := range allPools {
 			lim, ok := oc.Limits[p]
 			if !ok {
@@ -161,6 +167,10 @@ func New(cfg Config) (*Server, error) {
 			} else {
 				o.pools[p] = newPoolLimiter(lim, cfg.BurstFraction, cfg.Speed)
 			}
+		}
+		if oc.isOpenAI() {
+			o.oa = s.newOpenAIOrg(oc)
+			s.openAIPools(o, oc)
 		}
 		for _, k := range oc.Keys {
 			ks := &keyState{org: o, secret: k, fp: org.Fingerprint(k)}
@@ -199,6 +209,13 @@ func (c Config) withDefaults() Config {
 	}
 	orgs := make([]OrgConfig, len(c.Orgs))
 	for i, o := range c.Orgs {
+		if o.isOpenAI() {
+			o.Projects = slices.Clone(o.Projects)
+			o.Keys = slices.Clone(o.Keys)
+			o.openAIDefaults(c.Seed)
+			orgs[i] = o
+			continue
+		}
 		if o.ID == "" {
 			o.ID = orgUUID("", o.Name, c.Seed)
 		}
@@ -248,26 +265,32 @@ func (s *Server) Keys() map[string][]string {
 	return m
 }
 
-// Orgs returns the simulator's orgs, in configuration order, each with its
-// first key, as a client configures them.
+// Orgs returns the simulator's Anthropic orgs, in configuration order,
+// each with its first key, as a client configures them (OpenAIOrgs returns
+// the others).
 func (s *Server) Orgs() []org.Org {
 	var out []org.Org
 	for _, o := range s.orgs {
-		if len(o.keys) > 0 {
+		if len(o.keys) > 0 && o.oa == nil {
 			out = append(out, org.Org{Name: o.name, Key: org.NewKey(o.keys[0].secret), Source: "simulator"})
 		}
 	}
 	return out
 }
 
-// EnvLines returns one line per org, ANTHROPIC_API_KEY_<ORG>=<first key>,
-// with the org name upper-cased and "-" turned into "_", in config order:
-// the environment form apidispatch reads orgs from.
+// EnvLines returns one line per org, ANTHROPIC_API_KEY_<ORG>=<first key>
+// (OPENAI_API_KEY_<ORG> for an OpenAI org), with the org name upper-cased
+// and "-" turned into "_", in config order: the environment form
+// apidispatch reads orgs from.
 func (s *Server) EnvLines() []string {
 	var out []string
 	for _, o := range s.orgs {
 		name := strings.ToUpper(strings.ReplaceAll(o.name, "-", "_"))
-		out = append(out, "ANTHROPIC_API_KEY_"+name+"="+o.keys[0].secret)
+		prefix := "ANTHROPIC_API_KEY_"
+		if o.oa != nil {
+			prefix = "OPENAI_API_KEY_"
+		}
+		out = append(out, prefix+name+"="+o.keys[0].secret)
 	}
 	return out
 }
@@ -318,6 +341,10 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	n := s.counter.Add(1)
 	c := &call{w: w, r: r, h: w.Header(), n: n, rng: rng{s: s.seed ^ mix64(n)}}
 	c.rid = s.newID("req_", n, 0x1f83d9abfb41bd6b)
+	if s.isOpenAICall(r) {
+		s.serveOpenAI(c) // openai.go: its own headers, errors and routes
+		return
+	}
 	c.h[hRequestID] = []string{c.rid}
 	c.h[hSpeed] = s.speedHdr
 	switch r.URL.Path {
@@ -400,7 +427,7 @@ func (s *Server) authenticate(c *call) *keyState {
 		}
 	}
 	ks := s.byKey[key]
-	if ks == nil {
+	if ks == nil || ks.org.oa != nil { // an OpenAI key does not open the Anthropic surface
 		s.writeError(c, nil, &apiError{status: http.StatusUnauthorized, typ: anthropic.ErrAuthentication, msg: "invalid x-api-key"})
 		return nil
 	}
@@ -410,11 +437,35 @@ func (s *Server) authenticate(c *call) *keyState {
 		return nil
 	}
 	real := time.Since(s.start)
-	if s.faults.Load().match(FaultKeyRevoked, ks.org.idx, "", ks.fp, s.api(real), &c.rng) != nil {
+	fs := s.faults.Load()
+	if fs.match(FaultKeyRevoked, ks.org.idx, "", ks.fp, s.api(real), &c.rng) != nil {
 		s.writeError(c, ks.org, &apiError{status: http.StatusUnauthorized, typ: anthropic.ErrAuthentication, msg: "invalid x-api-key"})
 		return nil
 	}
+	if fs.has(FaultBetaForbidden) {
+		for _, beta := range requestBetas(c.r.Header) {
+			if f := fs.matchBeta(ks.org.idx, ks.fp, beta, s.api(real)); f != nil {
+				s.writeError(c, ks.org, &apiError{status: http.StatusForbidden, typ: anthropic.ErrPermission,
+					msg: "anthropic-beta: your organization does not have access to " + beta})
+				return nil
+			}
+		}
+	}
 	return ks
+}
+
+// requestBetas are the betas a request names in its anthropic-beta
+// headers (several headers, or comma-separated values).
+func requestBetas(h http.Header) []string {
+	var out []string
+	for _, v := range h.Values("Anthropic-Beta") {
+		for b := range strings.SplitSeq(v, ",") {
+			if b = strings.TrimSpace(b); b != "" {
+				out = append(out, b)
+			}
+		}
+	}
+	return out
 }
 
 // readBody reads the request body up to MaxBodyBytes, answering 413 above.
@@ -481,16 +532,21 @@ func (s *Server) messages(c *call) {
 	}
 
 	// Prompt caching decides how the input splits into fresh, written and read.
+	// The cache is only read here; an admitted request records its use
+	// below (a refused one never reached the model).
 	u := usage{input: req.input, geoUS: req.x != nil && req.x.geoUS}
-	if s.cfg.PromptCaching && req.cacheTokens > 0 {
-		ttl := 5 * time.Minute
+	caching := s.cfg.PromptCaching && req.cacheTokens > 0
+	var cacheID promptCacheID
+	var cacheTTL time.Duration
+	hit := false
+	if caching {
+		cacheID = promptCacheID{model: req.model.display, prefix: req.cacheKey}
+		cacheTTL = 5 * time.Minute
 		if req.cache1h {
-			ttl = time.Hour
+			cacheTTL = time.Hour
 		}
 		o.mu.Lock()
-		exp, hit := o.cache[req.cacheKey]
-		hit = hit && exp > api
-		o.cache[req.cacheKey] = api + ttl
+		hit = o.promptCacheReadable(cacheID, api)
 		o.mu.Unlock()
 		u.input -= req.cacheTokens
 		switch {
@@ -547,6 +603,11 @@ func (s *Server) messages(c *call) {
 	}
 	if f := fs.match(FaultSlow, o.idx, pool, ks.fp, api, &c.rng); f != nil {
 		lat += f.ExtraLatency
+	}
+	if caching {
+		o.mu.Lock()
+		o.promptCacheUse(cacheID, api, s.firstTokenShare(lat, out.tokens), cacheTTL, hit)
+		o.mu.Unlock()
 	}
 	if req.stream {
 		s.streamMessage(c, ks, req, lim, reserved, sum, u, out, lat, admitted)

@@ -129,10 +129,7 @@ func (s *Server) streamMessage(c *call, ks *keyState, req request, lim *poolLimi
 		sctx = context.WithoutCancel(sctx)
 	}
 	// The first-token share of the latency comes before message_start.
-	first := lat
-	if l := s.lat.cfg; !l.Zero && l.TTFT > 0 {
-		first = time.Duration(float64(lat) * float64(l.TTFT) / float64(l.TTFT+time.Duration(out.tokens)*l.PerToken))
-	}
+	first := s.firstTokenShare(lat, out.tokens)
 	abandon := func() {
 		now := time.Since(s.start)
 		if lim != nil {

@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"strconv"
+
+	"github.com/apidispatch/apidispatch/cost"
 )
 
 // This file is a minimal JSON scanner for one request line. It checks the
@@ -80,6 +82,12 @@ type request struct {
 
 	streamKind kind
 
+	// What makes the request dearer than plain input and output (for the
+	// projection's worst case): the dearest cache write its cache_control
+	// markers may make, and inference_geo "us".
+	cacheWrite cost.CacheWrite
+	geoUS      bool
+
 	// Estimate counters over the text of system, messages and tools.
 	ascii int64 // ASCII characters (an escape sequence counts as one)
 	wide  int64 // non-ASCII characters
@@ -90,9 +98,10 @@ type request struct {
 type countMode uint8
 
 const (
-	countNone countMode = iota
-	countText           // count every string value (keys excluded)
-	countData           // a base64 "data" string: counted, capped
+	countNone  countMode = iota
+	countText            // count every string value (keys excluded)
+	countData            // a base64 "data" string: counted, capped
+	countCache           // a cache_control marker: read for its write, not counted
 )
 
 // maxDepth bounds nesting, as encoding/json does, so a hostile line cannot
@@ -113,6 +122,7 @@ type parser struct {
 	errAt int    // byte index of the error
 	ascii int64  // estimate counters, advanced in count modes only
 	wide  int64
+	cache cost.CacheWrite // the dearest cache_control marker seen in counted text
 }
 
 func (p *parser) fail(at int, msg string) {
@@ -425,7 +435,40 @@ func fieldSkip(p *parser, _ span) bool {
 }
 
 func fieldCount(p *parser, key span) bool {
-	_, ok := p.value(childCount(p.b, key))
+	mode := childCount(p.b, key)
+	if mode == countCache {
+		return p.cacheControl()
+	}
+	_, ok := p.value(mode)
+	return ok
+}
+
+// cacheControl scans a cache_control value at p.i and records the write it
+// may make: none for null, the 1-hour rate for ttl "1h", the 5-minute rate
+// for anything else (the API refuses what is not a marker; counting it
+// errs on the dear side).
+func (p *parser) cacheControl() bool {
+	p.skipWS()
+	if p.i < len(p.b) && p.b[p.i] == '{' {
+		w := cost.CacheWrite5m
+		ok := p.objectKeys(func(p *parser, key span) bool {
+			if keyString(p.b, key) == "ttl" && p.i < len(p.b) && p.b[p.i] == '"' {
+				sp, _, _, ok := p.str()
+				if ok && spanString(p.b, sp) == "1h" {
+					w = cost.CacheWrite1h
+				}
+				return ok
+			}
+			_, ok := p.value(countNone)
+			return ok
+		})
+		p.cache = max(p.cache, w)
+		return ok
+	}
+	k, ok := p.value(countNone)
+	if k != kindNull {
+		p.cache = max(p.cache, cost.CacheWrite5m)
+	}
 	return ok
 }
 
@@ -434,7 +477,9 @@ func fieldCount(p *parser, key span) bool {
 // text the model reads as prose; base64 "data" is capped.
 func childCount(b []byte, key span) countMode {
 	switch keyString(b, key) {
-	case "type", "role", "cache_control", "media_type":
+	case "cache_control":
+		return countCache
+	case "type", "role", "media_type":
 		return countNone
 	case "data":
 		return countData
@@ -450,6 +495,14 @@ func keyString(b []byte, key span) string {
 		return string(b[key.s:key.e])
 	}
 	return decodeString(b, key)
+}
+
+// spanString is the decoded text of a string span (a scanned string's).
+func spanString(b []byte, sp span) string {
+	if sp.esc {
+		return decodeString(b, sp)
+	}
+	return string(b[sp.s:sp.e])
 }
 
 // decodeString decodes a string span with escapes (slow path, rare).
@@ -557,7 +610,7 @@ func parseRequest(p *parser, r *request) bool {
 // parseParams scans the params object at p.i into r, counting the text of
 // system, messages and tools for the estimate.
 func parseParams(p *parser, r *request) bool {
-	p.ascii, p.wide = 0, 0
+	p.ascii, p.wide, p.cache = 0, 0, cost.NoCacheWrite
 	ok := p.objectKeys(func(p *parser, key span) bool {
 		switch keyString(p.b, key) {
 		case "model":
@@ -594,11 +647,19 @@ func parseParams(p *parser, r *request) bool {
 			k, ok := p.value(countNone)
 			r.streamKind = k
 			return ok
+		case "cache_control":
+			return p.cacheControl()
+		case "inference_geo":
+			if p.b[p.i] == '"' {
+				sp, _, _, ok := p.str()
+				r.geoUS = ok && spanString(p.b, sp) == "us"
+				return ok
+			}
 		}
 		_, ok := p.value(countNone)
 		return ok
 	})
-	r.ascii, r.wide = p.ascii, p.wide
+	r.ascii, r.wide, r.cacheWrite = p.ascii, p.wide, p.cache
 	return ok
 }
 

@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 
+	"github.com/apidispatch/apidispatch/cost"
 	"github.com/apidispatch/apidispatch/store"
 )
 
@@ -126,14 +127,51 @@ func ReadAt(r io.ReaderAt, it store.Item) (json.RawMessage, error) {
 // endpoint. Params that are not a valid JSON object are estimated as a
 // quarter of their length.
 func EstimateInputTokens(params json.RawMessage) int64 {
+	if r, ok := scanParams(params); ok {
+		return r.estimate()
+	}
+	return (int64(len(params)) + 3) / 4
+}
+
+// scanParams reads a params object whole; ok is false when params are not
+// a valid JSON object.
+func scanParams(params json.RawMessage) (r request, ok bool) {
 	p := parser{b: params}
-	var r request
 	p.skipWS()
 	if p.i < len(p.b) && p.b[p.i] == '{' && parseParams(&p, &r) {
 		p.skipWS()
-		if p.i == len(p.b) {
-			return r.estimate()
-		}
+		return r, p.i == len(p.b)
 	}
-	return (int64(len(params)) + 3) / 4
+	return r, false
+}
+
+// ItemSummary is what Validate adds to its model's ModelSummary for one
+// request whose params are params (N is 1; MaxTokens is not read).
+func ItemSummary(params json.RawMessage) ModelSummary {
+	r, ok := scanParams(params)
+	if !ok {
+		return ModelSummary{N: 1, EstInput: (int64(len(params)) + 3) / 4}
+	}
+	return r.summary()
+}
+
+// BoundOf is the cost.Bound of a Messages request whose body (params) is
+// params, for cost.Table.WorstCase, the one worst case of every route: its
+// model and max_tokens as the caller read them, its input bounded by the
+// larger of the local estimate and the body's length in bytes (a token is
+// at least one byte), and the multipliers its params ask for as the API
+// reads them (escaped keys too): the dearest write of its cache_control
+// markers (in system, messages, tools or at the top) and inference_geo
+// "us". Thinking needs nothing more: its budget is output within
+// max_tokens. Params that are not a valid JSON object are bounded at every
+// multiplier.
+func BoundOf(model string, params json.RawMessage, maxTokens int64, batch bool) cost.Bound {
+	b := cost.Bound{Model: model, MaxTokens: maxTokens, Batch: batch, Input: int64(len(params))}
+	if r, ok := scanParams(params); ok {
+		b.Input = max(b.Input, r.estimate())
+		b.CacheWrite, b.GeoUS = r.cacheWrite, r.geoUS
+		return b
+	}
+	b.CacheWrite, b.GeoUS = cost.CacheWrite1h, true
+	return b
 }

@@ -14,6 +14,9 @@ import (
 	"strings"
 	"sync/atomic"
 	"unicode/utf8"
+
+	"github.com/apidispatch/apidispatch/cost"
+	"github.com/apidispatch/apidispatch/promptcache"
 )
 
 // DefaultMaxProblems is how many problems Validate reports by default before
@@ -91,7 +94,23 @@ type ModelSummary struct {
 	N         int64 // items
 	MaxTokens int64 // sum of max_tokens
 	EstInput  int64 // sum of estimated input tokens (EstimateInputTokens)
+	// Prompt caching: Prefixed items mark a prefix for caching
+	// (promptcache.Of); PrefixTokens estimates those prefixes' tokens,
+	// summed over the items; PrefixUses[c-1] counts the distinct prefixes
+	// that c items share (the last slot: PrefixUsesMax items or more).
+	Prefixed     int64
+	PrefixTokens int64
+	PrefixUses   [PrefixUsesMax]int64
+	// Items whose params make them dearer than plain input and output, for
+	// the worst case: those with inference_geo "us", and those with a
+	// cache_control marker whose dearest write is at the 5-minute or the
+	// 1-hour rate.
+	GeoUS, CacheWrite5m, CacheWrite1h int64
 }
+
+// PrefixUsesMax is the last slot of ModelSummary.PrefixUses: more items
+// than there are orgs to write a prefix in.
+const PrefixUsesMax = 16
 
 // Summary describes a request file.
 type Summary struct {
@@ -101,6 +120,31 @@ type Summary struct {
 	Hash        string                  // hex SHA-256 of the whole file
 	LongestLine int64                   // bytes of the longest line
 	Models      map[string]ModelSummary // per model name as written
+}
+
+// Add adds o's items to ms.
+func (ms *ModelSummary) Add(o ModelSummary) {
+	ms.N += o.N
+	ms.MaxTokens += o.MaxTokens
+	ms.EstInput += o.EstInput
+	ms.GeoUS += o.GeoUS
+	ms.CacheWrite5m += o.CacheWrite5m
+	ms.CacheWrite1h += o.CacheWrite1h
+}
+
+// summary is the ModelSummary of the one request r (MaxTokens not read).
+func (r *request) summary() ModelSummary {
+	s := ModelSummary{N: 1, EstInput: r.estimate()}
+	if r.geoUS {
+		s.GeoUS = 1
+	}
+	switch r.cacheWrite {
+	case cost.CacheWrite5m:
+		s.CacheWrite5m = 1
+	case cost.CacheWrite1h:
+		s.CacheWrite1h = 1
+	}
+	return s
 }
 
 // ModelNames returns the models of the summary, sorted.
@@ -125,7 +169,8 @@ func (s *Summary) ModelNames() []string {
 // listing them by line; a file without any request gives an error wrapping
 // ErrEmpty; other errors are I/O errors, with a nil Summary.
 //
-// Memory is bounded by the longest line plus 8 bytes an item. When two
+// Memory is bounded by the longest line plus 8 bytes an item, and about
+// 80 bytes for each distinct prefix marked for caching. When two
 // custom_ids have the same 64-bit hash a second pass compares the colliding
 // ids exactly, so a hash collision is never reported as a duplicate.
 func Validate(path string, opts ValidateOptions) (*Summary, error) {
@@ -135,6 +180,12 @@ func Validate(path string, opts ValidateOptions) (*Summary, error) {
 		hash: func(b []byte) uint64 { return maphash.Bytes(seed, b) },
 	}
 	return v.run(path)
+}
+
+// prefixOf is one distinct cached prefix of a model's items.
+type prefixOf struct {
+	ms  *ModelSummary
+	key promptcache.Key
 }
 
 // validator is one Validate call. hash is a field so that tests can force
@@ -186,6 +237,7 @@ func (v *validator) run(path string) (*Summary, error) {
 	known := map[string]error{}
 	c := newChecker()
 	var hashes []uint64
+	prefixes := map[prefixOf]int64{} // items per distinct cached prefix
 
 	for {
 		ln, err := lr.next()
@@ -229,11 +281,18 @@ func (v *validator) run(path string) (*Summary, error) {
 			ms = &ModelSummary{}
 			models[c.model()] = ms
 		}
-		ms.N++
 		if c.maxTokensOK {
 			ms.MaxTokens += c.maxTokens
 		}
-		ms.EstInput += c.r.estimate()
+		ms.Add(c.r.summary())
+		if sp := c.r.params; sp.e-sp.s >= promptcache.MinBytes {
+			params := ln.b[sp.s:sp.e]
+			if pre, ok := promptcache.Of(c.model(), params); ok {
+				ms.Prefixed++
+				ms.PrefixTokens += c.r.estimate() * int64(pre.Bytes) / int64(len(params))
+				prefixes[prefixOf{ms, pre.Key}]++
+			}
+		}
 		if v.opts.KnownModel != nil {
 			m := c.model()
 			kerr, seen := known[m]
@@ -256,6 +315,9 @@ func (v *validator) run(path string) (*Summary, error) {
 		return nil, fmt.Errorf("%s: %w (during validation)", path, ErrChanged)
 	}
 	sum.Hash = hash
+	for pk, uses := range prefixes {
+		pk.ms.PrefixUses[min(uses, PrefixUsesMax)-1]++
+	}
 	for m, ms := range models {
 		sum.Models[m] = *ms
 	}

@@ -363,3 +363,37 @@ func TestEndlessLine(t *testing.T) {
 		t.Errorf("allocated %d MiB for an 80 MiB line", alloc>>20)
 	}
 }
+
+// The summary counts, per model, the items whose params make them dearer
+// (inference_geo "us", cache_control markers at 5-minute and 1-hour
+// rates), as the API reads them: escaped keys too, words in text not.
+func TestValidateCountsDearerItems(t *testing.T) {
+	t.Parallel()
+	lines := []string{
+		`{"custom_id":"a","params":{"model":"m","max_tokens":5,"inference_geo":"us","messages":[{"role":"user","content":"hi"}]}}`,
+		`{"custom_id":"b","params":{"model":"m","max_tokens":5,"inference\u005fgeo":"us","messages":[{"role":"user","content":"hi"}]}}`,
+		`{"custom_id":"c","params":{"model":"m","max_tokens":5,"inference_geo":"global","messages":[{"role":"user","content":"hi"}]}}`,
+		`{"custom_id":"d","params":{"model":"m","max_tokens":5,"system":[{"type":"text","text":"r","cache_control":{"type":"ephemeral"}}],"messages":[{"role":"user","content":"hi"}]}}`,
+		`{"custom_id":"e","params":{"model":"m","max_tokens":5,"messages":[{"role":"user","content":[{"type":"text","text":"x","cache_control":{"type":"ephemeral","ttl":"1h"}}]}]}}`,
+		`{"custom_id":"f","params":{"model":"m","max_tokens":5,"cache_control":{"type":"ephemeral","ttl":"1\u0068"},"messages":[{"role":"user","content":"hi"}]}}`,
+		`{"custom_id":"g","params":{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"\"inference_geo\":\"us\", \"cache_control\":{}"}]}}`,
+		`{"custom_id":"h","params":{"model":"m","max_tokens":5,"system":[{"type":"text","text":"r","cache_control":null}],"messages":[{"role":"user","content":"hi"}]}}`,
+	}
+	path := writeTemp(t, strings.Join(lines, "\n")+"\n")
+	sum, err := Validate(path, ValidateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m := sum.Models["m"]; m.N != 8 || m.GeoUS != 2 || m.CacheWrite5m != 1 || m.CacheWrite1h != 2 {
+		t.Errorf("summary %+v: want 8 items, 2 with inference_geo us, 1 with a 5-minute write, 2 with a 1-hour one", m)
+	}
+	// The estimate does not count a cache_control marker as text.
+	var ests []int64
+	if err := Scan(path, func(it store.Item) error { ests = append(ests, it.EstInput); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	plain := `{"model":"m","max_tokens":5,"system":[{"type":"text","text":"r"}],"messages":[{"role":"user","content":"hi"}]}`
+	if want := EstimateInputTokens([]byte(plain)); ests[3] != want {
+		t.Errorf("estimate with a marker %d, without %d", ests[3], want)
+	}
+}

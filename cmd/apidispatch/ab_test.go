@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io/fs"
-	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -267,52 +266,6 @@ func TestABArmsFlagNamed(t *testing.T) {
 	}
 	if _, err := os.Stat(dir); err == nil {
 		t.Fatal("the A/B directory was made for a refused --arms")
-	}
-}
-
-// TestABBatchArm: 'ab --sim --arms legacy,dispatcher,batch' runs the batch
-// arm too: complete, each custom_id once, its cost from usage equal to the
-// simulator's ledger and exactly half the dispatcher's.
-func TestABBatchArm(t *testing.T) {
-	t.Parallel()
-	const n = 600
-	dir := filepath.Join(t.TempDir(), "ab")
-	var srv *sim.Running
-	tune := func(c *ab.Config) {
-		smallStorm(c)
-		c.OnSim = func(r *sim.Running) { srv = r }
-	}
-	var out, errb bytes.Buffer
-	args := []string{"--sim", "--n", fmt.Sprint(n), "--speed", "400", "--dir", dir, "--arms", "legacy,dispatcher,batch", "--json", "--quiet"}
-	if code := runAB(context.Background(), args, &out, &errb, tune); code != exitOK {
-		t.Fatalf("exit %d; stderr %s", code, errb.String())
-	}
-	var res ab.Result
-	if err := json.Unmarshal(out.Bytes(), &res); err != nil {
-		t.Fatalf("stdout is not the result JSON: %v\n%s", err, out.String())
-	}
-	d, c := res.Arms.Dispatcher, res.Arms.Batch
-	if !res.Complete || c == nil || !c.Complete || c.Succeeded != n || !c.DataLoss.Passed || c.DataLoss.Duplicates != 0 || c.DataLoss.Missing != 0 {
-		t.Fatalf("batch arm %+v", c)
-	}
-	var ledger, billed int64
-	for _, e := range srv.Server.Ledger() {
-		if e.ServiceTier == "batch" {
-			ledger += e.CostNanos
-			billed++
-		}
-	}
-	if billed != n || ledger != c.CostNanos || c.LedgerCostNanos == nil || *c.LedgerCostNanos != c.CostNanos {
-		t.Fatalf("batch arm %d nanos; the simulator billed %d batch requests for %d nanos", c.CostNanos, billed, ledger)
-	}
-	if d.Succeeded != n || 2*c.CostNanos != d.CostNanos || res.BatchCostRatio != 0.5 {
-		t.Fatalf("batch %d nanos, dispatcher %d nanos, ratio %v: want exactly half", c.CostNanos, d.CostNanos, res.BatchCostRatio)
-	}
-	if res.Speedup != math.Round(res.Arms.Baseline.WallS/d.WallS*1000)/1000 || res.Config.Arms == nil {
-		t.Fatalf("speed-up %v from walls %v / %v", res.Speedup, res.Arms.Baseline.WallS, d.WallS)
-	}
-	if !strings.Contains(errb.String(), "batch arm (round 1) done") || !strings.Contains(errb.String(), "batch arm at batch prices") {
-		t.Fatalf("stderr lacks the batch arm's story:\n%s", errb.String())
 	}
 }
 

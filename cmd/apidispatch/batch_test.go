@@ -5,13 +5,10 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
-	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -89,78 +86,6 @@ func phaseOf(t *testing.T, runDir string) string {
 		return "after a refused create"
 	}
 	return "polling"
-}
-
-// TestBatchKillNineThenResume kills 'apidispatch run --route batch' with
-// SIGKILL twenty times at random moments (some creates lose their answer
-// too), restarting it after each, then runs the same command to the end.
-// Every custom_id is written once; the simulator's batches hold each
-// request once (nothing created twice); no request is billed twice; the
-// lost creates were adopted; and the summary's cost is the ledger's.
-func TestBatchKillNineThenResume(t *testing.T) {
-	if testing.Short() {
-		t.Skip("spawns processes")
-	}
-	t.Parallel()
-	const n, size, k = 5000, 250, 100
-	kills := 20
-	if s := os.Getenv("APIDISPATCH_KILLS"); s != "" {
-		kills, _ = strconv.Atoi(s)
-	}
-	// Each org's processing queue holds two batches, so batches are
-	// created all along the run, as earlier ones end, and a kill can
-	// strike a create as well as a poll or a harvest; creates beyond the
-	// queue are refused with 429, as the API does.
-	r, input, runDir := simWith(t, k, n, func(c *sim.Config) {
-		c.Faults = []sim.Fault{{Kind: sim.FaultBatchCreateLost500, Probability: 0.3}}
-		for i := range c.Orgs {
-			c.Orgs[i].Batch.Queue = 2 * size
-		}
-	})
-	args := []string{"run", input, "--route", "batch", "--batch-size", strconv.Itoa(size), "--run-dir", runDir,
-		"--base-url", r.URL, "--speed", strconv.Itoa(k), "--quiet"}
-	rng := rand.New(rand.NewPCG(3, 4))
-	phases := map[string]int{}
-	for i := range kills {
-		c, out, exited := startCLI(t, r, args...)
-		select {
-		case <-exited:
-			t.Fatalf("run %d ended before its kill:\n%s", i+1, tail(out.String()))
-		case <-time.After(time.Duration(50+rng.IntN(550)) * time.Millisecond):
-		}
-		if err := c.Process.Signal(syscall.SIGKILL); err != nil {
-			t.Fatal(err)
-		}
-		<-exited
-		phases[phaseOf(t, runDir)]++
-	}
-	c := cliCmd(r, append(args, "--json")...)
-	var out, errb bytes.Buffer
-	c.Stdout, c.Stderr = &out, &errb
-	if err := c.Run(); err != nil {
-		t.Fatalf("final run: %v\n%s", err, tail(errb.String()))
-	}
-	requireEachOnce(t, runDir, n)
-	var s rundir.Summary
-	if err := json.Unmarshal(bytes.TrimSpace(out.Bytes()), &s); err != nil {
-		t.Fatalf("summary: %v\n%s", err, out.String())
-	}
-	nanos, billed, twice := batchLedger(r)
-	requests, created := simBatchRequests(r)
-	t.Logf("%d kills by phase %v; the simulator created %d batches holding %d requests, billed %d (%d twice); %d adopted after a lost create, %d abandoned",
-		kills, phases, created, requests, billed, twice, s.Batches.Adopted, s.Batches.Abandoned)
-	if !s.DataLoss.Passed || s.Succeeded != n {
-		t.Fatalf("summary: %d succeeded, data loss %+v", s.Succeeded, s.DataLoss)
-	}
-	if requests != n || billed != n || twice != 0 {
-		t.Fatalf("the simulator's batches hold %d requests and it billed %d (%d twice): want %d, each once", requests, billed, twice, n)
-	}
-	if s.Cost.TotalNanos != nanos {
-		t.Fatalf("summary cost %d nanos, ledger %d", s.Cost.TotalNanos, nanos)
-	}
-	if s.Batches.Adopted == 0 {
-		t.Fatal("no lost create was adopted: the fault never struck")
-	}
 }
 
 // startCLI starts the command args with its output in the returned
@@ -297,41 +222,4 @@ func TestBatchSignalLeavesBatchesRunning(t *testing.T) {
 	if req, created := simBatchRequests(r); created != 3 || req != n || s.Batches.Harvested != 3 {
 		t.Fatalf("the simulator created %d batches (%d requests), the run harvested %d: want the 3 first ones re-attached", created, req, s.Batches.Harvested)
 	}
-}
-
-// TestBatchCancelKeepsPartialResults: --cancel cancels the run's open
-// batches mid-processing, harvests what they finished and leaves the rest
-// pending (exit 4); the same command without --cancel then completes it.
-func TestBatchCancelKeepsPartialResults(t *testing.T) {
-	t.Parallel()
-	const n = 1500
-	r, input, runDir := slowBatches(t, n)
-	args := []string{"run", input, "--route", "batch", "--run-dir", runDir, "--base-url", r.URL, "--speed", "20", "--quiet"}
-	c, _, exited := startUntilBatches(t, r, 3, args...)
-	// The batches start after 1 API s and process 500 each in 150 API s
-	// (7.5 s here): cancel them part way.
-	time.Sleep(2 * time.Second)
-	c.Process.Signal(os.Interrupt)
-	<-exited
-	code, stdout, stderr := runCmdOut(t, r, append(args, "--cancel", "--json")...)
-	if code != exitIncomplete {
-		t.Fatalf("--cancel: exit %d; want 4\n%s", code, tail(stderr))
-	}
-	var s rundir.Summary
-	if err := json.Unmarshal([]byte(strings.TrimSpace(stdout)), &s); err != nil {
-		t.Fatal(err)
-	}
-	if s.Succeeded == 0 || s.Unfinished == 0 || s.Succeeded+s.Unfinished != n || s.Batches.Open != 0 || s.Batches.Harvested != 3 {
-		t.Fatalf("after --cancel: %d succeeded, %d unfinished, batches %+v; want partial results, the rest pending, none open", s.Succeeded, s.Unfinished, s.Batches)
-	}
-	partial := s.Succeeded
-	if code, _, stderr := runCmdOut(t, r, args...); code != exitOK {
-		t.Fatalf("the run after --cancel: exit %d\n%s", code, tail(stderr))
-	}
-	requireEachOnce(t, runDir, n)
-	_, billed, twice := batchLedger(r)
-	if billed != n || twice != 0 {
-		t.Fatalf("billed %d batch requests (%d twice); want %d once each", billed, twice, n)
-	}
-	t.Logf("--cancel kept %d of %d results; the next run sent the other %d", partial, n, n-int(partial))
 }

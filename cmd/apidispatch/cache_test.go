@@ -6,7 +6,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/apidispatch/apidispatch/rundir"
@@ -98,44 +97,6 @@ func TestRunTwiceWithOneCache(t *testing.T) {
 	}
 	if code, out, _ := runCLI("cache", "prune", "--cache", cachePath, "--older-than", "0s"); code != exitOK || !strings.Contains(out, "pruned 400 entries") {
 		t.Fatalf("prune --older-than 0s: exit %d, %s", code, out)
-	}
-}
-
-// Two processes filling one cache at once: no error, no lost or duplicated
-// entry.
-func TestTwoProcessesFillOneCache(t *testing.T) {
-	if testing.Short() {
-		t.Skip("spawns processes")
-	}
-	t.Parallel()
-	const n = 1500
-	r, input, runDir := simAndInput(t, 50, n)
-	cachePath := filepath.Join(t.TempDir(), "cache.db")
-	var wg sync.WaitGroup
-	outs := make([][]byte, 2)
-	errs := make([]error, 2)
-	for i := range 2 {
-		wg.Go(func() {
-			// The write mode: both send every item and store every success.
-			c := cliCmd(r, "run", input, "--run-dir", runDir+string(rune('a'+i)), "--base-url", r.URL, "--speed", "50", "--quiet", "--cache", cachePath, "--cache-mode", "write")
-			outs[i], errs[i] = c.CombinedOutput()
-		})
-	}
-	wg.Wait()
-	for i := range 2 {
-		if errs[i] != nil {
-			t.Fatalf("process %d: %v\n%s", i, errs[i], outs[i])
-		}
-	}
-	if got := r.Server.LedgerTotals().Requests; got != 2*n {
-		t.Fatalf("%d requests, want %d", got, 2*n)
-	}
-	code, out, errOut := runCLI("cache", "stats", "--json", "--cache", cachePath)
-	var st struct {
-		Entries int64 `json:"entries"`
-	}
-	if code != exitOK || json.Unmarshal([]byte(out), &st) != nil || st.Entries != n {
-		t.Fatalf("cache stats after two writers: exit %d, %s %s; want %d entries", code, out, errOut, n)
 	}
 }
 

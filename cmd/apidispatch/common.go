@@ -19,7 +19,7 @@ import (
 	"github.com/apidispatch/apidispatch/plan"
 )
 
-// sendFlags are the flags every sending command understands (design.md §2).
+// sendFlags are the flags every sending command understands (docs/design.md §2).
 type sendFlags struct {
 	gateFlags
 	orgsFile string
@@ -81,7 +81,7 @@ func (s *sendFlags) load(stderr io.Writer) (sent, error) {
 	return c, err
 }
 
-// gateFlags are the budget gate's flags of run, plan and ab (design.md
+// gateFlags are the budget gate's flags of run, plan and ab (docs/design.md
 // §7): --budget, --tolerance and --confirm, whose help each command words
 // for what it gates.
 type gateFlags struct {

@@ -208,9 +208,12 @@ func TestHostileInput(t *testing.T) {
 		{"params without messages", func(t *testing.T) []byte {
 			return joinLines(good[0], edit(t, good[1], func(_, p map[string]any) { delete(p, "messages") }))
 		}, []string{"line 2:", "params.messages"}, nil},
-		{"unknown model with no price", func(t *testing.T) []byte {
+		{"unknown model with no price and no cap", func(t *testing.T) []byte {
 			return joinLines(good[0], good[1], edit(t, good[2], func(_, p map[string]any) { p["model"] = "claude-fable-5" }))
-		}, []string{"line 3:", "claude-fable-5", "no price"}, nil},
+			// No cap: priced by estimate with a warning, then refused here only
+			// for the other input (runner.TestRunModelMissingFromPriceTable:
+			// refused naming the line under --max-cost).
+		}, []string{"claude-fable-5", "estimate", "different input"}, nil},
 		{"empty file", func(*testing.T) []byte { return nil }, []string{"no requests"}, nil},
 		{"only blank lines", func(*testing.T) []byte { return []byte("\n\r\n  \n") }, []string{"no requests"}, nil},
 		{"a line over 32 MB", func(*testing.T) []byte {

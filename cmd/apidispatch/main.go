@@ -16,7 +16,7 @@ import (
 	"github.com/apidispatch/apidispatch/shared"
 )
 
-// Exit codes (design.md §10).
+// Exit codes (docs/design.md §10).
 const (
 	exitOK         = runner.ExitOK
 	exitUsage      = runner.ExitUsage
@@ -24,7 +24,7 @@ const (
 	exitRefused    = runner.ExitRefused
 	exitIncomplete = runner.ExitIncomplete
 	exitDataLoss   = runner.ExitDataLoss
-	// exitNeedsPerson: a failure every resume would repeat (design.md §13).
+	// exitNeedsPerson: a failure every resume would repeat (docs/design.md §13).
 	exitNeedsPerson = runner.ExitNeedsPerson
 )
 

@@ -62,7 +62,7 @@ func (f *planFlags) register(fs *flag.FlagSet, stderr io.Writer) {
 	fs.StringVar(&sf.baseURL, "base-url", os.Getenv("ANTHROPIC_BASE_URL"), "API root `URL` for --count-tokens, and whose answers in --cache count as hits (env ANTHROPIC_BASE_URL; default https://api.anthropic.com)")
 	fs.Var(&sf.caps, "cap", "polite per-key concurrency caps `FAMILY=N,...` (default sonnet=100,haiku=120,opus=40,other=40)")
 	sf.gateFlags.register(fs, "budget gate in `USD`: pause (exit 2) when the expected cost exceeds budget×(1+tolerance)", "accept a run whose projected cost is ≥ $100 or N ≥ 50,000 (otherwise exit 3)")
-	fs.BoolVar(&sf.json, "json", false, "print the projection as one JSON object (design.md §7) instead of tables")
+	fs.BoolVar(&sf.json, "json", false, "print the projection as one JSON object (docs/design.md §7) instead of tables")
 	fs.StringVar(&sf.prices, "prices", "", "price table `FILE` overriding the embedded one")
 	fs.Float64Var(&sf.speed, "speed", 1, "time compression `K` of the server (the simulator's --speed): wall-clock is also shown at K")
 	f.pf.register(fs, "limits `FILE` from 'apidispatch probe' (or the original phase0_limits.json); without it lanes are cap-bound only", "expected output tokens per request (`N`); default min(max_tokens, 100)")

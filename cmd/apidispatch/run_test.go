@@ -5,7 +5,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"math/rand/v2"
 	"net"
 	"os"
@@ -94,14 +93,7 @@ func simWith(t *testing.T, k float64, n int, mutate func(*sim.Config)) (*sim.Run
 	return r, input, filepath.Join(dir, "run")
 }
 
-// Kill-and-resume sizes: the twenty kills in one 20,000-item run,
-// overridable with APIDISPATCH_KILL_N and APIDISPATCH_KILLS.
-const (
-	killN     = 20_000
-	killCount = 20
-)
-
-// TestKillNineThenResume kills 'apidispatch run' with SIGKILL at random
+// killNineThenResume kills 'apidispatch run' with SIGKILL at random
 // moments spread over one run, restarting it after each, then runs the same
 // command to completion. Every custom_id is in results.jsonl exactly once;
 // the summary's cost equals what the simulator billed for distinct request
@@ -111,12 +103,11 @@ const (
 // mid-generation (BillAbandoned, the worse case), so the two figures are
 // the same but for requests the kill caught between the server's answer
 // and the client's reading of it.
-func TestKillNineThenResume(t *testing.T) {
+func killNineThenResume(t *testing.T, n, kills int) {
 	if testing.Short() {
 		t.Skip("spawns processes")
 	}
 	t.Parallel()
-	n, kills := killN, killCount
 	for _, v := range []struct {
 		env string
 		p   *int
@@ -223,116 +214,6 @@ func resumeAndAudit(t *testing.T, r *sim.Running, args []string, runDir string, 
 		t.Errorf("the simulator billed %d requests twice; the summary counts only %d that may have been", dups, s.PossibleDuplicateBilling)
 	}
 	return s, dups
-}
-
-// TestMaxCostThenResume: --max-cost at 30% of the workload's cost stops the
-// run with exit 4 before the simulator has billed more than the cap;
-// resuming without a cap completes the rest with no custom_id twice, and the
-// summary's cost equals the ledger's to the nano-dollar.
-func TestMaxCostThenResume(t *testing.T) {
-	if testing.Short() {
-		t.Skip("spawns processes")
-	}
-	t.Parallel()
-	const n = 2000
-	r, input, runDir := simAndInput(t, 50, n)
-	cfg := r.Server.Config()
-	dir := filepath.Dir(input)
-	base := []string{"run", input, "--run-dir", runDir, "--base-url", r.URL, "--speed", "50", "--quiet", "--json"}
-
-	// What the whole workload costs, measured on a second simulator.
-	full := func() int64 {
-		r2, err := sim.Start(cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer r2.Close()
-		c := cliCmd(r2, "run", input, "--run-dir", filepath.Join(dir, "full"), "--base-url", r2.URL, "--speed", "50", "--quiet")
-		if out, err := c.CombinedOutput(); err != nil {
-			t.Fatalf("full run: %v\n%s", err, out)
-		}
-		return r2.Server.LedgerTotals().CostNanos
-	}()
-	capNanos := full * 3 / 10
-	capUSD := fmt.Sprintf("%.6f", float64(capNanos)/1e9)
-
-	c := cliCmd(r, append(base, "--max-cost", capUSD)...)
-	out, err := c.Output()
-	var ee *exec.ExitError
-	if !errors.As(err, &ee) || ee.ExitCode() != exitIncomplete {
-		t.Fatalf("capped run: want exit 4, got %v\n%s", err, out)
-	}
-	billed := r.Server.LedgerTotals().CostNanos
-	if billed > capNanos {
-		t.Fatalf("billed %d nanos, over the cap %d", billed, capNanos)
-	}
-	if billed < capNanos/2 {
-		t.Fatalf("billed only %d of a %d cap: the cap stopped far too early", billed, capNanos)
-	}
-
-	// A cap stops admission; it never abandons a request, so nothing is
-	// billed twice and the ledger's whole bill is the summary's.
-	if _, dups := resumeAndAudit(t, r, base, runDir, n); dups != 0 {
-		t.Fatalf("%d requests billed twice", dups)
-	}
-	t.Logf("full workload $%.6f; cap $%s; billed before stopping $%.6f", float64(full)/1e9, capUSD, float64(billed)/1e9)
-}
-
-// TestSignals: the first SIGINT stops admission and lets requests in flight
-// finish (exit 4, resumable); a second abandons them at once. Either way the
-// run resumes to completion with every custom_id once.
-func TestSignals(t *testing.T) {
-	if testing.Short() {
-		t.Skip("spawns processes")
-	}
-	t.Parallel()
-	for _, twice := range []bool{false, true} {
-		t.Run(fmt.Sprintf("twice=%v", twice), func(t *testing.T) {
-			t.Parallel()
-			var faults []sim.Fault
-			if twice {
-				// Requests that take ten minutes: only a second signal ends the run soon.
-				faults = []sim.Fault{{Kind: sim.FaultSlow, ExtraLatency: 50 * time.Minute}}
-			}
-			const n = 3000
-			r, input, runDir := simAndInput(t, 5, n, faults...)
-			args := []string{"run", input, "--run-dir", runDir, "--base-url", r.URL, "--speed", "5", "--quiet", "--grace", "30s"}
-			c := cliCmd(r, args...)
-			var out bytes.Buffer
-			c.Stdout, c.Stderr = &out, &out
-			if err := c.Start(); err != nil {
-				t.Fatal(err)
-			}
-			// Signal only once the run is sending (its results file or first
-			// request exists): before that the child may not be listening yet.
-			deadline := time.Now().Add(60 * time.Second)
-			for r.Server.Stats().Billed.Requests == 0 && r.Server.Stats().Orgs[0].InFlight == 0 && time.Now().Before(deadline) {
-				time.Sleep(20 * time.Millisecond)
-			}
-			time.Sleep(300 * time.Millisecond)
-			c.Process.Signal(os.Interrupt)
-			if twice {
-				time.Sleep(200 * time.Millisecond)
-				c.Process.Signal(os.Interrupt)
-			}
-			t0 := time.Now()
-			err := c.Wait()
-			var ee *exec.ExitError
-			if !errors.As(err, &ee) || ee.ExitCode() != exitIncomplete {
-				t.Fatalf("want exit 4, got %v\n%s", err, out.String())
-			}
-			if twice && time.Since(t0) > 10*time.Second {
-				t.Fatalf("a second signal took %v to end the run", time.Since(t0))
-			}
-			// Resume, without the slow fault.
-			r.Server.ClearFaults()
-			c = cliCmd(r, args...)
-			if b, err := c.CombinedOutput(); err != nil {
-				t.Fatalf("resume: %v\n%s", err, b)
-			}
-			requireEachOnce(t, runDir, n)
-		})
-	}
 }
 
 // TestRunDirInUse: a second 'apidispatch run' in a run directory another

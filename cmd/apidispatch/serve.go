@@ -42,7 +42,12 @@ the same upstream API answered before is answered from the file
 (x-apidispatch-cached: true, nothing sent, nothing billed, under no cap) and
 a miss's success is stored; identical requests in flight at once are sent
 once (readwrite). Streaming requests bypass the cache; count_tokens, models
-and batches never use it.
+and batches never use it. A client is answered only with its own requests'
+answers (--cache-scope client, the default); --cache-scope shared answers
+every client with every client's and with those of 'run', which tells a client
+that someone sent the same request before.
+
+A token file its group or others may read is refused.
 
 flags:`
 
@@ -50,10 +55,10 @@ flags:`
 type serveFlags struct {
 	listen, orgsFile, baseURL, maxCost, prices, limitsFile *string
 	tokenFile, clientsFile, stateDir, tlsCert, tlsKey      *string
-	metricsAddr                                            *string
+	metricsAddr, publicURL, cacheScope                     *string
 	speed                                                  *float64
 	retryFor                                               *time.Duration
-	quiet                                                  *bool
+	quiet, insecureTokenFile                               *bool
 	caps                                                   capsFlag
 	shf                                                    sharedFlags
 	cf                                                     cacheFlags
@@ -75,6 +80,9 @@ func (f *serveFlags) register(fs *flag.FlagSet, stderr io.Writer) {
 	f.tlsCert = fs.String("tls-cert", "", "TLS certificate `FILE` (required to listen beyond loopback)")
 	f.tlsKey = fs.String("tls-key", "", "TLS key `FILE`")
 	f.metricsAddr = fs.String("metrics", "", "serve Prometheus metrics on `ADDR` (a loopback address) at /metrics")
+	f.insecureTokenFile = fs.Bool("insecure-token-file", false, "use a token file (or a clients file holding tokens) that its group or others may read; without it such a file is refused, as ssh refuses such a key")
+	f.publicURL = fs.String("public-url", "", "base `URL` clients reach the gateway at, for the results_url of batches (default: the address a request came in on; never the client's Host header)")
+	f.cacheScope = fs.String("cache-scope", gateway.CacheScopeClient, "`SCOPE` of --cache hits: client (a client reads only its own requests' answers) or shared (every client's and run's answers; a hit reveals that someone sent the same request)")
 	f.shf.register(fs)
 	f.cf.register(fs)
 	f.quiet = fs.Bool("quiet", false, "log warnings only")
@@ -163,12 +171,13 @@ func (f *serveFlags) config(fs *flag.FlagSet, stderr io.Writer) (cfg gateway.Con
 	cfg = gateway.Config{
 		Orgs: c.orgs, BaseURL: *f.baseURL, Caps: f.caps, Speed: *f.speed, Prices: c.prices, MaxCost: c.maxCost,
 		RetryFor: *f.retryFor, StateDir: *f.stateDir, Log: newLogger(stderr, *f.quiet), Limits: limits,
+		PublicURL: *f.publicURL, CacheScope: *f.cacheScope,
 	}
 	if *f.clientsFile != "" {
-		cfg.Clients, err = gateway.LoadClients(*f.clientsFile)
+		cfg.Clients, err = gateway.LoadClients(*f.clientsFile, *f.insecureTokenFile)
 		return cfg, "", err
 	}
-	tok, created, err := gateway.TokenFile(*f.tokenFile)
+	tok, created, err := gateway.TokenFile(*f.tokenFile, *f.insecureTokenFile)
 	if err != nil {
 		return cfg, "", err
 	}

@@ -180,10 +180,10 @@ func TestServeRefusesPlainHTTPBeyondLoopback(t *testing.T) {
 	}
 }
 
-// serve --cache answers a request that 'run --cache' stored (same
-// upstream, same params): 200, x-apidispatch-cached, nothing sent to the
-// simulator; a request not in the file is sent and stored; the hit is in
-// the status file.
+// serve --cache --cache-scope shared answers a request that 'run --cache'
+// stored (same upstream, same params): 200, x-apidispatch-cached, nothing
+// sent to the simulator; a request not in the file is sent and stored; the
+// hit is in the status file.
 func TestServeAnswersFromRunsCache(t *testing.T) {
 	run, _ := simtest.Start(t, sim.PresetOrigin3Org, 200, nil)
 	dir := t.TempDir()
@@ -201,7 +201,7 @@ func TestServeAnswersFromRunsCache(t *testing.T) {
 	}
 	sent := run.Server.LedgerTotals().Requests
 	state := filepath.Join(dir, "state")
-	p, base, token := startServe(t, run, "--speed", "200", "--token-file", filepath.Join(dir, "token"), "--state-dir", state, "--cache", cachePath)
+	p, base, token := startServe(t, run, "--speed", "200", "--token-file", filepath.Join(dir, "token"), "--state-dir", state, "--cache", cachePath, "--cache-scope", "shared")
 	req, _ := http.NewRequest(http.MethodPost, base+"/v1/messages", strings.NewReader(params(1)))
 	req.Header.Set("x-api-key", token)
 	resp, err := http.DefaultClient.Do(req)

@@ -7,7 +7,7 @@ import (
 	"github.com/apidispatch/apidispatch/runner"
 )
 
-// sharedFlags are the flags of the shared budget (design.md §12).
+// sharedFlags are the flags of the shared budget (docs/design.md §12).
 type sharedFlags struct {
 	url, fallback, passwordFile string
 }

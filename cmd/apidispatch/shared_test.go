@@ -1,3 +1,5 @@
+//go:build long
+
 package main
 
 import (
@@ -138,7 +140,7 @@ func fleetMeanLatency(t *testing.T, f *sharedFleet) float64 {
 // 100, no 429 is caused (origin-3org is cap-bound), and every custom_id of
 // every run is written once. The combined steady throughput against the
 // cap-bound ceiling (3 keys × 100 ÷ mean latency) is logged for the
-// README. APIDISPATCH_SHARED_N sets the items per process and
+// docs/benchmarks.md. APIDISPATCH_SHARED_N sets the items per process and
 // APIDISPATCH_SHARED_BASELINE=1 also runs the processes without --shared,
 // which shows the bug (each holds the whole cap).
 func TestSharedBudgetAcrossProcesses(t *testing.T) {

@@ -45,7 +45,7 @@ and logs name keys only by fingerprint.
 
 Presets:
   origin-3org  orgs high_prio, batch, low_prio with the limits measured in
-               origin.md §4 (Sonnet 4.x, Haiku 4.5, Opus 4.x) and the latency
+               docs/design.md §24 (Sonnet 4.x, Haiku 4.5, Opus 4.x) and the latency
                calibrated to its Phase 1 run (p50 ~1.5 s, p95 ~3.5 s at
                concurrency 100, max_tokens 64); 120 requests per org served
                at full speed, slower above.
@@ -77,7 +77,8 @@ Fault kinds: storm_429, overloaded_529, server_error_500,
 server_error_500_html, connection_reset, truncated_body, slow
 (extra_latency), key_revoked (key_fingerprint), spend_cap (spend_cap_usd),
 acceleration (factor, floor_rpm, window, baseline), colleague (fraction, bursts),
-stream_overloaded (an error event mid-stream);
+stream_overloaded (an error event mid-stream), beta_forbidden (beta: a 403
+to requests naming it in anthropic-beta);
 batches: batch_create_lost_500, batch_create_lost_reset, batch_not_found
 (window), batch_poll_404, batch_stall (fraction), batch_errored_api,
 batch_errored_overloaded, batch_errored_invalid, batch_results_cut.

@@ -1,3 +1,5 @@
+//go:build long
+
 package main
 
 import (
@@ -18,13 +20,10 @@ import (
 	"github.com/apidispatch/apidispatch/soak"
 )
 
-// raceBuild is set by race_on_test.go when the tests are built with -race.
-var raceBuild bool
-
 // Soak sizes and speed. CI runs soakN items (soakRaceN under -race, where
 // every instruction of both the dispatcher and the simulator is several
 // times slower); APIDISPATCH_SOAK_N overrides it, e.g. 1000000 for the 1M
-// soak of the README, and APIDISPATCH_SOAK_K overrides the speed factor.
+// soak of docs/benchmarks.md, and APIDISPATCH_SOAK_K overrides the speed factor.
 //
 // The preset serves about 3,500 requests per API-minute once its buckets
 // (one API-minute each) are spent. At K=12 that is ~700 a second of wall
@@ -77,9 +76,9 @@ type soakRun struct {
 // completions per API-minute is within 10% of the fault-free run's — when
 // the fault-free run was bound by the limits; under -race, or on a machine
 // too busy for it, both runs are CPU-bound and the ratio is only logged.
-// The figures are logged (go test -v) for the README.
+// The figures are logged (go test -v) for docs/benchmarks.md.
 //
-// The 1M soak of the README:
+// The 1M soak of docs/benchmarks.md:
 //
 //	APIDISPATCH_SOAK_N=1000000 go test ./cmd/apidispatch -run '^TestSoak$' -v -timeout 3h
 func TestSoak(t *testing.T) {
@@ -284,14 +283,6 @@ func logSoak(t *testing.T, name string, n int, k float64, r soakRun) {
 		name, n, k, r.Wall.Seconds(), s.WallS, s.APIEquivalentWallS, s.APIEquivalentWallS/60, s.APIRequestsPerMin, s.RequestsPerMin/60,
 		float64(r.MaxRSS)/1024, 100*r.PeakAt, s.Attempts, s.RateLimited429, r.Sim429, s.Overloaded529, s.OtherRetries,
 		r.Ledger.Duplicates, s.PossibleDuplicateBilling, s.Cost.Total)
-}
-
-// tail is the last 4 KiB of s, for failure messages.
-func tail(s string) string {
-	if len(s) > 4096 {
-		return "…" + s[len(s)-4096:]
-	}
-	return s
 }
 
 // procRSS reads a live process's resident set and its high-water mark

@@ -164,8 +164,12 @@ func gatewayStatus(dir string, asJSON bool, now time.Time, stdout, stderr io.Wri
 	fmt.Fprintf(stdout, "\nqueued %d, requests %d, upstream attempts %d, retries %d, abandoned %d, refused by a cap %d\n",
 		s.Queued, s.Requests, s.Attempts, s.Retries, s.Abandoned, s.RefusedAt)
 	if c := s.Cache; c != nil {
-		fmt.Fprintf(stdout, "result cache %s (%s, origin %s): %d hits saving %s, %d misses (%d held only another origin's answer), %d stored\n",
-			c.Path, c.Mode, c.Origin, c.Hits, usd(c.SavedUSD), c.Misses, c.OtherOrigin, c.Stored)
+		scope := ""
+		if c.Scope != "" {
+			scope = ", " + c.Scope + " scope"
+		}
+		fmt.Fprintf(stdout, "result cache %s (%s, origin %s%s): %d hits saving %s, %d misses (%d held only another origin's answer), %d stored\n",
+			c.Path, c.Mode, c.Origin, scope, c.Hits, usd(c.SavedUSD), c.Misses, c.OtherOrigin, c.Stored)
 	}
 	var bs []string
 	for _, k := range sortedKeys(s.Batches) {

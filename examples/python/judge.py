@@ -8,7 +8,8 @@ SDK reads from the environment:
     python3 judge.py
 
 It creates a message, streams the same request (the accumulated text must equal
-the final message), counts tokens, lists and retrieves models, then runs two
+the final message), counts tokens, lists and retrieves models, asks for a model
+that does not exist (the API's 404 not_found_error), then runs two
 Message Batches: one to the end (retrieve, list, results, delete) and one
 canceled at once. It exits non-zero at the first answer that is not what the
 Anthropic API answers.
@@ -83,6 +84,13 @@ def main():
     check(len(models) > 0 and len(set(models)) == len(models), f"models.list: {len(models)} models, {models[:3]}...")
     m = client.models.retrieve(models[0])
     check(m.id == models[0] and m.type == "model", f"models.retrieve: {m.id} ({m.display_name})")
+
+    # A model the API does not serve: its 404 not_found_error, as the API answers.
+    try:
+        client.messages.create(**{**judge(0), "model": "claude-nonexistent-9"})
+        check(False, "an unknown model is answered 404")
+    except anthropic.NotFoundError as e:
+        check(e.status_code == 404, "an unknown model: 404 not_found_error")
 
     # Message Batches. A gateway batch is fanned out over every org; the route
     # is the gateway's default (the Batches API, half price) unless a header

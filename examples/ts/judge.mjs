@@ -9,7 +9,8 @@
 //   node judge.mjs
 //
 // It creates a message, streams the same request (the accumulated text must equal
-// the final message), counts tokens, lists and retrieves models, then runs two
+// the final message), counts tokens, lists and retrieves models, asks for a model
+// that does not exist (the API's 404 not_found_error), then runs two
 // Message Batches: one to the end (retrieve, list, results, delete) and one
 // canceled at once. It exits non-zero at the first answer that is not what the
 // Anthropic API answers.
@@ -74,6 +75,14 @@ for await (const m of client.models.list({ limit: 2 })) models.push(m.id); // ev
 check(models.length > 0 && new Set(models).size === models.length, `models.list: ${models.length} models, ${models.slice(0, 3)}...`);
 const m = await client.models.retrieve(models[0]);
 check(m.id === models[0] && m.type === "model", `models.retrieve: ${m.id} (${m.display_name})`);
+
+// A model the API does not serve: its 404 not_found_error, as the API answers.
+try {
+  await client.messages.create({ ...judge(0), model: "claude-nonexistent-9" });
+  check(false, "an unknown model is answered 404");
+} catch (e) {
+  check(e instanceof Anthropic.NotFoundError && e.status === 404, "an unknown model: 404 not_found_error");
+}
 
 // Message Batches. A gateway batch is fanned out over every org; the route is
 // the gateway's default (the Batches API, half price) unless a header names

@@ -40,7 +40,8 @@ func goList(t *testing.T, args ...string) []string {
 // Layers: what a package may not depend on, even through another. The
 // run directory, the gate types, the batch route, the shared budget and
 // the metrics sit below the sync engine; the run directory and the gate
-// types sit below every route.
+// types sit below every route. A provider's wire package (anthropic,
+// openai) is a leaf: it knows no other provider and nothing above it.
 func TestLayers(t *testing.T) {
 	below := map[string][]string{
 		"batch":   {"dispatch"},
@@ -48,6 +49,9 @@ func TestLayers(t *testing.T) {
 		"metrics": {"dispatch"},
 		"rundir":  {"dispatch", "batch", "runner", "gateway", "ab", "shared", "plan"},
 		"gate":    {"dispatch", "rundir", "shared", "metrics", "batch"},
+		"openai": {"anthropic", "dispatch", "batch", "runner", "gateway", "rundir", "gate", "ratelimit",
+			"cost", "sim", "store", "org"},
+		"anthropic": {"openai", "dispatch", "batch", "runner", "gateway", "rundir", "gate", "ratelimit", "cost", "sim"},
 	}
 	for pkg, not := range below {
 		deps := goList(t, "-deps", "./"+pkg)

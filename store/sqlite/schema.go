@@ -114,7 +114,7 @@ var schema = []string{
 // items, and the totals by route.
 //
 //   - batches holds one row per batch a run recorded, made in status
-//     'submitting' before its create call (design.md §12). batch_id is
+//     'submitting' before its create call (docs/design.md §12). batch_id is
 //     unique among those that have one.
 //   - batch_items maps a batch to its items; an item is in at most one
 //     open batch (AddBatch checks it in the same transaction), and its

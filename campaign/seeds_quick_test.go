@@ -1,0 +1,9 @@
+//go:build !long
+
+package campaign
+
+import "testing"
+
+// TestCampaign, quick: seeds 1 to 4 (-tags long: 1 to 24; -seeds and
+// -first choose others).
+func TestCampaign(t *testing.T) { campaign(t, 4) }

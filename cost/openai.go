@@ -1,0 +1,221 @@
+package cost
+
+import (
+	_ "embed"
+	"fmt"
+	"regexp"
+	"sort"
+	"strings"
+	"sync"
+
+	"github.com/BurntSushi/toml"
+
+	"github.com/apidispatch/apidispatch/openai"
+)
+
+// OpenAI prices are kept in tenths of a nano-dollar per token: the cached
+// input of the smallest models is $0.005 per million tokens, and its batch
+// price half of that, 2.5 n$ a token.
+
+// Tenths is an amount in tenths of a nano-dollar (1e-10 USD).
+type Tenths int64
+
+// Nanos rounds t half up to a whole nano-dollar.
+func (t Tenths) Nanos() Nanos {
+	if t >= 0 {
+		return Nanos((t + 5) / 10)
+	}
+	return -Nanos((-t + 5) / 10)
+}
+
+// OpenAIRates are the prices of one token of each kind, in tenths of a
+// nano-dollar.
+type OpenAIRates struct {
+	Input       Tenths // uncached prompt token
+	CachedInput Tenths // prompt token read from the prompt cache
+	Output      Tenths // completion token (reasoning tokens included)
+}
+
+// OpenAIPrice is the price of one OpenAI model: standard and Batch API
+// rates (the standard ones × the batch multiplier, exact).
+type OpenAIPrice struct {
+	Model    string
+	Aliases  []string
+	Standard OpenAIRates
+	Batch    OpenAIRates
+}
+
+// OpenAITable is a set of OpenAI prices by model id and alias. It is
+// immutable and safe for concurrent use; the zero value prices nothing.
+type OpenAITable struct {
+	byName map[string]*OpenAIPrice
+	models []*OpenAIPrice
+}
+
+//go:embed openai_prices.toml
+var embeddedOpenAIPrices []byte
+
+var defaultOpenAI = sync.OnceValue(func() *OpenAITable {
+	t, err := parseOpenAIPrices("openai_prices.toml (embedded)", embeddedOpenAIPrices)
+	if err != nil {
+		panic(err) // the embedded file is covered by tests
+	}
+	return t
+})
+
+// OpenAI returns the embedded OpenAI price table (openai_prices.toml in
+// this package). It is shared and immutable.
+func OpenAI() *OpenAITable { return defaultOpenAI() }
+
+// snapshotSuffix is the date of an OpenAI snapshot id, "-2025-04-14".
+var snapshotSuffix = regexp.MustCompile(`-[0-9]{4}-[0-9]{2}-[0-9]{2}$`)
+
+// Lookup returns the price of model, trying a dated snapshot's model
+// when the snapshot itself is not listed. An unknown model is an error
+// wrapping ErrNoPrice.
+func (t *OpenAITable) Lookup(model string) (*OpenAIPrice, error) {
+	if p, ok := t.byName[model]; ok {
+		return p, nil
+	}
+	if m := snapshotSuffix.FindStringIndex(model); m != nil {
+		if p, ok := t.byName[model[:m[0]]]; ok {
+			return p, nil
+		}
+	}
+	return nil, fmt.Errorf("%w %q", ErrNoPrice, model)
+}
+
+// Models returns the canonical entries, sorted by model id.
+func (t *OpenAITable) Models() []*OpenAIPrice { return append([]*OpenAIPrice(nil), t.models...) }
+
+// Cost is the exact cost of one chat completion's usage:
+//
+//	(prompt_tokens − cached_tokens) × input
+//	+ cached_tokens × cached input
+//	+ completion_tokens × output   (reasoning tokens are among them)
+//
+// at the Batch API rates when batch is true, summed in tenths of a
+// nano-dollar and rounded half up to a nano-dollar. The simulator bills
+// by the same rule, so a client's sum equals its ledger to the nano-dollar.
+func (t *OpenAITable) Cost(model string, u openai.Usage, batch bool) (Nanos, error) {
+	p, err := t.Lookup(model)
+	if err != nil {
+		return 0, err
+	}
+	return p.Cost(u, batch)
+}
+
+// Cost is the cost of u at this price; see OpenAITable.Cost.
+func (p *OpenAIPrice) Cost(u openai.Usage, batch bool) (Nanos, error) {
+	cached := u.PromptTokensDetails.CachedTokens
+	for _, v := range []int64{u.PromptTokens, u.CompletionTokens, cached, u.CompletionTokensDetails.ReasoningTokens} {
+		if v < 0 || v > maxTokens {
+			return 0, fmt.Errorf("%w: token count %d out of range", ErrBadUsage, v)
+		}
+	}
+	if cached > u.PromptTokens {
+		return 0, fmt.Errorf("%w: %d cached tokens of %d prompt tokens", ErrBadUsage, cached, u.PromptTokens)
+	}
+	if u.CompletionTokensDetails.ReasoningTokens > u.CompletionTokens {
+		return 0, fmt.Errorf("%w: %d reasoning tokens of %d completion tokens", ErrBadUsage, u.CompletionTokensDetails.ReasoningTokens, u.CompletionTokens)
+	}
+	r := p.Standard
+	if batch {
+		r = p.Batch
+	}
+	t := Tenths(u.PromptTokens-cached)*r.Input + Tenths(cached)*r.CachedInput + Tenths(u.CompletionTokens)*r.Output
+	return t.Nanos(), nil
+}
+
+// WorstCase is the most a request can cost: every prompt token uncached
+// and maxCompletion tokens for each of its n choices.
+func (t *OpenAITable) WorstCase(model string, promptTokens, maxCompletion, n int64, batch bool) (Nanos, error) {
+	if n < 1 {
+		n = 1
+	}
+	if maxCompletion < 0 || n > 128 || maxCompletion > maxTokens/n {
+		return 0, fmt.Errorf("%w: %d choices of %d tokens", ErrBadUsage, n, maxCompletion)
+	}
+	return t.Cost(model, openai.Usage{PromptTokens: promptTokens, CompletionTokens: maxCompletion * n}, batch)
+}
+
+type openaiFileModel struct {
+	Aliases         []string   `toml:"aliases"`
+	Input           usdTenths  `toml:"input"`
+	CachedInput     usdTenths  `toml:"cached_input"`
+	Output          usdTenths  `toml:"output"`
+	BatchMultiplier multiplier `toml:"batch_multiplier"`
+}
+
+// usdTenths is a price in USD per million tokens decoded exactly into
+// tenths of a nano-dollar per token (at most four decimals).
+type usdTenths struct {
+	set bool
+	n   Tenths
+}
+
+// UnmarshalTOML implements toml.Unmarshaler.
+func (p *usdTenths) UnmarshalTOML(v any) error {
+	s, err := decimalText(v)
+	if err != nil {
+		return err
+	}
+	n, err := parseDecimal(s, 4)
+	if err != nil {
+		return fmt.Errorf("price %s USD per million tokens: %v (at most 4 decimals)", s, err)
+	}
+	if n > 10_000_000 {
+		return fmt.Errorf("price %s USD per million tokens is implausibly high", s)
+	}
+	p.set, p.n = true, Tenths(n)
+	return nil
+}
+
+// parseOpenAIPrices decodes and validates an OpenAI price file.
+func parseOpenAIPrices(name string, data []byte) (*OpenAITable, error) {
+	var doc struct {
+		Models map[string]openaiFileModel `toml:"models"`
+	}
+	md, err := toml.Decode(string(data), &doc)
+	if err != nil {
+		return nil, fmt.Errorf("cost: %s: %w", name, err)
+	}
+	if und := md.Undecoded(); len(und) > 0 {
+		keys := make([]string, len(und))
+		for i, k := range und {
+			keys[i] = k.String()
+		}
+		return nil, fmt.Errorf("cost: %s: unknown key %s", name, strings.Join(keys, ", "))
+	}
+	t := &OpenAITable{byName: map[string]*OpenAIPrice{}}
+	for id, fm := range doc.Models {
+		where := fmt.Sprintf("cost: %s: models.%q", name, id)
+		if !fm.Input.set || !fm.Output.set || !fm.CachedInput.set {
+			return nil, fmt.Errorf("%s: input, cached_input and output are required", where)
+		}
+		permille := int64(500)
+		if fm.BatchMultiplier.set {
+			permille = fm.BatchMultiplier.permille
+		}
+		p := &OpenAIPrice{Model: id, Aliases: fm.Aliases,
+			Standard: OpenAIRates{Input: fm.Input.n, CachedInput: fm.CachedInput.n, Output: fm.Output.n}}
+		for _, r := range []struct {
+			what     string
+			src, dst *Tenths
+		}{{"input", &p.Standard.Input, &p.Batch.Input}, {"cached_input", &p.Standard.CachedInput, &p.Batch.CachedInput}, {"output", &p.Standard.Output, &p.Batch.Output}} {
+			if int64(*r.src)*permille%1000 != 0 {
+				return nil, fmt.Errorf("%s: batch_multiplier: %s × %d/1000 is not a whole number of tenths of a nano-dollar", where, r.what, permille)
+			}
+			*r.dst = Tenths(int64(*r.src) * permille / 1000)
+		}
+		for _, n := range append([]string{id}, fm.Aliases...) {
+			if _, dup := t.byName[n]; dup {
+				return nil, fmt.Errorf("%s: name %q is used twice", where, n)
+			}
+			t.byName[n] = p
+		}
+		t.models = append(t.models, p)
+	}
+	sort.Slice(t.models, func(i, j int) bool { return t.models[i].Model < t.models[j].Model })
+	return t, nil
+}

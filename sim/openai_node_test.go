@@ -1,0 +1,109 @@
+package sim
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/apidispatch/apidispatch/cost"
+	"github.com/apidispatch/apidispatch/openai"
+)
+
+// nodeReport is what testdata/openai-node/driver.mjs prints.
+type nodeReport struct {
+	Differ   []string `json:"differ"`
+	Failures []string `json:"failures"`
+	Calls    int      `json:"calls"`
+	Usages   []struct {
+		Model            string `json:"model"`
+		Batch            bool   `json:"batch"`
+		PromptTokens     int64  `json:"prompt_tokens"`
+		CompletionTokens int64  `json:"completion_tokens"`
+		CachedTokens     int64  `json:"cached_tokens"`
+		ReasoningTokens  int64  `json:"reasoning_tokens"`
+	} `json:"usages"`
+}
+
+// TestOpenAINodeSDK runs the official openai npm SDK (the version pinned
+// in testdata/openai-node/package.json) through a judge workflow against
+// the simulator: models, a completion, the same streamed with usage, the
+// SDK's stream helper, n choices, a reasoning model, a 400, a 500 and a
+// 429 it retries through, the quota 429, and the batch lifecycle. Every
+// object it returns matches the SDK's own type declarations (0 differ)
+// and the ledger equals its usages priced by package cost. Without node
+// it is skipped, except under CI=true, where it fails.
+func TestOpenAINodeSDK(t *testing.T) {
+	node, err := exec.LookPath("node")
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("node is not installed: CI must run the npm SDK's conformance driver")
+		}
+		t.Skip("node is not installed")
+	}
+	dir := filepath.Join("testdata", "openai-node")
+	if _, err := os.Stat(filepath.Join(dir, "node_modules", "openai", "package.json")); err != nil {
+		npm, lerr := exec.LookPath("npm")
+		if lerr != nil {
+			t.Fatalf("npm is not installed to install the openai SDK: %v", lerr)
+		}
+		cmd := exec.Command(npm, "ci", "--no-audit", "--no-fund")
+		cmd.Dir = dir
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("npm ci in %s: %v\n%s", dir, err, out)
+		}
+	}
+	cfg := oaTestConfig()
+	cfg.Speed = 200
+	// 20 requests take 100 API seconds (0.5 s here): long enough for a
+	// loaded machine's polls to see the batch in progress.
+	cfg.Orgs[1].Batch.PerMinute = 12
+	run := startSim(t, cfg)
+	oa := run.Server.OpenAIOrgs()[0]
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, node, "driver.mjs")
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "SIM_URL="+run.URL, "SIM_KEY="+oa.Key, "SIM_ORG="+oa.ID, "SIM_PROJECT="+oa.Projects[0])
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("node driver.mjs: %v\n%s", err, stderr.String())
+	}
+	var rep nodeReport
+	if err := json.Unmarshal(out, &rep); err != nil {
+		t.Fatalf("driver report %q: %v\n%s", out, err, stderr.String())
+	}
+	if len(rep.Failures) > 0 {
+		t.Errorf("%d failures:\n  %s", len(rep.Failures), strings.Join(rep.Failures, "\n  "))
+	}
+	if len(rep.Differ) > 0 {
+		t.Errorf("%d differ:\n  %s", len(rep.Differ), strings.Join(rep.Differ, "\n  "))
+	}
+	var priced cost.Nanos
+	for _, u := range rep.Usages {
+		n, err := cost.OpenAI().Cost(u.Model, openai.Usage{PromptTokens: u.PromptTokens, CompletionTokens: u.CompletionTokens,
+			PromptTokensDetails:     openai.PromptTokensDetails{CachedTokens: u.CachedTokens},
+			CompletionTokensDetails: openai.CompletionTokensDetails{ReasoningTokens: u.ReasoningTokens}}, u.Batch)
+		if err != nil {
+			t.Fatal(err)
+		}
+		priced += n
+	}
+	var ledger int64
+	for _, e := range run.Server.Ledger() {
+		if e.Org == "oa" {
+			ledger += e.CostNanos
+		}
+	}
+	if ledger != int64(priced) || priced == 0 {
+		t.Errorf("ledger %d n$, the npm SDK's %d usages priced %d n$", ledger, len(rep.Usages), priced)
+	}
+	t.Logf("%d calls, %d usages, 0 differ, ledger = usage priced = %d n$", rep.Calls, len(rep.Usages), ledger)
+}

@@ -1,0 +1,244 @@
+package sim
+
+import (
+	"bytes"
+	"encoding/json"
+	"mime/multipart"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/apidispatch/apidispatch/cost"
+	"github.com/apidispatch/apidispatch/openai"
+)
+
+const oaKey = "sk-proj-sim-oa-test"
+
+// oaTestConfig is an Anthropic org "solo" and an OpenAI org "oa" whose
+// gpt-4.1-mini has roomy limits and whose o4-mini has a TPM of 3,000.
+func oaTestConfig() Config {
+	cfg := testConfig()
+	cfg.Orgs = append(cfg.Orgs, OrgConfig{
+		Name: "oa", Provider: ProviderOpenAI, Keys: []string{oaKey}, Projects: []string{"proj_judge"},
+		ModelLimits: map[string]OpenAILimits{
+			"gpt-4.1-mini": {RPM: 6000, TPM: 10_000_000},
+			"o4-mini":      {RPM: 600, TPM: 3000},
+		},
+		Batch: BatchLimits{PerMinute: 60, CancelS: 2},
+	})
+	return cfg
+}
+
+// The simulator's OpenAI prices are its own table; they must equal
+// package cost's, or a client's sum would drift from the ledger.
+func TestOpenAIPricesMatchPackageCost(t *testing.T) {
+	t.Parallel()
+	for _, m := range oaModels {
+		p, err := cost.OpenAI().Lookup(m.snapshot)
+		if err != nil {
+			t.Errorf("%s: %v", m.id, err)
+			continue
+		}
+		if got := (oaPrice{int64(p.Standard.Input), int64(p.Standard.CachedInput), int64(p.Standard.Output)}); got != m.price {
+			t.Errorf("%s: package cost %+v, simulator %+v", m.id, got, m.price)
+		}
+		for _, v := range []int64{m.price.in, m.price.cached, m.price.out} {
+			if v%2 != 0 {
+				t.Errorf("%s: rate %d is odd: its batch half is not exact", m.id, v)
+			}
+		}
+	}
+	if len(cost.OpenAI().Models()) != len(oaModels) {
+		t.Errorf("package cost prices %d OpenAI models, the simulator serves %d", len(cost.OpenAI().Models()), len(oaModels))
+	}
+}
+
+func oaDo(t *testing.T, run *Running, method, path, key string, body []byte, hdr ...string) reply {
+	t.Helper()
+	h := append([]string{"Authorization", "Bearer " + key}, hdr...)
+	return do(t, method, run.URL+path, "", body, h...)
+}
+
+func TestOpenAIAuthentication(t *testing.T) {
+	t.Parallel()
+	run := startSim(t, oaTestConfig())
+	chat := []byte(`{"model":"gpt-4.1-mini","messages":[{"role":"user","content":"hi"}]}`)
+	orgID := run.Server.OpenAIOrgs()[0].ID
+	cases := []struct {
+		name   string
+		key    string
+		hdr    []string
+		status int
+		code   string
+	}{
+		{"ok", oaKey, nil, 200, ""},
+		{"anthropic key", soloKey, nil, 401, openai.CodeInvalidAPIKey},
+		{"unknown key", "sk-nope", nil, 401, openai.CodeInvalidAPIKey},
+		{"organization matches", oaKey, []string{"OpenAI-Organization", orgID}, 200, ""},
+		{"organization mismatch", oaKey, []string{"OpenAI-Organization", "org-other"}, 401, "mismatched_organization"},
+		{"project mismatch", oaKey, []string{"OpenAI-Project", "proj_other"}, 401, "mismatched_project"},
+	}
+	for _, c := range cases {
+		r := oaDo(t, run, "POST", "/v1/chat/completions", c.key, chat, c.hdr...)
+		if r.status != c.status || r.header.Get("x-request-id") == "" {
+			t.Errorf("%s: status %d, want %d: %s", c.name, r.status, c.status, r.body)
+			continue
+		}
+		if c.code != "" {
+			env := openai.ParseEnvelope(r.body)
+			if env == nil || env.Error.CodeString() != c.code {
+				t.Errorf("%s: %s", c.name, r.body)
+			}
+		}
+	}
+	// An OpenAI key does not open the Anthropic surface, nor an Anthropic
+	// key the OpenAI models.
+	if r := do(t, "POST", run.URL+"/v1/messages", oaKey, judgeBody(1, 100)); r.status != 401 {
+		t.Errorf("OpenAI key on /v1/messages: %d", r.status)
+	}
+	if r := do(t, "GET", run.URL+"/v1/models", soloKey, nil); r.status != 200 || !strings.Contains(string(r.body), "claude") {
+		t.Errorf("Anthropic models: %d %s", r.status, r.body)
+	}
+	if r := oaDo(t, run, "GET", "/v1/models", oaKey, nil); r.status != 200 || strings.Contains(string(r.body), "claude") || !strings.Contains(string(r.body), "gpt-4.1-mini") {
+		t.Errorf("OpenAI models: %d %s", r.status, r.body)
+	}
+	// A model the org has no limits for is not found for it.
+	if r := oaDo(t, run, "POST", "/v1/chat/completions", oaKey, []byte(`{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}]}`)); r.status != 404 {
+		t.Errorf("gpt-4o: %d %s", r.status, r.body)
+	}
+}
+
+func TestOpenAIValidation(t *testing.T) {
+	t.Parallel()
+	for body, want := range map[string]string{
+		`{"model":"gpt-4.1-mini"}`:                                                                                    "Missing required parameter: 'messages'.",
+		`{"model":"gpt-4.1-mini","messages":[]}`:                                                                      "empty array",
+		`{"model":"gpt-4.1-mini","messages":[{"role":"robot","content":"x"}]}`:                                        "Invalid value: 'robot'",
+		`{"model":"gpt-4.1-mini","messages":[{"role":"user","content":"x"}],"foo":1}`:                                 "Unrecognized request argument supplied: foo",
+		`{"model":"o4-mini","messages":[{"role":"user","content":"x"}],"max_tokens":10}`:                              "'max_tokens' is not supported with this model",
+		`{"model":"o4-mini","messages":[{"role":"user","content":"x"}],"temperature":0.2}`:                            "Only the default (1) value is supported",
+		`{"model":"gpt-4.1-mini","messages":[{"role":"user","content":"x"}],"n":0}`:                                   "Invalid 'n'",
+		`{"model":"gpt-4.1-mini","messages":[{"role":"user","content":"x"}],"max_tokens":99999}`:                      "max_tokens is too large",
+		`{"model":"gpt-9","messages":[{"role":"user","content":"x"}]}`:                                                "does not exist",
+		`{"model":"gpt-4.1-mini","messages":[{"role":"user","content":"x"}],"stream_options":{"include_usage":true}}`: "only allowed when 'stream' is enabled",
+		`{"model":"gpt-4.1-mini","messages":[{"role":"tool","content":"x"}]}`:                                         "tool_call_id",
+		`not json`: "could not parse the JSON body",
+	} {
+		_, e := parseOpenAIChat([]byte(body))
+		if e == nil || !strings.Contains(e.msg, want) {
+			t.Errorf("%s: %+v, want %q", body, e, want)
+		}
+	}
+	r, e := parseOpenAIChat([]byte(`{"model":"gpt-4.1-mini","max_tokens":64,"n":2,"messages":[{"role":"system","content":"Judge this."},{"role":"user","content":"2+2=4?"}]}`))
+	if e != nil || !r.hasMax || r.maxOut != 64 || r.n != 2 || !r.judge || r.echo != "gpt-4.1-mini-2025-04-14" {
+		t.Errorf("parsed %+v, %v", r, e)
+	}
+}
+
+func FuzzParseOpenAIChat(f *testing.F) {
+	f.Add([]byte(`{"model":"gpt-4.1-mini","messages":[{"role":"user","content":[{"type":"text","text":"x"}]}]}`))
+	f.Add([]byte(`{"model":"o3","messages":[{"role":"assistant","content":null,"tool_calls":[]}]}`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		r, e := parseOpenAIChat(b)
+		if e == nil && (r.model == nil || r.prompt <= 0 || r.n < 1) {
+			t.Fatalf("accepted %q as %+v", b, r)
+		}
+	})
+}
+
+// upload posts a batch input file and returns its id.
+func upload(t *testing.T, run *Running, lines string) string {
+	t.Helper()
+	var buf bytes.Buffer
+	mw := multipart.NewWriter(&buf)
+	mw.WriteField("purpose", "batch")
+	fw, _ := mw.CreateFormFile("file", "in.jsonl")
+	fw.Write([]byte(lines))
+	mw.Close()
+	r := oaDo(t, run, "POST", "/v1/files", oaKey, buf.Bytes(), "Content-Type", mw.FormDataContentType())
+	var f openai.File
+	if r.status != 200 || json.Unmarshal(r.body, &f) != nil {
+		t.Fatalf("upload: %d %s", r.status, r.body)
+	}
+	return f.ID
+}
+
+func createBatch(t *testing.T, run *Running, file string) openai.Batch {
+	t.Helper()
+	r := oaDo(t, run, "POST", "/v1/batches", oaKey, []byte(`{"input_file_id":"`+file+`","endpoint":"/v1/chat/completions","completion_window":"24h"}`))
+	var b openai.Batch
+	if r.status != 200 || json.Unmarshal(r.body, &b) != nil {
+		t.Fatalf("create: %d %s", r.status, r.body)
+	}
+	return b
+}
+
+func waitBatch(t *testing.T, run *Running, id string) openai.Batch {
+	t.Helper()
+	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		var b openai.Batch
+		r := oaDo(t, run, "GET", "/v1/batches/"+id, oaKey, nil)
+		if r.status != 200 || json.Unmarshal(r.body, &b) != nil {
+			t.Fatalf("retrieve: %d %s", r.status, r.body)
+		}
+		if openai.BatchTerminal(b.Status) {
+			return b
+		}
+	}
+	t.Fatalf("batch %s did not end", id)
+	return openai.Batch{}
+}
+
+func TestOpenAIBatchFailsAndExpires(t *testing.T) {
+	t.Parallel()
+	cfg := oaTestConfig()
+	cfg.Speed = 50_000 // 24 API hours in under 2 s
+	cfg.Orgs[1].ModelLimits["gpt-4.1-mini"] = OpenAILimits{RPM: 6000, TPM: 10_000_000, BatchQueueTokens: 100}
+	run := startSim(t, cfg)
+	line := func(id string, body string) string {
+		return `{"custom_id":"` + id + `","method":"POST","url":"/v1/chat/completions","body":` + body + "}\n"
+	}
+	ok := `{"model":"gpt-4.1-mini","messages":[{"role":"user","content":"hi"}],"max_completion_tokens":20}`
+
+	// A duplicate custom_id fails the whole batch, naming the line.
+	b := waitBatch(t, run, createBatch(t, run, upload(t, run, line("a", ok)+line("a", ok))).ID)
+	if b.Status != "failed" || b.Errors == nil || len(b.Errors.Data) != 1 || b.Errors.Data[0].Code != "duplicate_custom_id" || *b.Errors.Data[0].Line != 2 || b.FailedAt == nil {
+		t.Errorf("duplicate: %+v", b)
+	}
+	// A body the API refuses is a 400 line in the error file, the rest succeed.
+	bad := `{"model":"gpt-4.1-mini","messages":[{"role":"user","content":"hi"}],"n":0}`
+	b = waitBatch(t, run, createBatch(t, run, upload(t, run, line("good", ok)+line("bad", bad))).ID)
+	if b.Status != "completed" || b.RequestCounts.Completed != 1 || b.RequestCounts.Failed != 1 || b.OutputFileID == nil || b.ErrorFileID == nil {
+		t.Errorf("mixed: %+v", b)
+	} else if r := oaDo(t, run, "GET", "/v1/files/"+*b.ErrorFileID+"/content", oaKey, nil); !strings.Contains(string(r.body), `"status_code":400`) || !strings.Contains(string(r.body), `"custom_id":"bad"`) {
+		t.Errorf("error file: %s", r.body)
+	}
+	// Above the enqueued-token limit (100 tokens here) a batch fails.
+	var many strings.Builder
+	for i := range 20 {
+		many.WriteString(line("m"+string(rune('a'+i)), ok))
+	}
+	b = waitBatch(t, run, createBatch(t, run, upload(t, run, many.String())).ID)
+	if b.Status != "failed" || b.Errors.Data[0].Code != openai.CodeTokenLimitExceeded {
+		t.Errorf("queue limit: %+v", b)
+	}
+	// A stalled batch expires after 24 h: what ran is in the output file,
+	// the rest in the error file as batch_expired.
+	if _, err := run.Server.AddFault(Fault{Kind: FaultBatchStall, Org: "oa", Fraction: 0.5}); err != nil {
+		t.Fatal(err)
+	}
+	b = waitBatch(t, run, createBatch(t, run, upload(t, run, line("s1", ok)+line("s2", ok)+line("s3", ok)+line("s4", ok))).ID)
+	if b.Status != "expired" || b.ExpiredAt == nil || b.RequestCounts.Completed != 2 || b.RequestCounts.Failed != 2 {
+		t.Errorf("expired: %+v", b)
+	} else if r := oaDo(t, run, "GET", "/v1/files/"+*b.ErrorFileID+"/content", oaKey, nil); strings.Count(string(r.body), openai.CodeBatchExpired) != 2 {
+		t.Errorf("expired lines: %s", r.body)
+	}
+	// Batch entries are billed at half the price of the same request.
+	for _, e := range run.Server.Ledger() {
+		if e.ServiceTier == "batch" {
+			if full, _ := OpenAICostNanos(e.Model, e.InputTokens, 0, e.OutputTokens, false); 2*e.CostNanos-full > 1 || full-2*e.CostNanos > 1 {
+				t.Errorf("batch entry %d n$, the same sync %d n$", e.CostNanos, full)
+			}
+		}
+	}
+}

@@ -1,0 +1,274 @@
+// Drives the official openai npm SDK through a judge workflow against the
+// apidispatch simulator and prints one JSON report on stdout:
+//   {"differ": [...], "failures": [...], "usages": [...], "calls": N}
+// "differ" lists every way an object the SDK returned departs from the
+// SDK's own type declarations (.d.ts): a required member absent, or a
+// member the type does not declare. "usages" are the usages the SDK saw,
+// for the Go test to price and compare with the simulator's ledger.
+// Environment: SIM_URL, SIM_KEY, SIM_ORG, SIM_PROJECT.
+import fs from 'node:fs';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import OpenAI, { toFile } from 'openai';
+
+// The SDK's directory: its package exports no package.json, so find it
+// from this driver's own node_modules.
+const sdkDir = path.join(path.dirname(fileURLToPath(import.meta.url)), 'node_modules', 'openai');
+const { SIM_URL, SIM_KEY, SIM_ORG, SIM_PROJECT } = process.env;
+
+const report = { differ: [], failures: [], usages: [], calls: 0 };
+const fail = (msg) => report.failures.push(msg);
+
+// --- the SDK's declared shapes -------------------------------------------------
+
+const dts = {};
+function readDts(file) {
+  if (!dts[file]) dts[file] = fs.readFileSync(path.join(sdkDir, 'resources', file), 'utf8').split('\n');
+  return dts[file];
+}
+
+// members returns {name: required} of the interface whose header line
+// matches head, after the line matching within (a namespace) when given.
+function members(file, head, within) {
+  const lines = readDts(file);
+  let i = 0;
+  if (within) {
+    while (i < lines.length && lines[i] !== within) i++;
+  }
+  while (i < lines.length && lines[i] !== head) i++;
+  if (i === lines.length) throw new Error(`${file}: no "${head}"`);
+  const indent = head.match(/^ */)[0].length;
+  const prop = new RegExp(`^ {${indent + 4}}(?:readonly )?([A-Za-z_][A-Za-z0-9_]*)(\\??):`);
+  const out = {};
+  for (i++; i < lines.length && lines[i] !== ' '.repeat(indent) + '}'; i++) {
+    const m = lines[i].match(prop);
+    if (m) out[m[1]] = m[2] !== '?';
+  }
+  return out;
+}
+
+const C = 'chat/completions/completions.d.ts';
+const types = {
+  ChatCompletion: members(C, 'export interface ChatCompletion {'),
+  'ChatCompletion.Choice': members(C, '    interface Choice {', 'export declare namespace ChatCompletion {'),
+  ChatCompletionMessage: members(C, 'export interface ChatCompletionMessage {'),
+  ChatCompletionChunk: members(C, 'export interface ChatCompletionChunk {'),
+  'ChatCompletionChunk.Choice': members(C, '    interface Choice {', 'export declare namespace ChatCompletionChunk {'),
+  'ChatCompletionChunk.Choice.Delta': members(C, '        interface Delta {', 'export declare namespace ChatCompletionChunk {'),
+  CompletionUsage: members('completions.d.ts', 'export interface CompletionUsage {'),
+  'CompletionUsage.CompletionTokensDetails': members('completions.d.ts', '    interface CompletionTokensDetails {', 'export declare namespace CompletionUsage {'),
+  'CompletionUsage.PromptTokensDetails': members('completions.d.ts', '    interface PromptTokensDetails {', 'export declare namespace CompletionUsage {'),
+  Batch: members('batches.d.ts', 'export interface Batch {'),
+  BatchRequestCounts: members('batches.d.ts', 'export interface BatchRequestCounts {'),
+  BatchUsage: members('batches.d.ts', 'export interface BatchUsage {'),
+  FileObject: members('files.d.ts', 'export interface FileObject {'),
+  Model: members('models.d.ts', 'export interface Model {'),
+};
+const children = {
+  ChatCompletion: { choices: ['ChatCompletion.Choice'], usage: 'CompletionUsage' },
+  'ChatCompletion.Choice': { message: 'ChatCompletionMessage' },
+  ChatCompletionChunk: { choices: ['ChatCompletionChunk.Choice'], usage: 'CompletionUsage' },
+  'ChatCompletionChunk.Choice': { delta: 'ChatCompletionChunk.Choice.Delta' },
+  CompletionUsage: { completion_tokens_details: 'CompletionUsage.CompletionTokensDetails', prompt_tokens_details: 'CompletionUsage.PromptTokensDetails' },
+  Batch: { request_counts: 'BatchRequestCounts', usage: 'BatchUsage' },
+};
+
+// check records how obj departs from the declared type name.
+function check(where, name, obj) {
+  if (obj === null || typeof obj !== 'object') {
+    report.differ.push(`${where}: not an object`);
+    return;
+  }
+  const decl = types[name];
+  for (const k of Object.keys(obj)) {
+    if (!(k in decl)) report.differ.push(`${where}.${k}: not in the SDK's ${name}`);
+  }
+  for (const [k, req] of Object.entries(decl)) {
+    if (req && !(k in obj)) report.differ.push(`${where}.${k}: required by ${name}, absent`);
+  }
+  for (const [k, sub] of Object.entries(children[name] || {})) {
+    const v = obj[k];
+    if (v === null || v === undefined) continue;
+    if (Array.isArray(sub)) v.forEach((x, i) => check(`${where}.${k}[${i}]`, sub[0], x));
+    else check(`${where}.${k}`, sub, v);
+  }
+}
+
+// The check can fail: every declared type has members, and an object with
+// a member too many and one missing is caught twice.
+for (const [n, d] of Object.entries(types)) {
+  if (Object.keys(d).length === 0) fail(`the SDK's ${n} declares no members: the .d.ts parse is broken`);
+}
+check('selftest', 'Model', { id: 'm', object: 'model', owned_by: 'system', extra: 1 });
+if (report.differ.length !== 2) fail(`the shape check missed a differ: ${report.differ}`);
+report.differ = [];
+
+function usage(model, u, batch) {
+  report.usages.push({
+    model, batch,
+    prompt_tokens: u.prompt_tokens, completion_tokens: u.completion_tokens,
+    cached_tokens: u.prompt_tokens_details?.cached_tokens ?? 0,
+    reasoning_tokens: u.completion_tokens_details?.reasoning_tokens ?? 0,
+  });
+}
+
+async function fault(f) {
+  const r = await fetch(`${SIM_URL}/sim/faults`, { method: 'POST', body: JSON.stringify(f) });
+  if (!r.ok) throw new Error(`fault ${JSON.stringify(f)}: ${r.status}`);
+}
+async function clearFault(id) {
+  await fetch(`${SIM_URL}/sim/faults?id=${id}`, { method: 'DELETE' });
+}
+
+// --- the workflow -------------------------------------------------------------------
+
+const judge = (i, extra = {}) => ({
+  model: 'gpt-4.1-mini',
+  messages: [
+    { role: 'system', content: 'You are an impartial judge. Evaluate the answer for correctness.' },
+    { role: 'user', content: `Question: what is 2+2? Answer: 4. Item ${i}. Reply with a JSON object.` },
+  ],
+  max_completion_tokens: 200,
+  ...extra,
+});
+
+const client = new OpenAI({ apiKey: SIM_KEY, baseURL: `${SIM_URL}/v1`, organization: SIM_ORG, project: SIM_PROJECT, maxRetries: 0 });
+const retrying = new OpenAI({ apiKey: SIM_KEY, baseURL: `${SIM_URL}/v1`, organization: SIM_ORG, project: SIM_PROJECT, maxRetries: 2 });
+
+async function main() {
+  // Models.
+  const models = [];
+  for await (const m of client.models.list()) {
+    check('models', 'Model', m);
+    models.push(m.id);
+  }
+  report.calls++;
+  if (!models.includes('gpt-4.1-mini')) fail(`models: ${models}`);
+
+  // A completion with its headers.
+  const { data: c1, response } = await client.chat.completions.create(judge(1)).withResponse();
+  report.calls++;
+  check('completion', 'ChatCompletion', c1);
+  usage(c1.model, c1.usage, false);
+  for (const h of ['x-request-id', 'openai-organization', 'openai-processing-ms', 'x-ratelimit-limit-requests', 'x-ratelimit-remaining-tokens', 'x-ratelimit-reset-tokens']) {
+    if (!response.headers.get(h)) fail(`header ${h} missing`);
+  }
+  if (c1._request_id !== response.headers.get('x-request-id')) fail(`_request_id ${c1._request_id}`);
+  try {
+    JSON.parse(c1.choices[0].message.content);
+  } catch {
+    fail(`not a JSON verdict: ${c1.choices[0].message.content}`);
+  }
+
+  // The same streamed with usage.
+  const stream = await client.chat.completions.create(judge(1, { stream: true, stream_options: { include_usage: true } }));
+  report.calls++;
+  let text = '', usageChunks = 0, finish = null, model = null, su = null;
+  for await (const ch of stream) {
+    check('chunk', 'ChatCompletionChunk', ch);
+    model = ch.model;
+    if (ch.usage) { usageChunks++; su = ch.usage; if (ch.choices.length) fail('the usage chunk has choices'); }
+    for (const c of ch.choices) {
+      text += c.delta.content ?? '';
+      if (c.finish_reason) finish = c.finish_reason;
+    }
+  }
+  if (usageChunks !== 1 || text !== c1.choices[0].message.content || finish !== 'stop' || su.completion_tokens !== c1.usage.completion_tokens) {
+    fail(`stream: ${usageChunks} usage chunks, finish ${finish}, text ${JSON.stringify(text)} vs ${JSON.stringify(c1.choices[0].message.content)}`);
+  }
+  usage(model, su, false);
+  // finalChatCompletion of the SDK's own stream helper.
+  const runner = client.chat.completions.stream(judge(2, { stream_options: { include_usage: true } }));
+  report.calls++;
+  const fc = await runner.finalChatCompletion();
+  usage(fc.model, fc.usage, false);
+  if (!fc.choices[0].message.content) fail('finalChatCompletion has no content');
+
+  // n choices and a reasoning model.
+  const c3 = await client.chat.completions.create(judge(3, { n: 2 }));
+  report.calls++;
+  check('n=2', 'ChatCompletion', c3);
+  if (c3.choices.length !== 2) fail(`n=2: ${c3.choices.length} choices`);
+  usage(c3.model, c3.usage, false);
+  const cr = await client.chat.completions.create({ model: 'o4-mini', messages: [{ role: 'developer', content: 'Be brief.' }, { role: 'user', content: 'Why is the sky blue?' }], max_completion_tokens: 1000 });
+  report.calls++;
+  check('reasoning', 'ChatCompletion', cr);
+  if (!(cr.usage.completion_tokens_details.reasoning_tokens > 0)) fail('no reasoning tokens');
+  usage(cr.model, cr.usage, false);
+
+  // Errors: a 400; a 500 and a 429 retried through; the quota 429.
+  try {
+    await client.chat.completions.create(judge(4, { temperature: 3 }));
+    fail('temperature 3 accepted');
+  } catch (e) {
+    if (!(e instanceof OpenAI.BadRequestError) || e.param !== 'temperature' || e.type !== 'invalid_request_error') fail(`400: ${e}`);
+  }
+  report.calls++;
+  for (const kind of ['server_error_500', 'storm_429']) {
+    const id = `node-${kind}`;
+    await fault({ id, kind, org: 'oa', from_now: true, duration: '2s', retry_after: '1s' });
+    const c = await retrying.chat.completions.create(judge(5));
+    report.calls++;
+    usage(c.model, c.usage, false);
+    await clearFault(id);
+  }
+  await fault({ id: 'node-quota', kind: 'spend_cap', org: 'oa' });
+  try {
+    await client.chat.completions.create(judge(6));
+    fail('quota not refused');
+  } catch (e) {
+    if (!(e instanceof OpenAI.RateLimitError) || e.code !== 'insufficient_quota' || e.type !== 'insufficient_quota') fail(`quota 429: ${e}`);
+  }
+  report.calls++;
+  await clearFault('node-quota');
+
+  // The batch lifecycle.
+  const lines = [];
+  for (let i = 0; i < 20; i++) {
+    lines.push(JSON.stringify({ custom_id: `node-${i}`, method: 'POST', url: '/v1/chat/completions', body: judge(100 + i) }));
+  }
+  const file = await client.files.create({ file: await toFile(Buffer.from(lines.join('\n') + '\n'), 'judge.jsonl'), purpose: 'batch' });
+  report.calls++;
+  check('file', 'FileObject', file);
+  const got = await client.files.retrieve(file.id);
+  check('file retrieve', 'FileObject', got);
+  let b = await client.batches.create({ input_file_id: file.id, endpoint: '/v1/chat/completions', completion_window: '24h', metadata: { job: 'judge' } });
+  let b2 = await client.batches.create({ input_file_id: file.id, endpoint: '/v1/chat/completions', completion_window: '24h' });
+  b2 = await client.batches.cancel(b2.id);
+  report.calls += 4;
+  check('batch', 'Batch', b);
+  check('cancelled batch', 'Batch', b2);
+  const seen = new Set();
+  for (let tries = 0; tries < 3000 && !(b.status === 'completed' && b2.status === 'cancelled'); tries++) {
+    await new Promise((r) => setTimeout(r, 10));
+    b = await client.batches.retrieve(b.id);
+    b2 = await client.batches.retrieve(b2.id);
+    report.calls += 2;
+    seen.add(b.status);
+    check('polled batch', 'Batch', b);
+  }
+  if (b.status !== 'completed' || b2.status !== 'cancelled' || !seen.has('in_progress')) fail(`batches ${b.status} ${b2.status}, seen ${[...seen]}`);
+  const listed = [];
+  for await (const x of client.batches.list({ limit: 1 })) {
+    check('listed batch', 'Batch', x);
+    listed.push(x.id);
+  }
+  if (listed[0] !== b2.id || listed[1] !== b.id) fail(`list ${listed}`);
+  const content = await client.files.content(b.output_file_id);
+  report.calls++;
+  const ids = new Set();
+  for (const l of (await content.text()).trim().split('\n')) {
+    const o = JSON.parse(l);
+    if (o.response?.status_code !== 200 || o.error !== null) fail(`output line ${l}`);
+    check('batch completion', 'ChatCompletion', o.response.body);
+    usage(o.response.body.model, o.response.body.usage, true);
+    ids.add(o.custom_id);
+  }
+  if (ids.size !== 20) fail(`${ids.size} custom_ids in the output`);
+  const errs = await (await client.files.content(b2.error_file_id)).text();
+  if ((errs.match(/"batch_cancelled"/g) || []).length !== 20) fail('cancelled lines');
+}
+
+main()
+  .catch((e) => fail(`uncaught: ${e && e.stack ? e.stack : e}`))
+  .finally(() => process.stdout.write(JSON.stringify(report) + '\n'));
