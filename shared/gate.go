@@ -55,7 +55,12 @@ type Gate struct {
 	starved     bool // refused for want of a slot since the last renewal
 	starvedAt   time.Time
 	success     bool // a success since the last renewal
-	answered    bool // an answer has come back (see LaneConfig.ProbeFirst)
+	answered    bool // an answer has come back
+	// syncedAt: when the first headers synced the mirrors; renewedAt: when
+	// the last renewal that answered was sent (see LaneConfig.ProbeFirst
+	// and TryAdmit).
+	syncedAt  time.Time
+	renewedAt time.Time
 	// probing: a 429 or 529 without retry-after came back since the last
 	// success; past the hold the gate sends one request (the probe,
 	// probeOut while it is out) until a success (see gate.Lane).
@@ -197,12 +202,13 @@ func (g *Gate) TryAdmit(now time.Time, d gate.Demand) (gate.Permit, time.Duratio
 		// Joined others on the key: one probe until they know of it.
 		return gate.Permit{}, g.joinUntil.Sub(now), false
 	}
-	if g.cfg.ProbeFirst && g.inFlight > 0 && !g.answered && !g.buckets.Mirror().Synced() {
-		// One request at a time until the buckets are known, from its
-		// answer or from headers another process on the key left in
-		// Redis: each process's first grant would otherwise be sent
-		// blind, and three processes' together drained the buckets at
-		// the start of a run.
+	if g.cfg.ProbeFirst && g.inFlight > 0 && (!g.buckets.Mirror().Synced() || (!g.local && !g.dark && g.renewedAt.Before(g.syncedAt))) {
+		// One request at a time until the buckets are known from this
+		// process's own answer, and until a renewal sent after it has
+		// told the process its share of them: each process's first
+		// grant would otherwise be sent blind, or on the share it had
+		// before others joined (three processes started together drained
+		// the buckets at the start of a run).
 		return gate.Permit{}, 0, false
 	}
 	n := g.buckets.Need(d)
@@ -254,6 +260,7 @@ func (g *Gate) Done(now time.Time, p gate.Permit, fb gate.Feedback) {
 	if fb.Limits.Requests.Present || fb.Limits.Input.Present || fb.Limits.Output.Present {
 		g.hdr, g.hdrAt, g.hdrNew = fb.Limits, now, true
 		if first {
+			g.syncedAt = time.Now()
 			// The first headers: renew now, so that the others on the
 			// key start from them, and so that this process's share of
 			// the buckets is the latest (see renew).
@@ -471,6 +478,7 @@ func (g *Gate) renew(ctx context.Context) error {
 	before := g.available()
 	wasFenced := g.fenced || g.local
 	g.local, g.dark, g.fenced = false, false, false
+	g.renewedAt = sent
 	g.leaseMono = sent.Add(g.b.ttl - g.b.margin)
 	g.leaseWall = sent.Round(0).Add(g.b.ttl - g.b.margin)
 	g.grant = int(toInt(res[0]))
@@ -516,8 +524,12 @@ func (g *Gate) renew(ctx context.Context) error {
 		g.buckets.Mirror().NoteOthers(now, now.Add(time.Duration(o)*time.Millisecond))
 	}
 	g.procs = max(1, int(toInt(res[7])))
-	if s, _ := res[9].(string); s != "" && !g.buckets.Mirror().Synced() {
-		// Limits another process learnt serve this one from its start.
+	if s, _ := res[9].(string); s != "" && !g.cfg.ProbeFirst && !g.buckets.Mirror().Synced() {
+		// Limits another process learnt serve this one from its start,
+		// when it does not probe first. A gate that probes (the engine's
+		// and the gateway's) waits for its own answer instead: the level
+		// those headers showed is stale by whatever the others have sent
+		// since, as much as the whole bucket at a run's start.
 		if a := toInt(res[10]); a >= 0 && time.Duration(a)*time.Millisecond < time.Duration(float64(2*time.Second)/g.cfg.Speed) {
 			if rl, ok := parseHdr(s); ok {
 				g.buckets.Sync(now, rl, g.share)
