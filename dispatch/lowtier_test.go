@@ -50,15 +50,22 @@ func TestRunUsesASmallBurstKeyAlone(t *testing.T) {
 		t.Fatalf("%d billed, %d succeeded of %d within %s (API %s): the lane paced far below the limit (lanes %+v)",
 			len(led), res.Summary.Succeeded, n, budget, time.Duration(float64(budget)*k), res.Summary.Lanes)
 	}
-	took := led[len(led)-1].APISeconds - api0.Seconds()
-	rate := n / took * 60
-	first := 0 // completed in the first API minute
+	// The lane's pace is measured from the run's first answer (its probe's):
+	// the process's start before it (opening the run directory, reading
+	// the input) is not the lane's, and took up to 15 API s (0.75 s) on
+	// a loaded machine under -race.
+	t0 := led[0].APISeconds
+	took := led[len(led)-1].APISeconds - t0
+	rate := (n - 1) / took * 60
+	first := 0 // completed in the first API minute after the first answer
 	for _, e := range led {
-		if e.APISeconds-api0.Seconds() < 60 {
+		if e.APISeconds-t0 < 60 {
 			first++
 		}
 	}
-	t.Logf("%d requests in %.1f API s: %.1f RPM of %.0f, %d in the first minute; %d 429s; lanes %+v", n, took, rate, rpm, first, st.RateLimited429, res.Summary.Lanes)
+	startup := t0 - api0.Seconds()
+	t.Logf("%d requests in %.1f API s from the first answer (%.1f API s after the run began): %.1f RPM of %.0f, %d in the first minute; %d 429s; lanes %+v",
+		n, took, startup, rate, rpm, first, st.RateLimited429, res.Summary.Lanes)
 	if rate < 0.9*rpm {
 		t.Errorf("%.1f RPM, want ≥ 0.9 of the limit (%.0f)", rate, 0.9*rpm)
 	}
