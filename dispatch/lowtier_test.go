@@ -109,15 +109,20 @@ func stormName(f sim.Fault) string {
 // TestRunRecoversWithinThreeSecondsOfAStorm is issue 29's second finding
 // for 'run': whatever held or slowed a lane during a storm ends with the
 // storm. A 20 API-second storm of each kind strikes a tier-1-shaped key
-// (50 RPM, a bucket of 2 requests) a minute into a run; from 3 API seconds
-// after it ends, the next minute's completions must reach 0.9 of the
-// limit. Before the fix the lane held up to 8 s after each 529 or 429
-// without retry-after, the colleague estimate read the quiet bucket's
-// spilt refill as someone else's draw, and requests hung in a storm of
+// (50 RPM, a bucket of 2 requests) two minutes into a run. The first
+// request after it must be answered within 5 API s of its end (the lane's
+// longest hold through a storm, 2 s, then the probe's answer, about a
+// second: 1.2-3.5 s measured), and the minute from 3 s after its end must
+// complete 0.9 of the limit (48 of 50 measured). Before the fix the lane
+// held up to 8 s after each 529 or 429 without retry-after, its back-off
+// growing per answer (the first answer 7.4-7.7 s after the storm), the
+// colleague estimate read the quiet bucket's spilt refill as someone
+// else's draw (2 completions a minute), and requests hung in a storm of
 // timeouts kept the mirrors empty until they timed out.
 func TestRunRecoversWithinThreeSecondsOfAStorm(t *testing.T) {
 	const k, rpm = 20.0, 50.0
 	const start, length, after, window = 120 * time.Second, 20 * time.Second, 3 * time.Second, 60 * time.Second
+	const firstWithin = 5 * time.Second
 	for _, f := range stormKinds() {
 		t.Run(stormName(f), func(t *testing.T) {
 			t.Parallel()
@@ -137,8 +142,12 @@ func TestRunRecoversWithinThreeSecondsOfAStorm(t *testing.T) {
 				t.Fatal(err)
 			}
 			var before, got int
+			firstAfter := time.Duration(-1) // the first answer after the storm, from its end
 			for _, e := range h.sim.Server.Ledger() {
 				at := time.Duration(e.APISeconds * float64(time.Second))
+				if at >= end && firstAfter < 0 {
+					firstAfter = at - end
+				}
 				switch {
 				case at >= api0+start-window && at < api0+start:
 					before++
@@ -152,10 +161,13 @@ func TestRunRecoversWithinThreeSecondsOfAStorm(t *testing.T) {
 			if res != nil && res.Summary != nil {
 				lanes = res.Summary.Lanes
 			}
-			t.Logf("%d completions in the minute from %s after the storm (%d in the minute before it); 429s %d; lanes %+v",
-				got, after, before, st.RateLimited429, lanes)
+			t.Logf("the first answer %.2f API s after the storm; %d completions in the %s from %s after it (%d in the %s before it); 429s %d; lanes %+v",
+				firstAfter.Seconds(), got, window, after, before, window, st.RateLimited429, lanes)
+			if firstAfter < 0 || firstAfter > firstWithin {
+				t.Errorf("the first answer after the storm came %.2f API s after its end, want ≤ %s", firstAfter.Seconds(), firstWithin)
+			}
 			if float64(got) < want {
-				t.Errorf("%d completions in the minute from %s after the storm ended, want ≥ %.0f (0.9 of %.0f RPM)", got, after, want, rpm)
+				t.Errorf("%d completions in the %s from %s after the storm ended, want ≥ %.0f (0.9 of %.0f RPM)", got, window, after, want, rpm)
 			}
 		})
 	}
