@@ -30,16 +30,20 @@ var stormKinds = []sim.FaultKind{
 
 // drawLowTier adds issue 29's options to s: a third of the seeds run on
 // tier-1 orgs whose buckets hold a small burst (5 % to 30 % of a minute),
-// and half of them meet a storm of one kind, on every org or on one.
+// with at least lowTierItems items per process so that the run outlasts a
+// storm; and half of the seeds meet a storm of one kind, on every org or
+// on one, that ends within the first 50 API seconds (a run on tier-1 orgs
+// lasts about 100 or more), leaving the liveness check a window.
 func drawLowTier(seed int64, s *Scenario) {
 	r := rand.New(rand.NewPCG(uint64(seed), 0x10e7_1e25_2029))
 	if r.IntN(3) == 0 {
 		s.LowTier = true
 		s.Burst = 0.05 + 0.25*r.Float64()
+		s.Items = max(s.Items, lowTierItems)
 	}
 	if r.IntN(2) == 0 {
 		f := sim.Fault{Kind: stormKinds[r.IntN(len(stormKinds))], Probability: 1,
-			Start: time.Duration(5+r.IntN(40)) * time.Second, Duration: time.Duration(10+r.IntN(16)) * time.Second}
+			Start: time.Duration(5+r.IntN(20)) * time.Second, Duration: time.Duration(10+r.IntN(16)) * time.Second}
 		switch f.Kind {
 		case sim.FaultRateLimitStorm:
 			f.RetryAfter = time.Duration(r.IntN(3)) * time.Second
@@ -52,6 +56,10 @@ func drawLowTier(seed int64, s *Scenario) {
 		s.Faults = append(s.Faults, f)
 	}
 }
+
+// lowTierItems is the fewest items per process on tier-1 orgs: about 100
+// API s at 50 requests a minute on each of three orgs.
+const lowTierItems = 250
 
 // lowTierOrgs gives every org of cfg tier-1 limits with buckets of burst
 // of a minute.
