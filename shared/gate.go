@@ -478,6 +478,9 @@ func (g *Gate) renew(ctx context.Context) error {
 	before := g.available()
 	wasFenced := g.fenced || g.local
 	g.local, g.dark, g.fenced = false, false, false
+	// The first renewal since the first answer lets the gate past its
+	// probe (see TryAdmit): wake the engine for it.
+	shareKnown := g.renewedAt.Before(g.syncedAt) && !sent.Before(g.syncedAt)
 	g.renewedAt = sent
 	g.leaseMono = sent.Add(g.b.ttl - g.b.margin)
 	g.leaseWall = sent.Round(0).Add(g.b.ttl - g.b.margin)
@@ -537,7 +540,7 @@ func (g *Gate) renew(ctx context.Context) error {
 		}
 	}
 	wake := g.wake
-	grew := g.available() > before || (wasFenced && g.grant > 0)
+	grew := g.available() > before || (wasFenced && g.grant > 0) || shareKnown
 	g.mu.Unlock()
 	if r := toInt(res[8]); r > 0 {
 		g.b.cfg.Events.Emit(rundir.EventLane, fmt.Sprintf("%s/%s: %d slots of a process whose lease expired are back", g.cfg.Org, g.cfg.Pool, r),
