@@ -12,19 +12,11 @@
 //	go test ./campaign -seeds 100 -first 501      # another range
 //	go test ./campaign -run 'TestCampaign/seed=17$' -seed 17 -v   # one seed alone
 //
-// # Gateway scenarios (issue 28, not in CI yet)
+// # Gateway scenarios
 //
-// The gateway scenarios build only with -tags gatewaycampaign: on today's
-// gateway they find open defects of issue 28 (an upstream 403 for one
-// client's beta takes every org out of rotation; cut streams recorded at
-// their message_start usage pass a client's max_cost; a kill -9 loses the
-// reservations in flight; a second signal is ignored; a sync-route gateway
-// batch never resumes after a kill -9), so they join CI with the fixes.
-// docs/campaign.md lists the seeds and what each found.
-//
-// TestGatewayCampaign draws, for every seed of the same range divisible by
-// -gateway-every (default 3: seeds 3, 6, … 24 in CI; 1: every seed; 0:
-// none), a second scenario from the seed (a random stream of its own, so the
+// TestGatewayCampaign draws, for seeds 1-3 (1-12 with -tags long, as CI
+// runs it), or with -seeds for every seed of that range divisible by
+// -gateway-every (default 3; 1: every seed; 0: none), a second scenario from the seed (a random stream of its own, so the
 // run scenario of the seed is unchanged): 1–3 'apidispatch serve' gateways
 // (child processes of the built binary, each its own state directory and
 // port; --shared on a private Redis behind a proxy the test can cut, or
@@ -51,9 +43,10 @@
 // another, and the lifecycle (exit 0 after a signal, at once after a
 // second).
 //
-//	go test -tags gatewaycampaign ./campaign -run TestGatewayCampaign   # seeds 3, 6, … 24
-//	go test -tags gatewaycampaign ./campaign -run TestGatewayCampaign -gateway-every 1 -seeds 60 -timeout 0
-//	go test -tags gatewaycampaign ./campaign -run 'TestGatewayCampaign/seed=27$' -seed 27 -v
+//	go test ./campaign -run TestGatewayCampaign                 # seeds 1-3
+//	go test -tags long ./campaign -run TestGatewayCampaign      # seeds 1-12, as CI
+//	go test ./campaign -run TestGatewayCampaign -gateway-every 1 -seeds 500 -timeout 0
+//	go test ./campaign -run 'TestGatewayCampaign/seed=27$' -seed 27 -v
 //
 // The package has no code outside its tests.
 package campaign

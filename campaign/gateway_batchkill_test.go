@@ -1,5 +1,3 @@
-//go:build gatewaycampaign
-
 package campaign
 
 import (

@@ -1,5 +1,3 @@
-//go:build gatewaycampaign
-
 package campaign
 
 import (
@@ -36,8 +34,12 @@ import (
 //     with --shared (one budget for every gateway), --cap × gateways
 //     without it (each its own budget); without --shared, the latency after
 //     a gateway process exited is exempt (its successor cannot know what
-//     it had in flight, as a 'run' killed without --shared). None is exempt
-//     with --shared;
+//     it had in flight, as a 'run' killed without --shared). With --shared
+//     only this is exempt: requests the API runs longer than the attempt
+//     timeout (a slow fault past 10 API minutes), which every client gives
+//     up on and sends again while the API may still run them. A gateway
+//     restarted after a kill -9 holds the slots of the attempts its
+//     predecessor's journal holds open, up to that timeout;
 //  4. per client and gateway, what the simulator billed for the client's
 //     requests sent to that gateway at most the client's max_cost; per
 //     gateway, what it billed for every request sent to it at most
@@ -348,6 +350,19 @@ func checkGateway(w *gwWorld) []string {
 				}
 			}
 		}
+	}
+	// A request the API runs longer than the gateway's attempt timeout
+	// (10 API minutes) is given up and sent again while the API may still
+	// run it: no client can know when the API ends it. The slow faults
+	// whose extra latency passes the timeout are exempt from the timeout
+	// after their first request to the end of their last.
+	for _, f := range sc.Faults {
+		if f.Kind != sim.FaultSlow || f.ExtraLatency <= gwAttemptTimeoutAPI {
+			continue
+		}
+		real := func(api time.Duration) time.Duration { return time.Duration(float64(api) / sc.Speed) }
+		windows = append(windows, window{real(f.Start + gwAttemptTimeoutAPI), real(f.Start+f.Duration+f.ExtraLatency) + w.latencyReal() + time.Second/2,
+			fmt.Sprintf("slow fault +%s past the attempt timeout", f.ExtraLatency)})
 	}
 	var peaks []string
 	for _, o := range w.sim.Server.Stats().Orgs {

@@ -1,5 +1,3 @@
-//go:build gatewaycampaign
-
 package campaign
 
 import (
@@ -35,7 +33,7 @@ import (
 	"github.com/apidispatch/apidispatch/sim"
 )
 
-var gatewayEveryFlag = flag.Int("gateway-every", 3, "run a gateway scenario for every seed of -first/-seeds divisible by `N` (1: every seed; 0: none)")
+var gatewayEveryFlag = flag.Int("gateway-every", 3, "with -seeds, run a gateway scenario for every seed of -first/-seeds divisible by `N` (1: every seed; 0: none); without it, the first 3 seeds (12 with -tags long)")
 
 // TestGatewayCampaign runs the gateway scenarios of the campaign's seeds
 // (those divisible by -gateway-every, or -seed alone), two at a time, and
@@ -49,6 +47,11 @@ func TestGatewayCampaign(t *testing.T) {
 	switch {
 	case *seedFlag != 0:
 		seeds = []int64{*seedFlag}
+	case *seedsFlag == 0:
+		// The default: the first seeds, each with its gateway scenario.
+		for i := range gatewaySeeds {
+			seeds = append(seeds, *firstFlag+int64(i))
+		}
 	case *gatewayEveryFlag > 0:
 		for i := range *seedsFlag {
 			if s := *firstFlag + int64(i); s%int64(*gatewayEveryFlag) == 0 {
@@ -100,6 +103,9 @@ const (
 	gwStartTimeout = 30 * time.Second
 	// gwRetryFor is every gateway's --retry-for.
 	gwRetryFor = 15 * time.Second
+	// gwAttemptTimeoutAPI is a gateway's upstream attempt timeout, in API
+	// time (gateway.Config.Timeout's default).
+	gwAttemptTimeoutAPI = 10 * time.Minute
 )
 
 // gwWorld is one gateway scenario being run.

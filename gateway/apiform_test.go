@@ -1,11 +1,9 @@
 package gateway
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"net/http"
-	"os"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
@@ -29,26 +27,6 @@ func apiErrorType(t *testing.T, e *sdk.Error) string {
 		t.Fatalf("error body %q: %v", e.RawJSON(), err)
 	}
 	return env.Error.Type
-}
-
-// ledgerEntries reads the gateway's ledger.
-func ledgerEntries(t *testing.T, dir string) []Entry {
-	t.Helper()
-	f, err := os.Open(filepath.Join(dir, "ledger.jsonl"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	var out []Entry
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		var e Entry
-		if err := json.Unmarshal(sc.Bytes(), &e); err != nil {
-			t.Fatal(err)
-		}
-		out = append(out, e)
-	}
-	return out
 }
 
 // Issue 29, finding 4: a model the gateway's price table does not know
@@ -101,7 +79,7 @@ func TestSDKUnknownModelAnsweredAsTheAPI(t *testing.T) {
 	}
 	g.Close()
 	var found bool
-	for _, e := range ledgerEntries(t, stateDir) {
+	for _, e := range readLedgerFile(t, filepath.Join(stateDir, ledgerFile)) {
 		if e.Model == "claude-fable-5" {
 			found = true
 			if !e.Estimated || e.Cost != want {

@@ -385,7 +385,7 @@ func (s *batchStore) execute(gb *gwBatch) {
 			canceling = true
 		default:
 		}
-		ctx, cancel := context.WithCancel(g.ctx)
+		ctx, cancel := context.WithCancel(g.life.batchCtx)
 		stopWatch := make(chan struct{})
 		watchDone := make(chan struct{})
 		go func() {
@@ -405,8 +405,8 @@ func (s *batchStore) execute(gb *gwBatch) {
 		close(stopWatch)
 		<-watchDone
 		cancel()
-		if g.ctx.Err() != nil {
-			return // the gateway is closing: resume next time
+		if g.life.batchCtx.Err() != nil {
+			return // the gateway is stopping: resume next time
 		}
 		if out.Stop.Kind == runner.Complete || canceling || expired {
 			s.finalize(gb, canceling, expired, out)
@@ -423,11 +423,22 @@ func (s *batchStore) execute(gb *gwBatch) {
 			s.finalize(gb, false, false, out)
 			return
 		}
+		if ce := (*spend.CapError)(nil); errors.As(out.Err, &ce) {
+			// A spend cap refused the next request with nothing held
+			// anywhere that could free room: the client's max_cost (or the
+			// gateway's --max-cost) is spent, and spend never goes down,
+			// so running again would wait for ever. End it; what was not
+			// done is canceled.
+			g.log.Warn("gateway batch ended at a spend cap", "batch", m.ID, "error", ce)
+			s.finalize(gb, false, false, out)
+			return
+		}
 		// Incomplete (no usable lane now, an upstream failure): try again.
+		g.log.Warn("gateway batch stopped before its end; trying again", "batch", m.ID, "stop", out.Stop.Kind.String(), "reason", out.Stop.Reason, "error", out.Err)
 		wait := time.Duration(math.Min(60, math.Pow(2, float64(min(attempt, 6))))/g.cfg.Speed*float64(time.Second)) + 10*time.Millisecond
 		t := time.NewTimer(wait)
 		select {
-		case <-g.ctx.Done():
+		case <-g.life.batchCtx.Done():
 			t.Stop()
 			return
 		case <-gb.cancelReq:
@@ -451,15 +462,18 @@ func (s *batchStore) runOnce(ctx context.Context, gb *gwBatch, cancelOpen bool) 
 	}
 	sync := dispatch.Config{
 		Orgs: g.cfg.Orgs, BaseURL: g.cfg.BaseURL, Caps: g.cfg.Caps, Speed: g.cfg.Speed, Prices: g.cfg.Prices,
-		Client: g.client, Log: g.log, NewGate: g.lanes.engineGate, Lane: g.cfg.Lane,
+		Client: g.client, Log: g.log, NewGate: g.lanes.engineGate, Lane: g.cfg.Lane, Timeout: g.cfg.Timeout,
 		PromptCaches: g.lanes.places, // the same orgs' prompt caches as the sync requests
 	}
+	abort, forget := g.life.aborter()
+	defer forget()
 	cfg := runner.Config{
+		Abort: abort,
 		Input: filepath.Join(gb.dir, batchRequests), RunDir: filepath.Join(gb.dir, batchRun), Prices: g.cfg.Prices,
 		Sync: sync, Confirm: true, Route: route, Cancel: cancelOpen, Limits: g.cfg.Limits,
 		Deadline: time.Duration(m.DeadlineS * float64(time.Second)),
 		OnJob: func(job *rundir.Job, sc *dispatch.Config) (func(), error) {
-			bg, err := s.batchGate(ctx, gb, job.Store)
+			bg, err := s.batchGate(ctx, gb, job)
 			if err != nil {
 				return nil, err
 			}
@@ -484,22 +498,34 @@ func (s *batchStore) runOnce(ctx context.Context, gb *gwBatch, cancelOpen bool) 
 // batch's hold of its worst case is freed: from then on runner reserves
 // each request and upstream batch in the client's gate, beside the
 // client's sync requests.
-func (s *batchStore) batchGate(ctx context.Context, gb *gwBatch, st store.Store) (*spend.Gate, error) {
+func (s *batchStore) batchGate(ctx context.Context, gb *gwBatch, job *rundir.Job) (*spend.Gate, error) {
 	gb.mu.Lock()
 	defer gb.mu.Unlock()
 	if gb.gate != nil {
 		return gb.gate, nil
 	}
-	agg, err := st.Aggregate(ctx)
+	// A process that died on this directory (a kill -9 mid-batch) left a
+	// journal of what it may have had billed: counted now, so spent holds
+	// it before the gate is made (the engine then finds nothing to replay).
+	if err := job.ReplayJournals(ctx); err != nil {
+		return nil, fmt.Errorf("reading the gateway batch's attempt journals: %w", err)
+	}
+	agg, err := job.Store.Aggregate(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("reading what the gateway batch spent: %w", err)
 	}
-	spent := cost.Nanos(agg.CostNanos)
+	spent := rundir.SpentBefore(agg)
 	cg := s.g.clientGate(gb.meta.Client)
 	if spent > 0 {
 		cg.Hold(spent).Settle(spent)
 	}
-	gb.gate = cg.Child("gateway batch "+gb.meta.ID+"'s worst case", gb.meta.WorstNanos, spent)
+	// What an earlier process may have had billed without an answer (it
+	// died with requests in flight) is counted in spent and is sent again:
+	// the batch's own cap grows by it, or a batch resumed after a crash
+	// could never finish inside its worst case. The client's gate, which
+	// counts it too, still bounds the whole.
+	maybe := cost.Nanos(agg.Counters[rundir.CounterMaybeBilledNanos])
+	gb.gate = cg.Child("gateway batch "+gb.meta.ID+"'s worst case", gb.meta.WorstNanos+maybe, spent)
 	gb.hold.release()
 	gb.hold = nil
 	return gb.gate, nil
@@ -513,9 +539,14 @@ func (s *batchStore) finalize(gb *gwBatch, canceled, expired bool, out runner.Ou
 	gb.mu.Lock()
 	m := gb.meta
 	gb.mu.Unlock()
-	c, costN, err := writeAPIResults(gb.dir, canceled, expired)
+	c, err := writeAPIResults(gb.dir, canceled, expired)
 	if err != nil {
 		g.log.Error("gateway batch: writing results", "batch", m.ID, "error", err)
+		return // stays open; the next start finishes it
+	}
+	costN, unread, err := runSpent(filepath.Join(gb.dir, batchRun))
+	if err != nil {
+		g.log.Error("gateway batch: reading what it spent", "batch", m.ID, "error", err)
 		return // stays open; the next start finishes it
 	}
 	gb.mu.Lock()
@@ -525,7 +556,7 @@ func (s *batchStore) finalize(gb *gwBatch, canceled, expired bool, out runner.Ou
 	// Without a hold, runner's reservations in the batch's gate have
 	// charged the client's gate already: the ledger only records.
 	if !g.ledger.billed(m.ID) {
-		e := Entry{Cost: costN, Route: "batch", BatchID: m.ID}
+		e := Entry{Cost: costN, Unread: unread, Route: "batch", BatchID: m.ID}
 		if h != nil {
 			h.Settle(e)
 		} else {
@@ -547,26 +578,43 @@ func (s *batchStore) finalize(gb *gwBatch, canceled, expired bool, out runner.Ou
 	gb.mu.Unlock()
 }
 
-// resultLine is a results.jsonl line of a run (with its dispatch object).
+// runSpent is what the run directory dir spent, from its store, exactly:
+// its answers' usage and the worst case of every attempt the API may have
+// billed without an answer (re-sends after a reset, attempts in flight
+// when a process died), unread being the latter. A run directory never
+// opened spent nothing.
+func runSpent(dir string) (spent, unread cost.Nanos, err error) {
+	st, err := rundir.OpenStore(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return 0, 0, nil
+	}
+	if err != nil {
+		return 0, 0, err
+	}
+	defer st.Close()
+	agg, err := st.Aggregate(context.Background())
+	if err != nil {
+		return 0, 0, err
+	}
+	return rundir.SpentBefore(agg), cost.Nanos(agg.Counters[rundir.CounterMaybeBilledNanos]), nil
+}
+
+// resultLine is what writeAPIResults reads of a results.jsonl line of a run.
 type resultLine struct {
 	CustomID string          `json:"custom_id"`
 	Result   json.RawMessage `json:"result"`
-	Dispatch struct {
-		CostUSD float64 `json:"cost_usd"`
-	} `json:"dispatch"`
 }
 
 // writeAPIResults turns the run's results into the API's results file:
 // {"custom_id","result"} a line, with every request the run did not end
-// as canceled (or expired). It returns the counts and the cost.
-func writeAPIResults(dir string, canceled, expired bool) (counts, cost.Nanos, error) {
+// as canceled (or expired). It returns the counts.
+func writeAPIResults(dir string, canceled, expired bool) (counts, error) {
 	var c counts
 	done := map[string]bool{}
 	var out bytes.Buffer
-	var usd float64
 	f, err := os.Open(filepath.Join(dir, batchRun, "results.jsonl"))
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
-		return c, 0, err
+		return c, err
 	}
 	if f != nil {
 		sc := bufio.NewScanner(f)
@@ -587,7 +635,6 @@ func writeAPIResults(dir string, canceled, expired bool) (counts, cost.Nanos, er
 			default:
 				c.Errored++
 			}
-			usd += l.Dispatch.CostUSD
 			id, _ := json.Marshal(l.CustomID)
 			out.WriteString(`{"custom_id":`)
 			out.Write(id)
@@ -597,7 +644,7 @@ func writeAPIResults(dir string, canceled, expired bool) (counts, cost.Nanos, er
 		}
 		f.Close()
 		if err := sc.Err(); err != nil {
-			return c, 0, err
+			return c, err
 		}
 	}
 	kind := "canceled"
@@ -620,12 +667,12 @@ func writeAPIResults(dir string, canceled, expired bool) (counts, cost.Nanos, er
 		return nil
 	})
 	if err != nil {
-		return c, 0, err
+		return c, err
 	}
 	if err := rundir.WriteFileAtomic(filepath.Join(dir, batchResults), out.Bytes(), 0o600); err != nil {
-		return c, 0, err
+		return c, err
 	}
-	return c, cost.Nanos(math.Round(usd * 1e9)), nil
+	return c, nil
 }
 
 // find returns the client's batch id, or answers 404 (another client's

@@ -82,7 +82,9 @@ type Config struct {
 	// RetryFor bounds how long a request is retried inside the gateway
 	// (default 10 minutes of wall time).
 	RetryFor time.Duration
-	// Timeout bounds one upstream attempt (default 10 min of server time).
+	// Timeout bounds one upstream attempt, of a Messages request or of a
+	// gateway batch's request sent on the sync route (default 10 min of
+	// server time).
 	Timeout time.Duration
 	// StateDir holds ledger.jsonl and batches/ (default gateway-state).
 	StateDir string
@@ -117,6 +119,14 @@ type Config struct {
 	// results_url of its batches (default: the scheme and local address of
 	// the connection the request came in on; never the client's Host).
 	PublicURL string
+	// BodyTimeout bounds reading a request's body (default
+	// DefaultBodyTimeout, and a second more for each MB received, so that
+	// a big body sent steadily is read whole); WriteTimeout bounds each
+	// write of an answer to a client (default DefaultWriteTimeout): a client
+	// that takes no bytes for that long is cut. Neither holds up a lane: an
+	// upstream answer is read to its end whatever the client reads.
+	BodyTimeout  time.Duration
+	WriteTimeout time.Duration
 }
 
 // Gateway serves the API. Use New, then Handler; Close when done.
@@ -126,6 +136,7 @@ type Gateway struct {
 	client  *http.Client
 	lanes   *laneSet
 	ledger  *Ledger
+	journal *spendJournal          // every attempt, before it is sent (journal.go)
 	gate    *spend.Gate            // the gateway's (--max-cost)
 	gates   map[string]*spend.Gate // each client's, children of gate
 	tokens  []tokenEntry
@@ -137,6 +148,8 @@ type Gateway struct {
 	mux     *http.ServeMux
 	rr      atomic.Uint64
 	lock    *os.File // the state directory's lock, held until Close
+	life    lifecycle
+	probes  prober
 
 	// estimated holds the models priced by estimate, each once warned
 	// about (unknown.go).
@@ -228,6 +241,16 @@ func New(cfg Config) (*Gateway, error) {
 		lock.Close()
 		return nil, err
 	}
+	dead, lastSent := []spendTag(nil), time.Time{}
+	if g.journal, dead, lastSent, err = openSpendJournal(cfg.StateDir, g.ledger, g.log); err != nil {
+		g.ledger.Close()
+		lock.Close()
+		return nil, err
+	}
+	// The attempts a dead gateway had in flight may still run upstream, on
+	// this gateway's keys, until its attempt timeout has passed since its
+	// last send at the latest: their slots stay taken until then.
+	g.lanes.holdDead(dead, lastSent.Add(cfg.Timeout))
 	if g.gate = cfg.Spend; g.gate == nil {
 		g.gate = spend.New("the gateway's --max-cost", cfg.MaxCost, g.ledger.totalSpent())
 	}
@@ -236,10 +259,11 @@ func New(cfg Config) (*Gateway, error) {
 		g.gates[c.Name] = g.gate.Child("client "+c.Name+"'s max_cost", c.MaxCost, g.ledger.spent(c.Name))
 	}
 	g.ctx, g.cancel = context.WithCancel(context.Background())
+	g.life.init(g.ctx)
 	g.mux = http.NewServeMux()
 	g.routes()
 	if g.batches, err = openBatchStore(g); err != nil {
-		g.ledger.Close()
+		g.closeSpend()
 		lock.Close()
 		return nil, err
 	}
@@ -253,8 +277,8 @@ func New(cfg Config) (*Gateway, error) {
 	return g, nil
 }
 
-// flushLoop writes the ledger to its file every 100 ms, or sooner when
-// 64 KB of entries wait.
+// flushLoop writes the ledger to its file (and the journal's ends after
+// it) every 100 ms, or sooner when 64 KB of entries wait.
 func (g *Gateway) flushLoop() {
 	t := time.NewTicker(100 * time.Millisecond)
 	defer t.Stop()
@@ -266,7 +290,7 @@ func (g *Gateway) flushLoop() {
 		case <-t.C:
 		case <-g.ledger.full:
 		}
-		if err := g.ledger.Flush(); err != nil {
+		if err := g.flushSpend(); err != nil {
 			g.log.Error("writing the ledger", "error", err)
 		}
 		if now := time.Now(); now.Sub(wrote) >= StatusEvery {
@@ -317,14 +341,18 @@ func ReadStatus(dir string) (StatusSnapshot, error) {
 	return s, nil
 }
 
-// Close stops the gateway's batches (they resume at the next New on the
-// same state directory), waits for them and closes the ledger. In-flight
-// HTTP requests are the http.Server's to drain first.
+// Close drains the gateway (see Drain), stops its batches (they resume at
+// the next New on the same state directory), waits for them and closes
+// the ledger. In-flight HTTP requests are the http.Server's to drain
+// first (Serve does both); Close waits a moment for the handlers still
+// running to record what they settle.
 func (g *Gateway) Close() error {
+	g.Drain()
+	g.life.waitIdle(closeWait)
 	g.cancel()
 	g.wg.Wait()
 	g.lanes.stop()
-	err := g.ledger.Close()
+	err := g.closeSpend()
 	if werr := g.writeStatus(time.Now(), true); werr != nil {
 		g.log.Warn("writing the status file", "error", werr)
 	}
@@ -335,8 +363,8 @@ func (g *Gateway) Close() error {
 // Ledger returns the gateway's ledger.
 func (g *Gateway) Ledger() *Ledger { return g.ledger }
 
-// Handler is the gateway's HTTP handler.
-func (g *Gateway) Handler() http.Handler { return g.mux }
+// Handler is the gateway's HTTP handler (its routes behind guard).
+func (g *Gateway) Handler() http.Handler { return g.guard(g.mux) }
 
 func (g *Gateway) routes() {
 	h := func(pattern string, fn func(w http.ResponseWriter, r *http.Request, client string)) {
@@ -344,6 +372,9 @@ func (g *Gateway) routes() {
 			client, ok := g.authenticate(r)
 			if !ok {
 				writeError(w, http.StatusUnauthorized, anthropic.ErrAuthentication, "invalid x-api-key")
+				return
+			}
+			if g.refuseDraining(w, r) {
 				return
 			}
 			fn(w, r, client)

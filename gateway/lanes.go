@@ -103,6 +103,73 @@ type laneSet struct {
 	mu    sync.Mutex
 	pools map[anthropic.Pool]*poolQueue
 	all   []*lane
+	// shutErr, once set (shut), is every admission's answer; isShut reads
+	// closed without the lock (an engine's every TryAdmit asks it).
+	shutErr error
+	closed  atomic.Bool
+	// aborted: the requests in flight were cut (Gateway.Abort); an engine's
+	// attempt cut then keeps its slot (see sharedLane.Done).
+	aborted atomic.Bool
+	// dead are the slots held for a dead gateway's attempts (holdDead),
+	// per (org, pool); set before the first lane is made.
+	dead map[deadKey]*deadHold
+}
+
+type deadKey struct {
+	org  string
+	pool anthropic.Pool
+}
+
+// deadHold is n slots of a lane held until until: the attempts a gateway
+// killed on this state directory had in flight there, which may still
+// run upstream (the API does not stop when its client dies).
+type deadHold struct {
+	n     int
+	until time.Time
+}
+
+// holdDead holds a slot of its (org, pool) lane for each attempt in tags
+// until until, so the lanes count what a killed predecessor left running
+// on the keys. Called once, before any lane is made.
+func (s *laneSet) holdDead(tags []spendTag, until time.Time) {
+	if len(tags) == 0 || !until.After(time.Now()) {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.dead = map[deadKey]*deadHold{}
+	for _, t := range tags {
+		k := deadKey{t.Org, anthropic.PoolOf(t.Model)}
+		if s.dead[k] == nil {
+			s.dead[k] = &deadHold{until: until}
+		}
+		s.dead[k].n++
+	}
+}
+
+// heldGate is a lane's gate while slots are held for a dead gateway's
+// attempts: it admits only while what is in flight plus what is held is
+// below the lane's cap, until the hold ends.
+type heldGate struct {
+	gate.Gate
+	h *deadHold
+}
+
+// TryAdmit implements gate.Gate.
+func (g *heldGate) TryAdmit(now time.Time, d gate.Demand) (gate.Permit, time.Duration, bool) {
+	if now.Before(g.h.until) {
+		if sn := g.Gate.Snapshot(now); sn.InFlight+g.h.n >= sn.Cap {
+			return gate.Permit{}, g.h.until.Sub(now), false
+		}
+	}
+	return g.Gate.TryAdmit(now, d)
+}
+
+// SetWake implements gate.Waker when the held gate does.
+func (g *heldGate) SetWake(f func()) {
+	if wk, ok := g.Gate.(gate.Waker); ok {
+		wk.SetWake(f)
+	}
 }
 
 func newLaneSet(orgs []*upstream, lc gate.LaneConfig, capFor func(string) int, speed float64, newGate func(gate.LaneConfig) gate.Gate) *laneSet {
@@ -139,6 +206,9 @@ func (s *laneSet) poolLocked(pool anthropic.Pool, capN int) *poolQueue {
 				s.kick(q)
 				s.wakeEngines(l)
 			})
+		}
+		if h := s.dead[deadKey{u.Name, pool}]; h != nil {
+			l.Gate = &heldGate{Gate: l.Gate, h: h}
 		}
 		if r := u.Disabled(); r != "" {
 			l.Disable(r)
@@ -215,6 +285,10 @@ func (s *laneSet) pumpLocked(q *poolQueue, now time.Time) {
 func (s *laneSet) admit(ctx context.Context, deadline time.Time, model string, d gate.Demand, pre *promptcache.Prefix) (grant, error) {
 	w := &waiter{d: d, pre: pre, ch: make(chan grant, 1)}
 	s.mu.Lock()
+	if err := s.shutErr; err != nil {
+		s.mu.Unlock()
+		return grant{}, err
+	}
 	q := s.queueLocked(model)
 	q.waiters = append(q.waiters, w)
 	q.nwait.Store(int32(len(q.waiters)))
@@ -303,9 +377,21 @@ type sharedLane struct {
 	s *laneSet
 }
 
+// TryAdmit implements gate.Gate: nothing once the gateway stops admitting.
+func (l *sharedLane) TryAdmit(now time.Time, d gate.Demand) (gate.Permit, time.Duration, bool) {
+	if l.s.isShut() {
+		return gate.Permit{}, time.Duration(math.MaxInt64), false
+	}
+	return l.lane.TryAdmit(now, d)
+}
+
 // Done implements gate.Gate: the engine's release wakes the gateway's
-// waiters too.
+// waiters too. An attempt the gateway's Abort cut keeps its slot, as the
+// gateway's own requests do: it may still run upstream.
 func (l *sharedLane) Done(now time.Time, p gate.Permit, fb gate.Feedback) {
+	if l.s.aborted.Load() && fb.Outcome.Kind == anthropic.Retryable && !fb.Billed {
+		return
+	}
 	l.s.release(grant{lane: l.lane, permit: p}, fb)
 }
 
@@ -378,6 +464,26 @@ func (s *laneSet) queued() int {
 	}
 	return n
 }
+
+// shut makes every admission, waiting or to come, fail with err.
+func (s *laneSet) shut(err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.shutErr = err
+	s.closed.Store(true)
+	for _, q := range s.pools {
+		for _, w := range q.waiters {
+			w.ch <- grant{err: err}
+		}
+		q.waiters = nil
+		q.nwait.Store(0)
+	}
+}
+
+func (s *laneSet) isShut() bool { return s.closed.Load() }
+
+// abort marks the requests in flight as cut (Gateway.Abort).
+func (s *laneSet) abort() { s.aborted.Store(true) }
 
 // stop stops the timers.
 func (s *laneSet) stop() {

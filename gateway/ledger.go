@@ -16,8 +16,14 @@ import (
 
 // Entry is one priced answer in the ledger.
 type Entry struct {
-	Client    string     `json:"client"`
-	Cost      cost.Nanos `json:"cost_nanos"`
+	Client string     `json:"client"`
+	Cost   cost.Nanos `json:"cost_nanos"`
+	// Unread is the part of Cost that is a worst case: attempts the API
+	// may have billed whose answers were never read (a connection reset
+	// or a body cut after the request went out, a stream cut before its
+	// message_stop, a request in flight when a gateway died). Cost less
+	// Unread is what the answers that were read cost, to the nano-dollar.
+	Unread    cost.Nanos `json:"unread_nanos,omitempty"`
 	Org       string     `json:"org,omitempty"`
 	Model     string     `json:"model,omitempty"`
 	RequestID string     `json:"request_id,omitempty"`
@@ -32,7 +38,7 @@ type Entry struct {
 
 // account is one client's (or the gateway's) spend in the ledger.
 type account struct {
-	spent              cost.Nanos
+	spent, unread      cost.Nanos
 	requests, abandond int64
 	byOrg              map[string]cost.Nanos
 }
@@ -113,6 +119,7 @@ func (l *Ledger) addLocked(e Entry) {
 		l.batches[e.BatchID] = true
 	}
 	a.spent += e.Cost
+	a.unread += e.Unread
 	a.requests++
 	if e.Cost != 0 {
 		org := e.Org
@@ -127,6 +134,7 @@ func (l *Ledger) addLocked(e Entry) {
 		}
 	}
 	l.total.spent += e.Cost
+	l.total.unread += e.Unread
 	l.total.requests++
 	if e.Abandoned {
 		a.abandond++
@@ -202,8 +210,11 @@ func (l *Ledger) Close() error {
 // ClientSpend is one client's line of Totals. CapUSD and InFlight are
 // the client's spend gate's (filled in by Gateway.Status).
 type ClientSpend struct {
-	Client    string  `json:"client"`
-	SpentUSD  float64 `json:"spent_usd"`
+	Client   string  `json:"client"`
+	SpentUSD float64 `json:"spent_usd"`
+	// UnreadUSD is the part of SpentUSD that is the worst case of answers
+	// never read (Entry.Unread): the API may have billed less.
+	UnreadUSD float64 `json:"unread_usd,omitempty"`
 	CapUSD    float64 `json:"max_cost_usd,omitempty"`
 	InFlight  float64 `json:"reserved_usd"`
 	Requests  int64   `json:"requests"`
@@ -231,11 +242,11 @@ func (l *Ledger) Totals() ([]ClientSpend, ClientSpend) {
 	defer l.mu.Unlock()
 	var out []ClientSpend
 	for c, a := range l.clients {
-		out = append(out, ClientSpend{Client: c, SpentUSD: a.spent.USD(), Requests: a.requests, Abandoned: a.abandond, ByOrg: usdByOrg(a.byOrg)})
+		out = append(out, ClientSpend{Client: c, SpentUSD: a.spent.USD(), UnreadUSD: a.unread.USD(), Requests: a.requests, Abandoned: a.abandond, ByOrg: usdByOrg(a.byOrg)})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Client < out[j].Client })
 	t := l.total
-	return out, ClientSpend{Client: "*", SpentUSD: t.spent.USD(), Requests: t.requests, Abandoned: t.abandond}
+	return out, ClientSpend{Client: "*", SpentUSD: t.spent.USD(), UnreadUSD: t.unread.USD(), Requests: t.requests, Abandoned: t.abandond}
 }
 
 // spent is what the ledger holds for client.

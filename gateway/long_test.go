@@ -90,7 +90,13 @@ func TestLoadThroughA429Storm(t *testing.T) {
 func TestHostileInputOnEveryRouteReachesNoUpstream(t *testing.T) {
 	run, _ := simtest.Start(t, sim.PresetOrigin3Org, 200, nil)
 	up, reached := countingUpstream(t, run)
-	_, srv := startGW(t, run, func(c *Config) { c.BaseURL = up })
+	_, srv := startGW(t, run, func(c *Config) {
+		c.BaseURL = up
+		// The 256 MB body is sent and read in this one process: under
+		// -race on a loaded machine, slower than the body deadline's
+		// pace of a second a MB. The deadline has tests of its own.
+		c.BodyTimeout = 10 * time.Minute
+	})
 	good := `{"model":"claude-sonnet-4-5","max_tokens":16,"messages":[{"role":"user","content":"hi"}]}`
 	batch := `{"requests":[{"custom_id":"a","params":` + good + `}]}`
 	wrong := map[string]string{"x-api-key": "sk-gw-wrong-token-000000000"}

@@ -11,6 +11,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptrace"
+	"os"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -41,6 +42,10 @@ func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, bool
 	b, err := io.ReadAll(io.LimitReader(r.Body, limit+1))
 	if int64(len(b)) > limit {
 		writeError(w, http.StatusRequestEntityTooLarge, anthropic.ErrRequestTooLarge, "Request exceeds the maximum allowed number of bytes.")
+		return nil, false
+	}
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		writeError(w, http.StatusRequestTimeout, anthropic.ErrTimeout, "the request body was not received within the gateway's body timeout")
 		return nil, false
 	}
 	if err != nil {
@@ -144,6 +149,7 @@ type exchange struct {
 	p      msgParams
 	hold   *hold
 	worst  cost.Nanos // one attempt's worst case, reserved in hold
+	id     int64      // the exchange's id in the spend journal (0: none yet)
 	// wrote: the current attempt's request went out whole.
 	wrote    atomic.Bool
 	demand   gate.Demand
@@ -185,6 +191,8 @@ func (x *exchange) run() {
 			switch {
 			case ctx.Err() != nil:
 				return // the client went away before anything was sent
+			case errors.Is(err, ErrDraining):
+				writeDraining(x.w, msgStopping)
 			case last != nil:
 				x.passOn(last, nil, 0)
 			case errors.Is(err, ErrNoUsableOrg):
@@ -195,6 +203,9 @@ func (x *exchange) run() {
 			return
 		}
 		x.attempts++
+		if !x.journalSent(gr) {
+			return
+		}
 		g.stats.upstreamAttempts.Add(1)
 		var o anthropic.Outcome
 		var a *answer
@@ -204,8 +215,26 @@ func (x *exchange) run() {
 		} else {
 			o, a, done = x.sync(gr)
 		}
+		unread := o.Kind == anthropic.Retryable && x.mayHaveBilled(o)
+		if unread {
+			// Billed without an answer: its worst case is counted for good
+			// (its cost cannot be known), whether the client waits for a
+			// retry or went away.
+			x.settle(Entry{Cost: x.worst, Unread: x.worst, Org: gr.lane.up.Name, Abandoned: ctx.Err() != nil})
+		}
+		g.journal.ended(x.id, int64(x.attempts)) // after its ledger entry
 		if done {
 			return
+		}
+		if o.Kind == anthropic.LaneFatal {
+			if fault := g.refusalOf(gr.lane.up, x.p.Model, o); fault != keyRefused {
+				// Not the key's fault: the org stays in rotation.
+				if fault == clientRefused {
+					x.passOn(a, gr.lane, 0)
+					return
+				}
+				o.Kind = anthropic.Retryable // the probe could not tell: again, after a back-off
+			}
 		}
 		switch o.Kind {
 		case anthropic.LaneFatal:
@@ -216,11 +245,8 @@ func (x *exchange) run() {
 			}
 			continue
 		case anthropic.Retryable:
-			if x.mayHaveBilled(o) {
-				// Billed without an answer: its worst case stays counted
-				// (its cost cannot be known), and the retry needs room of
-				// its own under the caps.
-				x.settle(Entry{Cost: x.worst, Org: gr.lane.up.Name})
+			if unread {
+				// The retry needs room of its own under the caps.
 				hold, err := g.reserve(x.client, x.worst)
 				if err != nil {
 					g.stats.refusedCap.Add(1)
@@ -255,6 +281,10 @@ func (x *exchange) run() {
 				case <-ctx.Done():
 					t.Stop()
 					return
+				case <-g.life.draining:
+					t.Stop()
+					writeDraining(x.w, msgStopping)
+					return
 				case <-t.C:
 				}
 			}
@@ -262,18 +292,45 @@ func (x *exchange) run() {
 	}
 }
 
+// journalSent journals the attempt about to be sent on gr (the spend
+// journal, journal.go), durably, before anything goes out. When the
+// journal cannot be written the request is not sent: the client gets the
+// API's 503 (its spend could not be kept safe from a crash) and false.
+func (x *exchange) journalSent(gr grant) bool {
+	g := x.g
+	if x.id == 0 {
+		x.id = g.journal.next.Add(1)
+	}
+	err := g.journal.sent(x.id, int64(x.attempts), x.worst, spendTag{Client: x.client, Org: gr.lane.up.Name, Model: x.p.Model})
+	if err == nil {
+		return true
+	}
+	g.lanes.release(gr, gate.Feedback{})
+	g.log.Error("not sent: the spend journal cannot be written", "error", err)
+	writeError(x.w, http.StatusServiceUnavailable, anthropic.ErrAPI, "apidispatch gateway: the request was not sent: its spend could not be journaled ("+err.Error()+")")
+	return false
+}
+
 // errLeaseEnded: the shared lease the attempt was admitted on ended
 // before it went out (see gate.Permit.Until); it is not sent.
 var errLeaseEnded = errors.New("not sent: the shared lease ended before the request went out")
 
+// errDraining: the gateway began to stop after the attempt was admitted
+// and before it went out; it is not sent.
+var errDraining = errors.New("not sent: the gateway is stopping")
+
 // newUpstream builds the upstream request of one attempt. Its context is
 // not the client's: a request sent is let finish and billed even when the
-// client goes away. An attempt whose lease has ended is not built.
+// client goes away (only Abort cuts it). An attempt whose lease has ended,
+// or admitted just before the gateway began to stop, is not built.
 func (x *exchange) newUpstream(ctx context.Context, gr grant) (*http.Request, error) {
 	l := gr.lane
 	x.wrote.Store(false)
 	if gr.permit.Lapsed(time.Now()) {
 		return nil, errLeaseEnded
+	}
+	if x.g.life.isDraining() {
+		return nil, errDraining
 	}
 	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{WroteRequest: func(i httptrace.WroteRequestInfo) {
 		if i.Err == nil {
@@ -323,7 +380,7 @@ func (x *exchange) feedback(o anthropic.Outcome, h http.Header, u *anthropic.Usa
 // over (answered, or the client is gone and the answer billed).
 func (x *exchange) sync(gr grant) (anthropic.Outcome, *answer, bool) {
 	g := x.g
-	ctx, cancel := apihttp.AttemptContext(context.WithoutCancel(x.r.Context()), g.cfg.Timeout)
+	ctx, cancel := apihttp.AttemptContext(g.life.cutCtx, g.cfg.Timeout)
 	defer cancel()
 	req, err := x.newUpstream(ctx, gr)
 	var status int
@@ -343,6 +400,9 @@ func (x *exchange) sync(gr grant) (anthropic.Outcome, *answer, bool) {
 	}
 	now := time.Now()
 	o := anthropic.Classify(status, hdr, rb, err, now)
+	if o.Kind == anthropic.Retryable && g.life.cutting() {
+		return x.cutAtExit(gr, o, hdr)
+	}
 	var usage *anthropic.Usage
 	if o.Message != nil {
 		usage = &o.Message.Usage
@@ -432,7 +492,7 @@ func (x *exchange) passOn(a *answer, l *lane, c cost.Nanos) {
 // as the API's SSE error event and the exchange is over.
 func (x *exchange) stream(gr grant) (anthropic.Outcome, *answer, bool) {
 	g := x.g
-	ctx, cancel := apihttp.AttemptContext(context.WithoutCancel(x.r.Context()), g.cfg.Timeout)
+	ctx, cancel := apihttp.AttemptContext(g.life.cutCtx, g.cfg.Timeout)
 	defer cancel()
 	req, err := x.newUpstream(ctx, gr)
 	var resp *http.Response
@@ -453,6 +513,9 @@ func (x *exchange) stream(gr grant) (anthropic.Outcome, *answer, bool) {
 			}
 		}
 		o := anthropic.Classify(status, hdr, rb, err, time.Now())
+		if o.Kind == anthropic.Retryable && g.life.cutting() {
+			return x.cutAtExit(gr, o, hdr)
+		}
 		if o.Kind == anthropic.Success {
 			// A 200 JSON message to a stream request: pass it on as is.
 			u := o.Message.Usage
@@ -480,6 +543,9 @@ func (x *exchange) stream(gr grant) (anthropic.Outcome, *answer, bool) {
 	if rerr != nil {
 		// Nothing reached the client: retryable, as a truncated body.
 		o := anthropic.Outcome{Kind: anthropic.Retryable, Status: resp.StatusCode, ErrorType: anthropic.ErrTypeTruncated, Reason: "stream ended before its first event"}
+		if g.life.cutting() {
+			return x.cutAtExit(gr, o, resp.Header)
+		}
 		fb, _ := x.feedback(o, resp.Header, nil)
 		g.lanes.release(gr, fb)
 		return o, &answer{status: http.StatusBadGateway, body: errorBody(anthropic.ErrAPI, "apidispatch gateway: upstream stream ended before its first event")}, x.r.Context().Err() != nil
@@ -490,24 +556,17 @@ func (x *exchange) stream(gr grant) (anthropic.Outcome, *answer, bool) {
 	h.Del(headerCost)
 	h.Set("Trailer", headerCost)
 	x.w.WriteHeader(http.StatusOK)
-	rc := http.NewResponseController(x.w)
-	clientOK := true
-	write := func(b []byte) {
-		if clientOK {
-			if _, err := x.w.Write(b); err != nil {
-				clientOK = false
-			}
-		}
-	}
+	// The client is written to from a queue: the upstream answer is read
+	// to its end, and its lane freed, whatever the client reads.
+	cw := newClientWriter(x.w)
+	write := cw.write
 	var sc sseState
 	line := first
 	for {
 		sc.line(line)
 		write(line)
-		if len(bytes.TrimRight(line, "\r\n")) == 0 && clientOK {
-			if rc.Flush() != nil {
-				clientOK = false
-			}
+		if len(bytes.TrimRight(line, "\r\n")) == 0 {
+			cw.flush()
 		}
 		line, rerr = br.ReadSlice('\n')
 		if rerr == bufio.ErrBufferFull {
@@ -528,33 +587,51 @@ func (x *exchange) stream(gr grant) (anthropic.Outcome, *answer, bool) {
 	}
 	var o anthropic.Outcome
 	var usage *anthropic.Usage
+	atExit := false
 	switch {
 	case sc.stopped:
 		o = anthropic.Outcome{Kind: anthropic.Success, Status: 200}
 		usage = &sc.usage
 	case sc.errType != "":
-		// An error event ends the stream unbilled (docs/design.md §16;
-		// the simulator's stream_overloaded): nothing to price.
 		o = anthropic.Outcome{Kind: anthropic.Retryable, Status: 200, ErrorType: sc.errType, RateLimited: sc.errType == anthropic.ErrRateLimit, Overloaded: sc.errType == anthropic.ErrOverloaded, Reason: "error event mid-stream"}
+	case g.life.cutting():
+		// Cut by Abort: ended with the API's retryable error event.
+		o = anthropic.Outcome{Kind: anthropic.Retryable, Status: 200, ErrorType: anthropic.ErrTypeTruncated, Reason: "stream cut at the gateway's exit"}
+		write([]byte("event: error\ndata: " + string(errorBody(anthropic.ErrOverloaded, "apidispatch gateway: "+msgCut)) + "\n\n"))
+		atExit = true
 	default:
 		o = anthropic.Outcome{Kind: anthropic.Retryable, Status: 200, ErrorType: anthropic.ErrTypeTruncated, Reason: "stream cut before message_stop"}
 		write([]byte("event: error\ndata: " + string(errorBody(anthropic.ErrAPI, "apidispatch gateway: the upstream stream was cut before message_stop")) + "\n\n"))
-		if sc.started {
-			usage = &sc.usage
-		}
 	}
-	if clientOK {
-		rc.Flush()
+	cw.flush()
+	if atExit {
+		x.settle(Entry{Cost: x.worst, Unread: x.worst, Org: gr.lane.up.Name, RequestID: resp.Header.Get(anthropic.HeaderRequestID), Abandoned: true})
+		g.stats.abandoned.Add(1)
+		cw.finish() // the permit is kept, not released: see Abort
+		h.Set(headerCost, strconv.FormatFloat(x.worst.USD(), 'f', -1, 64))
+		return o, nil, true
 	}
 	fb, c := x.feedback(o, resp.Header, usage)
-	gone := !clientOK || x.r.Context().Err() != nil
+	gone := cw.failed() || x.r.Context().Err() != nil
 	if gone {
 		g.stats.abandoned.Add(1)
 	}
-	if usage != nil {
+	switch {
+	case usage != nil:
 		x.settle(Entry{Cost: c, Org: gr.lane.up.Name, RequestID: resp.Header.Get(anthropic.HeaderRequestID), Abandoned: gone})
+	case sc.begun:
+		// Ended after message_start without message_stop (cut, reset, or
+		// an error event): the API may have billed the whole answer, and
+		// what message_start said is only its start. Counted at its worst
+		// case, as a non-streaming answer cut after its headers is. (Cut
+		// before it, the attempt is unread all the same: run counts it.)
+		c = x.worst
+		x.settle(Entry{Cost: c, Unread: c, Org: gr.lane.up.Name, RequestID: resp.Header.Get(anthropic.HeaderRequestID), Abandoned: gone})
 	}
+	// An error event before message_start ends a stream the API did not
+	// start: nothing to price.
 	g.lanes.release(gr, fb) // after the ledger: a lane idle means every answer is priced
+	cw.finish()
 	h.Set(headerCost, strconv.FormatFloat(c.USD(), 'f', -1, 64))
 	return o, nil, true
 }
@@ -568,7 +645,8 @@ func isEventStream(h http.Header) bool {
 type sseState struct {
 	event            string
 	usage            anthropic.Usage
-	started, stopped bool
+	started, stopped bool // message_start read (with its usage), message_stop seen
+	begun            bool // a message_start event came, readable or not
 	errType          string
 	skip             bool // inside a long line already judged
 }
@@ -590,6 +668,7 @@ func (s *sseState) line(b []byte) {
 		data := bytes.TrimSpace(b[5:])
 		switch s.event {
 		case "message_start":
+			s.begun = true
 			var v struct {
 				Message struct {
 					Usage anthropic.Usage `json:"usage"`

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"bytes"
+	"context"
 	"io"
 	"math"
 	"net/http"
@@ -19,11 +20,12 @@ func (g *Gateway) countTokens(w http.ResponseWriter, r *http.Request, client str
 	if !ok {
 		return
 	}
-	if _, bad := g.parseParams(body, false); bad != "" {
+	p, bad := g.parseParams(body, false)
+	if bad != "" {
 		writeError(w, http.StatusBadRequest, anthropic.ErrInvalidRequest, bad)
 		return
 	}
-	g.forward(w, r, body)
+	g.forward(w, r, body, p.Model)
 }
 
 // passthrough serves GET /v1/models and /v1/models/{id} from any usable org.
@@ -36,7 +38,7 @@ func (g *Gateway) passthrough(w http.ResponseWriter, r *http.Request, client str
 		writeError(w, http.StatusNotFound, anthropic.ErrNotFound, "model: "+id)
 		return
 	}
-	g.forward(w, r, nil)
+	g.forward(w, r, nil, "")
 }
 
 // validModelID reports whether id can be a model's id or alias: letters,
@@ -54,16 +56,22 @@ func validModelID(id string) bool {
 	return true
 }
 
-// forward sends r (with body) to one usable org after another: a
-// retryable answer is retried with back-off for up to RetryFor, an
-// upstream key's 401/403 takes its org out of rotation, anything else is
-// passed on byte for byte. These endpoints are free and have their own
-// limits, so they go through no lane.
-func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, body []byte) {
+// forward sends r (with body, for model) to one usable org after another:
+// a retryable answer is retried with back-off for up to RetryFor, an
+// upstream key's 401/403 takes its org out of rotation (when a plain probe
+// confirms that the key is refused, not what the client asked for: then
+// the client gets the answer), anything else is passed on byte for byte.
+// These endpoints are free and have their own limits, so they go through
+// no lane. Nothing is sent once the gateway stops.
+func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, body []byte, model string) {
 	ctx := r.Context()
 	deadline := time.Now().Add(g.cfg.RetryFor)
 	var last *answer
 	for n := 1; ; n++ {
+		if g.life.isDraining() {
+			writeDraining(w, msgStopping)
+			return
+		}
 		u := g.usableOrg()
 		if u == nil {
 			if last != nil {
@@ -74,8 +82,10 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, body []byte) {
 			return
 		}
 		actx, cancel := apihttp.AttemptContext(ctx, g.cfg.Timeout)
+		stop := context.AfterFunc(g.life.cutCtx, cancel)
 		req, err := http.NewRequestWithContext(actx, r.Method, g.base+r.URL.Path, bytesReader(body))
 		if err != nil {
+			stop()
 			cancel()
 			writeError(w, http.StatusInternalServerError, anthropic.ErrAPI, "apidispatch gateway: "+err.Error())
 			return
@@ -90,8 +100,13 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, body []byte) {
 			a.body, err = io.ReadAll(io.LimitReader(resp.Body, maxUpstreamAnswer))
 			resp.Body.Close()
 		}
+		stop()
 		cancel()
 		if ctx.Err() != nil {
+			return
+		}
+		if err != nil && g.life.cutting() {
+			writeDraining(w, msgStopping) // free endpoints: nothing billed
 			return
 		}
 		o := anthropic.Classify(a.status, a.header, a.body, err, time.Now())
@@ -99,8 +114,14 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, body []byte) {
 		case err != nil:
 			a = answer{status: http.StatusBadGateway, body: errorBody(anthropic.ErrAPI, "apidispatch gateway: upstream "+o.Reason)}
 		case o.Kind == anthropic.LaneFatal || a.status == http.StatusUnauthorized || a.status == http.StatusForbidden:
-			g.disableOrg(u, o.Reason)
-			continue
+			switch g.refusalOf(u, model, o) {
+			case keyRefused:
+				g.disableOrg(u, o.Reason)
+				continue
+			case clientRefused:
+				passOnPlain(w, &a, n)
+				return
+			} // the probe could not tell: again, after a back-off
 		case a.status < 300 || o.Kind == anthropic.Terminal:
 			passOnPlain(w, &a, n)
 			return
@@ -119,6 +140,10 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, body []byte) {
 		select {
 		case <-ctx.Done():
 			t.Stop()
+			return
+		case <-g.life.draining:
+			t.Stop()
+			writeDraining(w, msgStopping)
 			return
 		case <-t.C:
 		}

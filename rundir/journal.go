@@ -3,7 +3,10 @@ package rundir
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
+	"encoding/hex"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -36,15 +39,25 @@ import (
 //
 // Records (one line each, fields separated by one space):
 //
-//	S <seq> <attempt> [worst] the request was written to the connection;
-//	                          worst: the most it can cost, in nano-USD
-//	                          (under --max-cost only)
+//	S <seq> <attempt> [worst [tag]] the request was written to the
+//	                          connection; worst: the most it can cost, in
+//	                          nano-USD (under --max-cost only); tag: whose
+//	                          spend it is, hex-encoded (the gateway's client)
 //	R <seq> <attempt>        a success came back (the API billed it)
 //	C <seq> <attempt> <0|1>  the attempt ended otherwise; 1: it may have been billed
+//
+// The gateway keeps one too (OpenDurableJournal, in its state directory):
+// each reservation is journaled (SentTagged) before its request is sent,
+// durably, and ended once its ledger entry is written; OpenAttempts lists
+// what a dead gateway's journals hold as sent and never ended. Each S
+// record names its spend (seq, attempt, worst case, client), so any
+// process that reads the file, a replica of the same gateway among them,
+// can reconcile it against its ledger.
 const journalGlob = "attempts-*.journal"
 
 // Journal is the writer of one process's journal. Its methods are safe for
-// concurrent use and do nothing on a nil *Journal.
+// concurrent use and do nothing on a nil *Journal (SentTagged returns
+// ErrJournal).
 type Journal struct {
 	mu sync.Mutex
 	f  *os.File
@@ -57,6 +70,15 @@ type Journal struct {
 	// key is the store counter holding how many of this journal's C…1
 	// records the committer has flushed into CounterMaybeBilled.
 	key string
+	// durable: SentTagged returns once its record is on disk (fsync);
+	// concurrent callers share one fsync. written and synced count the
+	// records written and made durable; syncing is set while one caller
+	// syncs for all; syncDone is signalled when a sync ends (mu guards
+	// them all).
+	durable         bool
+	syncing         bool
+	written, synced uint64
+	syncDone        *sync.Cond
 }
 
 // journalKey is the store counter for the journal file at path.
@@ -78,11 +100,34 @@ func OpenJournal(dir string) (*Journal, error) {
 	return &Journal{f: f, path: path, key: journalKey(path)}, nil
 }
 
-func (j *Journal) write(kind byte, seq, att int64, flag int64) {
-	if j == nil {
-		return
+// OpenDurableJournal creates a new journal in dir whose SentTagged records
+// are on disk before it returns (the gateway's: a record must outlive a
+// crash of the machine, not only of the process). Concurrent callers share
+// each fsync.
+func OpenDurableJournal(dir string) (*Journal, error) {
+	j, err := OpenJournal(dir)
+	if err != nil {
+		return nil, err
 	}
-	var a [64]byte
+	j.durable = true
+	j.syncDone = sync.NewCond(&j.mu)
+	return j, nil
+}
+
+// ErrJournal: a durable journal could not write or sync a record (a full
+// disk, a failed device); the request it was for must not be sent.
+var ErrJournal = errors.New("the attempt journal cannot be written")
+
+func (j *Journal) write(kind byte, seq, att int64, flag int64) {
+	j.writeTagged(kind, seq, att, flag, "")
+}
+
+// writeTagged writes one record and returns whether it was written.
+func (j *Journal) writeTagged(kind byte, seq, att int64, flag int64, tag string) bool {
+	if j == nil {
+		return false
+	}
+	var a [128]byte
 	b := append(a[:0], kind, ' ')
 	b = strconv.AppendInt(b, seq, 10)
 	b = append(b, ' ')
@@ -90,6 +135,11 @@ func (j *Journal) write(kind byte, seq, att int64, flag int64) {
 	switch {
 	case kind == 'C':
 		b = append(b, ' ', byte('0'+flag))
+	case kind == 'S' && tag != "":
+		b = append(b, ' ')
+		b = strconv.AppendInt(b, flag, 10)
+		b = append(b, ' ')
+		b = hex.AppendEncode(b, []byte(tag))
 	case kind == 'S' && flag > 0:
 		b = append(b, ' ')
 		b = strconv.AppendInt(b, flag, 10)
@@ -98,12 +148,57 @@ func (j *Journal) write(kind byte, seq, att int64, flag int64) {
 	// A failed write loses only part of the crash-time count, never an
 	// item: the run goes on, and a replay counts what was written.
 	j.mu.Lock()
+	defer j.mu.Unlock()
 	if !j.broken {
 		if n, err := j.f.Write(b); err != nil || n != len(b) {
 			j.broken = true
 		}
 	}
-	j.mu.Unlock()
+	j.written++
+	return !j.broken
+}
+
+// SentTagged records, as Sent, that attempt att of seq is about to be
+// sent, that it can cost at most worst, and whose spend it is (tag, any
+// string). On a durable journal it returns once the record is on disk, or
+// an error wrapping ErrJournal; the request must not be sent without it.
+func (j *Journal) SentTagged(seq, att int64, worst cost.Nanos, tag string) error {
+	if tag == "" {
+		return fmt.Errorf("%w: an empty tag", ErrJournal)
+	}
+	if !j.writeTagged('S', seq, att, max(int64(worst), 0), tag) {
+		return ErrJournal
+	}
+	if !j.durable {
+		return nil
+	}
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	mine := j.written
+	for j.synced < mine && !j.broken {
+		if j.syncing {
+			j.syncDone.Wait()
+			continue
+		}
+		// Sync for every record written so far, this one and those
+		// written while the last sync ran: one fsync for the group.
+		j.syncing = true
+		upto := j.written
+		j.mu.Unlock()
+		err := j.f.Sync()
+		j.mu.Lock()
+		j.syncing = false
+		if err != nil {
+			j.broken = true
+		} else {
+			j.synced = max(j.synced, upto)
+		}
+		j.syncDone.Broadcast()
+	}
+	if j.broken {
+		return ErrJournal
+	}
+	return nil
 }
 
 // Sent records that attempt att of item seq was written to the connection,
@@ -141,9 +236,10 @@ func (j *Journal) Close(remove bool) error {
 type journalTally struct {
 	path string
 	// inFlight: attempts written to the connection with no recorded end;
-	// inFlightN their worst cases.
+	// inFlightN their worst cases; open the attempts themselves.
 	inFlight  int64
 	inFlightN cost.Nanos
+	open      []OpenAttempt
 	// successes: seqs whose success was received; those the store still
 	// has pending were billed and will be sent (and billed) again.
 	// successN is the worst case of each seq's success (the largest).
@@ -165,7 +261,11 @@ func readJournal(path string) (journalTally, error) {
 	}
 	defer f.Close()
 	type key struct{ seq, att int64 }
-	open := map[key]cost.Nanos{} // sent, not ended: the worst case
+	type sent struct {
+		worst cost.Nanos
+		tag   string
+	}
+	open := map[key]sent{} // sent, not ended: the worst case and the tag
 	r := bufio.NewReaderSize(f, 256<<10)
 	for line := 1; ; line++ {
 		b, err := r.ReadSlice('\n')
@@ -191,22 +291,31 @@ func readJournal(path string) (journalTally, error) {
 		}
 		k := key{seq, att}
 		switch {
-		case fields[0][0] == 'S' && (len(fields) == 3 || len(fields) == 4):
-			var worst int64
-			if len(fields) == 4 {
-				if worst, err = strconv.ParseInt(string(fields[3]), 10, 64); err != nil || worst < 0 {
+		case fields[0][0] == 'S' && len(fields) >= 3 && len(fields) <= 5:
+			var rec sent
+			if len(fields) >= 4 {
+				worst, err := strconv.ParseInt(string(fields[3]), 10, 64)
+				if err != nil || worst < 0 {
 					return t, fmt.Errorf("%s:%d: not a journal record: %q", path, line, bytes.TrimSpace(b))
 				}
+				rec.worst = cost.Nanos(worst)
 			}
-			open[k] = cost.Nanos(worst)
+			if len(fields) == 5 {
+				tag, err := hex.DecodeString(string(fields[4]))
+				if err != nil || len(tag) == 0 {
+					return t, fmt.Errorf("%s:%d: not a journal record: %q", path, line, bytes.TrimSpace(b))
+				}
+				rec.tag = string(tag)
+			}
+			open[k] = rec
 		case fields[0][0] == 'R' && len(fields) == 3:
-			t.successN[seq] = max(t.successN[seq], open[k])
+			t.successN[seq] = max(t.successN[seq], open[k].worst)
 			delete(open, k)
 			t.successes = append(t.successes, seq)
 		case fields[0][0] == 'C' && len(fields) == 4 && len(fields[3]) == 1 && (fields[3][0] == '0' || fields[3][0] == '1'):
 			if fields[3][0] == '1' {
 				t.maybeBilled++
-				t.maybeBilledN = append(t.maybeBilledN, open[k])
+				t.maybeBilledN = append(t.maybeBilledN, open[k].worst)
 			}
 			delete(open, k)
 		default:
@@ -214,10 +323,53 @@ func readJournal(path string) (journalTally, error) {
 		}
 	}
 	t.inFlight = int64(len(open))
-	for _, w := range open {
-		t.inFlightN += w
+	for k, rec := range open {
+		t.inFlightN += rec.worst
+		t.open = append(t.open, OpenAttempt{Seq: k.seq, Attempt: k.att, Worst: rec.worst, Tag: rec.tag})
 	}
+	slices.SortFunc(t.open, func(a, b OpenAttempt) int {
+		return cmp.Or(cmp.Compare(a.Seq, b.Seq), cmp.Compare(a.Attempt, b.Attempt))
+	})
 	return t, nil
+}
+
+// OpenAttempt is an attempt a journal holds as sent with no recorded end:
+// the process that wrote it died before it learnt (or recorded) how the
+// attempt ended, so the API may have billed it.
+type OpenAttempt struct {
+	Seq, Attempt int64
+	Worst        cost.Nanos // the most it can cost (0: not priced)
+	Tag          string     // SentTagged's tag ("" for Sent's records)
+}
+
+// OpenAttempts reads the journals left in dir (by processes that died, or
+// that ended with attempts not ended) and returns their paths and every
+// attempt they hold as sent with no end, in the order of each file's
+// records' seq and attempt. The caller counts them and then deletes the
+// files (RemoveJournals).
+func OpenAttempts(dir string) (paths []string, open []OpenAttempt, err error) {
+	paths, err = filepath.Glob(filepath.Join(dir, journalGlob))
+	if err != nil {
+		return nil, nil, err
+	}
+	for _, p := range paths {
+		t, err := readJournal(p)
+		if err != nil {
+			return nil, nil, err
+		}
+		open = append(open, t.open...)
+	}
+	return paths, open, nil
+}
+
+// RemoveJournals deletes the journal files at paths (OpenAttempts').
+func RemoveJournals(paths []string) error {
+	for _, p := range paths {
+		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return err
+		}
+	}
+	return nil
 }
 
 // Replay replays the journals in dir (replayJournals) and says so in an

@@ -394,7 +394,9 @@ func (b *Budget) Stats() Stats {
 }
 
 // Close stops the renewal loop, waits for it, and hands every slot back at
-// once. It is safe to call more than once (later calls return the first's
+// once, but those of a lane with requests admitted and never Done (cut by
+// the process as it stops): they may still run upstream, so the others
+// get them only when the lease and its grace have passed. It is safe to call more than once (later calls return the first's
 // error), and before or without Start.
 func (b *Budget) Close() error {
 	b.closeOnce.Do(func() { b.closeErr = b.close() })
@@ -421,6 +423,13 @@ func (b *Budget) close() error {
 	if !down {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		for _, g := range gates {
+			if g.busy() {
+				// Requests it admitted were never answered (cut at the
+				// process's exit): they may still run upstream. Their
+				// slots stay taken until the lease and its grace have
+				// passed, as a killed process's.
+				continue
+			}
 			if e := g.release(ctx); e != nil && err == nil {
 				err = e
 			}

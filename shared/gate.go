@@ -564,6 +564,13 @@ func (g *Gate) goDark() {
 	g.localMaxInF = g.inFlight
 }
 
+// busy reports whether requests this gate admitted are not Done yet.
+func (g *Gate) busy() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.inFlight > 0
+}
+
 // release hands the slots back (the run is over).
 func (g *Gate) release(ctx context.Context) error {
 	return releaseScript.Run(ctx, g.b.rdb, g.keys, g.b.proc).Err()

@@ -113,12 +113,20 @@ func (o *orgState) stats(now time.Duration, speed float64, faults *faultSet, wit
 
 // pointLocked returns the series point of the real second now falls in,
 // extending the series (carrying the in-flight count over quiet seconds).
-// o.mu must be held.
+// o.mu must be held. Callers change o.inFlight before they call it and
+// then set the point's figures: the seconds it adds start at the level the
+// last point ended with, which held through them (the new level, carried
+// back, showed a request admitted now as in flight in the quiet seconds
+// before it).
 func (o *orgState) pointLocked(now time.Duration, speed float64) *SeriesPoint {
 	sec := int64(now / time.Second)
+	var level int64
+	if n := len(o.series); n > 0 {
+		level = o.series[n-1].InFlight
+	}
 	for int64(len(o.series)) <= sec {
 		t := int64(len(o.series))
-		o.series = append(o.series, SeriesPoint{T: t, APIT: float64(t) * speed, InFlight: o.inFlight, InFlightMax: o.inFlight})
+		o.series = append(o.series, SeriesPoint{T: t, APIT: float64(t) * speed, InFlight: level, InFlightMax: level})
 	}
 	return &o.series[sec]
 }

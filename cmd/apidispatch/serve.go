@@ -6,15 +6,14 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"log"
 	"net"
-	"net/http"
 	"os"
 	"os/signal"
 	"syscall"
 	"time"
 
 	"github.com/apidispatch/apidispatch/gateway"
+	"github.com/apidispatch/apidispatch/internal/host"
 	"github.com/apidispatch/apidispatch/metrics"
 	"github.com/apidispatch/apidispatch/runner"
 )
@@ -47,7 +46,21 @@ answers (--cache-scope client, the default); --cache-scope shared answers
 every client with every client's and with those of 'run', which tells a client
 that someone sent the same request before.
 
-A token file its group or others may read is refused.
+Stopping: the first SIGTERM or SIGINT stops admitting at once (nothing
+more is sent upstream; queued and new requests get the API's 529
+overloaded_error, which clients retry); requests in flight have --drain to
+finish. A second signal, or the end of --drain, cuts them: each is recorded
+in the ledger at its worst case as abandoned, a stream ends with the API's
+error event, and a --shared budget keeps their slots until their lease and
+grace pass. Gateway batches resume at the next start.
+
+Clients cannot hold up each other: upstream answers are read to their end
+whatever a client reads (--write-timeout cuts a client that stops reading),
+headers and bodies have deadlines, connections are bounded under the file
+limit (at the limit, the one idle longest is closed), and an upstream
+401/403 takes an org out of rotation only when a plain probe (no beta, no
+client header) confirms that its key is refused; otherwise the client gets
+the API's answer. A token file its group or others may read is refused.
 
 flags:`
 
@@ -57,8 +70,11 @@ type serveFlags struct {
 	tokenFile, clientsFile, stateDir, tlsCert, tlsKey      *string
 	metricsAddr, publicURL, cacheScope                     *string
 	speed                                                  *float64
-	retryFor                                               *time.Duration
+	retryFor, drain, headerTimeout, bodyTimeout            *time.Duration
+	writeTimeout                                           *time.Duration
+	maxConns, maxConnsPerIP                                *int
 	quiet, insecureTokenFile                               *bool
+	conns                                                  gateway.ConnLimits // checked by config
 	caps                                                   capsFlag
 	shf                                                    sharedFlags
 	cf                                                     cacheFlags
@@ -83,6 +99,12 @@ func (f *serveFlags) register(fs *flag.FlagSet, stderr io.Writer) {
 	f.insecureTokenFile = fs.Bool("insecure-token-file", false, "use a token file (or a clients file holding tokens) that its group or others may read; without it such a file is refused, as ssh refuses such a key")
 	f.publicURL = fs.String("public-url", "", "base `URL` clients reach the gateway at, for the results_url of batches (default: the address a request came in on; never the client's Host header)")
 	f.cacheScope = fs.String("cache-scope", gateway.CacheScopeClient, "`SCOPE` of --cache hits: client (a client reads only its own requests' answers) or shared (every client's and run's answers; a hit reveals that someone sent the same request)")
+	f.drain = fs.Duration("drain", gateway.DefaultDrain, "on SIGTERM/SIGINT, how long requests in flight have to finish before they are cut (`DURATION`)")
+	f.maxConns = fs.Int("max-conns", 0, "most client connections open at once (`N`; default: the process's file limit less a quarter of it); at the limit the one idle longest is closed")
+	f.maxConnsPerIP = fs.Int("max-conns-per-ip", 0, "most client connections from one IP address (`N`; default: no limit of its own)")
+	f.headerTimeout = fs.Duration("header-timeout", gateway.DefaultHeaderTimeout, "a request's header must arrive within `DURATION`")
+	f.bodyTimeout = fs.Duration("body-timeout", gateway.DefaultBodyTimeout, "a request's body must arrive within `DURATION` of its header, and a second more for each MB received (a dribbled body is cut)")
+	f.writeTimeout = fs.Duration("write-timeout", gateway.DefaultWriteTimeout, "a client that takes no bytes of its answer for `DURATION` is cut (the upstream answer is read and priced whatever the client reads)")
 	f.shf.register(fs)
 	f.cf.register(fs)
 	f.quiet = fs.Bool("quiet", false, "log warnings only")
@@ -108,9 +130,10 @@ func serveCmd(args []string, stdout, stderr io.Writer) int {
 		errf(stderr, "%v", err)
 		return exitUsage
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	svc, err := runner.StartServices(ctx, runner.ServicesConfig{Shared: f.shf.shared(), MetricsAddr: *f.metricsAddr, Orgs: cfg.Orgs, Stderr: stderr, Log: cfg.Log})
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	defer signal.Stop(sigs)
+	svc, err := runner.StartServices(context.Background(), runner.ServicesConfig{Shared: f.shf.shared(), MetricsAddr: *f.metricsAddr, Orgs: cfg.Orgs, Stderr: stderr, Log: cfg.Log})
 	if err != nil {
 		errf(stderr, "%v", err)
 		return exitUsage
@@ -147,7 +170,7 @@ func serveCmd(args []string, stdout, stderr io.Writer) int {
 		return exitUsage
 	}
 	f.announce(stdout, ln.Addr(), oneToken)
-	return f.serve(ctx, g, ln, stderr)
+	return f.serve(sigs, g, ln, stderr)
 }
 
 // config is the gateway the flags describe, and its one client's token
@@ -168,10 +191,13 @@ func (f *serveFlags) config(fs *flag.FlagSet, stderr io.Writer) (cfg gateway.Con
 	if err != nil {
 		return cfg, "", err
 	}
+	if f.conns, err = gateway.CheckConnLimits(gateway.ConnLimits{Max: *f.maxConns, PerIP: *f.maxConnsPerIP}, host.FileLimit()); err != nil {
+		return cfg, "", fmt.Errorf("--max-conns: %w", err)
+	}
 	cfg = gateway.Config{
 		Orgs: c.orgs, BaseURL: *f.baseURL, Caps: f.caps, Speed: *f.speed, Prices: c.prices, MaxCost: c.maxCost,
 		RetryFor: *f.retryFor, StateDir: *f.stateDir, Log: newLogger(stderr, *f.quiet), Limits: limits,
-		PublicURL: *f.publicURL, CacheScope: *f.cacheScope,
+		PublicURL: *f.publicURL, CacheScope: *f.cacheScope, BodyTimeout: *f.bodyTimeout, WriteTimeout: *f.writeTimeout,
 	}
 	if *f.clientsFile != "" {
 		cfg.Clients, err = gateway.LoadClients(*f.clientsFile, *f.insecureTokenFile)
@@ -205,31 +231,14 @@ func (f *serveFlags) announce(stdout io.Writer, addr net.Addr, oneToken string) 
 	}
 }
 
-// serve serves g on ln until ctx ends (then lets requests in flight
-// finish for up to 30 s) or serving fails.
-func (f *serveFlags) serve(ctx context.Context, g *gateway.Gateway, ln net.Listener, stderr io.Writer) int {
-	srv := &http.Server{Handler: g.Handler(), ReadHeaderTimeout: 30 * time.Second, IdleTimeout: 5 * time.Minute,
-		ErrorLog: log.New(io.Discard, "", 0)}
-	done := make(chan error, 1)
-	go func() {
-		if *f.tlsCert != "" {
-			done <- srv.ServeTLS(ln, *f.tlsCert, *f.tlsKey)
-		} else {
-			done <- srv.Serve(ln)
-		}
-	}()
-	select {
-	case err := <-done:
-		if !errors.Is(err, http.ErrServerClosed) {
-			errf(stderr, "serving: %v", err)
-			return exitIncomplete
-		}
-	case <-ctx.Done():
-		fmt.Fprintln(stderr, "stopping: letting requests in flight finish (gateway batches resume at the next start)")
-		sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		srv.Shutdown(sctx)
-		<-done
+// serve serves g on ln until the signals stop it (gateway.Serve) or
+// serving fails.
+func (f *serveFlags) serve(sigs <-chan os.Signal, g *gateway.Gateway, ln net.Listener, stderr io.Writer) int {
+	err := g.Serve(ln, gateway.ServeConfig{Stop: sigs, Drain: *f.drain, Conns: f.conns, HeaderTimeout: *f.headerTimeout,
+		TLSCert: *f.tlsCert, TLSKey: *f.tlsKey, Stderr: stderr})
+	if err != nil {
+		errf(stderr, "serving: %v", err)
+		return exitIncomplete
 	}
 	return exitOK
 }

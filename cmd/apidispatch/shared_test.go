@@ -70,14 +70,6 @@ func (f *sharedFleet) start(t *testing.T, i int, extra ...string) *exec.Cmd {
 	return c
 }
 
-// cmdRedis is the test Redis for this package's tests: database 1 of the
-// shared test server, emptied first. The simulator's keys are the same in
-// every test, so a lane state left by an earlier test must not linger.
-func cmdRedis(t *testing.T) string {
-	t.Helper()
-	return testredis.EmptyDB(t, 1)
-}
-
 func (f *sharedFleet) wait(t *testing.T) {
 	t.Helper()
 	for i, c := range f.cmds {

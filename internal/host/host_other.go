@@ -11,3 +11,6 @@ func ProcessCPU() time.Duration { return 0 }
 
 // LoadAverage is not known here (-1).
 func LoadAverage() float64 { return -1 }
+
+// FileLimit is not known here (0).
+func FileLimit() uint64 { return 0 }

@@ -38,3 +38,13 @@ func LoadAverage() float64 {
 	}
 	return v
 }
+
+// FileLimit is this process's limit of open files (RLIMIT_NOFILE, soft),
+// or 0 where it cannot be read.
+func FileLimit() uint64 {
+	var l syscall.Rlimit
+	if syscall.Getrlimit(syscall.RLIMIT_NOFILE, &l) != nil {
+		return 0
+	}
+	return uint64(l.Cur)
+}
