@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"math"
 	"net"
 	"os"
 	"runtime"
@@ -78,14 +79,24 @@ func TokenFile(path string, insecure bool) (tok string, created bool, err error)
 //	name = "alice"
 //	token = "…"          # or token_file = "path" (created 0600 when absent)
 //	max_cost = 25        # USD, optional
+//	weight = 2           # share against its class's other clients, default 1
+//	priority = "bulk"    # or "interactive" (the default)
+//	max_in_flight = 10   # optional hard share: requests admitted at once
 type clientsDoc struct {
 	Client []struct {
-		Name      string  `toml:"name"`
-		Token     string  `toml:"token"`
-		TokenFile string  `toml:"token_file"`
-		MaxCost   float64 `toml:"max_cost"`
+		Name        string   `toml:"name"`
+		Token       string   `toml:"token"`
+		TokenFile   string   `toml:"token_file"`
+		MaxCost     float64  `toml:"max_cost"`
+		Weight      *float64 `toml:"weight"`
+		Priority    *string  `toml:"priority"`
+		MaxInFlight *int64   `toml:"max_in_flight"`
 	} `toml:"client"`
 }
+
+// maxWeight bounds a client's weight: beyond it the others' shares are
+// below what the lanes can tell apart.
+const maxWeight = 1000
 
 // LoadClients reads a clients file; errors name the client and field. A
 // clients file that holds tokens itself, and each token_file, is refused
@@ -140,9 +151,54 @@ func LoadClients(path string, insecure bool) ([]Client, error) {
 				return nil, fmt.Errorf("%w: %s: max_cost: %w", ErrConfig, where, err)
 			}
 		}
-		out = append(out, Client{Name: c.Name, Token: tok, MaxCost: mc})
+		cl := Client{Name: c.Name, Token: tok, MaxCost: mc, Weight: 1}
+		at := func(key string) string { return fmt.Sprintf("%s, line %d", where, fieldLine(path, i, key)) }
+		if w := c.Weight; w != nil {
+			if !(*w > 0 && *w <= maxWeight) { // NaN too
+				return nil, fmt.Errorf("%w: %s: weight must be above 0 and at most %d, not %v", ErrConfig, at("weight"), maxWeight, *w)
+			}
+			cl.Weight = *w
+		}
+		if p := c.Priority; p != nil {
+			if cl.Priority, err = ParseClass(*p); err != nil {
+				return nil, fmt.Errorf("%w: %s: %w", ErrConfig, at("priority"), err)
+			}
+		}
+		if m := c.MaxInFlight; m != nil {
+			if *m < 1 || *m > math.MaxInt32 {
+				return nil, fmt.Errorf("%w: %s: max_in_flight must be at least 1 (leave it out for no cap), not %d", ErrConfig, at("max_in_flight"), *m)
+			}
+			cl.MaxInFlight = int(*m)
+		}
+		out = append(out, cl)
 	}
 	return out, nil
+}
+
+// fieldLine is the line (from 1) of key in the i-th (from 0) [[client]]
+// table of the clients file at path, for errors; 0 when it cannot tell.
+func fieldLine(path string, i int, key string) int {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0
+	}
+	table := -1
+	for n, line := range strings.Split(string(b), "\n") {
+		line = strings.TrimSpace(line)
+		switch {
+		case strings.HasPrefix(line, "[[client]]"):
+			table++
+		case strings.HasPrefix(line, "["):
+			if table == i {
+				return 0
+			}
+		case table == i:
+			if k, _, ok := strings.Cut(line, "="); ok && strings.Trim(strings.TrimSpace(k), `"'`) == key {
+				return n + 1
+			}
+		}
+	}
+	return 0
 }
 
 // IsLoopback reports whether a listen address is on loopback only.

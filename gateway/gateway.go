@@ -42,16 +42,19 @@ import (
 
 // Limits of request bodies, as the API's (docs/design.md §16, §19).
 const (
-	MaxMessagesBytes  = 32 << 20
-	MaxBatchBytes     = 256 << 20
-	MaxBatchRequests  = 100_000
-	DefaultRetryFor   = 10 * time.Minute
-	gatewayIDPrefix   = "req_gw_"
-	headerOrg         = "x-apidispatch-org"
-	headerAttempts    = "x-apidispatch-attempts"
-	headerCost        = "x-apidispatch-cost-usd"
-	headerRoute       = "x-apidispatch-route"
-	headerDeadline    = "x-apidispatch-deadline"
+	MaxMessagesBytes = 32 << 20
+	MaxBatchBytes    = 256 << 20
+	MaxBatchRequests = 100_000
+	DefaultRetryFor  = 10 * time.Minute
+	gatewayIDPrefix  = "req_gw_"
+	headerOrg        = "x-apidispatch-org"
+	headerAttempts   = "x-apidispatch-attempts"
+	headerCost       = "x-apidispatch-cost-usd"
+	headerRoute      = "x-apidispatch-route"
+	headerDeadline   = "x-apidispatch-deadline"
+	// headerPriority overrides the client's class for one request
+	// ("interactive" or "bulk").
+	headerPriority    = "x-apidispatch-priority"
 	ledgerFile        = "ledger.jsonl"
 	statusFile        = "status.json"
 	batchesDir        = "batches"
@@ -67,6 +70,15 @@ type Client struct {
 	Name    string
 	Token   string
 	MaxCost cost.Nanos // 0: no cap of its own
+	// Weight is the client's share of a pool's lanes against the other
+	// clients of its class waiting at the same time (0: 1).
+	Weight float64
+	// Priority is the class of its requests unless a request's
+	// x-apidispatch-priority header says otherwise (zero: Interactive).
+	Priority Class
+	// MaxInFlight caps its requests admitted at once, over every pool
+	// (0: no cap; it may take every slot no one else waits for).
+	MaxInFlight int
 }
 
 // Config is a gateway. Zero fields take the defaults noted.
@@ -219,6 +231,12 @@ func New(cfg Config) (*Gateway, error) {
 		if seen[c.Name] {
 			return nil, fmt.Errorf("gateway: client %q named twice", c.Name)
 		}
+		if c.Weight < 0 || c.Weight > maxWeight || c.Weight != c.Weight {
+			return nil, fmt.Errorf("gateway: client %q: weight %v: want above 0 (0: 1) and at most %d", c.Name, c.Weight, maxWeight)
+		}
+		if c.MaxInFlight < 0 || c.Priority >= nClasses {
+			return nil, fmt.Errorf("gateway: client %q: max_in_flight %d and class %d: want max_in_flight ≥ 0 and a known class", c.Name, c.MaxInFlight, c.Priority)
+		}
 		seen[c.Name] = true
 		g.tokens = append(g.tokens, tokenEntry{sum: sha256.Sum256([]byte(c.Token)), client: c.Name})
 	}
@@ -230,6 +248,7 @@ func New(cfg Config) (*Gateway, error) {
 		return dc.CapFor(model)
 	}
 	g.lanes = newLaneSet(g.orgs, cfg.Lane, capFor, cfg.Speed, cfg.NewGate)
+	g.lanes.setClients(cfg.Clients)
 	// One gateway per state directory: each keeps the clients' spend in
 	// memory, so two on one ledger would each allow a client its max_cost.
 	lock, err := lockStateDir(cfg.StateDir)
@@ -473,9 +492,12 @@ func (g *Gateway) disableOrg(u *upstream, reason string) {
 // Status is the whole gateway's state, for 'apidispatch status --gateway'
 // (the status file) and the metrics.
 type Status struct {
-	Clients   []ClientSpend       `json:"clients"`
-	Total     ClientSpend         `json:"total"`
-	Queued    int                 `json:"queued"`
+	Clients []ClientSpend `json:"clients"`
+	Total   ClientSpend   `json:"total"`
+	Queued  int           `json:"queued"`
+	// Queues is the queue and in flight by client and class, with the
+	// waits' percentiles.
+	Queues    []QueueStatus       `json:"queues,omitempty"`
 	Lanes     []gate.LaneSnapshot `json:"lanes"`
 	Requests  int64               `json:"requests"`
 	Attempts  int64               `json:"upstream_attempts"`
@@ -499,6 +521,7 @@ type ClientView struct {
 	Client  string              `json:"client"`
 	Clients []ClientSpend       `json:"clients"` // the client's own
 	Queued  int                 `json:"queued"`
+	Queues  []QueueStatus       `json:"queues,omitempty"` // the client's own
 	Lanes   []gate.LaneSnapshot `json:"lanes"`
 	Orgs    map[string]string   `json:"orgs_out_of_rotation,omitempty"`
 	Batches map[string]int      `json:"batches"`
@@ -523,7 +546,7 @@ func (g *Gateway) Status() Status {
 		}
 	}
 	tot.CapUSD, tot.InFlight = g.gate.Cap().USD(), (g.gate.Reserved() + g.gate.Held()).USD()
-	s := Status{Clients: cl, Total: tot, Queued: g.lanes.queued(), Lanes: g.lanes.snapshots(time.Now()),
+	s := Status{Clients: cl, Total: tot, Queued: g.lanes.queued(), Queues: g.lanes.queueStatus(), Lanes: g.lanes.snapshots(time.Now()),
 		Requests: g.stats.requests.Load(), Attempts: g.stats.upstreamAttempts.Load(), Retries: g.stats.retries.Load(),
 		Abandoned: g.stats.abandoned.Load(), RefusedAt: g.stats.refusedCap.Load(), Batches: g.batches.counts(""),
 		OrgSpend: usdByOrg(g.ledger.ByOrg()), Cache: g.rc.status()}
@@ -546,6 +569,11 @@ func (g *Gateway) ClientStatus(client string) ClientView {
 	for _, c := range st.Clients {
 		if c.Client == client {
 			v.Clients = append(v.Clients, c)
+		}
+	}
+	for _, q := range st.Queues {
+		if q.Client == client {
+			v.Queues = append(v.Queues, q)
 		}
 	}
 	return v

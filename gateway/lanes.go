@@ -59,6 +59,9 @@ type grant struct {
 	// answer showed of it (affinity.go).
 	pre  *promptcache.Prefix
 	note *cacheNote
+	// share and class are whose request it is (nil: an engine's).
+	share *share
+	class Class
 }
 
 // waiter is one request queued for admission.
@@ -66,16 +69,22 @@ type waiter struct {
 	d   gate.Demand
 	pre *promptcache.Prefix // its cached prefix, nil: none
 	ch  chan grant          // capacity 1: pump never blocks
+	// share and class place it in the fair queue; since is when it
+	// queued, seq its place in arrival order.
+	share *share
+	class Class
+	since time.Time
+	seq   uint64
 }
 
 // poolQueue is the lanes of one pool, one per org, and the requests
-// waiting for any of them, first come first served.
+// waiting for any of them, in fair-queue order (fairqueue.go).
 type poolQueue struct {
-	pool    anthropic.Pool
-	lanes   []*lane
-	next    int // lane to try first (rotates, so orgs share the load)
-	waiters []*waiter
-	// nwait is len(waiters), set with laneSet.mu held, so that a release
+	pool  anthropic.Pool
+	lanes []*lane
+	next  int // lane to try first (rotates, so orgs share the load)
+	fq    fairQueue
+	// nwait is fq.len(), set with laneSet.mu held, so that a release
 	// finding no one waiting need not take the lock.
 	nwait   atomic.Int32
 	timer   *time.Timer
@@ -89,9 +98,10 @@ type poolQueue struct {
 // laneSet admits single requests through the same gates as 'run': one gate
 // per (org, pool) made by newGate (gate.NewLane in-process, or the
 // shared budget's gate with --shared), so caps, AIMD, the header mirrors
-// and retry-after holds all apply. Requests wait in a FIFO per pool while
-// every lane is full; a release, a refill or a hold's end wakes them
-// (no polling). It is safe for concurrent use.
+// and retry-after holds all apply. Requests wait in a fair queue per pool
+// while every lane is full (interactive before bulk, clients by weight,
+// fairqueue.go); a release, a refill or a hold's end wakes them (no
+// polling). It is safe for concurrent use.
 type laneSet struct {
 	orgs    []*upstream
 	newGate func(gate.LaneConfig) gate.Gate
@@ -100,9 +110,12 @@ type laneSet struct {
 	speed   float64
 	places  *promptcache.Places // where cached prefixes are warm
 
-	mu    sync.Mutex
-	pools map[anthropic.Pool]*poolQueue
-	all   []*lane
+	mu sync.Mutex
+	// shares are the clients' (by name), made on first use for a client
+	// the set was not given.
+	shares map[string]*share
+	pools  map[anthropic.Pool]*poolQueue
+	all    []*lane
 	// shutErr, once set (shut), is every admission's answer; isShut reads
 	// closed without the lock (an engine's every TryAdmit asks it).
 	shutErr error
@@ -177,7 +190,34 @@ func newLaneSet(orgs []*upstream, lc gate.LaneConfig, capFor func(string) int, s
 		newGate = func(c gate.LaneConfig) gate.Gate { return gate.NewLane(c) }
 	}
 	return &laneSet{orgs: orgs, newGate: newGate, laneCfg: lc, capFor: capFor, speed: speed, pools: map[anthropic.Pool]*poolQueue{},
-		places: promptcache.NewPlaces(speed)}
+		places: promptcache.NewPlaces(speed), shares: map[string]*share{}}
+}
+
+// setClients gives the set its clients' weights, classes and hard shares.
+// Call it before the first admission.
+func (s *laneSet) setClients(cs []Client) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, c := range cs {
+		s.shares[c.Name] = newShare(c)
+	}
+}
+
+// shareLocked is client's share. s.mu is held.
+func (s *laneSet) shareLocked(client string) *share {
+	sh := s.shares[client]
+	if sh == nil {
+		sh = newShare(Client{Name: client})
+		s.shares[client] = sh
+	}
+	return sh
+}
+
+// classOf is client's class when its request does not name one.
+func (s *laneSet) classOf(client string) Class {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.shareLocked(client).class
 }
 
 // queueLocked returns (creating on first use) the pool of model. s.mu is held.
@@ -230,8 +270,11 @@ func (s *laneSet) kick(q *poolQueue) {
 // pumpLocked admits waiters in order while a lane admits them, and arms a
 // timer for the earliest moment a blocked lane may admit again.
 func (s *laneSet) pumpLocked(q *poolQueue, now time.Time) {
-	for len(q.waiters) > 0 {
-		w := q.waiters[0]
+	for q.fq.len() > 0 {
+		w := q.fq.next()
+		if w == nil {
+			return // every waiting client holds its hard share
+		}
 		next := time.Duration(math.MaxInt64)
 		usable := 0
 		admitted := false
@@ -244,10 +287,12 @@ func (s *laneSet) pumpLocked(q *poolQueue, now time.Time) {
 			p, wait, ok := l.TryAdmit(now, w.d)
 			if ok {
 				q.next = (li + 1) % len(q.lanes)
-				q.waiters[0] = nil
-				q.waiters = q.waiters[1:]
-				q.nwait.Store(int32(len(q.waiters)))
-				w.ch <- s.granted(w, l, p, now)
+				q.fq.admitted(w)
+				q.nwait.Store(int32(q.fq.len()))
+				w.share.admitted(w.class, now.Sub(w.since))
+				gr := s.granted(w, l, p, now)
+				gr.share, gr.class = w.share, w.class
+				w.ch <- gr
 				admitted = true
 				break
 			}
@@ -256,10 +301,7 @@ func (s *laneSet) pumpLocked(q *poolQueue, now time.Time) {
 			}
 		}
 		if usable == 0 {
-			for _, w := range q.waiters {
-				w.ch <- grant{err: ErrNoUsableOrg}
-			}
-			q.waiters = nil
+			q.fq.drain(func(w *waiter) { w.ch <- grant{err: ErrNoUsableOrg} })
 			q.nwait.Store(0)
 			return
 		}
@@ -279,20 +321,22 @@ func (s *laneSet) pumpLocked(q *poolQueue, now time.Time) {
 	}
 }
 
-// admit waits until a lane of model's pool admits a request of demand d,
-// ctx ends (the client went away) or deadline passes.
-// pre is the request's cached prefix (nil: none), for placement.
-func (s *laneSet) admit(ctx context.Context, deadline time.Time, model string, d gate.Demand, pre *promptcache.Prefix) (grant, error) {
-	w := &waiter{d: d, pre: pre, ch: make(chan grant, 1)}
+// admit waits until a lane of model's pool admits a request of demand d
+// for client in class c, ctx ends (the client went away) or deadline
+// passes. pre is the request's cached prefix (nil: none), for placement.
+func (s *laneSet) admit(ctx context.Context, deadline time.Time, model string, d gate.Demand, pre *promptcache.Prefix, client string, c Class) (grant, error) {
+	w := &waiter{d: d, pre: pre, ch: make(chan grant, 1), class: c}
 	s.mu.Lock()
 	if err := s.shutErr; err != nil {
 		s.mu.Unlock()
 		return grant{}, err
 	}
 	q := s.queueLocked(model)
-	q.waiters = append(q.waiters, w)
-	q.nwait.Store(int32(len(q.waiters)))
-	s.pumpLocked(q, time.Now())
+	now := time.Now()
+	w.share, w.since = s.shareLocked(client), now
+	q.fq.push(w)
+	q.nwait.Store(int32(q.fq.len()))
+	s.pumpLocked(q, now)
 	s.mu.Unlock()
 	select {
 	case g := <-w.ch:
@@ -311,19 +355,15 @@ func (s *laneSet) admit(ctx context.Context, deadline time.Time, model string, d
 		cause = ErrQueueTimeout
 	}
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	for i, x := range q.waiters {
-		if x == w {
-			q.waiters = append(q.waiters[:i], q.waiters[i+1:]...)
-			q.nwait.Store(int32(len(q.waiters)))
-			return grant{}, cause
-		}
+	if q.fq.remove(w) {
+		q.nwait.Store(int32(q.fq.len()))
+		s.mu.Unlock()
+		return grant{}, cause
 	}
+	s.mu.Unlock()
 	// Admitted meanwhile: give the slot back unused.
 	if g := <-w.ch; g.err == nil {
-		g.lane.Done(time.Now(), g.permit, gate.Feedback{})
-		s.prefixAnswered(g, time.Now())
-		s.pumpLocked(q, time.Now())
+		s.release(g, gate.Feedback{})
 	}
 	return grant{}, cause
 }
@@ -332,11 +372,27 @@ func (s *laneSet) admit(ctx context.Context, deadline time.Time, model string, d
 // pool's waiters. With no one waiting it takes no lock of the set: a
 // request queued after the check pumps the queue itself and finds the
 // slot freed by Done.
+//
+// A client at its hard share may have waiters in every pool: its release
+// pumps them all.
 func (s *laneSet) release(g grant, fb gate.Feedback) {
 	now := time.Now()
 	g.lane.Done(now, g.permit, fb)
 	s.prefixAnswered(g, now)
-	if q := g.lane.q; q.nwait.Load() > 0 {
+	hard := false
+	if sh := g.share; sh != nil {
+		sh.inFlight[g.class].Add(-1)
+		hard = sh.maxInFlight > 0
+	}
+	if hard {
+		s.mu.Lock()
+		for _, q := range s.pools {
+			if q.fq.len() > 0 {
+				s.pumpLocked(q, now)
+			}
+		}
+		s.mu.Unlock()
+	} else if q := g.lane.q; q.nwait.Load() > 0 {
 		s.mu.Lock()
 		s.pumpLocked(q, now)
 		s.mu.Unlock()
@@ -460,7 +516,7 @@ func (s *laneSet) queued() int {
 	defer s.mu.Unlock()
 	n := 0
 	for _, q := range s.pools {
-		n += len(q.waiters)
+		n += q.fq.len()
 	}
 	return n
 }
@@ -472,10 +528,7 @@ func (s *laneSet) shut(err error) {
 	s.shutErr = err
 	s.closed.Store(true)
 	for _, q := range s.pools {
-		for _, w := range q.waiters {
-			w.ch <- grant{err: err}
-		}
-		q.waiters = nil
+		q.fq.drain(func(w *waiter) { w.ch <- grant{err: err} })
 		q.nwait.Store(0)
 	}
 }

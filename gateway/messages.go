@@ -100,6 +100,10 @@ func (g *Gateway) messages(w http.ResponseWriter, r *http.Request, client string
 		writeError(w, http.StatusBadRequest, anthropic.ErrInvalidRequest, bad)
 		return
 	}
+	class, ok := g.classOf(w, r, client)
+	if !ok {
+		return
+	}
 	price, estimated, refused := g.priceFor(client, p.Model)
 	if refused != "" {
 		writeError(w, http.StatusBadRequest, anthropic.ErrInvalidRequest, refused)
@@ -125,10 +129,25 @@ func (g *Gateway) messages(w http.ResponseWriter, r *http.Request, client string
 		writeCapError(w, err)
 		return
 	}
-	x := &exchange{g: g, w: w, r: r, client: client, body: body, p: p, price: price, estimated: estimated, hold: hold, worst: worst,
+	x := &exchange{g: g, w: w, r: r, client: client, class: class, body: body, p: p, price: price, estimated: estimated, hold: hold, worst: worst,
 		demand: gate.Demand{EstInput: est, MaxTokens: *p.MaxTokens}, pre: prefixOf(p.Model, body)}
 	x.run()
 	success = x.success
+}
+
+// classOf is the class of r: its x-apidispatch-priority header, or
+// client's own. A header that names no class is answered 400 (false).
+func (g *Gateway) classOf(w http.ResponseWriter, r *http.Request, client string) (Class, bool) {
+	v := r.Header.Get(headerPriority)
+	if v == "" {
+		return g.lanes.classOf(client), true
+	}
+	c, err := ParseClass(v)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, anthropic.ErrInvalidRequest, headerPriority+": "+err.Error())
+		return 0, false
+	}
+	return c, true
 }
 
 // writeCapError answers a request refused by a spend cap: 400
@@ -145,6 +164,7 @@ type exchange struct {
 	w      http.ResponseWriter
 	r      *http.Request
 	client string
+	class  Class // its priority class in the lanes' queue
 	body   []byte
 	p      msgParams
 	hold   *hold
@@ -185,7 +205,7 @@ func (x *exchange) run() {
 	var last *answer
 	transient := 0
 	for {
-		gr, err := g.lanes.admit(ctx, deadline, x.p.Model, x.demand, x.pre)
+		gr, err := g.lanes.admit(ctx, deadline, x.p.Model, x.demand, x.pre, x.client, x.class)
 		x.note = gr.note
 		if err != nil {
 			switch {

@@ -247,6 +247,8 @@ type GatewayStats struct {
 	OrgSpentUSD map[string]float64
 	// Queued is the requests waiting for a lane.
 	Queued int
+	// Queues is the queue by client and priority class.
+	Queues []ClientQueue
 	// Batches is the number of gateway batches by status.
 	Batches map[string]int
 	// Cache is the result cache's figures; nil without one.
@@ -258,6 +260,18 @@ type GatewayCache struct {
 	Hits, Misses, Stored int64
 	// SavedUSD is what the hits' requests cost when they were sent.
 	SavedUSD float64
+}
+
+// ClientQueue is one gateway client's requests of one priority class
+// ("interactive" or "bulk"): waiting for a lane, admitted and not yet
+// released, and the p50 and p99 of their latest waits for a lane, in
+// seconds (Waits of them; 0: none yet, and no wait metric).
+type ClientQueue struct {
+	Client, Class      string
+	Queued             int
+	InFlight           int64
+	Waits              int
+	WaitP50S, WaitP99S float64
 }
 
 // ClientSpend is one gateway client's spend.
@@ -278,6 +292,9 @@ var (
 	descGWOrg       = prometheus.NewDesc("apidispatch_gateway_org_spent_usd", "What the gateway's ledger holds by org, in US dollars (gateway batches, which span orgs, as org \"(gateway batches)\").", []string{"org"}, nil)
 	descGWClientOrg = prometheus.NewDesc("apidispatch_gateway_client_org_spent_usd", "What the gateway's ledger holds for the client by org, in US dollars (gateway batches as org \"(gateway batches)\").", []string{"client", "org"}, nil)
 	descGWQueued    = prometheus.NewDesc("apidispatch_gateway_queued", "Requests waiting in the gateway for a lane.", nil, nil)
+	descGWCQueued   = prometheus.NewDesc("apidispatch_gateway_client_queued", "The client's requests of the priority class waiting in the gateway for a lane.", []string{"client", "class"}, nil)
+	descGWCFlight   = prometheus.NewDesc("apidispatch_gateway_client_in_flight", "The client's requests of the priority class admitted by a lane and not yet released.", []string{"client", "class"}, nil)
+	descGWCWait     = prometheus.NewDesc("apidispatch_gateway_client_queue_wait_seconds", "Quantiles of the client's latest waits for a lane (up to 1,024) in the priority class, in seconds.", []string{"client", "class", "quantile"}, nil)
 	descGWBatches   = prometheus.NewDesc("apidispatch_gateway_batches", "Gateway batches by status.", []string{"status"}, nil)
 	descGWCache     = prometheus.NewDesc("apidispatch_gateway_cache_requests_total", "Keyed Messages requests by what the result cache did: hit (answered from it), miss (sent), stored (a success new to the file).", []string{"result"}, nil)
 	descGWCacheSave = prometheus.NewDesc("apidispatch_gateway_cache_saved_usd_total", "What the requests answered from the result cache cost when they were sent, in US dollars.", nil, nil)
@@ -287,7 +304,7 @@ var (
 type gatewayCollector func() GatewayStats
 
 func (gatewayCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descGWSpent, descGWReserved, descGWCap, descGWClientOrg, descGWOrg, descGWQueued, descGWBatches, descGWCache, descGWCacheSave} {
+	for _, d := range []*prometheus.Desc{descGWSpent, descGWReserved, descGWCap, descGWClientOrg, descGWOrg, descGWQueued, descGWCQueued, descGWCFlight, descGWCWait, descGWBatches, descGWCache, descGWCacheSave} {
 		ch <- d
 	}
 }
@@ -308,6 +325,14 @@ func (f gatewayCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descGWOrg, prometheus.GaugeValue, v, o)
 	}
 	ch <- prometheus.MustNewConstMetric(descGWQueued, prometheus.GaugeValue, float64(s.Queued))
+	for _, q := range s.Queues {
+		ch <- prometheus.MustNewConstMetric(descGWCQueued, prometheus.GaugeValue, float64(q.Queued), q.Client, q.Class)
+		ch <- prometheus.MustNewConstMetric(descGWCFlight, prometheus.GaugeValue, float64(q.InFlight), q.Client, q.Class)
+		if q.Waits > 0 {
+			ch <- prometheus.MustNewConstMetric(descGWCWait, prometheus.GaugeValue, q.WaitP50S, q.Client, q.Class, "0.5")
+			ch <- prometheus.MustNewConstMetric(descGWCWait, prometheus.GaugeValue, q.WaitP99S, q.Client, q.Class, "0.99")
+		}
+	}
 	for st, n := range s.Batches {
 		ch <- prometheus.MustNewConstMetric(descGWBatches, prometheus.GaugeValue, float64(n), st)
 	}

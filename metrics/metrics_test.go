@@ -71,6 +71,7 @@ func TestGatewayMetrics(t *testing.T) {
 			Clients:     []ClientSpend{{Client: "a", SpentUSD: 0.25, ReservedUSD: 0.5, CapUSD: 1, ByOrgUSD: map[string]float64{"org1": 0.2, "(gateway batches)": 0.05}}, {Client: "b", SpentUSD: float64(n)}},
 			OrgSpentUSD: map[string]float64{"org1": 0.2, "(gateway batches)": 0.05},
 			Queued:      7,
+			Queues:      []ClientQueue{{Client: "a", Class: "bulk", Queued: 6, InFlight: 3, Waits: 9, WaitP50S: 0.5, WaitP99S: 2}, {Client: "b", Class: "interactive", InFlight: 1}},
 			Batches:     map[string]int{"in_progress": 2, "ended": 3},
 			Cache:       &GatewayCache{Hits: 5, Misses: 4, Stored: 3, SavedUSD: 0.125},
 		}
@@ -104,6 +105,11 @@ func TestGatewayMetrics(t *testing.T) {
 		`apidispatch_gateway_org_spent_usd{org="org1"} 0.2`,
 		`apidispatch_gateway_org_spent_usd{org="(gateway batches)"} 0.05`,
 		`apidispatch_gateway_queued 7`,
+		`apidispatch_gateway_client_queued{class="bulk",client="a"} 6`,
+		`apidispatch_gateway_client_in_flight{class="bulk",client="a"} 3`,
+		`apidispatch_gateway_client_queue_wait_seconds{class="bulk",client="a",quantile="0.5"} 0.5`,
+		`apidispatch_gateway_client_queue_wait_seconds{class="bulk",client="a",quantile="0.99"} 2`,
+		`apidispatch_gateway_client_in_flight{class="interactive",client="b"} 1`,
 		`apidispatch_gateway_batches{status="in_progress"} 2`,
 		`apidispatch_gateway_batches{status="ended"} 3`,
 		`apidispatch_gateway_cache_requests_total{result="hit"} 5`,
@@ -114,6 +120,9 @@ func TestGatewayMetrics(t *testing.T) {
 		if !strings.Contains(body, want) {
 			t.Errorf("no %s in the scrape", want)
 		}
+	}
+	if strings.Contains(body, `apidispatch_gateway_client_queue_wait_seconds{class="interactive",client="b"`) {
+		t.Error("a client that never waited has wait quantiles")
 	}
 	if strings.Contains(body, `apidispatch_gateway_client_max_cost_usd{client="b"}`) {
 		t.Error("a client without max_cost has a max_cost metric")

@@ -249,6 +249,10 @@ func gatewayStats(st gateway.Status) metrics.GatewayStats {
 	if c := st.Cache; c != nil {
 		out.Cache = &metrics.GatewayCache{Hits: c.Hits, Misses: c.Misses, Stored: c.Stored, SavedUSD: c.SavedUSD}
 	}
+	for _, q := range st.Queues {
+		out.Queues = append(out.Queues, metrics.ClientQueue{Client: q.Client, Class: q.Class, Queued: q.Queued, InFlight: q.InFlight,
+			Waits: q.Waits, WaitP50S: q.WaitP50Ms / 1000, WaitP99S: q.WaitP99Ms / 1000})
+	}
 	for _, c := range st.Clients {
 		out.Clients = append(out.Clients, metrics.ClientSpend{Client: c.Client, SpentUSD: c.SpentUSD, ReservedUSD: c.InFlight, CapUSD: c.CapUSD, ByOrgUSD: c.ByOrg})
 	}

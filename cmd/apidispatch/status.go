@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -161,6 +162,19 @@ func gatewayStatus(dir string, asJSON bool, now time.Time, stdout, stderr io.Wri
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\n", name, usd(c.SpentUSD), usd(c.InFlight), capUSD(c.CapUSD), c.Requests, c.Abandoned, byOrg(c.ByOrg))
 	}
 	tw.Flush()
+	if len(s.Queues) > 0 {
+		tw = tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "\nclient\tclass\tweight\tmax in flight\tqueued\tin flight\twait p50\twait p99\t(of waits)")
+		for _, q := range s.Queues {
+			hard := "-"
+			if q.MaxInFlight > 0 {
+				hard = strconv.Itoa(q.MaxInFlight)
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%g\t%s\t%d\t%d\t%s\t%s\t%d\n", q.Client, q.Class, q.Weight, hard, q.Queued, q.InFlight,
+				waitMs(q.WaitP50Ms, q.Waits), waitMs(q.WaitP99Ms, q.Waits), q.Waits)
+		}
+		tw.Flush()
+	}
 	fmt.Fprintf(stdout, "\nqueued %d, requests %d, upstream attempts %d, retries %d, abandoned %d, refused by a cap %d\n",
 		s.Queued, s.Requests, s.Attempts, s.Retries, s.Abandoned, s.RefusedAt)
 	if c := s.Cache; c != nil {
@@ -192,6 +206,14 @@ func gatewayStatus(dir string, asJSON bool, now time.Time, stdout, stderr io.Wri
 		tw.Flush()
 	}
 	return exitOK
+}
+
+// waitMs renders a wait percentile in milliseconds, "-" with no waits.
+func waitMs(ms float64, n int) string {
+	if n == 0 {
+		return "-"
+	}
+	return strconv.FormatFloat(ms, 'f', 1, 64) + " ms"
 }
 
 // byOrg renders spend by org as "org $x, ..." in org order.

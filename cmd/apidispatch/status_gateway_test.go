@@ -31,7 +31,7 @@ func TestStatusGatewayShowsClientsSpendAndBatches(t *testing.T) {
 	state := filepath.Join(dir, "gateway-state")
 	const alice, bob = "sk-gw-status-alice-000001", "sk-gw-status-bob-0000002"
 	clients := filepath.Join(dir, "clients.toml")
-	os.WriteFile(clients, []byte("[[client]]\nname = \"alice\"\ntoken = \""+alice+"\"\nmax_cost = 5\n\n[[client]]\nname = \"bob\"\ntoken = \""+bob+"\"\n"), 0o600)
+	os.WriteFile(clients, []byte("[[client]]\nname = \"alice\"\ntoken = \""+alice+"\"\nmax_cost = 5\n\n[[client]]\nname = \"bob\"\ntoken = \""+bob+"\"\npriority = \"bulk\"\nweight = 2\nmax_in_flight = 4\n"), 0o600)
 	p, base, _ := startServe(t, run, "--speed", "1000", "--clients", clients, "--state-dir", state)
 
 	msg := []byte(`{"model":"claude-haiku-4-5","max_tokens":32,"messages":[{"role":"user","content":"hi"}]}`)
@@ -68,8 +68,16 @@ func TestStatusGatewayShowsClientsSpendAndBatches(t *testing.T) {
 		len(s.OrgSpend) == 0 || s.Stopped || s.PID != p.Pid || len(s.Lanes) == 0 {
 		t.Errorf("status: %+v", s)
 	}
+	// The queue by client and class: each waited once, nothing waits or
+	// is in flight now.
+	if q := s.Queues; len(q) != 2 || q[0].Client != "alice" || q[0].Class != "interactive" || q[0].Weight != 1 || q[0].Waits != 1 ||
+		q[1].Client != "bob" || q[1].Class != "bulk" || q[1].Weight != 2 || q[1].MaxInFlight != 4 || q[1].Waits != 1 ||
+		q[0].Queued+q[1].Queued != 0 || q[0].InFlight+q[1].InFlight != 0 {
+		t.Errorf("queues: %+v", q)
+	}
 	code, out, _ := runCLI("status", "--gateway", state)
-	for _, want := range []string{"running (pid", "alice", "bob", "$5.000000", "(all clients)", "gateway batches: in_progress 1", "queued 0"} {
+	for _, want := range []string{"running (pid", "alice", "bob", "$5.000000", "(all clients)", "gateway batches: in_progress 1", "queued 0",
+		"wait p99", "interactive", "bulk"} {
 		if code != 0 || !strings.Contains(out, want) {
 			t.Errorf("status --gateway: no %q in:\n%s", want, out)
 		}
