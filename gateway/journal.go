@@ -54,6 +54,8 @@ type spendTag struct {
 	Client string `json:"client"`
 	Org    string `json:"org,omitempty"`
 	Model  string `json:"model,omitempty"`
+	// MaxTokens bounds how long the API may run the attempt (deadHold).
+	MaxTokens int64 `json:"max_tokens,omitempty"`
 }
 
 // openSpendJournal counts in l what the journals a dead gateway left in

@@ -8,7 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/apidispatch/apidispatch/anthropic"
 	"github.com/apidispatch/apidispatch/cost"
+	"github.com/apidispatch/apidispatch/gate"
 	"github.com/apidispatch/apidispatch/internal/simtest"
 	"github.com/apidispatch/apidispatch/rundir"
 	"github.com/apidispatch/apidispatch/sim"
@@ -89,15 +91,17 @@ func TestRestartCountsTheAttemptsAJournalHoldsOpen(t *testing.T) {
 // state directory held none of their slots, and filled the keys on top of
 // them (the gateway campaign's seed 12: 4 in flight on a cap of 2 after a
 // kill -9 and a restart). The restart now holds a slot per open attempt of
-// the journal, on its (org, pool), until the attempt timeout has passed
-// since the journal's last write.
+// the journal, on its (org, pool), while the API may run it (bounded by the
+// attempt timeout) from the journal's last write.
 func TestRestartHoldsTheSlotsOfTheDeadGatewaysAttempts(t *testing.T) {
 	dir := t.TempDir()
 	j, err := rundir.OpenDurableJournal(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, _ := json.Marshal(spendTag{Client: "a", Org: "high_prio", Model: "claude-sonnet-4-5"})
+	// Long answers: the API may run them half an hour (more than the
+	// attempt timeout, which bounds the hold).
+	b, _ := json.Marshal(spendTag{Client: "a", Org: "high_prio", Model: "claude-sonnet-4-5", MaxTokens: 64_000})
 	for seq := int64(1); seq <= 2; seq++ {
 		if err := j.SentTagged(seq, 1, 1_000_000, string(b)); err != nil {
 			t.Fatal(err)
@@ -127,5 +131,36 @@ func TestRestartHoldsTheSlotsOfTheDeadGatewaysAttempts(t *testing.T) {
 		case o.Name != "high_prio" && o.MaxInFlight == 0:
 			t.Errorf("%s served nothing: the hold is for high_prio alone", o.Name)
 		}
+	}
+}
+
+// The hold of a dead attempt lasts as long as the API may run it (its
+// max_tokens at the API's own pace for long requests), not the whole
+// attempt timeout: a gateway killed with its lanes full is back in
+// service when its predecessor's answers are surely over (the campaign's
+// seed 11: held the full 10 API minutes, every request of a minute got
+// the gateway's own 429).
+func TestDeadAttemptsHeldAsLongAsTheAPIMayRunThem(t *testing.T) {
+	s := newLaneSet(nil, gate.LaneConfig{}, func(string) int { return 2 }, 10, nil)
+	last := time.Now()
+	s.holdDead([]spendTag{
+		{Org: "o", Model: "claude-sonnet-4-5", MaxTokens: 64},     // 10 API s (the floor): 1 s
+		{Org: "o", Model: "claude-sonnet-4-5", MaxTokens: 12_800}, // 6 API min: 36 s
+		{Org: "o", Model: "claude-sonnet-4-5", MaxTokens: 64_000}, // 30 API min: the timeout, 60 s
+		{Org: "o", Model: "claude-haiku-4-5", MaxTokens: 64},
+	}, last, time.Minute)
+	h := s.dead[deadKey{"o", anthropic.PoolOf("claude-sonnet-4-5")}]
+	for _, c := range []struct {
+		at   time.Duration
+		n    int
+		next time.Duration
+	}{{0, 3, time.Second}, {2 * time.Second, 2, 36 * time.Second}, {40 * time.Second, 1, time.Minute}, {61 * time.Second, 0, 0}} {
+		n, next := h.held(last.Add(c.at))
+		if n != c.n || (n > 0 && !next.Equal(last.Add(c.next))) {
+			t.Errorf("at +%v: %d held, next end %v; want %d, +%v", c.at, n, next.Sub(last), c.n, c.next)
+		}
+	}
+	if h := s.dead[deadKey{"o", anthropic.PoolOf("claude-haiku-4-5")}]; h == nil || len(h.until) != 1 {
+		t.Errorf("haiku's hold %+v, want its own one slot", h)
 	}
 }

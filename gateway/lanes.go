@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -133,36 +134,69 @@ type deadKey struct {
 	pool anthropic.Pool
 }
 
-// deadHold is n slots of a lane held until until: the attempts a gateway
-// killed on this state directory had in flight there, which may still
-// run upstream (the API does not stop when its client dies).
+// deadHold is the slots of a lane held for the attempts a gateway killed
+// on this state directory had in flight there, which may still run
+// upstream (the API does not stop when its client dies): one per attempt,
+// each until its own end (sorted).
 type deadHold struct {
-	n     int
-	until time.Time
+	until []time.Time
 }
 
-// holdDead holds a slot of its (org, pool) lane for each attempt in tags
-// until until, so the lanes count what a killed predecessor left running
-// on the keys. Called once, before any lane is made.
-func (s *laneSet) holdDead(tags []spendTag, until time.Time) {
-	if len(tags) == 0 || !until.After(time.Now()) {
+// held is how many slots are held at now, and when the next one ends.
+func (h *deadHold) held(now time.Time) (int, time.Time) {
+	i, _ := slices.BinarySearchFunc(h.until, now, func(a, b time.Time) int { return a.Compare(b) })
+	for i < len(h.until) && !h.until[i].After(now) {
+		i++
+	}
+	if i == len(h.until) {
+		return 0, time.Time{}
+	}
+	return len(h.until) - i, h.until[i]
+}
+
+// deadAttemptAPI is how long, in API time, the API may run an attempt of
+// maxTokens: its own bound for a request it lets run unstreamed (an hour
+// for 128,000 tokens, docs/design.md §17), at least deadAttemptFloor.
+func deadAttemptAPI(maxTokens int64) time.Duration {
+	return max(deadAttemptFloor, time.Duration(float64(time.Hour)*float64(maxTokens)/128_000))
+}
+
+// deadAttemptFloor is the least a dead attempt's slot is held, in API
+// time: a short request's latency.
+const deadAttemptFloor = 10 * time.Second
+
+// holdDead holds a slot of its (org, pool) lane for each attempt in tags,
+// so the lanes count what a killed predecessor left running on the keys:
+// from last (the latest any was sent) for as long as the API may run it
+// (deadAttemptAPI of its max_tokens, scaled by speed), never past the
+// attempt timeout. Called once, before any lane is made.
+func (s *laneSet) holdDead(tags []spendTag, last time.Time, timeout time.Duration) {
+	if len(tags) == 0 {
 		return
 	}
+	now := time.Now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.dead = map[deadKey]*deadHold{}
 	for _, t := range tags {
+		until := last.Add(min(timeout, time.Duration(float64(deadAttemptAPI(t.MaxTokens))/s.speed)))
+		if !until.After(now) {
+			continue
+		}
 		k := deadKey{t.Org, anthropic.PoolOf(t.Model)}
 		if s.dead[k] == nil {
-			s.dead[k] = &deadHold{until: until}
+			s.dead[k] = &deadHold{}
 		}
-		s.dead[k].n++
+		s.dead[k].until = append(s.dead[k].until, until)
+	}
+	for _, h := range s.dead {
+		slices.SortFunc(h.until, func(a, b time.Time) int { return a.Compare(b) })
 	}
 }
 
 // heldGate is a lane's gate while slots are held for a dead gateway's
 // attempts: it admits only while what is in flight plus what is held is
-// below the lane's cap, until the hold ends.
+// below the lane's cap.
 type heldGate struct {
 	gate.Gate
 	h *deadHold
@@ -170,9 +204,9 @@ type heldGate struct {
 
 // TryAdmit implements gate.Gate.
 func (g *heldGate) TryAdmit(now time.Time, d gate.Demand) (gate.Permit, time.Duration, bool) {
-	if now.Before(g.h.until) {
-		if sn := g.Gate.Snapshot(now); sn.InFlight+g.h.n >= sn.Cap {
-			return gate.Permit{}, g.h.until.Sub(now), false
+	if n, next := g.h.held(now); n > 0 {
+		if sn := g.Gate.Snapshot(now); sn.InFlight+n >= sn.Cap {
+			return gate.Permit{}, next.Sub(now), false
 		}
 	}
 	return g.Gate.TryAdmit(now, d)

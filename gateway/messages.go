@@ -321,7 +321,7 @@ func (x *exchange) journalSent(gr grant) bool {
 	if x.id == 0 {
 		x.id = g.journal.next.Add(1)
 	}
-	err := g.journal.sent(x.id, int64(x.attempts), x.worst, spendTag{Client: x.client, Org: gr.lane.up.Name, Model: x.p.Model})
+	err := g.journal.sent(x.id, int64(x.attempts), x.worst, spendTag{Client: x.client, Org: gr.lane.up.Name, Model: x.p.Model, MaxTokens: maxTokensOf(x.p)})
 	if err == nil {
 		return true
 	}
@@ -742,4 +742,12 @@ func (x *exchange) mayHaveBilled(o anthropic.Outcome) bool {
 		return x.wrote.Load()
 	}
 	return false
+}
+
+// maxTokensOf is p's max_tokens (0 when it has none).
+func maxTokensOf(p msgParams) int64 {
+	if p.MaxTokens == nil {
+		return 0
+	}
+	return *p.MaxTokens
 }

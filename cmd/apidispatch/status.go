@@ -162,19 +162,7 @@ func gatewayStatus(dir string, asJSON bool, now time.Time, stdout, stderr io.Wri
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\n", name, usd(c.SpentUSD), usd(c.InFlight), capUSD(c.CapUSD), c.Requests, c.Abandoned, byOrg(c.ByOrg))
 	}
 	tw.Flush()
-	if len(s.Queues) > 0 {
-		tw = tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "\nclient\tclass\tweight\tmax in flight\tqueued\tin flight\twait p50\twait p99\t(of waits)")
-		for _, q := range s.Queues {
-			hard := "-"
-			if q.MaxInFlight > 0 {
-				hard = strconv.Itoa(q.MaxInFlight)
-			}
-			fmt.Fprintf(tw, "%s\t%s\t%g\t%s\t%d\t%d\t%s\t%s\t%d\n", q.Client, q.Class, q.Weight, hard, q.Queued, q.InFlight,
-				waitMs(q.WaitP50Ms, q.Waits), waitMs(q.WaitP99Ms, q.Waits), q.Waits)
-		}
-		tw.Flush()
-	}
+	printQueues(stdout, s.Queues)
 	fmt.Fprintf(stdout, "\nqueued %d, requests %d, upstream attempts %d, retries %d, abandoned %d, refused by a cap %d\n",
 		s.Queued, s.Requests, s.Attempts, s.Retries, s.Abandoned, s.RefusedAt)
 	if c := s.Cache; c != nil {
@@ -206,6 +194,25 @@ func gatewayStatus(dir string, asJSON bool, now time.Time, stdout, stderr io.Wri
 		tw.Flush()
 	}
 	return exitOK
+}
+
+// printQueues prints the gateway's queue figures by client and class (none:
+// nothing).
+func printQueues(stdout io.Writer, queues []gateway.QueueStatus) {
+	if len(queues) == 0 {
+		return
+	}
+	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "\nclient\tclass\tweight\tmax in flight\tqueued\tin flight\twait p50\twait p99\t(of waits)")
+	for _, q := range queues {
+		hard := "-"
+		if q.MaxInFlight > 0 {
+			hard = strconv.Itoa(q.MaxInFlight)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%g\t%s\t%d\t%d\t%s\t%s\t%d\n", q.Client, q.Class, q.Weight, hard, q.Queued, q.InFlight,
+			waitMs(q.WaitP50Ms, q.Waits), waitMs(q.WaitP99Ms, q.Waits), q.Waits)
+	}
+	tw.Flush()
 }
 
 // waitMs renders a wait percentile in milliseconds, "-" with no waits.
