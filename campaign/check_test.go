@@ -282,6 +282,7 @@ func check(w *world) []string {
 			bad("promise 3: key of %s above --cap outside the exempt windows: %s", o.Name, firstFew(over))
 		}
 	}
+	v = append(v, checkLiveness(w, ledger)...)
 	return v
 }
 

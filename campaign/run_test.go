@@ -144,6 +144,9 @@ func simConfig(sc Scenario) sim.Config {
 		cfg.Orgs[i].Batch.QueueWaitS = 20
 		cfg.Orgs[i].Batch.CancelS = 2
 	}
+	if sc.LowTier {
+		lowTierOrgs(&cfg, sc.Burst)
+	}
 	return cfg
 }
 

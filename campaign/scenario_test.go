@@ -53,6 +53,10 @@ type Scenario struct {
 	BillAbandoned bool
 	Faults        []sim.Fault
 	Disturb       []Disturbance
+	// LowTier: every org has a tier-1 org's limits with buckets of Burst
+	// of a minute (issue 29; see drawLowTier).
+	LowTier bool
+	Burst   float64
 }
 
 // draw derives the scenario of seed. It depends on the seed alone.
@@ -161,6 +165,7 @@ func draw(seed int64) Scenario {
 		}
 		s.Disturb = append(s.Disturb, d)
 	}
+	drawLowTier(seed, &s)
 	return s
 }
 
@@ -204,6 +209,9 @@ func (s Scenario) String() string {
 	if s.BillAbandoned {
 		b.WriteString(", abandoned requests billed")
 	}
+	if s.LowTier {
+		fmt.Fprintf(&b, ", tier-1 orgs (RPM %d, ITPM %d, OTPM %d) with buckets of %.2f of a minute", tier1.RPM, tier1.ITPM, tier1.OTPM, s.Burst)
+	}
 	for _, f := range s.Faults {
 		fmt.Fprintf(&b, "\n  fault %s", f.Kind)
 		if f.Org != "" {
@@ -218,6 +226,12 @@ func (s Scenario) String() string {
 		}
 		if f.Window > 0 {
 			fmt.Fprintf(&b, " window=%s", f.Window)
+		}
+		if f.RetryAfter > 0 {
+			fmt.Fprintf(&b, " retry-after=%s", f.RetryAfter)
+		}
+		if f.ExtraLatency > 0 {
+			fmt.Fprintf(&b, " extra-latency=%s", f.ExtraLatency)
 		}
 	}
 	for _, d := range s.Disturb {

@@ -1228,8 +1228,10 @@ func (e *Engine) handle(a *attempt, com *committer, stopping bool) {
 		default:
 			e.c.otherRetries.Add(1)
 		}
-		if o.RateLimited {
-			// The lane holds for retry-after; other lanes may take the item now.
+		if gate.Congested(o) {
+			// The lane holds (for retry-after, or its back-off and one
+			// probe at a time) and reopens when the storm ends; other
+			// lanes may take the item now.
 			w.notBefore = now
 		} else {
 			w.transient++

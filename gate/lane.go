@@ -61,6 +61,9 @@ type Permit struct {
 	// so a process paused between admission and sending does not send on a
 	// lease whose slots may have been given to another process.
 	Until time.Time
+	// Probe marks the one request a lane sends after a back-off hold to
+	// learn whether a storm is over (see Lane).
+	Probe bool
 }
 
 // Lapsed reports whether the lease p was admitted on has ended at now: a
@@ -215,6 +218,11 @@ type Lane struct {
 	buckets     *Buckets
 	disabled    string
 	answered    bool // an answer has come back (see TryAdmit)
+	// probing: a back-off hold (a 429 or 529 without retry-after) has
+	// been set since the last success; past the hold the lane sends one
+	// request (the probe, probeOut while it is out) until a success.
+	probing  bool
+	probeOut bool
 }
 
 // NewLane returns a lane controller.
@@ -278,7 +286,7 @@ func (b *Buckets) Done(now time.Time, p Permit, fb Feedback, scale float64) {
 	if b.outstanding < 0 {
 		b.outstanding = 0
 	}
-	b.mirror.Landed(p.Need)
+	b.mirror.LandedAt(p.At, p.Need)
 	switch {
 	case fb.Billed:
 		b.mirror.Correct(now, p.Need, fb.Actual)
@@ -369,6 +377,11 @@ func (l *Lane) TryAdmit(now time.Time, d Demand) (Permit, time.Duration, bool) {
 		l.holdFrom = time.Time{}
 	}
 	l.grow(now)
+	if l.probing && l.probeOut {
+		// One probe at a time through a storm: its answer (a release)
+		// tells whether the storm is over.
+		return Permit{}, 0, false
+	}
 	if l.inFlight >= int(l.limit) || (l.cfg.ProbeFirst && !l.answered && l.inFlight > 0) {
 		l.boundAt = now
 		return Permit{}, 0, false
@@ -383,7 +396,8 @@ func (l *Lane) TryAdmit(now time.Time, d Demand) (Permit, time.Duration, bool) {
 		l.boundAt = now
 	}
 	l.maxInFlight = max(l.maxInFlight, l.inFlight)
-	return Permit{Need: n, Demand: d, Epoch: l.gen, At: now}, 0, true
+	l.probeOut = l.probing
+	return Permit{Need: n, Demand: d, Epoch: l.gen, At: now, Probe: l.probing}, 0, true
 }
 
 // Done implements Gate.
@@ -394,20 +408,52 @@ func (l *Lane) Done(now time.Time, p Permit, fb Feedback) {
 	l.inFlight--
 	l.answered = true
 	l.buckets.Done(now, p, fb, 1)
+	if p.Probe {
+		l.probeOut = false
+	}
 	o := fb.Outcome
 	if o.Kind == anthropic.Success {
+		// A success after errors: whatever storm held the lane is over.
 		l.noRAStreak = 0
+		l.probing = false
 	}
-	if o.RateLimited || o.Overloaded {
-		l.congestion(now, p, o)
+	if Congested(o) {
+		l.congestion(now, p, fb)
 	}
 }
 
+// Congested reports whether o is congestion a lane holds for (a 429 or a
+// 529): the lane's hold and probe pace the retries, so an attempt that
+// failed so needs no back-off of its own.
+func Congested(o anthropic.Outcome) bool { return o.RateLimited || o.Overloaded }
+
+// BucketsRefused reports whether a 429's rate-limit headers show a bucket
+// without room for p (or show none): the lane's own draws, or a
+// colleague's, emptied it, and the lane's concurrency is what to cut. A
+// 429 whose headers show room in every bucket is no bucket's doing (a
+// storm, or a limit the headers do not show): cutting the limit would
+// leave the lane slow long after it ends, so the lane only holds.
+// Remaining token counts are taken 500 low (the API rounds them to the
+// thousand).
+func BucketsRefused(p Permit, fb Feedback) bool {
+	rl := fb.Limits
+	if !rl.Requests.Present && !rl.Input.Present && !rl.Output.Present {
+		return true
+	}
+	short := func(l anthropic.Limit, need float64, slack float64) bool {
+		return l.Present && float64(l.Remaining)-slack < math.Max(1, need)
+	}
+	return short(rl.Requests, p.Need.Requests, 0) || short(rl.Input, p.Need.Input, 500) || short(rl.Output, p.Need.Output, 500)
+}
+
 // congestion handles a 429 (or 529): one multiplicative cut per congestion
-// epoch, and a hold for retry-after (or, without one, a growing back-off).
-func (l *Lane) congestion(now time.Time, p Permit, o anthropic.Outcome) {
+// epoch for a 429 the buckets explain, and a hold for retry-after (or,
+// without one, a growing back-off, past which the lane sends one probe at
+// a time until a success).
+func (l *Lane) congestion(now time.Time, p Permit, fb Feedback) {
+	o := fb.Outcome
 	newEpoch := p.Epoch == l.gen
-	if newEpoch && o.RateLimited {
+	if newEpoch && o.RateLimited && BucketsRefused(p, fb) {
 		l.limit = math.Max(l.cfg.MinLimit, math.Floor(l.limit*l.cfg.Decrease))
 		l.gen++
 		l.cuts++
@@ -418,10 +464,11 @@ func (l *Lane) congestion(now time.Time, p Permit, o anthropic.Outcome) {
 	case o.HasRetryAfter:
 		hold = o.RetryAfter // already in wall time: the server scales it
 	case newEpoch:
-		// No retry-after: back off 0.5, 1, 2 … 8 s of server time per
-		// epoch, so a storm without retry-after is not hammered.
+		// No retry-after: back off per epoch, and probe, so a storm
+		// without retry-after is not hammered.
 		l.noRAStreak++
-		hold = Backoff(l.noRAStreak, l.cfg.Speed, 0)
+		hold = ProbeBackoff(l.noRAStreak, l.cfg.Speed)
+		l.probing = true
 	}
 	if hold > 0 {
 		until := now.Add(hold)

@@ -8,9 +8,11 @@ import (
 )
 
 // The one retry policy of every route (the engine of run and ab, the
-// gateway's Messages requests, its passthrough and its batches' items)
-// and of a lane's hold after congestion without retry-after. It lives
-// here, below every route, because a lane (Lane.congestion) applies it too.
+// gateway's Messages requests, its passthrough and its batches' items),
+// and the hold of a lane after congestion without retry-after, which
+// probes one request at a time and so can be shorter (ProbeBackoff). It
+// lives here, below every route, because a lane (Lane.congestion) applies
+// it too.
 
 // Backoff is the back-off after the nth consecutive failure (n ≥ 1):
 // 0.5, 1, 2, 4, then 8 s of server time, less up to a quarter at random
@@ -36,4 +38,17 @@ func RetryWait(o anthropic.Outcome, n int, speed, u float64) time.Duration {
 		d = max(d, o.RetryAfter)
 	}
 	return d
+}
+
+// ProbeBackoffMax is the longest back-off hold without retry-after, in
+// server seconds: a lane sends one probe per hold, so it can be short,
+// and a lane resumes within it of a storm's end.
+const ProbeBackoffMax = 2.0
+
+// ProbeBackoff is the n-th consecutive back-off hold (n ≥ 1) after a 429
+// or 529 without retry-after: 0.5, 1, then 2 s of server time, divided by
+// speed.
+func ProbeBackoff(n int, speed float64) time.Duration {
+	sec := math.Min(ProbeBackoffMax, 0.5*math.Pow(2, float64(n-1)))
+	return time.Duration(sec / speed * float64(time.Second))
 }

@@ -285,7 +285,7 @@ func (x *exchange) run() {
 				return
 			}
 			var wait time.Duration
-			if !o.RateLimited { // a 429 holds its lane; others may take it now
+			if !gate.Congested(o) { // a 429 or 529 holds its lane; others may take it now
 				transient++
 				wait = gate.RetryWait(o, transient, g.cfg.Speed, rand.Float64())
 			}

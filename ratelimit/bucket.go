@@ -24,12 +24,22 @@ type Bucket struct {
 	// times faster reports K times the limit but still holds one minute of
 	// its own time: scale 1/K.
 	scale float64
-	level float64   // available at time at; may go negative (over-committed)
+	level float64 // available at time at; may go negative (over-committed)
+	// alone is what the server's bucket would hold had nobody else drawn
+	// on it since the last Sync: level refilled at the whole limit. The
+	// next Sync's unexplained consumption is measured against it.
+	alone float64
 	at    time.Time // when level was last computed
 	// others is the estimated draw of everyone else, per second: the
 	// mirror refills at the limit's rate less it (see SetOthers).
 	others float64
-	synced time.Time // time of the last Sync
+	// sizeLow and sizeHigh bound the bucket's size as the headers have
+	// shown it (0: not yet; a minute of the limit is assumed): see
+	// learnSize.
+	sizeLow, sizeHigh float64
+	// spilt: alone reached the smallest size the bucket may have since
+	// the last Read, so the server's may have spilt refill (see Read).
+	spilt bool
 }
 
 // Known reports whether the bucket has seen a limit.
@@ -41,12 +51,71 @@ func (b *Bucket) Limit() float64 { return b.limit }
 // SetScale sets the bucket's size as a fraction of its limit (see scale).
 func (b *Bucket) SetScale(f float64) { b.scale = f }
 
-// Capacity returns the bucket's size: the limit times its scale.
+// Capacity returns the bucket's size: a minute of the limit (times its
+// scale), or less when the headers have shown it smaller (see learnSize):
+// the largest size they showed it surely holds, or while they have shown
+// none, the smallest it may hold.
 func (b *Bucket) Capacity() float64 {
+	c := b.limit
 	if b.scale > 0 {
-		return b.limit * b.scale
+		c = b.limit * b.scale
 	}
-	return b.limit
+	switch {
+	case b.sizeLow > 0:
+		c = math.Min(c, b.sizeLow)
+	case b.sizeHigh > 0:
+		c = math.Min(c, b.sizeHigh)
+	}
+	return c
+}
+
+// smallest is the smallest size the bucket may have: its capacity while
+// the headers have shown nothing of it (a minute of the limit is taken as
+// known), else the largest size they showed it surely holds.
+func (b *Bucket) smallest() float64 {
+	if b.sizeHigh == 0 {
+		return b.Capacity()
+	}
+	return math.Min(b.Capacity(), b.sizeLow)
+}
+
+// learnSize learns the bucket's size from one answer's headers. The
+// server refills a bucket continuously at limit/60 a second up to its
+// size, and reset is when it will be full: a bucket with remaining left at
+// now holds remaining + limit/60 × (reset − now). A burst smaller than a
+// minute of the limit is allowed and the API does not publish it; a
+// mirror that took the bucket for a minute of the limit refilled past the
+// server's, and read the refill the server spilt as someone else drawing
+// on the org.
+//
+// One answer bounds the size both ways, as far as remaining (see Reading)
+// and reset are exact; a reset in whole seconds (the API's) is rounded
+// up. A level below zero shows as 0, which bounds the size from above
+// only. The bucket is taken to hold the largest lower bound seen or, with
+// none yet, the smallest upper bound; a minute of the limit at most.
+// Without a reset (absent) nothing is learnt. A new limit scales what was
+// learnt (a burst is a share of its limit).
+func (b *Bucket) learnSize(now time.Time, r Reading) {
+	if r.Reset.IsZero() {
+		return
+	}
+	if b.limit > 0 && float64(r.Limit) != b.limit {
+		f := float64(r.Limit) / b.limit
+		b.sizeLow *= f
+		b.sizeHigh *= f
+	}
+	rate := float64(r.Limit) / 60
+	ahead := math.Max(0, r.Reset.Sub(now).Seconds())
+	lo, hi := r.interval()
+	if high := hi + rate*ahead; b.sizeHigh == 0 || high < b.sizeHigh {
+		b.sizeHigh = high
+	}
+	if !math.IsInf(lo, -1) {
+		if r.Reset.Nanosecond() == 0 {
+			ahead = math.Max(0, ahead-1)
+		}
+		b.sizeLow = math.Max(b.sizeLow, lo+rate*ahead)
+	}
 }
 
 // Rate is the refill left to us, per second: limit/60 less what others
@@ -69,7 +138,12 @@ func (b *Bucket) refill(now time.Time) {
 		return
 	}
 	if dt := now.Sub(b.at); dt > 0 {
-		b.level = math.Min(b.Capacity(), b.level+b.Rate()*dt.Seconds())
+		c := b.Capacity()
+		b.level = math.Min(c, b.level+b.Rate()*dt.Seconds())
+		b.alone = math.Min(c, b.alone+b.limit/60*dt.Seconds())
+		if b.alone >= b.smallest() {
+			b.spilt = true
+		}
 		b.at = now
 	}
 }
@@ -84,39 +158,111 @@ func (b *Bucket) Level(now time.Time) float64 {
 func (b *Bucket) Take(now time.Time, n float64) {
 	b.refill(now)
 	b.level = math.Min(b.Capacity(), b.level-n)
+	b.alone = math.Min(b.Capacity(), b.alone-n)
 	if b.limit <= 0 {
-		b.level = 0
+		b.level, b.alone = 0, 0
 	}
 }
 
-// Sync replaces the mirror with the server's view: remaining as of now, less
-// outstanding (what this client has reserved that the server has not charged
-// yet). It returns the unexplained consumption: how much less the server has
+// Sync is Read of an exact remaining and no reset: the server's view,
+// remaining as of now, of which up to outstanding (what this client has
+// drawn that the server may not have charged yet) may still be to come.
+// It returns the unexplained consumption: how much less the server has
 // left than the mirror predicted (positive when someone else is drawing on
-// the bucket; rounding makes it noisy around zero). For an unknown bucket it
-// returns 0.
+// the bucket). For an unknown bucket it returns 0.
 func (b *Bucket) Sync(now time.Time, limit, remaining int64, outstanding float64) (unexplained float64) {
-	if limit <= 0 {
+	return b.Read(now, Reading{Limit: limit, Remaining: remaining, Exact: true}, outstanding)
+}
+
+// Reading is what one answer's headers show of a bucket.
+type Reading struct {
+	Limit, Remaining int64
+	// Reset is when the bucket will be full again (zero: not shown).
+	Reset time.Time
+	// Exact: Remaining is the level; otherwise it is the level rounded
+	// down to a whole unit (a count), or with Rounded to the nearest
+	// thousand (token counts on the API).
+	Exact, Rounded bool
+	// MayBeNegative: the level may be below zero, shown as 0 (output
+	// tokens, charged after the fact).
+	MayBeNegative bool
+}
+
+// interval is the range the level is in, given what r shows.
+func (r Reading) interval() (lo, hi float64) {
+	rem := float64(r.Remaining)
+	switch {
+	case r.Exact:
+		lo, hi = rem, rem
+	case r.Rounded:
+		lo, hi = math.Max(0, rem-500), rem+500
+	default:
+		lo, hi = rem, rem+1
+	}
+	if r.Remaining <= 0 && r.MayBeNegative {
+		lo = math.Inf(-1)
+	}
+	return lo, hi
+}
+
+// Read brings the mirror to what an answer's headers show of the bucket:
+// its size (see learnSize), and its level as of now. What the bucket will
+// hold once the server has charged what this client has reserved is a
+// range: the shown level's (rounding), less up to outstanding (what this
+// client has drawn that the server may not have charged yet: requests on
+// their way, output still being written). The mirror keeps its own
+// prediction where that is inside the range, and is moved to its nearest
+// end otherwise, so that neither rounding nor our own draws in flight read
+// as anyone's draw or lose the mirror what it knew. It returns the
+// unexplained consumption: how far the server's bucket is below the
+// mirror's prediction (positive when someone else is drawing on it). For
+// an unknown bucket it returns 0 and takes the bottom of the range.
+func (b *Bucket) Read(now time.Time, r Reading, outstanding float64) (unexplained float64) {
+	if r.Limit <= 0 {
 		return 0
 	}
+	b.learnSize(now, r)
 	known := b.limit > 0
 	b.refill(now)
-	predicted := b.level + outstanding
-	// The mirror refilled at Rate, less than the limit by what others
-	// were assumed to draw: count that back, so what is returned is what
-	// others drew against the full refill.
-	assumed := 0.0
-	if !b.synced.IsZero() {
-		assumed = b.others * now.Sub(b.synced).Seconds()
-	}
-	b.synced = now
-	b.limit = float64(limit)
-	b.level = math.Min(b.Capacity(), float64(remaining)-outstanding)
+	// Against what the bucket would hold had nobody else drawn (the
+	// mirror's own level refilled at Rate, less than the limit by what
+	// others were assumed to draw), so what is returned is what others
+	// drew against the full refill; both stop at the bucket's size, as
+	// the server's does, so a full bucket's spilt refill is nobody's.
+	//
+	// The server's bucket is no larger than the mirror's, but may be
+	// smaller (its size is known within bounds): a bucket that may have
+	// filled up meanwhile may have spilt refill the mirror's did not.
+	// What it shows below the prediction is then taken as spilt, not
+	// someone's draw, as far as the size is unsure. Others drawing on a
+	// full bucket keep nobody waiting.
+	predicted := b.alone
+	unsure := b.Capacity() - b.smallest()
+	spilt := b.spilt
+	lo, hi := r.interval()
+	lo -= outstanding
+	b.limit = float64(r.Limit)
+	c := b.Capacity()
 	b.at = now
+	b.spilt = false
 	if !known {
+		b.level = math.Min(c, float64(r.Remaining)-outstanding)
+		b.alone = b.level
 		return 0
 	}
-	return predicted - float64(remaining) + assumed
+	b.level = math.Min(c, math.Min(math.Max(b.level, lo), hi))
+	b.alone = math.Min(c, math.Min(math.Max(b.alone, lo), hi))
+	var u float64
+	switch {
+	case predicted > hi:
+		u = predicted - hi
+	case predicted < lo:
+		u = predicted - lo
+	}
+	if spilt && u > 0 {
+		u -= math.Min(u, unsure)
+	}
+	return u
 }
 
 // Rescale changes the share of the server's bucket this mirror stands for
@@ -131,7 +277,10 @@ func (b *Bucket) Rescale(now time.Time, f, own float64) {
 	b.refill(now)
 	b.limit *= f
 	b.others *= f
+	b.sizeLow *= f
+	b.sizeHigh *= f
 	b.level = math.Min(b.Capacity(), (b.level+own)*f-own)
+	b.alone = math.Min(b.Capacity(), (b.alone+own)*f-own)
 }
 
 // Wait returns how long until the bucket has need available with floor left

@@ -2,6 +2,7 @@ package ratelimit
 
 import (
 	"math"
+	"slices"
 	"time"
 
 	"github.com/apidispatch/apidispatch/anthropic"
@@ -87,6 +88,9 @@ type Mirror struct {
 	Requests, Input, Output Bucket
 	// unexplained consumption per dimension, exponentially decayed
 	unexp [3]float64
+	// unsure: how much of unexp the headers' rounding may account for
+	// (see sync), decayed like it.
+	unsure [3]float64
 	// pace: the same over a longer time constant, for the others' rate.
 	pace    [3]float64
 	paceT   [3]float64 // the decayed length of those intervals, seconds
@@ -101,6 +105,18 @@ type Mirror struct {
 	// inFlight is what our admissions not yet answered drew (requests
 	// and input tokens, charged by the server on arrival): see Sync.
 	inFlight Need
+	// sent are those admissions, oldest first: when, and what each drew.
+	sent []admission
+	// The longest an answer took (admission to answer), in two rotating
+	// windows of paceWindows × Window: see SyncSince.
+	tailCur, tailPrev time.Duration
+	tailSince         time.Time
+}
+
+// admission is one admission in flight (see Mirror.sent).
+type admission struct {
+	at time.Time
+	n  Need
 }
 
 // NewMirror returns an empty mirror (unknown limits: everything fits until
@@ -125,14 +141,40 @@ func (m *Mirror) Take(now time.Time, n Need) {
 	if n.Requests > 0 {
 		m.inFlight.Requests += n.Requests
 		m.inFlight.Input += n.Input
+		i := len(m.sent)
+		for i > 0 && m.sent[i-1].at.After(now) {
+			i--
+		}
+		m.sent = slices.Insert(m.sent, i, admission{now, n})
 	}
 }
 
 // Landed reports that the admission that took n has been answered (call it
-// before Correct and Sync with its answer).
-func (m *Mirror) Landed(n Need) {
+// before Correct and Sync with its answer). LandedAt says which, when
+// several took the same.
+func (m *Mirror) Landed(n Need) { m.LandedAt(time.Time{}, n) }
+
+// LandedAt reports that the admission that took n at at has been
+// answered (see Landed); a zero at names the oldest that took n.
+func (m *Mirror) LandedAt(at time.Time, n Need) {
 	m.inFlight.Requests = math.Max(0, m.inFlight.Requests-n.Requests)
 	m.inFlight.Input = math.Max(0, m.inFlight.Input-n.Input)
+	first := -1
+	for i, a := range m.sent {
+		if a.n != n {
+			continue
+		}
+		if a.at.Equal(at) {
+			first = i
+			break
+		}
+		if first < 0 {
+			first = i
+		}
+	}
+	if first >= 0 {
+		m.sent = slices.Delete(m.sent, first, first+1)
+	}
 }
 
 // Correct replaces an earlier reservation by the actual draw, once known.
@@ -155,15 +197,42 @@ func (m *Mirror) Sync(now time.Time, rl anthropic.RateLimits, outstandingOutput 
 
 // SyncSince is Sync for the answer to a request admitted at sentAt. Our
 // admissions still unanswered may or may not be in the headers (the
-// server counts a request when it arrives, and requests wait for a
-// connection in any order): they are taken as still on their way, so the
-// mirror never believes the bucket holds more than it does. Those the
-// server had already counted make the mirror low by as much until their
-// answers come; the draws of others estimated from successive answers
-// telescope, so this cancels out there. sentAt is kept for callers; the
-// in-flight sum does not need it.
+// server counts a request when it arrives, and charges output when it
+// finishes): the bucket holds what the headers show less up to what they
+// drew (see Bucket.Read), and the mirror, which took them at admission,
+// keeps its own level where it is in that range.
+//
+// The output of those on their way for longer than any answer lately
+// took, and than twice this one, is not taken as outstanding: no answer
+// says when, or whether, it will be charged. A storm of timeouts left its
+// requests in flight until the timeout, long after the storm ended, and
+// the mirror took the output bucket for empty by as much all the while.
 func (m *Mirror) SyncSince(now, sentAt time.Time, rl anthropic.RateLimits, outstandingOutput float64) bool {
+	if !sentAt.IsZero() {
+		took := max(0, now.Sub(sentAt))
+		if m.tailSince.IsZero() || now.Sub(m.tailSince) >= paceWindows*m.cfg.Window {
+			m.tailPrev, m.tailCur, m.tailSince = m.tailCur, 0, now
+		}
+		m.tailCur = max(m.tailCur, took)
+		stalled := now.Add(-max(2*took, m.tailCur, m.tailPrev))
+		for _, a := range m.sent {
+			if !a.at.Before(stalled) {
+				break
+			}
+			outstandingOutput = math.Max(0, outstandingOutput-a.n.Output)
+		}
+	}
 	return m.sync(now, m.inFlight, rl, outstandingOutput)
+}
+
+// reading is what l shows of a bucket (see Reading): a count rounded
+// down, or for tokens, which the API rounds to the thousand, a whole
+// thousand taken as rounded; output tokens, charged after the fact, may
+// be below zero (input tokens too, past a request larger than the
+// bucket).
+func reading(l anthropic.Limit, tokens bool) Reading {
+	return Reading{Limit: l.Limit, Remaining: l.Remaining, Reset: l.Reset,
+		Rounded: tokens && l.Remaining%1000 == 0, MayBeNegative: tokens}
 }
 
 // sync refreshes the mirror from headers that may not count t yet.
@@ -186,13 +255,13 @@ func (m *Mirror) sync(now time.Time, t Need, rl anthropic.RateLimits, outstandin
 		first[2] = outstandingOutput
 	}
 	if rl.Requests.Present {
-		u[0] = m.Requests.Sync(now, rl.Requests.Limit, rl.Requests.Remaining, t.Requests)
+		u[0] = m.Requests.Read(now, reading(rl.Requests, false), t.Requests)
 	}
 	if rl.Input.Present {
-		u[1] = m.Input.Sync(now, rl.Input.Limit, rl.Input.Remaining, t.Input)
+		u[1] = m.Input.Read(now, reading(rl.Input, true), t.Input)
 	}
 	if rl.Output.Present {
-		u[2] = m.Output.Sync(now, rl.Output.Limit, rl.Output.Remaining, outstandingOutput)
+		u[2] = m.Output.Read(now, reading(rl.Output, true), outstandingOutput)
 	}
 	// Decay the running sums, then add this sync's surprise. The sums
 	// telescope, so header rounding cancels out over a window and what
@@ -213,6 +282,13 @@ func (m *Mirror) sync(now time.Time, t Need, rl anthropic.RateLimits, outstandin
 	// requests, so the first two dimensions see them.
 	buckets := [3]*Bucket{&m.Requests, &m.Input, &m.Output}
 	rem := [3]anthropic.Limit{rl.Requests, rl.Input, rl.Output}
+	var width [3]float64
+	for i, r := range [3]Reading{reading(rl.Requests, false), reading(rl.Input, true), reading(rl.Output, true)} {
+		if rem[i].Present {
+			lo, hi := r.interval()
+			width[i] = hi - math.Max(lo, float64(r.Remaining)-500)
+		}
+	}
 	for i := range 3 {
 		m.unexp[i] = m.unexp[i]*decay + u[i]
 		m.pace[i] *= paceDecay
@@ -249,7 +325,13 @@ func (m *Mirror) sync(now time.Time, t Need, rl anthropic.RateLimits, outstandin
 		// still on its way to us is outstanding, taken off above, so the
 		// output bucket shows others too.
 		// rate ≈ sum / window; compare with threshold × limit per minute.
-		rate := m.unexp[i] / m.cfg.Window.Seconds()
+		// A shown level is a range (rounding), inside which the mirror
+		// keeps its own: a difference hidden there shows as one lump when
+		// it leaves the range, others' or not. Only what is above the
+		// range's width counts; the sum decays, and so does the width
+		// it may hold, the widest of any answer in the window.
+		m.unsure[i] = math.Max(m.unsure[i]*decay, width[i])
+		rate := (m.unexp[i] - m.unsure[i]) / m.cfg.Window.Seconds()
 		if rate <= m.cfg.OthersThreshold*limits[i]/60 {
 			m.above[i] = 0
 			continue

@@ -66,7 +66,17 @@ type Gate struct {
 	starved     bool // refused for want of a slot since the last renewal
 	starvedAt   time.Time
 	success     bool // a success since the last renewal
-	answered    bool // an answer has come back (see LaneConfig.ProbeFirst)
+	answered    bool // an answer has come back
+	// syncedAt: when the first headers synced the mirrors; renewedAt: when
+	// the last renewal that answered was sent (see LaneConfig.ProbeFirst
+	// and TryAdmit).
+	syncedAt  time.Time
+	renewedAt time.Time
+	// probing: a 429 or 529 without retry-after came back since the last
+	// success; past the hold the gate sends one request (the probe,
+	// probeOut while it is out) until a success (see gate.Lane).
+	probing  bool
+	probeOut bool
 	// joined: a renewal has answered; joinUntil: this process joined
 	// others drawing on the key, and sends no more than its probe until
 	// then (see renew).
@@ -197,6 +207,11 @@ func (g *Gate) TryAdmit(now time.Time, d gate.Demand) (gate.Permit, time.Duratio
 		g.heldTotal += g.holdUntil.Sub(g.holdFrom)
 		g.holdFrom = time.Time{}
 	}
+	if g.probing && g.probeOut {
+		// One probe at a time through a storm: its answer (a release)
+		// tells whether the storm is over.
+		return gate.Permit{}, 0, false
+	}
 	if g.inFlight >= g.available() {
 		if !g.starved {
 			g.starved = true
@@ -216,12 +231,13 @@ func (g *Gate) TryAdmit(now time.Time, d gate.Demand) (gate.Permit, time.Duratio
 		// Joined others on the key: one probe until they know of it.
 		return gate.Permit{}, g.joinUntil.Sub(now), false
 	}
-	if g.cfg.ProbeFirst && g.inFlight > 0 && !g.answered && !g.buckets.Mirror().Synced() {
-		// One request at a time until the buckets are known, from its
-		// answer or from headers another process on the key left in
-		// Redis: each process's first grant would otherwise be sent
-		// blind, and three processes' together drained the buckets at
-		// the start of a run.
+	if g.cfg.ProbeFirst && g.inFlight > 0 && (!g.buckets.Mirror().Synced() || (!g.local && !g.dark && g.renewedAt.Before(g.syncedAt))) {
+		// One request at a time until the buckets are known from this
+		// process's own answer, and until a renewal sent after it has
+		// told the process its share of them: each process's first
+		// grant would otherwise be sent blind, or on the share it had
+		// before others joined (three processes started together drained
+		// the buckets at the start of a run).
 		return gate.Permit{}, 0, false
 	}
 	n := g.buckets.Need(d)
@@ -237,7 +253,8 @@ func (g *Gate) TryAdmit(now time.Time, d gate.Demand) (gate.Permit, time.Duratio
 	if g.inFlight >= g.available() {
 		g.starved = true
 	}
-	p := gate.Permit{Need: n, Demand: d, Epoch: g.epoch, At: now}
+	g.probeOut = g.probing
+	p := gate.Permit{Need: n, Demand: d, Epoch: g.epoch, At: now, Probe: g.probing}
 	if g.admitted == nil {
 		g.admitted = map[time.Time]int{}
 	}
@@ -278,29 +295,39 @@ func (g *Gate) Done(now time.Time, p gate.Permit, fb gate.Feedback) {
 	if fb.Limits.Requests.Present || fb.Limits.Input.Present || fb.Limits.Output.Present {
 		g.hdr, g.hdrAt, g.hdrNew = fb.Limits, now, true
 		if first {
+			g.syncedAt = time.Now()
 			// The first headers: renew now, so that the others on the
 			// key start from them, and so that this process's share of
 			// the buckets is the latest (see renew).
 			g.b.kick()
 		}
 	}
+	if p.Probe {
+		g.probeOut = false
+	}
 	o := fb.Outcome
 	if o.Kind == anthropic.Success {
+		// A success after errors: whatever storm held the gate is over.
 		g.success = true
+		g.probing = false
 	}
-	congested := o.RateLimited || o.Overloaded
+	congested := gate.Congested(o)
 	if congested && o.HasRetryAfter {
 		// Hold at once; Redis will make it everyone's.
 		g.holdLocked(now, o.RetryAfter)
 	}
+	if congested && !o.HasRetryAfter {
+		g.probing = true
+	}
+	cut := o.RateLimited && gate.BucketsRefused(p, fb)
 	local := g.local
 	if congested && local {
-		g.localCongestion(now, p, o)
+		g.localCongestion(now, p, o, cut)
 	}
 	wake := g.wake
 	g.mu.Unlock()
 	if congested && !local {
-		g.congestion(now, p, o)
+		g.congestion(now, p, o, cut)
 	}
 	if wake != nil {
 		wake()
@@ -356,21 +383,24 @@ func (g *Gate) holdLocked(now time.Time, d time.Duration) {
 }
 
 // localCongestion is the lane controller's own rule, on the local share,
-// while Redis is out of reach; g.mu is held.
-func (g *Gate) localCongestion(now time.Time, p gate.Permit, o anthropic.Outcome) {
-	if p.Epoch == g.epoch && o.RateLimited {
+// while Redis is out of reach (cut: a 429 the buckets explain, see
+// gate.BucketsRefused); g.mu is held.
+func (g *Gate) localCongestion(now time.Time, p gate.Permit, o anthropic.Outcome, cut bool) {
+	if p.Epoch == g.epoch && cut {
 		g.localLimit = math.Max(g.cfg.MinLimit, math.Floor(g.localLimit*g.cfg.Decrease))
 		g.epoch++
 		g.myCuts++
 	}
-	if !o.HasRetryAfter && p.Epoch+1 == g.epoch {
-		g.holdLocked(now, time.Duration(0.5/g.cfg.Speed*float64(time.Second)))
+	if !o.HasRetryAfter {
+		// The first back-off, past which the gate probes (see Done).
+		g.holdLocked(now, gate.ProbeBackoff(1, g.cfg.Speed))
 	}
 }
 
 // congestion reports a 429 or 529 to Redis, which cuts the shared limit
-// once per epoch and holds every process for the retry-after.
-func (g *Gate) congestion(now time.Time, p gate.Permit, o anthropic.Outcome) {
+// once per epoch for a 429 the buckets explain (mayCut) and holds every
+// process for the retry-after, or without one for a back-off.
+func (g *Gate) congestion(now time.Time, p gate.Permit, o anthropic.Outcome, mayCut bool) {
 	ra := int64(-1)
 	if o.HasRetryAfter {
 		ra = o.RetryAfter.Milliseconds()
@@ -384,13 +414,18 @@ func (g *Gate) congestion(now time.Time, p gate.Permit, o anthropic.Outcome) {
 	g.mu.Lock()
 	keys, proc := g.keys, g.proc
 	g.mu.Unlock()
-	args := []any{proc, g.cfg.Cap, g.cfg.StartFraction, g.cfg.MinLimit, p.Epoch, rl, ra, g.cfg.Decrease, g.cfg.Speed}
+	cutOK := "0"
+	if mayCut {
+		cutOK = "1"
+	}
+	args := []any{proc, g.cfg.Cap, g.cfg.StartFraction, g.cfg.MinLimit, p.Epoch, rl, ra, g.cfg.Decrease, g.cfg.Speed,
+		cutOK, gate.ProbeBackoffMax}
 	g.b.trips.Add(1)
 	res, err := congestionScript.Run(ctx, g.b.rdb, keys, args...).Slice()
 	if err != nil {
 		g.b.lost(err)
 		g.mu.Lock()
-		g.localCongestion(now, p, o)
+		g.localCongestion(now, p, o, mayCut)
 		g.mu.Unlock()
 		return
 	}
@@ -484,6 +519,10 @@ func (g *Gate) renew(ctx context.Context) error {
 	before := g.available()
 	wasFenced := g.fenced || g.local
 	g.local, g.dark, g.fenced = false, false, false
+	// The first renewal since the first answer lets the gate past its
+	// probe (see TryAdmit): wake the engine for it.
+	shareKnown := g.renewedAt.Before(g.syncedAt) && !sent.Before(g.syncedAt)
+	g.renewedAt = sent
 	g.leaseMono = sent.Add(g.b.ttl - g.b.margin)
 	g.leaseWall = sent.Round(0).Add(g.b.ttl - g.b.margin)
 	g.grant = int(toInt(res[0]))
@@ -529,8 +568,12 @@ func (g *Gate) renew(ctx context.Context) error {
 		g.buckets.Mirror().NoteOthers(now, now.Add(time.Duration(o)*time.Millisecond))
 	}
 	g.procs = max(1, int(toInt(res[7])))
-	if s, _ := res[9].(string); s != "" && !g.buckets.Mirror().Synced() {
-		// Limits another process learnt serve this one from its start.
+	if s, _ := res[9].(string); s != "" && !g.cfg.ProbeFirst && !g.buckets.Mirror().Synced() {
+		// Limits another process learnt serve this one from its start,
+		// when it does not probe first. A gate that probes (the engine's
+		// and the gateway's) waits for its own answer instead: the level
+		// those headers showed is stale by whatever the others have sent
+		// since, as much as the whole bucket at a run's start.
 		if a := toInt(res[10]); a >= 0 && time.Duration(a)*time.Millisecond < time.Duration(float64(2*time.Second)/g.cfg.Speed) {
 			if rl, ok := parseHdr(s); ok {
 				g.buckets.Sync(now, rl, g.share)
@@ -538,7 +581,7 @@ func (g *Gate) renew(ctx context.Context) error {
 		}
 	}
 	wake := g.wake
-	grew := g.available() > before || (wasFenced && g.grant > 0)
+	grew := g.available() > before || (wasFenced && g.grant > 0) || shareKnown
 	g.mu.Unlock()
 	if r := toInt(res[8]); r > 0 {
 		g.b.cfg.Events.Emit(rundir.EventLane, fmt.Sprintf("%s/%s: %d slots of a process whose lease expired are back", g.cfg.Org, g.cfg.Pool, r),

@@ -176,11 +176,13 @@ return {grant, tostring(limit), gen, cuts, holdMs, n, othMs, #procs, reclaimed, 
 `)
 
 // congestionScript applies a 429 (or 529): one multiplicative cut per
-// congestion epoch for all processes, and a hold for retry-after (or,
-// without one, a back-off growing per epoch).
+// congestion epoch for all processes, for a 429 the buckets explain (see
+// gate.BucketsRefused), and a hold for retry-after (or, without one, a
+// back-off growing per epoch up to a cap: gate.ProbeBackoff).
 //
 // ARGV: proc, cap, start fraction, min limit, epoch at admission, rate
-// limited (0/1), retry-after ms (-1: none), decrease, speed.
+// limited (0/1), retry-after ms (-1: none), decrease, speed, may cut
+// (0/1), longest back-off in server seconds.
 //
 // Returns {cut (0/1), limit, gen, cuts, hold ms}.
 var congestionScript = redis.NewScript(luaPrelude + `
@@ -189,6 +191,8 @@ local rateLimited = ARGV[6] == '1'
 local ra = tonumber(ARGV[7])
 local decrease = tonumber(ARGV[8])
 local speed = tonumber(ARGV[9])
+local mayCut = ARGV[10] == '1'
+local maxBackoff = tonumber(ARGV[11])
 local newEpoch = epoch == gen
 local cut = 0
 if rateLimited then
@@ -196,7 +200,7 @@ if rateLimited then
   redis.call('LPUSH', r429, now)
   redis.call('LTRIM', r429, 0, 999)
 end
-if newEpoch and rateLimited then
+if newEpoch and rateLimited and mayCut then
   limit = math.max(minl, math.floor(limit * decrease))
   gen = gen + 1
   cuts = cuts + 1
@@ -208,7 +212,7 @@ if ra >= 0 then
   hold = ra
 elseif newEpoch then
   nora = nora + 1
-  hold = math.floor(math.min(8, 0.5 * 2 ^ (nora - 1)) / speed * 1000)
+  hold = math.floor(math.min(maxBackoff, 0.5 * 2 ^ (nora - 1)) / speed * 1000)
 end
 if hold > 0 and now + hold > holdUntil then holdUntil = now + hold end
 save()

@@ -42,6 +42,20 @@ func rl429(ra time.Duration) gate.Feedback {
 	return gate.Feedback{Outcome: anthropic.Outcome{Kind: anthropic.Retryable, Status: 429, RateLimited: true, RetryAfter: ra, HasRetryAfter: ra > 0}}
 }
 
+func overloaded529() gate.Feedback {
+	return gate.Feedback{Outcome: anthropic.Outcome{Kind: anthropic.Retryable, Status: 529, Overloaded: true}}
+}
+
+// limits are rate-limit headers whose request bucket holds requestsLeft
+// of 1,000 and whose token buckets are full.
+func limits(requestsLeft int64) anthropic.RateLimits {
+	return anthropic.RateLimits{
+		Requests: anthropic.Limit{Present: true, Limit: 1000, Remaining: requestsLeft},
+		Input:    anthropic.Limit{Present: true, Limit: 1_000_000, Remaining: 1_000_000},
+		Output:   anthropic.Limit{Present: true, Limit: 100_000, Remaining: 100_000},
+	}
+}
+
 // Option changes how Run runs the suite.
 type Option func(*suite)
 
@@ -199,6 +213,85 @@ func Run(t *testing.T, newGate New, opts ...Option) {
 		time.Sleep(time.Nanosecond)
 		if _, _, ok := g.TryAdmit(time.Now(), one); !ok {
 			t.Fatal("still held when the retry-after ended")
+		}
+	})
+
+	// Issue 29: after a storm of 529s (or 429s) without retry-after the
+	// lane held up to 8 s of server time past its end, request after
+	// request; a lane now backs off at most ProbeBackoffMax, sends one
+	// probe at a time meanwhile, and reopens at the first success.
+	run("StormWithoutRetryAfterEndsWithinTheLongestBackoff", func(t *testing.T) {
+		c := cfg(10, 1) // at speed 100: the 20 s storm lasts 200 ms
+		g, settle := newGate(t, c)
+		settle()
+		speed := c.Speed
+		end := time.Now().Add(time.Duration(20 * float64(time.Second) / speed))
+		deadline := time.Now().Add(10 * time.Second)
+		probes, checked := 0, false
+		var first time.Time
+		for first.IsZero() {
+			if time.Now().After(deadline) {
+				t.Fatalf("nothing admitted after the storm: %+v", g.Snapshot(time.Now()))
+			}
+			settle()
+			p, wait, ok := g.TryAdmit(time.Now(), one)
+			if !ok {
+				time.Sleep(min(max(wait, time.Millisecond), 10*time.Millisecond))
+				continue
+			}
+			now := time.Now()
+			if now.Before(end) {
+				probes++
+				if probes == 2 && !checked {
+					// Past the first hold: one probe at a time.
+					checked = true
+					if q, _, ok := g.TryAdmit(now, one); ok {
+						g.Done(now, q, ok200())
+						t.Fatal("a second request admitted while the probe was out")
+					}
+				}
+				g.Done(now, p, overloaded529())
+				continue
+			}
+			first = now
+			g.Done(now, p, ok200())
+		}
+		late := first.Sub(end).Seconds() * speed
+		t.Logf("%d probes in the storm; reopened %.2f s of server time after it", probes, late)
+		if late > gate.ProbeBackoffMax+0.5 {
+			t.Fatalf("reopened %.2f s of server time after the storm, want within %.1f s", late, gate.ProbeBackoffMax)
+		}
+		if probes > 15 {
+			t.Fatalf("%d requests sent into a 20 s storm, want one per back-off (about 11)", probes)
+		}
+		// Reopened: the whole limit at once.
+		if n := len(fill(g, time.Now())); n != 10 {
+			t.Fatalf("admitted %d after the success, want the limit, 10", n)
+		}
+	})
+
+	// A 429 whose headers show room in every bucket is no bucket's doing
+	// (a storm): the lane holds for its retry-after but does not cut, or
+	// it would stay slow long after the storm. One that finds a bucket
+	// empty cuts.
+	run("A429WithRoomHoldsButDoesNotCut", func(t *testing.T) {
+		c := cfg(100, 1)
+		c.Speed = 1 // the increase after a cut stays small
+		g, settle := newGate(t, c)
+		settle()
+		ps := fill(g, time.Now())
+		fb := rl429(time.Second)
+		fb.Limits = limits(900)
+		g.Done(time.Now(), ps[0], fb)
+		settle()
+		if s := g.Snapshot(time.Now()); s.Cuts != 0 || s.Limit < 100 || !s.Held {
+			t.Fatalf("after a 429 with room: %+v, want held, no cut, limit 100", s)
+		}
+		fb.Limits = limits(0)
+		g.Done(time.Now(), ps[1], fb)
+		settle()
+		if s := g.Snapshot(time.Now()); s.Cuts != 1 || s.Limit >= 51 {
+			t.Fatalf("after a 429 with the request bucket empty: %+v, want one cut to 50", s)
 		}
 	})
 
