@@ -191,24 +191,43 @@ func TestServeSignalsAnswerEveryClientAndExit(t *testing.T) {
 		t.Skip("starts processes")
 	}
 	run, _ := simtest.Start(t, sim.PresetOrigin3Org, 1, func(c *sim.Config) { c.BillAbandoned = true })
-	if _, err := run.Server.AddFault(sim.Fault{ID: "slow", Kind: sim.FaultSlow, ExtraLatency: 20 * time.Second}); err != nil {
-		t.Fatal(err)
-	}
 	dir := t.TempDir()
 	state := filepath.Join(dir, "state")
 	p := startServeProc(t, run, nil, "--quiet", "--cap", "sonnet=1", "--token-file", filepath.Join(dir, "token"), "--state-dir", state)
-	t0 := time.Now()
 	body := func(i int, stream bool) []byte {
 		return fmt.Appendf(nil, `{"model":"claude-sonnet-4-5","max_tokens":512,"stream":%v,"messages":[{"role":"user","content":"Item %d. Provide your evaluation as a JSON object."}]}`, stream, i)
 	}
+	// First every key answers once, so the gateway knows each one's
+	// organisation (until then a key is capped as if it shared one with
+	// the others: one request in flight over the three).
+	warm := int64(0)
+	for answered := 0; answered < 3; {
+		if warm == 12 {
+			t.Fatalf("12 warm-up requests reached %d of the 3 keys", answered)
+		}
+		if r := gwPost(p.base, p.token, body(100+int(warm), false)); r.status != 200 {
+			t.Fatalf("warm-up request: %d %.200s", r.status, r.body)
+		}
+		warm++
+		answered = 0
+		for _, o := range run.Server.Stats().Orgs {
+			if o.Completions > 0 {
+				answered++
+			}
+		}
+	}
+	if _, err := run.Server.AddFault(sim.Fault{ID: "slow", Kind: sim.FaultSlow, ExtraLatency: 20 * time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Now()
 	replies := make([]gwReply, 15)
 	var wg sync.WaitGroup
 	for i := range 3 { // in flight: two streams and a plain request
 		wg.Go(func() { replies[i] = gwPost(p.base, p.token, body(i, i < 2)) })
 	}
-	for end := time.Now().Add(10 * time.Second); upstreamSent(run) < 3; time.Sleep(10 * time.Millisecond) {
+	for end := time.Now().Add(10 * time.Second); upstreamSent(run) < warm+3; time.Sleep(10 * time.Millisecond) {
 		if time.Now().After(end) {
-			t.Fatalf("3 requests never reached the upstream: %d", upstreamSent(run))
+			t.Fatalf("3 requests never reached the upstream: %d", upstreamSent(run)-warm)
 		}
 	}
 	for i := 3; i < 15; i++ { // queued behind them
@@ -251,9 +270,9 @@ func TestServeSignalsAnswerEveryClientAndExit(t *testing.T) {
 		}
 	}
 	// The simulator bills the three it was sent when they end upstream.
-	for end := time.Now().Add(30 * time.Second); run.Server.LedgerTotals().Requests < 3; time.Sleep(50 * time.Millisecond) {
+	for end := time.Now().Add(30 * time.Second); run.Server.LedgerTotals().Requests < warm+3; time.Sleep(50 * time.Millisecond) {
 		if time.Now().After(end) {
-			t.Fatalf("the simulator billed %d of the 3 requests it was sent", run.Server.LedgerTotals().Requests)
+			t.Fatalf("the simulator billed %d of the 3 requests it was sent", run.Server.LedgerTotals().Requests-warm)
 		}
 	}
 	billed := run.Server.LedgerTotals()
