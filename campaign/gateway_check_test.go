@@ -38,10 +38,13 @@ import (
 //     only these are exempt: requests the API runs longer than the attempt
 //     timeout (a slow fault past 10 API minutes), which every client gives
 //     up on and sends again while the API may still run them; and after a
-//     kill -9 during a slow fault, its requests for the fault's extra
-//     latency (a gateway restarted after a kill -9 holds the slots of the
-//     attempts its predecessor's journal holds open while the API may run
-//     them at its documented pace, which a slow fault passes);
+//     kill -9, a SIGSTOP or a partition from Redis during a slow fault, the
+//     silent gateway's requests for the fault's extra latency (a gateway
+//     restarted after a kill -9 holds the slots of the attempts its
+//     predecessor's journal holds open while the API may run them at its
+//     documented pace, and Redis keeps a silent gateway's slots for a
+//     grace of 1.25 × its longest recent request: a slow fault outruns
+//     both; docs/shared-budget.md, "Worst case");
 //  4. per client and gateway, what the simulator billed for the client's
 //     requests sent to that gateway at most the client's max_cost; per
 //     gateway, what it billed for every request sent to it at most
@@ -371,22 +374,38 @@ func checkGateway(w *gwWorld) []string {
 	// their max_tokens; a slow fault runs them far longer, so after a kill
 	// while one is on, the killed gateway's requests are exempt for the
 	// fault's extra latency.
+	// The same for a gateway stopped or cut off from Redis: Redis keeps
+	// its slots for its lease and a grace of 1.25 × its longest recent
+	// request (docs/shared-budget.md, "Worst case"), which a slow fault
+	// outruns.
+	type gone struct {
+		why      string
+		from, to time.Duration
+	}
+	var gones []gone
 	for _, g := range w.gws {
 		for _, inc := range g.incs {
-			if !inc.killed {
+			if inc.killed {
+				gones = append(gones, gone{fmt.Sprintf("gateway %d pid %d killed", g.i, inc.pid), inc.to, inc.to})
+			}
+		}
+	}
+	w.mu.Lock()
+	for _, x := range w.silences {
+		gones = append(gones, gone{fmt.Sprintf("gateway %d stopped or cut off", x.gw), x.from, x.to})
+	}
+	w.mu.Unlock()
+	for _, x := range gones {
+		for _, f := range sc.Faults {
+			if f.Kind != sim.FaultSlow {
 				continue
 			}
-			for _, f := range sc.Faults {
-				if f.Kind != sim.FaultSlow {
-					continue
-				}
-				from, to := time.Duration(float64(f.Start)/sc.Speed), time.Duration(float64(f.Start+f.Duration+f.ExtraLatency)/sc.Speed)
-				if inc.to < from || inc.to > to {
-					continue
-				}
-				windows = append(windows, window{inc.to, inc.to + time.Duration(float64(f.ExtraLatency)/sc.Speed) + w.latencyReal() + time.Second/2,
-					fmt.Sprintf("gateway %d pid %d killed during a slow fault", g.i, inc.pid)})
+			from, to := time.Duration(float64(f.Start)/sc.Speed), time.Duration(float64(f.Start+f.Duration+f.ExtraLatency)/sc.Speed)
+			if x.to < from || x.from > to {
+				continue
 			}
+			windows = append(windows, window{x.from, x.to + time.Duration(float64(f.ExtraLatency)/sc.Speed) + w.latencyReal() + time.Second/2,
+				x.why + " during a slow fault"})
 		}
 	}
 	var peaks []string

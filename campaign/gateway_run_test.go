@@ -112,6 +112,8 @@ type gwWorld struct {
 
 	mu  sync.Mutex
 	log []string
+	// silences are the spans a gateway was stopped or cut off from Redis.
+	silences []silence
 }
 
 // gwProc is one gateway: its address and state directory, and every
@@ -146,7 +148,7 @@ type gwInc struct {
 	killed   bool    // SIGKILL
 	final    bool    // stopped by the end of the scenario
 	hung     string  // still running gwHangAfter after a signal: where its goroutines dump is
-	buf      *bytes.Buffer
+	buf      *lockedBuffer
 	doneCh   chan struct{}
 	waitErr  error
 	stopping time.Time // first SIGTERM/SIGINT
@@ -282,7 +284,7 @@ func (w *gwWorld) env() []string {
 
 // launch starts one process of g and waits until it listens or exits.
 func (w *gwWorld) launch(g *gwProc) *gwInc {
-	inc := &gwInc{buf: &bytes.Buffer{}, doneCh: make(chan struct{}), from: w.since()}
+	inc := &gwInc{buf: &lockedBuffer{}, doneCh: make(chan struct{}), from: w.since()}
 	c := exec.Command(binary, w.args(g)...)
 	c.Env = w.env()
 	c.Stdout, c.Stderr = inc.buf, inc.buf
@@ -304,8 +306,9 @@ func (w *gwWorld) launch(g *gwProc) *gwInc {
 			return inc
 		case <-time.After(20 * time.Millisecond):
 		}
-		if conn, err := net.DialTimeout("tcp", g.addr, time.Second); err == nil {
-			conn.Close()
+		// It prints the base URL once it listens. (A dial could reach
+		// another process that took the port meanwhile.)
+		if strings.Contains(inc.buf.String(), "ANTHROPIC_BASE_URL=") {
 			g.mu.Lock()
 			inc.served = true
 			g.mu.Unlock()
@@ -337,6 +340,14 @@ func (w *gwWorld) supervise(g *gwProc, ready chan<- struct{}) {
 			w.logf("gateway %d started (pid %d)", g.i, inc.pid)
 		}
 		w.await(g, inc)
+		if !inc.served && strings.Contains(inc.out, "address already in use") && !g.everServed() {
+			// Another process took the port freeAddr found between its
+			// check and this start: the gateway takes another before its
+			// clients know it.
+			g.addr = freeAddr(w.t)
+			w.logf("gateway %d: its port was taken before it started; now %s", g.i, g.addr)
+			continue
+		}
 		if !inc.served {
 			// Exited before it listened (Redis cut off at start, say).
 			if failingSince.IsZero() {
@@ -469,12 +480,14 @@ func (w *gwWorld) disturb(d gwDisturbance) {
 	case gStop:
 		g.pause.Lock()
 		defer g.pause.Unlock()
+		from := w.since()
 		inc := g.signal(w, syscall.SIGSTOP)
 		if inc == nil {
 			return
 		}
 		w.logf("gateway %d: SIGSTOP", g.i)
 		time.Sleep(d.For)
+		defer w.silent(g.i, from)
 		g.mu.Lock()
 		if inc.cmd.Process.Signal(syscall.SIGCONT) == nil {
 			inc.sigs = append(inc.sigs, sigAt{syscall.SIGCONT, w.since()})
@@ -484,11 +497,13 @@ func (w *gwWorld) disturb(d gwDisturbance) {
 	case gPartition:
 		g.pause.Lock()
 		defer g.pause.Unlock()
+		from := w.since()
 		g.proxy.cut(true)
 		w.logf("gateway %d partitioned from redis", g.i)
 		time.Sleep(d.For)
 		g.proxy.cut(false)
 		w.logf("gateway %d partition healed", g.i)
+		w.silent(g.i, from)
 	}
 }
 
@@ -1150,4 +1165,49 @@ func (c *gwClientRun) dribble(ctx context.Context, i int) {
 			return
 		}
 	}
+}
+
+// everServed reports whether a process of g has listened.
+func (g *gwProc) everServed() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for _, inc := range g.incs {
+		if inc.served {
+			return true
+		}
+	}
+	return false
+}
+
+// lockedBuffer is a process's output, written by exec's copying goroutine
+// and read while it runs.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// silence is a span of real time (since the simulator started) during
+// which gateway gw was stopped or cut off from Redis.
+type silence struct {
+	gw       int
+	from, to time.Duration
+}
+
+// silent records that gateway gw was silent from from until now.
+func (w *gwWorld) silent(gw int, from time.Duration) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.silences = append(w.silences, silence{gw, from, w.since()})
 }
