@@ -101,7 +101,7 @@ func (e *Engine) caching() bool { return e.cfg.Cache != nil && e.cfg.CacheMode !
 func (e *Engine) keyItems(ctx context.Context, items []store.Item, com *committer) ([]fed, error) {
 	out := make([]fed, len(items))
 	var keys []cache.Key
-	capped := e.gate.Capped()
+	capped := e.gate.Capped() || e.cfg.WorstEvery
 	for i, it := range items {
 		out[i].it = it
 		// A line shorter than the shortest prefix worth placing has none:

@@ -90,6 +90,12 @@ type Config struct {
 	// and settles it from usage. Its cap is the run's --max-cost, and
 	// MaxCost is then not read.
 	Spend *spend.Gate
+	// WorstEvery prices every item's worst case even when no gate has a
+	// cap, so that an attempt that may have been billed without an answer
+	// is counted at it (possible_duplicate_billing_nanos): for a caller
+	// that bills from the store what the API may have billed (the
+	// gateway's batches). Without it only a capped run prices them.
+	WorstEvery bool
 	// MaxSeq, when positive, limits this Run to items 1..MaxSeq of the input
 	// (a pilot); the rest stay pending for a later Run.
 	MaxSeq int64

@@ -27,12 +27,17 @@ func Backoff(n int, speed, u float64) time.Duration {
 }
 
 // RetryWait is how long a request waits before its next attempt after
-// its nth consecutive failure o: the back-off, or the server's
-// retry-after when that is longer (it is already in wall time: a server
-// that runs fast scales it). A route whose lane holds for a 429's
-// retry-after (Lane.congestion) lets the request take another lane at
-// once instead; a route without lanes waits this for a 429 too.
+// its nth consecutive failure o. A 429 or 529 (congestion) with a
+// retry-after waits exactly that long, as its lane holds for it
+// (Lane.congestion: the server said when to come back; it is already in
+// wall time, a server that runs fast scales it). Any other failure waits
+// the back-off, or the retry-after when that is longer. A route whose lane
+// holds for congestion lets the request take another lane at once
+// instead; a route without lanes (the passthrough) waits this.
 func RetryWait(o anthropic.Outcome, n int, speed, u float64) time.Duration {
+	if Congested(o) && o.HasRetryAfter {
+		return o.RetryAfter
+	}
 	d := Backoff(n, speed, u)
 	if o.HasRetryAfter {
 		d = max(d, o.RetryAfter)

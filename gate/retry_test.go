@@ -18,9 +18,14 @@ func TestRetryWait(t *testing.T) {
 	}
 	ra := func(d time.Duration) anthropic.Outcome { return anthropic.Outcome{HasRetryAfter: true, RetryAfter: d} }
 	if got := RetryWait(ra(100*time.Millisecond), 1, 1, 0); got != 500*time.Millisecond {
-		t.Errorf("a retry-after shorter than the back-off: waited %v, want the back-off", got)
+		t.Errorf("a 500's retry-after shorter than the back-off: waited %v, want the back-off", got)
 	}
 	if got := RetryWait(ra(3*time.Second), 1, 1, 0); got != 3*time.Second {
-		t.Errorf("a retry-after longer than the back-off: waited %v, want it", got)
+		t.Errorf("a 500's retry-after longer than the back-off: waited %v, want it", got)
+	}
+	busy := ra(100 * time.Millisecond)
+	busy.Overloaded = true
+	if got := RetryWait(busy, 1, 1, 0); got != 100*time.Millisecond {
+		t.Errorf("a 529's retry-after shorter than the back-off: waited %v, want it, as its lane holds", got)
 	}
 }

@@ -464,6 +464,7 @@ func (s *batchStore) runOnce(ctx context.Context, gb *gwBatch, cancelOpen bool) 
 		Orgs: g.cfg.Orgs, BaseURL: g.cfg.BaseURL, Caps: g.cfg.Caps, Speed: g.cfg.Speed, Prices: g.cfg.Prices,
 		Client: g.client, Log: g.log, NewGate: g.lanes.engineGate, SameOrg: g.lanes.sameOrg, Lane: g.cfg.Lane, Timeout: g.cfg.Timeout,
 		PromptCaches: g.lanes.places, // the same orgs' prompt caches as the sync requests
+		WorstEvery:   true,           // the batch's bill counts what resets may have billed
 	}
 	abort, forget := g.life.aborter()
 	defer forget()
@@ -519,13 +520,17 @@ func (s *batchStore) batchGate(ctx context.Context, gb *gwBatch, job *rundir.Job
 	if spent > 0 {
 		cg.Hold(spent).Settle(spent)
 	}
-	// What an earlier process may have had billed without an answer (it
-	// died with requests in flight) is counted in spent and is sent again:
-	// the batch's own cap grows by it, or a batch resumed after a crash
-	// could never finish inside its worst case. The client's gate, which
-	// counts it too, still bounds the whole.
-	maybe := cost.Nanos(agg.Counters[rundir.CounterMaybeBilledNanos])
-	gb.gate = cg.Child("gateway batch "+gb.meta.ID+"'s worst case", gb.meta.WorstNanos+maybe, spent)
+	// The batch's own cap is its worst case when every item is billed
+	// once, as the Batches API bills them. Sent one by one (the sync route,
+	// and auto's sync share), an attempt cut after it was sent (a reset, a
+	// timeout, a process killed with it in flight) may be billed and is sent
+	// again, so no worst case fixed at create bounds it: there the client's
+	// gate alone, which counts every such attempt, bounds the batch.
+	var capN cost.Nanos
+	if gb.meta.Route == runner.RouteBatch {
+		capN = gb.meta.WorstNanos
+	}
+	gb.gate = cg.Child("gateway batch "+gb.meta.ID+"'s worst case", capN, spent)
 	gb.hold.release()
 	gb.hold = nil
 	return gb.gate, nil

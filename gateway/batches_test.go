@@ -404,3 +404,37 @@ func TestClientCapSharedBySyncAndBatch(t *testing.T) {
 		t.Errorf("status spend by org %v (total %v), batches %v", st.OrgSpend, st.Total.SpentUSD, st.Batches)
 	}
 }
+
+// A gateway batch on the sync route through connection resets ends: each
+// attempt reset after it was sent may have been billed and is sent again,
+// which a cap of one worst case per item (the batch's own cap) cannot hold,
+// so the batch retried inside it for ever (the gateway campaign's seed 122:
+// still in_progress after a minute). Only the client's gate bounds it now;
+// the simulator's bill is the ledger's.
+func TestSyncRouteBatchEndsThroughResets(t *testing.T) {
+	run, _ := simtest.Start(t, sim.PresetOrigin3Org, 100, func(c *sim.Config) { c.BillAbandoned = true })
+	if _, err := run.Server.AddFault(sim.Fault{ID: "resets", Kind: sim.FaultConnectionReset, Probability: 0.35}); err != nil {
+		t.Fatal(err)
+	}
+	g, srv := startGW(t, run, nil)
+	c := sdkClient(srv.URL, tokA)
+	var reqs []sdk.MessageBatchNewParamsRequest
+	for i := range 40 {
+		reqs = append(reqs, batchReq(fmt.Sprintf("r-%d", i), i))
+	}
+	b, err := c.Messages.Batches.New(context.Background(), sdk.MessageBatchNewParams{Requests: reqs}, option.WithHeader("x-apidispatch-route", "sync"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := waitEnded(t, &c, b.ID)
+	if e.RequestCounts.Succeeded != 40 {
+		t.Errorf("batch %s", e.RawJSON())
+	}
+	if err := g.Ledger().Flush(); err != nil {
+		t.Fatal(err)
+	}
+	_, tot := g.Ledger().Totals()
+	if billed := cost.Nanos(run.Server.LedgerTotals().CostNanos).USD(); tot.SpentUSD < billed || run.Server.LedgerTotals().Requests <= 40 {
+		t.Errorf("ledger $%v, simulator billed $%v for %d requests: want resets re-sent and every one counted", tot.SpentUSD, billed, run.Server.LedgerTotals().Requests)
+	}
+}

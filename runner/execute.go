@@ -162,7 +162,7 @@ func Execute(ctx context.Context, job *rundir.Job, x Exec) (*Result, error) {
 			// The sync engine emits its own incomplete event.
 			job.Events.Emit(rundir.EventIncomplete, res.Stop.Reason, s)
 		}
-		return res, fmt.Errorf("%w: %s", dispatch.ErrIncomplete, res.Stop.Reason)
+		return res, &incompleteError{msg: dispatch.ErrIncomplete.Error() + ": " + res.Stop.Reason, cause: runErr}
 	}
 	if x.Route != RouteSync {
 		job.Events.Emit(rundir.EventCompleted, fmt.Sprintf("%d succeeded, %d errored", s.Succeeded, s.Errored), s)
@@ -448,4 +448,21 @@ func batchesSummary(ctx context.Context, st store.Store, s *rundir.Summary) (*ru
 		}
 	}
 	return b, nil
+}
+
+// incompleteError is a run's stop before its end: dispatch.ErrIncomplete
+// with the stop's reason, and the engine's own error under it when it has
+// one (a spend cap's refusal, which callers tell by errors.As).
+type incompleteError struct {
+	msg   string
+	cause error
+}
+
+func (e *incompleteError) Error() string { return e.msg }
+
+func (e *incompleteError) Unwrap() []error {
+	if e.cause == nil {
+		return []error{dispatch.ErrIncomplete}
+	}
+	return []error{dispatch.ErrIncomplete, e.cause}
 }

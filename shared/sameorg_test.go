@@ -35,7 +35,10 @@ func TestSharedBudgetIsPerOrganisationOnceKnown(t *testing.T) {
 	ga, gb := a.NewGate(laneOf("a")), b.NewGate(laneOf("b"))
 	a.renewAll(context.Background())
 	b.renewAll(context.Background())
-	answer := gate.Feedback{Outcome: anthropic.Outcome{Kind: anthropic.Success, Status: 200}, Limits: anthropic.RateLimits{OrganizationID: id}}
+	// Answers as the API gives them: the organisation and the buckets
+	// (plenty left), which a probing lane waits for.
+	answer := gate.Feedback{Outcome: anthropic.Outcome{Kind: anthropic.Success, Status: 200}, Limits: anthropic.RateLimits{OrganizationID: id,
+		Requests: anthropic.Limit{Present: true, Limit: 100_000, Remaining: 99_000, Reset: time.Now().Add(time.Second)}}}
 	// Each key's probe, answered with the organisation.
 	for _, g := range []gate.Gate{ga, gb} {
 		ps := fill(g)
