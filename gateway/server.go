@@ -112,6 +112,13 @@ func (g *Gateway) Serve(ln net.Listener, sc ServeConfig) error {
 		}
 		g.Abort()
 		g.WaitIdle(abortWait)
+		// The handlers have answered what they cut (a 529, a stream's
+		// error event); let the server write those answers out before it
+		// closes the connections (closed at once, a client could read EOF
+		// instead of its 529 on a loaded machine).
+		flush, cancelFlush := context.WithTimeout(context.Background(), abortWait)
+		srv.Shutdown(flush)
+		cancelFlush()
 		srv.Close()
 	}
 	<-done
