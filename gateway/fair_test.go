@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"slices"
@@ -511,5 +512,33 @@ func TestClientsFileFairnessFields(t *testing.T) {
 	}
 	if _, err := LoadClients(write(head+"weight = \"heavy\"\n"), false); err == nil {
 		t.Error("a weight that is not a number was accepted")
+	}
+}
+
+// A client the clients file marks bulk cannot raise itself to interactive
+// with x-apidispatch-priority (it would then be admitted before every bulk
+// client, starving them, whatever the operator set); the header may only
+// lower a request's class.
+func TestPriorityHeaderCannotRaiseAboveTheClientsClass(t *testing.T) {
+	run, _ := simtest.Start(t, sim.PresetOrigin3Org, 200, nil)
+	g, _ := startGW(t, run, func(c *Config) { c.Clients[1].Priority = Bulk })
+	for _, c := range []struct {
+		client, header string
+		want           Class
+	}{
+		{"b", "interactive", Bulk},
+		{"b", "", Bulk},
+		{"a", "bulk", Bulk},
+		{"a", "interactive", Interactive},
+		{"a", "", Interactive},
+	} {
+		r := httptest.NewRequest(http.MethodPost, "/v1/messages", nil)
+		if c.header != "" {
+			r.Header.Set(headerPriority, c.header)
+		}
+		got, ok := g.classOf(httptest.NewRecorder(), r, c.client)
+		if !ok || got != c.want {
+			t.Errorf("client %s with %s %q: class %v (ok %v), want %v", c.client, headerPriority, c.header, got, ok, c.want)
+		}
 	}
 }

@@ -136,19 +136,23 @@ func (g *Gateway) messages(w http.ResponseWriter, r *http.Request, client string
 	success = x.success
 }
 
-// classOf is the class of r: its x-apidispatch-priority header, or
-// client's own. A header that names no class is answered 400 (false).
+// classOf is the class of r: client's own, or lower if its
+// x-apidispatch-priority header says bulk. The header never raises a
+// request above its client's class: a client the operator marked bulk
+// would otherwise be admitted before every bulk client by saying
+// interactive. A header that names no class is answered 400 (false).
 func (g *Gateway) classOf(w http.ResponseWriter, r *http.Request, client string) (Class, bool) {
+	own := g.lanes.classOf(client)
 	v := r.Header.Get(headerPriority)
 	if v == "" {
-		return g.lanes.classOf(client), true
+		return own, true
 	}
 	c, err := ParseClass(v)
 	if err != nil {
 		writeError(w, http.StatusBadRequest, anthropic.ErrInvalidRequest, headerPriority+": "+err.Error())
 		return 0, false
 	}
-	return c, true
+	return max(c, own), true // Bulk > Interactive: the later class wins
 }
 
 // writeCapError answers a request refused by a spend cap: 400
