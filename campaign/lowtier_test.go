@@ -92,9 +92,9 @@ const disturbanceRecovery = 3 * time.Second
 // is back at what the limits allow within livenessBound (API time), or
 // disturbanceRecovery (real time) after the last process disturbance
 // ends if that is later: from the first real second past it to the run's
-// last livenessTail, each org either holds ≥ 0.9 of the --cap in flight
+// last livenessTail, each org either holds ≥ livenessFloor of the --cap in flight
 // (its concurrency binds: the most in flight in each second, on average)
-// or admits ≥ 0.9 of what its binding bucket refills, in requests (its
+// or admits as much of what its binding bucket refills, in requests (its
 // rate binds: the RPM, or the token limits at the run's own tokens per
 // request). It applies to the scenarios whose pace nothing
 // else sets: one process on the sync route with no --max-cost or
@@ -202,10 +202,21 @@ func checkLiveness(w *world, ledger []sim.LedgerEntry) []string {
 		held := inFlight / float64(n) / float64(sc.Cap)
 		paced := admitted / float64(n) / perReal
 		w.logf("liveness: org %s at %.2f of --cap %d in flight, %.2f of %.1f requests per API minute, real seconds %d-%d", o.Name, held, sc.Cap, paced, rate, from, to)
-		if max(held, paced) < 0.9 {
-			v = append(v, fmt.Sprintf("liveness: org %s was at %.2f of --cap %d in flight and %.2f of its binding limit (%.1f requests per API minute) from %s to %s (API) after the last fault ended at %s, want ≥ 0.9 of one within %s (or %s of real time after a disturbance)",
-				o.Name, held, sc.Cap, paced, rate, time.Duration(float64(from)*k*float64(time.Second)), time.Duration(float64(to+1)*k*float64(time.Second)), end, livenessBound, disturbanceRecovery))
+		if max(held, paced) < livenessFloor() {
+			v = append(v, fmt.Sprintf("liveness: org %s was at %.2f of --cap %d in flight and %.2f of its binding limit (%.1f requests per API minute) from %s to %s (API) after the last fault ended at %s, want ≥ %.2f of one within %s (or %s of real time after a disturbance)",
+				o.Name, held, sc.Cap, paced, rate, time.Duration(float64(from)*k*float64(time.Second)), time.Duration(float64(to+1)*k*float64(time.Second)), end, livenessFloor(), livenessBound, disturbanceRecovery))
 		}
 	}
 	return v
+}
+
+// livenessFloor is the share of what the limits allow the liveness check
+// wants: 0.9, or 0.75 in a race build on a loaded machine (CI's, where a
+// healthy run held 0.83 of its cap or of a tier-1 RPM; the defect it
+// catches left a run at 0.05).
+func livenessFloor() float64 {
+	if raceBuild {
+		return 0.75
+	}
+	return 0.9
 }

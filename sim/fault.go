@@ -145,6 +145,10 @@ type Fault struct {
 	Probability float64
 	// RetryAfter is the retry-after of storm_429 (0: none) and acceleration.
 	RetryAfter time.Duration
+	// Exhausted makes storm_429's headers show the requests bucket empty,
+	// as a 429 of a drained bucket's does (without it they show the
+	// buckets as they are: a storm no bucket explains).
+	Exhausted bool
 	// ExtraLatency is added by slow.
 	ExtraLatency time.Duration
 	// SpendCapUSD is the spend_cap threshold (0: fires at once).
@@ -176,6 +180,7 @@ type faultJSON struct {
 	Duration       jsonDuration   `json:"duration,omitempty"`
 	Probability    float64        `json:"probability,omitempty"`
 	RetryAfter     jsonDuration   `json:"retry_after,omitempty"`
+	Exhausted      bool           `json:"exhausted,omitempty"`
 	ExtraLatency   jsonDuration   `json:"extra_latency,omitempty"`
 	SpendCapUSD    float64        `json:"spend_cap_usd,omitempty"`
 	Fraction       float64        `json:"fraction,omitempty"`
@@ -191,7 +196,7 @@ type faultJSON struct {
 func (f Fault) MarshalJSON() ([]byte, error) {
 	return json.Marshal(faultJSON{f.ID, f.Kind, f.Org, f.Pool, f.KeyFingerprint,
 		jsonDuration(f.Start), f.FromNow, jsonDuration(f.Duration), f.Probability,
-		jsonDuration(f.RetryAfter), jsonDuration(f.ExtraLatency), f.SpendCapUSD,
+		jsonDuration(f.RetryAfter), f.Exhausted, jsonDuration(f.ExtraLatency), f.SpendCapUSD,
 		f.Fraction, f.Factor, f.FloorRPM, jsonDuration(f.Window), jsonDuration(f.Baseline), f.Bursts, f.Beta})
 }
 
@@ -202,7 +207,7 @@ func (f *Fault) UnmarshalJSON(b []byte) error {
 		return err
 	}
 	*f = Fault{j.ID, j.Kind, j.Org, j.Pool, j.KeyFingerprint, time.Duration(j.Start),
-		j.FromNow, time.Duration(j.Duration), j.Probability, time.Duration(j.RetryAfter),
+		j.FromNow, time.Duration(j.Duration), j.Probability, time.Duration(j.RetryAfter), j.Exhausted,
 		time.Duration(j.ExtraLatency), j.SpendCapUSD, j.Fraction, j.Bursts, j.Factor, j.FloorRPM,
 		time.Duration(j.Window), time.Duration(j.Baseline), j.Beta}
 	return nil

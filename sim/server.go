@@ -699,7 +699,11 @@ func (s *Server) injectBeforeAdmission(c *call, ks *keyState, req request, lim *
 	}
 	if f := fs.match(FaultRateLimitStorm, o.idx, pool, ks.fp, api, &c.rng); f != nil {
 		if lim != nil {
-			s.rateHeaders(c.h, lim.view(now, colleague))
+			v := lim.view(now, colleague)
+			if f.Exhausted {
+				v.level[0] = 0
+			}
+			s.rateHeaders(c.h, v)
 		}
 		s.rateLimited(c, o, f.RetryAfter > 0, s.real(f.RetryAfter),
 			fmt.Sprintf("This request would exceed your organization's rate limit (org: %s, model: %s). For details, refer to: https://docs.claude.com/en/api/rate-limits. Please try again later.", o.id, req.model.id))

@@ -131,8 +131,11 @@ func serveCmd(args []string, stdout, stderr io.Writer) int {
 		return exitUsage
 	}
 	sigs := make(chan os.Signal, 2)
+	// Never handed back to the default action (no signal.Stop): a second
+	// signal that comes while the gateway closes after a drain (its ledger,
+	// its journal) would kill the process mid-close, exit -1 instead of 0.
+	// Later signals fill the buffer and are dropped.
 	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
-	defer signal.Stop(sigs)
 	svc, err := runner.StartServices(context.Background(), runner.ServicesConfig{Shared: f.shf.shared(), MetricsAddr: *f.metricsAddr, Orgs: cfg.Orgs, Stderr: stderr, Log: cfg.Log})
 	if err != nil {
 		errf(stderr, "%v", err)

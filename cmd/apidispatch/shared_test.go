@@ -334,6 +334,9 @@ func TestSharedBudgetStormOneCutPerEpoch(t *testing.T) {
 		if _, err := soak.AddWhenBilled(t.Context(), r.Server, at, 5*time.Millisecond, sim.Fault{
 			Kind: sim.FaultRateLimitStorm, FromNow: true, Duration: storm,
 			Probability: 0.5, RetryAfter: retryAfter,
+			// A bucket's 429s: the headers show it empty, so a lane cuts
+			// (a storm no bucket explains only holds it).
+			Exhausted: true,
 		}); err != nil {
 			t.Fatal(err)
 		}
