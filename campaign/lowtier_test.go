@@ -102,10 +102,14 @@ const disturbanceRecovery = 3 * time.Second
 // the work runs out. (Processes sharing a key with --shared hold their
 // shares of it, which move at each lease renewal: their sum sits near 0.8
 // of the cap between renewals with no fault at all, below what this
-// check can tell from a slow recovery.)
+// check can tell from a slow recovery. One process with --shared is left
+// out too: its lanes probe until a renewal after their first answer, and
+// again on the organisation's budget once an answer names it, so it
+// starts slowly (0.50-0.56 of a cap of 3 over a short run under -race in
+// CI): a start-up cost, not a recovery this check judges.)
 func checkLiveness(w *world, ledger []sim.LedgerEntry) []string {
 	sc := w.sc
-	if sc.Route != "sync" || sc.Procs > 1 || sc.MaxCost > 0 || sc.Pilot > 0 {
+	if sc.Route != "sync" || sc.Procs > 1 || sc.Shared || sc.MaxCost > 0 || sc.Pilot > 0 {
 		return nil
 	}
 	var end time.Duration // of the last fault the sync route meets
