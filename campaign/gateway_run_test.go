@@ -29,6 +29,7 @@ import (
 	"time"
 
 	"github.com/apidispatch/apidispatch/anthropic"
+	"github.com/apidispatch/apidispatch/internal/syncbuf"
 	"github.com/apidispatch/apidispatch/internal/testredis"
 	"github.com/apidispatch/apidispatch/sim"
 )
@@ -148,7 +149,7 @@ type gwInc struct {
 	killed   bool    // SIGKILL
 	final    bool    // stopped by the end of the scenario
 	hung     string  // still running gwHangAfter after a signal: where its goroutines dump is
-	buf      *lockedBuffer
+	buf      *syncbuf.Buffer
 	doneCh   chan struct{}
 	waitErr  error
 	stopping time.Time // first SIGTERM/SIGINT
@@ -284,7 +285,7 @@ func (w *gwWorld) env() []string {
 
 // launch starts one process of g and waits until it listens or exits.
 func (w *gwWorld) launch(g *gwProc) *gwInc {
-	inc := &gwInc{buf: &lockedBuffer{}, doneCh: make(chan struct{}), from: w.since()}
+	inc := &gwInc{buf: &syncbuf.Buffer{}, doneCh: make(chan struct{}), from: w.since()}
 	c := exec.Command(binary, w.args(g)...)
 	c.Env = w.env()
 	c.Stdout, c.Stderr = inc.buf, inc.buf
@@ -1177,25 +1178,6 @@ func (g *gwProc) everServed() bool {
 		}
 	}
 	return false
-}
-
-// lockedBuffer is a process's output, written by exec's copying goroutine
-// and read while it runs.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 // silence is a span of real time (since the simulator started) during

@@ -11,7 +11,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -19,6 +18,7 @@ import (
 	"github.com/apidispatch/apidispatch/dispatch"
 	"github.com/apidispatch/apidispatch/gate"
 	"github.com/apidispatch/apidispatch/internal/simtest"
+	"github.com/apidispatch/apidispatch/internal/syncbuf"
 	"github.com/apidispatch/apidispatch/org"
 	"github.com/apidispatch/apidispatch/rundir"
 	"github.com/apidispatch/apidispatch/sim"
@@ -261,7 +261,7 @@ func TestWaitsForAPIThatComesBack(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, sim.PresetOrigin3Org, 50, 200, nil)
 	down := closedURL(t)
-	var logBuf lockedBuffer
+	var logBuf syncbuf.Buffer
 	// The API comes back once the run has said it cannot reach it (and
 	// 300 ms more of outage), however slowly this machine starts the run.
 	go func() {
@@ -290,23 +290,4 @@ func TestWaitsForAPIThatComesBack(t *testing.T) {
 		t.Fatalf("log of a run through an outage:\n%s", logBuf.String())
 	}
 	h.requireEachOnce(200)
-}
-
-// lockedBuffer is a bytes.Buffer safe for a logger and a reader on other
-// goroutines.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }

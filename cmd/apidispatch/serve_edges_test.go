@@ -24,33 +24,16 @@ import (
 
 	"github.com/apidispatch/apidispatch/gateway"
 	"github.com/apidispatch/apidispatch/internal/simtest"
+	"github.com/apidispatch/apidispatch/internal/syncbuf"
 	"github.com/apidispatch/apidispatch/internal/testredis"
 	"github.com/apidispatch/apidispatch/sim"
 )
-
-// lockedBuffer is a bytes.Buffer safe for a child's stderr and the test.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 // serveProc is one 'apidispatch serve' child process.
 type serveProc struct {
 	cmd         *exec.Cmd
 	base, token string
-	stderr      *lockedBuffer
+	stderr      *syncbuf.Buffer
 	exited      chan struct{}
 	exitedAt    time.Time
 }
@@ -61,7 +44,7 @@ func startServeProc(t *testing.T, run *sim.Running, env []string, args ...string
 	t.Helper()
 	c := cliCmd(run, append([]string{"serve", "--listen", "127.0.0.1:0", "--base-url", run.URL}, args...)...)
 	c.Env = append(c.Env, env...)
-	p := &serveProc{cmd: c, stderr: &lockedBuffer{}, exited: make(chan struct{})}
+	p := &serveProc{cmd: c, stderr: &syncbuf.Buffer{}, exited: make(chan struct{})}
 	c.Stderr = p.stderr
 	out, err := c.StdoutPipe()
 	if err != nil {

@@ -1,37 +1,17 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/apidispatch/apidispatch/internal/syncbuf"
 	"github.com/apidispatch/apidispatch/sim"
 )
-
-// syncBuffer is a bytes.Buffer safe to write from the command while the
-// test reads it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 func TestSimCommandServesAndFlushesLedger(t *testing.T) {
 	dir := t.TempDir()
@@ -39,7 +19,7 @@ func TestSimCommandServesAndFlushesLedger(t *testing.T) {
 	keys := filepath.Join(dir, "keys.env")
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	var stdout, stderr syncBuffer
+	var stdout, stderr syncbuf.Buffer
 	done := make(chan int, 1)
 	go func() {
 		done <- runSim(ctx, []string{"--preset", "origin-3org", "--listen", "127.0.0.1:0", "--speed", "50",
@@ -116,7 +96,7 @@ func TestSimCommandServesAndFlushesLedger(t *testing.T) {
 
 func TestSimCommandRefusesNonLoopback(t *testing.T) {
 	for _, addr := range []string{"0.0.0.0:8080", ":8080", "192.168.1.2:80", "example.com:80"} {
-		var stdout, stderr syncBuffer
+		var stdout, stderr syncbuf.Buffer
 		code := runSim(context.Background(), []string{"--listen", addr}, &stdout, &stderr)
 		if code != exitUsage || !strings.Contains(stderr.String(), "loopback") {
 			t.Errorf("--listen %s: exit %d, stderr %q; want a loopback refusal", addr, code, stderr.String())
@@ -125,7 +105,7 @@ func TestSimCommandRefusesNonLoopback(t *testing.T) {
 }
 
 func TestSimCommandHelpAndBadFlags(t *testing.T) {
-	var stdout, stderr syncBuffer
+	var stdout, stderr syncbuf.Buffer
 	if code := runSim(context.Background(), []string{"--help"}, &stdout, &stderr); code != exitOK {
 		t.Fatalf("--help exit %d", code)
 	}
@@ -135,7 +115,7 @@ func TestSimCommandHelpAndBadFlags(t *testing.T) {
 		}
 	}
 	for _, args := range [][]string{{"--preset", "nope"}, {"--speed", "-1"}, {"extra"}, {"--config", "/does/not/exist"}} {
-		var o, e syncBuffer
+		var o, e syncbuf.Buffer
 		if code := runSim(context.Background(), append(args, "--listen", "127.0.0.1:0"), &o, &e); code != exitUsage {
 			t.Errorf("%v: exit %d, want %d", args, code, exitUsage)
 		}
