@@ -170,9 +170,6 @@ func queuedOf(base, token string) int {
 // requests upstream 19 s after the first, cut them at its exit 30 s after
 // it, leave 12 clients without an answer and the ledger 3 short.
 func TestServeSignalsAnswerEveryClientAndExit(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts processes")
-	}
 	run, _ := simtest.Start(t, sim.PresetOrigin3Org, 1, func(c *sim.Config) { c.BillAbandoned = true })
 	dir := t.TempDir()
 	state := filepath.Join(dir, "state")
@@ -278,9 +275,6 @@ func TestServeSignalsAnswerEveryClientAndExit(t *testing.T) {
 // instant are more than 4 requests in flight on a key. It used to hand
 // its slots back at its exit while the requests it cut still ran: 6 on 4.
 func TestServeSharedSignalKeepsTheCap(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts processes")
-	}
 	redisURL := cmdRedis(t)
 	const k = 10
 	run, _ := simtest.Start(t, sim.PresetOrigin3Org, k, func(c *sim.Config) { c.BillAbandoned = true })
@@ -350,9 +344,6 @@ func TestServeSharedSignalKeepsTheCap(t *testing.T) {
 // back-off (others waited ~20 s) and status.json writes failed with
 // EMFILE.
 func TestServeIdleConnectionFloodHarmsNoOne(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts processes")
-	}
 	var lim syscall.Rlimit
 	syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim)
 	if lim.Max < 30000 { // root may raise it; elsewhere use what there is
