@@ -180,7 +180,6 @@ func (l *laneRef) Snapshot(now time.Time) gate.LaneSnapshot {
 
 type orgState struct {
 	org.Org
-	id        string // anthropic-organization-id once seen
 	disabled  string
 	completed atomic.Int64 // outcomes handed to the committer
 }
@@ -1170,7 +1169,7 @@ func (e *Engine) handle(a *attempt, com *committer, stopping bool) {
 	e.prefixAnswered(now, a, o.Kind == anthropic.Success && !a.fenced && a.readErr == nil)
 	e.noteReach(now, a)
 	if a.orgIDHdr != "" {
-		e.noteOrgID(l.org, a.orgIDHdr)
+		e.noteSameOrg()
 	}
 	e.settle(a)
 	if a.fenced {
@@ -1286,27 +1285,23 @@ func (e *Engine) disableOrg(o *orgState, reason string) {
 	e.log.Warn("org stopped", "org", o.Name, "key", o.Key.Fingerprint(), "reason", reason)
 }
 
-// noteOrgID records an org's anthropic-organization-id. A second key of the
-// same organisation adds no capacity: of the two, the org listed later
-// stops, with a warning, and the earlier one's lanes carry the work.
-func (e *Engine) noteOrgID(o *orgState, id string) {
-	if o.id == id {
-		return
-	}
-	o.id = id
-	for _, other := range e.orgs {
-		if other == o || other.id != id || other.disabled != "" {
+// noteSameOrg stops, with a warning, every org the same-organisation rule
+// (upstream.Orgs, which learns each key's organisation from its answers)
+// has found to reach the organisation of an org listed before it: a
+// second key of one organisation adds no capacity, and the earlier org's
+// lanes carry the work. Called when an answer names an organisation.
+func (e *Engine) noteSameOrg() {
+	for _, o := range e.orgs {
+		if o.disabled != "" {
 			continue
 		}
-		keep, drop := other, o
-		if slices.Index(e.orgs, o) < slices.Index(e.orgs, other) {
-			keep, drop = o, other
+		reason, keep, id := e.sameOrg.Drop(o.Name)
+		if reason == "" {
+			continue
 		}
-		reason := fmt.Sprintf("key %s reaches the same organisation as org %s (%s): limits do not add, so its work goes through %s's lanes", drop.Key.Fingerprint(), keep.Name, id, keep.Name)
-		e.cfg.Events.Emit(rundir.EventWarning, "org "+drop.Name+": "+reason, map[string]any{"org": drop.Name, "same_as": keep.Name, "organization_id": id})
-		e.log.Warn("two keys reach one organisation", "org", drop.Name, "same_as", keep.Name)
-		e.disableOrg(drop, reason)
-		return
+		e.cfg.Events.Emit(rundir.EventWarning, "org "+o.Name+": "+reason, map[string]any{"org": o.Name, "same_as": keep, "organization_id": id})
+		e.log.Warn("two keys reach one organisation", "org", o.Name, "same_as", keep)
+		e.disableOrg(o, reason)
 	}
 }
 

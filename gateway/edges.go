@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
-	"sync"
 	"time"
 )
 
@@ -67,7 +66,7 @@ func (g *Gateway) publicBase(r *http.Request) string {
 // it is cut at the deadline); each write of an answer must be taken within
 // WriteTimeout (a client that stops reading is cut then; the lanes never
 // wait for it: upstream answers are read to their end whatever the client
-// reads); and every request is counted for WaitIdle.
+// reads); and every request is counted, for Close to wait for.
 func (g *Gateway) guard(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		g.life.enter()
@@ -101,7 +100,7 @@ type bodyReader struct {
 	until    time.Time
 	read     int64 // bytes so far
 	credited int64 // bytes the deadline was extended for
-	once     sync.Once
+	done     bool  // read to its end: the deadline lifted
 }
 
 // bodyRate is the pace a big body is allowed beyond BodyTimeout.
@@ -116,8 +115,9 @@ func (b *bodyReader) Read(p []byte) (int, error) {
 		b.until = b.until.Add(time.Duration(more) * time.Second)
 		b.rc.SetReadDeadline(b.until)
 	}
-	if err == io.EOF {
-		b.once.Do(func() { b.rc.SetReadDeadline(time.Time{}) })
+	if err == io.EOF && !b.done {
+		b.done = true
+		b.rc.SetReadDeadline(time.Time{})
 	}
 	return n, err
 }

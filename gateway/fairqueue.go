@@ -173,16 +173,6 @@ func (q *fairQueue) remove(w *waiter) bool {
 // len is how many wait.
 func (q *fairQueue) len() int { return q.n }
 
-// depth is how many of s's requests of class c wait.
-func (q *fairQueue) depth(s *share, c Class) int {
-	for _, f := range q.flows {
-		if f.share == s && f.class == c {
-			return len(f.waiters)
-		}
-	}
-	return 0
-}
-
 // drain takes every waiter off, calling fn on each.
 func (q *fairQueue) drain(fn func(*waiter)) {
 	for _, f := range q.flows {

@@ -126,3 +126,13 @@ func TestFairQueueRemove(t *testing.T) {
 		t.Error("depth")
 	}
 }
+
+// depth is how many of s's requests of class c wait.
+func (q *fairQueue) depth(s *share, c Class) int {
+	for _, f := range q.flows {
+		if f.share == s && f.class == c {
+			return len(f.waiters)
+		}
+	}
+	return 0
+}

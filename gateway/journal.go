@@ -72,12 +72,12 @@ func openSpendJournal(dir string, l *Ledger, log *slog.Logger) (*spendJournal, [
 	}
 	var tags []spendTag
 	var last time.Time
-	for _, p := range paths {
-		if fi, err := os.Stat(p); err == nil && fi.ModTime().After(last) {
-			last = fi.ModTime()
-		}
-	}
 	if len(open) > 0 {
+		for _, p := range paths {
+			if fi, err := os.Stat(p); err == nil && fi.ModTime().After(last) {
+				last = fi.ModTime()
+			}
+		}
 		var sum cost.Nanos
 		for _, a := range open {
 			var tag spendTag

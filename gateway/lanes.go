@@ -5,6 +5,7 @@ import (
 	"errors"
 	"math"
 	"slices"
+	"sort"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -148,10 +149,7 @@ type deadHold struct {
 
 // held is how many slots are held at now, and when the next one ends.
 func (h *deadHold) held(now time.Time) (int, time.Time) {
-	i, _ := slices.BinarySearchFunc(h.until, now, func(a, b time.Time) int { return a.Compare(b) })
-	for i < len(h.until) && !h.until[i].After(now) {
-		i++
-	}
+	i := sort.Search(len(h.until), func(i int) bool { return h.until[i].After(now) })
 	if i == len(h.until) {
 		return 0, time.Time{}
 	}

@@ -138,12 +138,9 @@ func (g *Gateway) Drain() {
 	})
 }
 
-// Draining reports whether Drain was called.
-func (g *Gateway) Draining() bool { return g.life.isDraining() }
-
 // Abort drains (when not yet) and cuts every request in flight upstream,
 // its gateway batches' too (see above). Their handlers record and answer
-// them at once; WaitIdle waits for that.
+// them at once.
 func (g *Gateway) Abort() {
 	g.Drain()
 	g.lanes.abort()
@@ -156,10 +153,6 @@ func (g *Gateway) Abort() {
 	g.life.cut()
 	g.log.Warn("stopping: cutting the requests in flight (each recorded at its worst case, as abandoned)")
 }
-
-// WaitIdle waits until no request is in the gateway's handlers, or d has
-// passed; it reports the former.
-func (g *Gateway) WaitIdle(d time.Duration) bool { return g.life.waitIdle(d) }
 
 // writeDraining answers a request the gateway will not send because it is
 // stopping: the API's 529 overloaded_error, which the SDKs retry.

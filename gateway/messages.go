@@ -117,13 +117,9 @@ func (g *Gateway) messages(w http.ResponseWriter, r *http.Request, client string
 	var success *won
 	defer func() { tk.finish(success) }()
 	est := workload.EstimateInputTokens(body)
-	worst := g.worstCase(p.Model, body, *p.MaxTokens, false)
-	if estimated {
-		// No price of its own: the worst case at the price the answer will
-		// be recorded at (its pool's dearest known model's). Tokens never
-		// outnumber bytes, so the body's length bounds the input.
-		worst, _ = price.Cost(anthropic.Usage{InputTokens: max(est, int64(len(body))), OutputTokens: *p.MaxTokens}, false)
-	}
+	// At the price the answer will be recorded at: the model's own, or for
+	// a model without one its pool's dearest known model's.
+	worst := worstAt(price, p.Model, body, *p.MaxTokens, false)
 	hold, err := g.reserve(client, worst)
 	if err != nil {
 		g.stats.refusedCap.Add(1)

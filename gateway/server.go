@@ -111,12 +111,11 @@ func (g *Gateway) Serve(ln net.Listener, sc ServeConfig) error {
 			say("the drain's %v ran out: cutting the requests in flight (each recorded at its worst case, as abandoned)", sc.Drain)
 		}
 		g.Abort()
-		g.WaitIdle(abortWait)
-		// The handlers have answered what they cut (a 529, a stream's
-		// error event); let the server write those answers out before it
-		// closes the connections (closed at once, a client could read EOF
-		// instead of its 529 on a loaded machine).
-		flush, cancelFlush := context.WithTimeout(context.Background(), abortWait)
+		// The handlers answer what Abort cut (a 529, a stream's error
+		// event); the server waits for them to return and write those
+		// answers out before it closes the connections (closed at once, a
+		// client could read EOF instead of its 529 on a loaded machine).
+		flush, cancelFlush := context.WithTimeout(context.Background(), 2*abortWait)
 		srv.Shutdown(flush)
 		cancelFlush()
 		srv.Close()

@@ -11,7 +11,17 @@ import (
 // ask for); a model without a price is cost.Unpriceable, which no cap
 // admits.
 func (g *Gateway) worstCase(model string, body []byte, maxTokens int64, batch bool) cost.Nanos {
-	n, err := g.cfg.Prices.WorstCase(workload.BoundOf(model, body, maxTokens, batch))
+	p, err := g.cfg.Prices.Lookup(model)
+	if err != nil {
+		return cost.Unpriceable
+	}
+	return worstAt(p, model, body, maxTokens, batch)
+}
+
+// worstAt is worstCase at price p: the model's own, or the estimate a
+// model missing from the table is priced at (priceFor).
+func worstAt(p *cost.Price, model string, body []byte, maxTokens int64, batch bool) cost.Nanos {
+	n, err := p.WorstCase(workload.BoundOf(model, body, maxTokens, batch))
 	if err != nil {
 		return cost.Unpriceable
 	}

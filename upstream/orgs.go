@@ -45,6 +45,7 @@ type orgInfo struct {
 	known   bool
 	id      string // "" when known without an id: an organisation of its own
 	dropped string // why its lanes stop, once it reaches an earlier org's organisation
+	keep    string // the earlier org whose lanes carry its work, once dropped
 }
 
 // NewOrgs returns the rule for orgs, in their configured order (of two
@@ -74,12 +75,20 @@ func (o *Orgs) ID(name string) (id string, known bool) {
 // Dropped is why org's lanes stop (its key reaches the organisation of an
 // org listed before it), or "".
 func (o *Orgs) Dropped(name string) string {
+	reason, _, _ := o.Drop(name)
+	return reason
+}
+
+// Drop is why org's lanes stop, the org listed before it whose key reaches
+// the same organisation, and that organisation's id; all "" while it does
+// not stop.
+func (o *Orgs) Drop(name string) (reason, keep, id string) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	if in := o.info[name]; in != nil {
-		return in.dropped
+	if in := o.info[name]; in != nil && in.dropped != "" {
+		return in.dropped, in.keep, in.id
 	}
-	return ""
+	return "", "", ""
 }
 
 // roomLocked reports whether a lane of org name in pool may admit one
@@ -157,7 +166,7 @@ func (o *Orgs) learnLocked(name string, fb gate.Feedback) (drop, keep, id, reaso
 		if n == first || !x.known || x.id != id || x.dropped != "" {
 			continue
 		}
-		x.dropped = fmt.Sprintf("key %s reaches the same organisation as org %s (%s): limits do not add, so its work goes through %s's lanes", o.keys[n], first, id, first)
+		x.dropped, x.keep = fmt.Sprintf("key %s reaches the same organisation as org %s (%s): limits do not add, so its work goes through %s's lanes", o.keys[n], first, id, first), first
 		if n == name || drop == "" {
 			drop, keep, reason = n, first, x.dropped
 		}

@@ -122,7 +122,8 @@ type Summary struct {
 	Models      map[string]ModelSummary // per model name as written
 }
 
-// Add adds o's items to ms.
+// Add adds o's items, tokens and multiplied items to ms (not the prefix
+// figures, which Validate counts itself).
 func (ms *ModelSummary) Add(o ModelSummary) {
 	ms.N += o.N
 	ms.MaxTokens += o.MaxTokens
