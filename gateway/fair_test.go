@@ -333,8 +333,14 @@ func TestInteractiveClientNotHeldBehindBulkQueue(t *testing.T) {
 	if p50 > 3*upstream || p95 > 5*upstream {
 		t.Errorf("interactive p50 %v, p95 %v: want ≤ 3× and ≤ 5× the upstream latency %v here", p50, p95, upstream)
 	}
-	if w := time.Duration(f.queueWait.WaitP99Ms * float64(time.Millisecond)); f.queueWait.Waits != 20 || w > upstream/2 {
-		t.Errorf("the interactive client's %d waits for a lane: p99 %v, want 20 of ≤ half the upstream latency %v", f.queueWait.Waits, w, upstream)
+	// Of 20 waits the p99 is the longest, which one pause of a loaded
+	// machine decides (121 ms against 105 allowed, one run in three under
+	// -race): the typical wait is held to half the upstream latency, the
+	// longest to twice it. One FIFO fails both by seconds.
+	p50w := time.Duration(f.queueWait.WaitP50Ms * float64(time.Millisecond))
+	p99w := time.Duration(f.queueWait.WaitP99Ms * float64(time.Millisecond))
+	if f.queueWait.Waits != 20 || p50w > upstream/2 || p99w > 2*upstream {
+		t.Errorf("the interactive client's %d waits for a lane: p50 %v, p99 %v; want 20, p50 ≤ half and p99 ≤ twice the upstream latency %v", f.queueWait.Waits, p50w, p99w, upstream)
 	}
 	if o := quantile(f.over, 0.5); o > 3*upstream {
 		t.Errorf("a bulk client's request marked interactive waited %v (p50): want ≤ 3× the upstream latency %v here", o, upstream)
