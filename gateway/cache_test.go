@@ -33,22 +33,7 @@ type gwAnswer struct {
 
 func postMessage(t *testing.T, url, tok string, body []byte, header ...string) gwAnswer {
 	t.Helper()
-	req, _ := http.NewRequest(http.MethodPost, url+"/v1/messages", bytes.NewReader(body))
-	for i := 0; i+1 < len(header); i += 2 {
-		req.Header.Add(header[i], header[i+1])
-	}
-	req.Header.Set("x-api-key", tok)
-	req.Header.Set("content-type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return gwAnswer{resp.StatusCode, resp.Header, b}
+	return postTo(t, url+"/v1/messages", tok, body, header...)
 }
 
 func openCache(t testing.TB, path string) *cache.Cache {

@@ -122,6 +122,8 @@ func TestForbiddenBetaLeavesEveryOrgInRotation(t *testing.T) {
 	}
 }
 
+// postTo posts body to url with the client token tok and header's
+// name-value pairs, and returns the whole answer.
 func postTo(t *testing.T, url, tok string, body []byte, header ...string) gwAnswer {
 	t.Helper()
 	req, _ := http.NewRequest(http.MethodPost, url, bytes.NewReader(body))
@@ -135,7 +137,10 @@ func postTo(t *testing.T, url, tok string, body []byte, header ...string) gwAnsw
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
 	return gwAnswer{resp.StatusCode, resp.Header, b}
 }
 
