@@ -81,9 +81,10 @@ func TestSharedPausedProcessStaysUnderTheCap(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts processes")
 	}
+	t.Parallel()
 	n := envInt("APIDISPATCH_FENCE_N", 6000)
 	r, _, _ := simWith(t, 4, 1, func(*sim.Config) {})
-	u := cmdRedis(t)
+	u := ownRedis(t)
 	f := twoShared(t, r, n, u, u)
 	waitBilled(t, r, n/2)
 	if err := f.cmds[0].Process.Signal(syscall.SIGSTOP); err != nil {
@@ -159,9 +160,10 @@ func TestSharedCutOffProcessStaysUnderTheCap(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts processes")
 	}
+	t.Parallel()
 	n := envInt("APIDISPATCH_FENCE_N", 6000)
 	r, _, _ := simWith(t, 4, 1, func(*sim.Config) {})
-	u := cmdRedis(t)
+	u := ownRedis(t)
 	pu, err := url.Parse(u)
 	if err != nil {
 		t.Fatal(err)
@@ -202,12 +204,13 @@ func TestSharedBatchRoutePilotStaysUnderTheCap(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts processes")
 	}
+	t.Parallel()
 	r, _, _ := simWith(t, 10, 1, func(c *sim.Config) {
 		for i := range c.Orgs {
 			c.Orgs[i].Batch.QueueWaitS, c.Orgs[i].Batch.CancelS = 20, 2
 		}
 	})
-	f := startFleet(t, r, 2, 200, cmdRedis(t), "--route", "batch", "--pilot", "150", "--cap", "sonnet=3,haiku=3,opus=3,other=3")
+	f := startFleet(t, r, 2, 200, ownRedis(t), "--route", "batch", "--pilot", "150", "--cap", "sonnet=3,haiku=3,opus=3,other=3")
 	f.wait(t)
 	for i, m := range maxInFlightPerKey(r) {
 		if m > 3 {

@@ -139,7 +139,8 @@ func TestSharedBudgetAcrossProcesses(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts processes")
 	}
-	redisURL := cmdRedis(t)
+	t.Parallel()
+	redisURL := ownRedis(t)
 	procs := envInt("APIDISPATCH_SHARED_PROCS", 3)
 	n := envInt("APIDISPATCH_SHARED_N", 1500)
 	k := float64(envInt("APIDISPATCH_SHARED_K", 4))
@@ -223,7 +224,8 @@ func TestSharedBudgetKillNine(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts processes")
 	}
-	r, f, n := threeOnShared(t, cmdRedis(t))
+	t.Parallel()
+	r, f, n := threeOnShared(t, ownRedis(t))
 	// Kill process 0 once the simulator has billed a third of all items.
 	waitBilled(t, r, n)
 	f.cmds[0].Process.Signal(syscall.SIGKILL)
@@ -269,6 +271,7 @@ func TestSharedBudgetRedisRestart(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts processes")
 	}
+	t.Parallel()
 	const capN = 100
 	srv := testredis.Start(t)
 	r, f, n := threeOnShared(t, srv.URL())
@@ -326,8 +329,9 @@ func TestSharedBudgetStormOneCutPerEpoch(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts processes")
 	}
+	t.Parallel()
 	const storm, retryAfter, maxCuts = 3 * time.Second, time.Second, 4
-	r, f, n := threeOnShared(t, cmdRedis(t))
+	r, f, n := threeOnShared(t, ownRedis(t))
 	var starts []time.Time
 	for i := range 3 {
 		at := int64(n) * int64(i+1) / 2
@@ -407,4 +411,13 @@ func TestSharedBudgetStormOneCutPerEpoch(t *testing.T) {
 		}
 	}
 	t.Logf("%d 429s from 3 storms on 3 keys under 3 processes: %d cuts in all, each (key, epoch) once; per key and storm %v", r429, len(by), perStorm)
+}
+
+// ownRedis is a redis-server of this test's own: the long tests that run
+// several processes on one Redis run side by side, and each reads every
+// lane key of its server (waitReclaimed), which another test's lanes on a
+// shared server would confuse.
+func ownRedis(t *testing.T) string {
+	t.Helper()
+	return testredis.Start(t).URL()
 }

@@ -85,6 +85,7 @@ func TestSoak(t *testing.T) {
 	if testing.Short() {
 		t.Skip("soak: long-running")
 	}
+	t.Parallel()
 	n := soakN
 	if raceBuild {
 		n = soakRaceN
