@@ -43,10 +43,19 @@ type Gate struct {
 	keys []string
 	proc string
 	org  string
-	// pendingOrg is the organisation an answer showed, until renew moves
-	// the lane to its budget; the gate admits nothing meanwhile (it has
-	// had one request out, its probe: see LaneConfig.ProbeFirst).
+	// pendingOrg is the organisation an answer showed (or the key's
+	// budget, moved there by another process), until renew moves the
+	// lane to its budget; the gate admits nothing meanwhile (it has had
+	// one request out, its probe: see LaneConfig.ProbeFirst).
 	pendingOrg string
+	// left is what the key's own budget still held for other processes
+	// when this one moved from it, to record on the organisation's budget
+	// at the next renewal (see moveScript); leftName is "" when there is
+	// nothing to record. Under renewMu.
+	leftName  string
+	leftN     int64
+	leftUntil time.Time
+	leftSeq   int64
 
 	renewMu sync.Mutex // one renewal at a time
 
@@ -505,15 +514,17 @@ func (g *Gate) renew(ctx context.Context) error {
 	// Redis keeps this process's slots for the lease and the grace.
 	ttl := (g.b.ttl + grace).Milliseconds()
 	args := []any{g.proc, g.cfg.Cap, g.cfg.StartFraction, g.cfg.MinLimit, want, mayHave, ttl,
-		g.cfg.RampPerSecond, g.cfg.IncreasePerSecond, g.cfg.Speed, succ, oth, hdr, age, inFlight}
+		g.cfg.RampPerSecond, g.cfg.IncreasePerSecond, g.cfg.Speed, succ, oth, hdr, age, inFlight,
+		g.leftName, g.leftN, max(0, time.Until(g.leftUntil).Milliseconds()), g.leftSeq}
 	g.b.trips.Add(1)
 	res, err := acquireScript.Run(ctx, g.b.rdb, g.keys, args...).Slice()
 	if err != nil {
 		return err
 	}
-	if len(res) < 13 {
+	if len(res) < 14 {
 		return fmt.Errorf("unexpected reply %v", res)
 	}
+	g.leftName = ""
 	now = time.Now()
 	g.mu.Lock()
 	before := g.available()
@@ -568,6 +579,13 @@ func (g *Gate) renew(ctx context.Context) error {
 		g.buckets.Mirror().NoteOthers(now, now.Add(time.Duration(o)*time.Millisecond))
 	}
 	g.procs = max(1, int(toInt(res[7])))
+	if id, _ := res[13].(string); id != "" && g.org == "" && g.pendingOrg == "" {
+		// Another process has moved the key's budget to its
+		// organisation's, where this one belongs too (it was granted
+		// nothing here).
+		g.pendingOrg = id
+		g.b.kick()
+	}
 	if s, _ := res[9].(string); s != "" && !g.cfg.ProbeFirst && !g.buckets.Mirror().Synced() {
 		// Limits another process learnt serve this one from its start,
 		// when it does not probe first. A gate that probes (the engine's
@@ -594,10 +612,14 @@ func (g *Gate) renew(ctx context.Context) error {
 }
 
 // moveToOrg moves the lane to its organisation's budget once an answer
-// has shown it (Done): the key's own slots are handed back, Redis learns
-// the organisation of the key (so a process started later begins on the
-// organisation's budget), and the gate starts on the organisation's lane
-// as a process joining it. g.renewMu is held.
+// has shown it (Done), or the key's budget has (renew): the key's own
+// slots are handed back, the key's budget is marked as moved (a process
+// still on it is granted nothing there from now on, and moves too), Redis
+// learns the organisation of the key (so a process started later begins on
+// the organisation's budget), and the gate starts on the organisation's
+// lane as a process joining it, where what the others still hold on the
+// key's budget counts until they hand it back or it could be reclaimed
+// there: the two budgets never both grant the cap. g.renewMu is held.
 func (g *Gate) moveToOrg(ctx context.Context) error {
 	g.mu.Lock()
 	id, old, proc := g.pendingOrg, g.keys, g.proc
@@ -605,9 +627,15 @@ func (g *Gate) moveToOrg(ctx context.Context) error {
 	if id == "" {
 		return nil
 	}
-	if err := releaseScript.Run(ctx, g.b.rdb, old, proc).Err(); err != nil {
+	res, err := moveScript.Run(ctx, g.b.rdb, old, proc, id).Slice()
+	if err != nil {
 		return err
 	}
+	if len(res) < 3 {
+		return fmt.Errorf("unexpected reply %v", res)
+	}
+	g.leftName, g.leftN, g.leftSeq = "~key:"+g.fp, toInt(res[0]), toInt(res[2])
+	g.leftUntil = time.Now().Add(time.Duration(toInt(res[1])) * time.Millisecond)
 	if err := g.b.rdb.Set(ctx, orgOfPrefix+g.fp, id, orgOfTTL).Err(); err != nil {
 		return err
 	}

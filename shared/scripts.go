@@ -83,17 +83,53 @@ end
 // ramp per s, increase per s, speed, success seen (0/1), others for ms
 // (this process's reserve; 0: none), header snapshot ("" or
 // "reqLim,reqRem,inLim,inRem,outLim,outRem"), header age ms, requests in
-// flight now. The sixth, "in flight", is what the process may have in
+// flight now, and what a key's own budget still held when this process
+// moved from it (see moveScript): its name ("": none), slots, ms left and
+// sequence number. The sixth, "in flight", is what the process may have in
 // flight while this call is under way: the larger of its requests in
 // flight and its current grant, so a grant that shrinks is recorded only
 // once the process knows of it. The seventh is the lease's TTL plus the
 // grace: the others reclaim this process's slots only that long after this
 // renewal, while the process itself stops admitting at the lease's end.
 //
+// On a key's own budget that has moved to its organisation's (moveScript
+// marked it), the process is granted nothing: it is told the organisation
+// and moves too; what it may have in flight stays recorded as held.
+//
+// What a key's budget held when a process moved from it is recorded on the
+// organisation's budget as one more holder that wants nothing (named
+// "~key:" and the key's fingerprint; no host name has a "~"), for as long
+// as it could be reclaimed on the key's budget, unless a later move (a
+// higher sequence number) has said otherwise: the processes still on the
+// key's budget may have that much in flight, which the organisation's
+// budget must leave room for.
+//
 // Returns {grant, limit, gen, cuts, hold ms, active, others ms, procs,
-// reclaimed, header snapshot, header age ms, in flight of all, cap}.
+// reclaimed, header snapshot, header age ms, in flight of all, cap, the
+// organisation this key's budget moved to ("": none)}.
 var acquireScript = redis.NewScript(luaPrelude + `
+local movedTo = redis.call('HGET', st, 'org') or ''
+local left = ARGV[16]
+if left ~= '' then
+  local seq = tonumber(ARGV[19])
+  local seqk = 'left_seq:' .. left
+  local last = tonumber(redis.call('HGET', st, seqk)) or -1
+  if seq > last then
+    redis.call('HSET', st, seqk, seq)
+    local n, ms = tonumber(ARGV[17]), tonumber(ARGV[18])
+    if n > 0 and ms > 0 then
+      redis.call('HSET', held, left, n)
+      redis.call('HSET', want, left, 0)
+      redis.call('ZADD', exp, now + ms, left)
+    else
+      redis.call('HDEL', held, left)
+      redis.call('HDEL', want, left)
+      redis.call('ZREM', exp, left)
+    end
+  end
+end
 local wantMe = tonumber(ARGV[5])
+if movedTo ~= '' then wantMe = 0 end
 local inflMe = tonumber(ARGV[6])
 local ttl = tonumber(ARGV[7])
 local ramp = tonumber(ARGV[8])
@@ -113,7 +149,9 @@ if redis.call('HEXISTS', held, proc) == 0 then redis.call('HSET', held, proc, in
 local procs = redis.call('ZRANGE', exp, 0, -1)
 local H, W = {}, {}
 local sumWant, sumInfl = 0, 0
+local nprocs = 0
 for _, p in ipairs(procs) do
+  if string.sub(p, 1, 1) ~= '~' then nprocs = nprocs + 1 end
   H[p] = tonumber(redis.call('HGET', held, p)) or 0
   W[p] = tonumber(redis.call('HGET', want, p)) or 0
   sumWant = sumWant + W[p]
@@ -172,7 +210,7 @@ if othersUntil > now then othMs = othersUntil - now end
 local h = redis.call('HMGET', st, 'hdr', 'hdr_at')
 local hdrAge = -1
 if h[2] then hdrAge = now - tonumber(h[2]) end
-return {grant, tostring(limit), gen, cuts, holdMs, n, othMs, #procs, reclaimed, h[1] or '', hdrAge, sumInfl, cap}
+return {grant, tostring(limit), gen, cuts, holdMs, n, othMs, nprocs, reclaimed, h[1] or '', hdrAge, sumInfl, cap, movedTo}
 `)
 
 // congestionScript applies a 429 (or 529): one multiplicative cut per
@@ -219,6 +257,34 @@ save()
 local holdMs = 0
 if holdUntil > now then holdMs = holdUntil - now end
 return {cut, tostring(limit), gen, cuts, holdMs}
+`)
+
+// moveScript moves this process from a key's own budget to its
+// organisation's: it hands the process's slots back, marks the budget as
+// moved (every process renewing on it from now on is granted nothing and
+// told the organisation: see acquireScript), and returns what the others
+// still hold on it (slots, and ms until the last of them could be
+// reclaimed) with a sequence number that orders the moves from this key.
+// KEYS as above; ARGV: proc, organisation.
+var moveScript = redis.NewScript(`
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local proc = ARGV[1]
+redis.call('HDEL', KEYS[2], proc)
+redis.call('HDEL', KEYS[3], proc)
+redis.call('HDEL', KEYS[4], proc)
+redis.call('ZREM', KEYS[5], proc)
+redis.call('HDEL', KEYS[7], proc)
+redis.call('HSET', KEYS[1], 'org', ARGV[2])
+local seq = redis.call('HINCRBY', KEYS[1], 'moves', 1)
+for i = 1, 7 do redis.call('PEXPIRE', KEYS[i], 86400000) end
+local n, last = 0, now
+for _, p in ipairs(redis.call('ZRANGEBYSCORE', KEYS[5], now, '+inf')) do
+  n = n + (tonumber(redis.call('HGET', KEYS[2], p)) or 0)
+  local e = tonumber(redis.call('ZSCORE', KEYS[5], p))
+  if e > last then last = e end
+end
+return {n, last - now, seq}
 `)
 
 // releaseScript hands this process's slots back at once (it has finished).

@@ -80,12 +80,16 @@ func Status(ctx context.Context, url, pwFile string) ([]LaneStatus, error) {
 		if err != nil {
 			return nil, err
 		}
-		ls.Processes = len(live)
 		for _, p := range live {
 			n, _ := c.HGet(ctx, base+":infl", p).Int64()
 			h, _ := c.HGet(ctx, base+":held", p).Int64()
 			ls.InFlight += n
 			ls.Held += h
+			if !strings.HasPrefix(p, "~") {
+				// Not what a key's own budget still holds for the
+				// organisation's (see acquireScript): a process.
+				ls.Processes++
+			}
 		}
 		times, err := c.LRange(ctx, base+":r429", 0, -1).Result()
 		if err != nil {
