@@ -37,6 +37,9 @@ type Bucket struct {
 	// shown it (0: not yet; a minute of the limit is assumed): see
 	// learnSize.
 	sizeLow, sizeHigh float64
+	// read is when the headers of the newest answer read were written
+	// (see Read).
+	read time.Time
 	// spilt: alone reached the smallest size the bucket may have since
 	// the last Read, so the server's may have spilt refill (see Read).
 	spilt bool
@@ -186,6 +189,9 @@ type Reading struct {
 	// MayBeNegative: the level may be below zero, shown as 0 (output
 	// tokens, charged after the fact).
 	MayBeNegative bool
+	// Sent is when the request these headers answer was sent (zero:
+	// unknown); see Bucket.written.
+	Sent time.Time
 }
 
 // interval is the range the level is in, given what r shows.
@@ -203,6 +209,28 @@ func (r Reading) interval() (lo, hi float64) {
 		lo = math.Inf(-1)
 	}
 	return lo, hi
+}
+
+// written is when the headers of r, read at now, were written, at the
+// latest. A reset to the millisecond (the simulator's when sped up) and
+// the size learnt tell: the level shown refills to the size at reset.
+// The headers are no older than the request they answer (Sent), so a
+// server's clock behind ours costs at most the request's latency. A
+// reset in whole seconds (the API's) is not precise enough to tell; the
+// headers are then taken as written now.
+func (b *Bucket) written(now time.Time, r Reading) time.Time {
+	if r.Reset.IsZero() || r.Reset.Nanosecond() == 0 || r.Sent.IsZero() || b.sizeLow <= 0 {
+		return now
+	}
+	_, hi := r.interval()
+	t := r.Reset.Add(-time.Duration(math.Max(0, b.sizeLow-hi) / (float64(r.Limit) / 60) * float64(time.Second)))
+	switch {
+	case t.After(now):
+		return now
+	case t.Before(r.Sent):
+		return r.Sent
+	}
+	return t
 }
 
 // Read brings the mirror to what an answer's headers show of the bucket:
@@ -223,6 +251,34 @@ func (b *Bucket) Read(now time.Time, r Reading, outstanding float64) (unexplaine
 	}
 	b.learnSize(now, r)
 	known := b.limit > 0
+	lo, hi := r.interval()
+	lo -= outstanding
+	if known {
+		// The level shown is of the moment the headers were written,
+		// which may be well before now (an answer is timed when it
+		// arrives, and may wait for a busy process to read it), and
+		// answers are heard of in any order. The mirror's time never
+		// goes back (a clock moved back to an older answer's time
+		// refilled the interval again at the next step, and the mirror
+		// believed the bucket held more than it did: 429s on a key
+		// nobody else used); since the headers, the server's bucket has
+		// refilled for as long at most. An answer older than one already
+		// read bounds the level from above only: our draws after its
+		// headers that the newer answers stood for are no longer
+		// outstanding.
+		at := b.written(now, r)
+		end := now
+		if b.at.After(end) {
+			end = b.at
+		}
+		hi += float64(r.Limit) / 60 * end.Sub(at).Seconds()
+		if at.Before(b.read) {
+			lo = math.Inf(-1)
+		} else {
+			b.read = at
+		}
+		now = end
+	}
 	b.refill(now)
 	// Against what the bucket would hold had nobody else drawn (the
 	// mirror's own level refilled at Rate, less than the limit by what
@@ -239,8 +295,6 @@ func (b *Bucket) Read(now time.Time, r Reading, outstanding float64) (unexplaine
 	predicted := b.alone
 	unsure := b.Capacity() - b.smallest()
 	spilt := b.spilt
-	lo, hi := r.interval()
-	lo -= outstanding
 	b.limit = float64(r.Limit)
 	c := b.Capacity()
 	b.at = now

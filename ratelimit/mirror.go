@@ -192,7 +192,7 @@ func (m *Mirror) Correct(now time.Time, reserved, actual Need) {
 // server at admission, so nothing is outstanding for them). It reports
 // whether others are (still) seen drawing on the org.
 func (m *Mirror) Sync(now time.Time, rl anthropic.RateLimits, outstandingOutput float64) bool {
-	return m.sync(now, Need{}, rl, outstandingOutput)
+	return m.sync(now, time.Time{}, Need{}, rl, outstandingOutput)
 }
 
 // SyncSince is Sync for the answer to a request admitted at sentAt. Our
@@ -222,7 +222,7 @@ func (m *Mirror) SyncSince(now, sentAt time.Time, rl anthropic.RateLimits, outst
 			outstandingOutput = math.Max(0, outstandingOutput-a.n.Output)
 		}
 	}
-	return m.sync(now, m.inFlight, rl, outstandingOutput)
+	return m.sync(now, sentAt, m.inFlight, rl, outstandingOutput)
 }
 
 // reading is what l shows of a bucket (see Reading): a count rounded
@@ -230,13 +230,14 @@ func (m *Mirror) SyncSince(now, sentAt time.Time, rl anthropic.RateLimits, outst
 // thousand taken as rounded; output tokens, charged after the fact, may
 // be below zero (input tokens too, past a request larger than the
 // bucket).
-func reading(l anthropic.Limit, tokens bool) Reading {
+func reading(l anthropic.Limit, tokens bool, sent time.Time) Reading {
 	return Reading{Limit: l.Limit, Remaining: l.Remaining, Reset: l.Reset,
-		Rounded: tokens && l.Remaining%1000 == 0, MayBeNegative: tokens}
+		Rounded: tokens && l.Remaining%1000 == 0, MayBeNegative: tokens, Sent: sent}
 }
 
-// sync refreshes the mirror from headers that may not count t yet.
-func (m *Mirror) sync(now time.Time, t Need, rl anthropic.RateLimits, outstandingOutput float64) bool {
+// sync refreshes the mirror from headers that may not count t yet, the
+// answer to a request sent at sentAt (zero: unknown).
+func (m *Mirror) sync(now, sentAt time.Time, t Need, rl anthropic.RateLimits, outstandingOutput float64) bool {
 	var u [3]float64
 	// What was outstanding when a bucket is first synced: the server may
 	// have counted it already, and each of those answers will then read
@@ -255,24 +256,29 @@ func (m *Mirror) sync(now time.Time, t Need, rl anthropic.RateLimits, outstandin
 		first[2] = outstandingOutput
 	}
 	if rl.Requests.Present {
-		u[0] = m.Requests.Read(now, reading(rl.Requests, false), t.Requests)
+		u[0] = m.Requests.Read(now, reading(rl.Requests, false, sentAt), t.Requests)
 	}
 	if rl.Input.Present {
-		u[1] = m.Input.Read(now, reading(rl.Input, true), t.Input)
+		u[1] = m.Input.Read(now, reading(rl.Input, true, sentAt), t.Input)
 	}
 	if rl.Output.Present {
-		u[2] = m.Output.Read(now, reading(rl.Output, true), outstandingOutput)
+		u[2] = m.Output.Read(now, reading(rl.Output, true, sentAt), outstandingOutput)
 	}
 	// Decay the running sums, then add this sync's surprise. The sums
 	// telescope, so header rounding cancels out over a window and what
 	// remains is the others' real draw.
+	// An answer heard of after one of a later time adds its surprise at
+	// the later time: the sums' clock, like the buckets', never goes back
+	// (a negative interval grew them instead of decaying them).
 	decay, paceDecay, dt := 1.0, 1.0, 0.0
 	if !m.unexpAt.IsZero() {
-		dt = now.Sub(m.unexpAt).Seconds()
+		dt = max(0, now.Sub(m.unexpAt).Seconds())
 		decay = math.Exp(-dt / m.cfg.Window.Seconds())
 		paceDecay = math.Exp(-dt / (paceWindows * m.cfg.Window.Seconds()))
 	}
-	m.unexpAt = now
+	if now.After(m.unexpAt) {
+		m.unexpAt = now
+	}
 	limits := [3]float64{m.Requests.Limit(), m.Input.Limit(), m.Output.Limit()}
 	// Requests and input tokens are charged when the server admits a
 	// request, so what they show beyond our own draw is someone else's.
@@ -283,7 +289,7 @@ func (m *Mirror) sync(now time.Time, t Need, rl anthropic.RateLimits, outstandin
 	buckets := [3]*Bucket{&m.Requests, &m.Input, &m.Output}
 	rem := [3]anthropic.Limit{rl.Requests, rl.Input, rl.Output}
 	var width [3]float64
-	for i, r := range [3]Reading{reading(rl.Requests, false), reading(rl.Input, true), reading(rl.Output, true)} {
+	for i, r := range [3]Reading{reading(rl.Requests, false, sentAt), reading(rl.Input, true, sentAt), reading(rl.Output, true, sentAt)} {
 		if rem[i].Present {
 			lo, hi := r.interval()
 			width[i] = hi - math.Max(lo, float64(r.Remaining)-500)
@@ -346,7 +352,9 @@ func (m *Mirror) sync(now time.Time, t Need, rl anthropic.RateLimits, outstandin
 			}
 			// Kept for the pace's time constant: a colleague drawing in
 			// bursts pauses longer than a window between them.
-			m.othersUntil = now.Add(paceWindows * m.cfg.Window)
+			if until := now.Add(paceWindows * m.cfg.Window); until.After(m.othersUntil) {
+				m.othersUntil = until
+			}
 		}
 	}
 	return m.Others(now)
