@@ -143,6 +143,7 @@ func serveCmd(args []string, stdout, stderr io.Writer) int {
 	}
 	defer svc.Stop()
 	cfg.NewGate = svc.NewGate(nil)
+	cfg.SharedSpend = svc.Budget // nil without --shared
 	cc, cmode, err := f.cf.open(true)
 	if err != nil {
 		errf(stderr, "%v", err)
