@@ -29,6 +29,10 @@ import (
 // spendIDFile holds the state directory's id in the shared spend budget.
 const spendIDFile = "spend-id"
 
+// batchHoldTag tags the hold of a gateway batch's worst case before runner
+// takes it over, which its batch store makes again when it reopens.
+const batchHoldTag = "batch"
+
 // budget keys of the shared spend budget.
 const gatewayBudget = "gateway"
 
@@ -57,7 +61,9 @@ func (g *Gateway) openGates() error {
 		ss.Close()
 		return fmt.Errorf("gateway: the shared spend budget (--shared): %w", err)
 	}
-	n, sum, err := ss.Reconcile()
+	// A gateway batch's hold is made again when its batch store reopens
+	// (batches.go); every other reservation is kept at its worst case.
+	n, sum, err := ss.Reconcile(func(tag string) bool { return tag == batchHoldTag })
 	if err != nil {
 		return fail(err)
 	}

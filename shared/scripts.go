@@ -237,7 +237,7 @@ return 1
 //
 //	budget:<key>  hash: spent, held, reserved (nanodollars), and one field
 //	              seeded:<owner> per gateway that added its ledger's spend
-//	res:<owner>   hash id → "left charged budget-key…": the open
+//	res:<owner>   hash id → "left charged tag budget-key…": the open
 //	              reservations of one gateway (its state directory's id)
 //	alive:<owner> string, with a TTL the gateway renews while it runs
 //
@@ -245,8 +245,8 @@ return 1
 // one, so every gateway sees every other's reservations at once.
 
 // spendReserveScript: KEYS[1] the owner's reservations, KEYS[2..] the
-// budgets; ARGV id, worst, force ("1": whatever the caps say), then each
-// budget's cap (0: none). It returns {0} when reserved (or when id was
+// budgets; ARGV id, worst, force ("1": whatever the caps say), tag (a
+// word; "-" for none), then each budget's cap (0: none). It returns {0} when reserved (or when id was
 // reserved already: a retry), else {i, spent, held, reserved} of the
 // first budget i (1-based) that worst would pass.
 var spendReserveScript = redis.NewScript(`
@@ -254,7 +254,7 @@ if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then return {0} end
 local worst = tonumber(ARGV[2])
 if ARGV[3] ~= '1' then
   for i = 2, #KEYS do
-    local cap = tonumber(ARGV[i + 2])
+    local cap = tonumber(ARGV[i + 3])
     if cap > 0 then
       local f = redis.call('HMGET', KEYS[i], 'spent', 'held', 'reserved')
       local s, h, r = tonumber(f[1]) or 0, tonumber(f[2]) or 0, tonumber(f[3]) or 0
@@ -267,7 +267,7 @@ for i = 2, #KEYS do
   redis.call('HINCRBY', KEYS[i], 'reserved', ARGV[2])
   names[#names + 1] = KEYS[i]
 end
-redis.call('HSET', KEYS[1], ARGV[1], ARGV[2] .. ' 0 ' .. table.concat(names, ' '))
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2] .. ' 0 ' .. ARGV[4] .. ' ' .. table.concat(names, ' '))
 return {0}
 `)
 

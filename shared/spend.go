@@ -45,6 +45,7 @@ type Spend struct {
 // of reach, applied when it answers.
 type spendOp struct {
 	reserve bool
+	tag     string
 	id      string
 	budgets []spend.Budget
 	op      spend.Op
@@ -88,15 +89,19 @@ func (s *Spend) keys(budgets []spend.Budget) []string {
 }
 
 // Reserve implements spend.Backend.
-func (s *Spend) Reserve(budgets []spend.Budget, worst cost.Nanos, force bool) (string, error) {
+// A tag must be one word.
+func (s *Spend) Reserve(budgets []spend.Budget, worst cost.Nanos, force bool, tag string) (string, error) {
 	id := s.run + ":" + strconv.FormatInt(s.n.Add(1), 10)
+	if tag == "" {
+		tag = "-"
+	}
 	if force {
-		s.apply(spendOp{reserve: true, id: id, budgets: budgets, amount: worst})
+		s.apply(spendOp{reserve: true, id: id, budgets: budgets, amount: worst, tag: tag})
 		return id, nil
 	}
 	ctx, cancel := s.ctx()
 	defer cancel()
-	res, err := s.reserve(ctx, id, budgets, worst, false)
+	res, err := s.reserve(ctx, id, budgets, worst, false, tag)
 	if err != nil {
 		return "", fmt.Errorf("%w at %s (%v): a request under a max_cost is refused rather than sent unjudged", spend.ErrUnavailable, s.b.host, err)
 	}
@@ -107,8 +112,8 @@ func (s *Spend) Reserve(budgets []spend.Budget, worst cost.Nanos, force bool) (s
 	return id, nil
 }
 
-func (s *Spend) reserve(ctx context.Context, id string, budgets []spend.Budget, worst cost.Nanos, force bool) ([]int64, error) {
-	args := []any{id, int64(worst), "0"}
+func (s *Spend) reserve(ctx context.Context, id string, budgets []spend.Budget, worst cost.Nanos, force bool, tag string) ([]int64, error) {
+	args := []any{id, int64(worst), "0", tag}
 	if force {
 		args[2] = "1"
 	}
@@ -144,7 +149,7 @@ func (s *Spend) apply(o spendOp) {
 
 func (s *Spend) run1(ctx context.Context, o spendOp) error {
 	if o.reserve {
-		_, err := s.reserve(ctx, o.id, o.budgets, o.amount, true)
+		_, err := s.reserve(ctx, o.id, o.budgets, o.amount, true, o.tag)
 		return err
 	}
 	return spendEndScript.Run(ctx, s.b.rdb, s.keys(o.budgets), o.id, opNames[o.op], int64(o.amount)).Err()
@@ -206,9 +211,11 @@ func (s *Spend) Seed(key string, spent cost.Nanos) error {
 // Reconcile ends the reservations an earlier process of this owner left
 // open (it died, or Redis was gone when it stopped): each is kept at what
 // is left of its worst case, for good, since the API may have billed it
-// and its cost can no longer be read. Call it before this process
-// reserves anything. It returns how many there were and their sum.
-func (s *Spend) Reconcile() (int, cost.Nanos, error) {
+// and its cost can no longer be read, unless release says its tag is of
+// work this process reserves again itself (then it is released). Call it
+// before this process reserves anything. It returns how many were kept
+// and their sum.
+func (s *Spend) Reconcile(release func(tag string) bool) (int, cost.Nanos, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*s.b.opTimeout)
 	defer cancel()
 	recs, err := s.b.rdb.HGetAll(ctx, s.resKey()).Result()
@@ -216,19 +223,30 @@ func (s *Spend) Reconcile() (int, cost.Nanos, error) {
 		return 0, 0, fmt.Errorf("%w at %s: reading the reservations of gateway %s: %v", spend.ErrUnavailable, s.b.host, s.owner, err)
 	}
 	var sum cost.Nanos
+	kept := 0
 	for id, rec := range recs {
 		f := strings.Fields(rec)
-		left, err := strconv.ParseInt(f[0], 10, 64)
-		if err != nil || len(f) < 3 {
+		if len(f) < 4 {
 			return 0, 0, fmt.Errorf("shared spend: reservation %s of gateway %s is malformed: %q", id, s.owner, rec)
 		}
-		keys := append([]string{s.resKey()}, f[2:]...)
-		if err := spendEndScript.Run(ctx, s.b.rdb, keys, id, "keep", 0).Err(); err != nil {
+		left, err := strconv.ParseInt(f[0], 10, 64)
+		if err != nil {
+			return 0, 0, fmt.Errorf("shared spend: reservation %s of gateway %s is malformed: %q", id, s.owner, rec)
+		}
+		op := "keep"
+		if f[2] != "-" && release != nil && release(f[2]) {
+			op = "release"
+		}
+		keys := append([]string{s.resKey()}, f[3:]...)
+		if err := spendEndScript.Run(ctx, s.b.rdb, keys, id, op, 0).Err(); err != nil {
 			return 0, 0, fmt.Errorf("%w at %s: %v", spend.ErrUnavailable, s.b.host, err)
 		}
-		sum += cost.Nanos(left)
+		if op == "keep" {
+			kept++
+			sum += cost.Nanos(left)
+		}
 	}
-	return len(recs), sum, nil
+	return kept, sum, nil
 }
 
 // SpendFigures is a shared budget's figures, for every gateway sharing it.

@@ -42,8 +42,9 @@ type Backend interface {
 	// *CapError naming the first budget it would pass, or an error
 	// matching ErrUnavailable. With force it reserves whatever the caps
 	// say and never refuses (an unreachable backend gets it later). It
-	// returns the reservation's id.
-	Reserve(budgets []Budget, worst cost.Nanos, force bool) (id string, err error)
+	// returns the reservation's id. tag (a word, may be empty) says what
+	// the reservation is for, to whoever reconciles it after a crash.
+	Reserve(budgets []Budget, worst cost.Nanos, force bool, tag string) (id string, err error)
 	// End applies op to reservation id of budgets. It does not fail: what
 	// the backend cannot take now it takes later, and until then the
 	// reservation stays counted at its worst case.

@@ -210,7 +210,13 @@ func (g *Gate) notify() {
 // shared gates, and an unreachable backend refuses (an error matching
 // ErrUnavailable): a cap nobody can judge is not passed.
 func (g *Gate) Reserve(worst cost.Nanos) (*Reservation, error) {
-	return g.reserve(max(worst, 0), false)
+	return g.reserve(max(worst, 0), false, "")
+}
+
+// ReserveTagged is Reserve with a tag the backend of a shared gate keeps
+// with the reservation (Backend.Reserve); a gate without one ignores it.
+func (g *Gate) ReserveTagged(worst cost.Nanos, tag string) (*Reservation, error) {
+	return g.reserve(max(worst, 0), false, tag)
 }
 
 // Check returns the error Reserve(worst) would return now, reserving
@@ -250,11 +256,16 @@ func checkLocked(gs []*Gate, worst cost.Nanos, remote bool) error {
 // Hold reserves worst whatever the cap says, for work already sent that
 // this gate learns of late (a batch of an earlier process, re-attached).
 func (g *Gate) Hold(worst cost.Nanos) *Reservation {
-	r, _ := g.reserve(max(worst, 0), true)
+	return g.HoldTagged(worst, "")
+}
+
+// HoldTagged is Hold with a tag, as ReserveTagged.
+func (g *Gate) HoldTagged(worst cost.Nanos, tag string) *Reservation {
+	r, _ := g.reserve(max(worst, 0), true, tag)
 	return r
 }
 
-func (g *Gate) reserve(worst cost.Nanos, force bool) (*Reservation, error) {
+func (g *Gate) reserve(worst cost.Nanos, force bool, tag string) (*Reservation, error) {
 	gs := g.chain()
 	lockAll(gs)
 	viaBackend := sharedCapped(gs)
@@ -277,7 +288,7 @@ func (g *Gate) reserve(worst cost.Nanos, force bool) (*Reservation, error) {
 			budgets = append(budgets, Budget{Key: x.key, Name: x.name, Cap: x.cap})
 		}
 	}
-	id, err := b.Reserve(budgets, worst, force)
+	id, err := b.Reserve(budgets, worst, force, tag)
 	if err != nil {
 		r.Release()
 		return nil, err
