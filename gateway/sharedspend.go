@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/apidispatch/apidispatch/cost"
 	"github.com/apidispatch/apidispatch/spend"
 )
 
@@ -57,27 +58,46 @@ func (g *Gateway) openGates() error {
 		return err
 	}
 	ss := cfg.SharedSpend.Spend(id)
+	capped := cfg.MaxCost > 0
+	for _, c := range cfg.Clients {
+		capped = capped || c.MaxCost > 0
+	}
+	// Redis out of reach at the start: with a cap to keep the gateway does
+	// not start (it could not judge it); without one it starts, and what
+	// this state directory left open stays counted until a later start.
 	fail := func(err error) error {
+		if !capped {
+			g.log.Warn("the shared spend budget (--shared) cannot be reached: spend is counted here alone until it answers", "error", err)
+			return nil
+		}
 		ss.Close()
-		return fmt.Errorf("gateway: the shared spend budget (--shared): %w", err)
+		return fmt.Errorf("gateway: the shared spend budget (--shared) holds the spend caps: %w", err)
 	}
 	// A gateway batch's hold is made again when its batch store reopens
 	// (batches.go); every other reservation is kept at its worst case.
 	n, sum, err := ss.Reconcile(func(tag string) bool { return tag == batchHoldTag })
 	if err != nil {
-		return fail(err)
+		if err := fail(err); err != nil {
+			return err
+		}
 	}
 	if n > 0 {
 		g.log.Warn("this state directory's last gateway left reservations open in the shared spend budget: each kept at its worst case", "reservations", n, "worst_case_usd", sum.USD())
 	}
-	if err := ss.Seed(gatewayBudget, g.ledger.totalSpent()); err != nil {
-		return fail(err)
+	seeds := map[string]cost.Nanos{gatewayBudget: g.ledger.totalSpent()}
+	for _, c := range cfg.Clients {
+		seeds[clientBudget(c.Name)] = g.ledger.spent(c.Name)
+	}
+	for k, v := range seeds {
+		if err := ss.Seed(k, v); err != nil {
+			if err := fail(err); err != nil {
+				return err
+			}
+			break
+		}
 	}
 	g.gate = spend.NewShared("the gateway's --max-cost", cfg.MaxCost, g.ledger.totalSpent(), ss, gatewayBudget)
 	for _, c := range cfg.Clients {
-		if err := ss.Seed(clientBudget(c.Name), g.ledger.spent(c.Name)); err != nil {
-			return fail(err)
-		}
 		g.gates[c.Name] = g.gate.SharedChild("client "+c.Name+"'s max_cost", c.MaxCost, g.ledger.spent(c.Name), ss, clientBudget(c.Name))
 	}
 	g.sharedSpend = ss

@@ -37,8 +37,11 @@ type Spend struct {
 
 	mu      sync.Mutex
 	pending []spendOp // what Redis could not take yet, in order
-	stop    context.CancelFunc
-	done    chan struct{}
+	// downUntil: Redis failed; until then a reservation fails at once
+	// (UnixNano; 0: up).
+	downUntil atomic.Int64
+	stop      context.CancelFunc
+	done      chan struct{}
 }
 
 // spendOp is a reservation forced (Gate.Hold) or ended while Redis was out
@@ -99,10 +102,14 @@ func (s *Spend) Reserve(budgets []spend.Budget, worst cost.Nanos, force bool, ta
 		s.apply(spendOp{reserve: true, id: id, budgets: budgets, amount: worst, tag: tag})
 		return id, nil
 	}
+	if time.Now().UnixNano() < s.downUntil.Load() {
+		return "", fmt.Errorf("%w at %s (it failed within the last %s): a request under a max_cost is refused rather than sent unjudged", spend.ErrUnavailable, s.b.host, s.b.every)
+	}
 	ctx, cancel := s.ctx()
 	defer cancel()
 	res, err := s.reserve(ctx, id, budgets, worst, false, tag)
 	if err != nil {
+		s.downUntil.Store(time.Now().Add(s.b.every).UnixNano())
 		return "", fmt.Errorf("%w at %s (%v): a request under a max_cost is refused rather than sent unjudged", spend.ErrUnavailable, s.b.host, err)
 	}
 	if i := res[0]; i > 0 && int(i) <= len(budgets) {

@@ -90,9 +90,10 @@ func TestSharedGateIsJudgedByItsBackend(t *testing.T) {
 	if alice.Held() != 5 || b.ends[len(b.ends)-1] != "2 2 3 0" {
 		t.Errorf("hold kept: held %s, ends %q", alice.Held(), b.ends)
 	}
-	// Without a cap anywhere in the chain nothing is asked of the backend.
+	// Without a cap anywhere in the chain an unreachable backend refuses
+	// nothing: the work is counted here alone.
 	free := NewShared("free", 0, 0, b, "free")
-	if _, err := free.Reserve(1e9); err != nil {
-		t.Errorf("uncapped shared gate with its backend down: %v", err)
+	if _, err := free.Reserve(1e9); err != nil || free.Reserved() != 1e9 {
+		t.Errorf("uncapped shared gate with its backend down: %v, %s reserved here", err, free.Reserved())
 	}
 }

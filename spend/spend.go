@@ -206,9 +206,10 @@ func (g *Gate) notify() {
 // Reserve reserves worst (the most the work can cost) in g and its
 // parents, or returns a *CapError (matching ErrCapReached) from the first
 // gate it would pass, reserving nothing. A negative worst counts as 0.
-// When the chain holds a capped shared gate its backend decides for the
-// shared gates, and an unreachable backend refuses (an error matching
-// ErrUnavailable): a cap nobody can judge is not passed.
+// When the chain holds a shared gate its backend decides for the shared
+// gates; when one gate of the chain is capped, an unreachable backend
+// refuses (an error matching ErrUnavailable): a cap nobody can judge is
+// not passed. Without a cap the work passes, counted here alone.
 func (g *Gate) Reserve(worst cost.Nanos) (*Reservation, error) {
 	return g.reserve(max(worst, 0), false, "")
 }
@@ -233,12 +234,18 @@ func (g *Gate) Check(worst cost.Nanos) error {
 // sharedCapped reports whether a gate of gs is shared and one is capped:
 // then the shared gates' caps are judged by their backend.
 func sharedCapped(gs []*Gate) bool {
-	shared, capped := false, false
+	shared, capped := sharedOf(gs)
+	return shared && capped
+}
+
+// sharedOf reports whether a gate of gs is shared and whether one is
+// capped.
+func sharedOf(gs []*Gate) (shared, capped bool) {
 	for _, x := range gs {
 		shared = shared || x.backend != nil
 		capped = capped || x.cap > 0
 	}
-	return shared && capped
+	return shared, capped
 }
 
 func checkLocked(gs []*Gate, worst cost.Nanos, remote bool) error {
@@ -268,7 +275,7 @@ func (g *Gate) HoldTagged(worst cost.Nanos, tag string) *Reservation {
 func (g *Gate) reserve(worst cost.Nanos, force bool, tag string) (*Reservation, error) {
 	gs := g.chain()
 	lockAll(gs)
-	viaBackend := sharedCapped(gs)
+	viaBackend, capped := sharedOf(gs)
 	if !force {
 		if err := checkLocked(gs, worst, viaBackend); err != nil {
 			unlockAll(gs)
@@ -290,6 +297,11 @@ func (g *Gate) reserve(worst cost.Nanos, force bool, tag string) (*Reservation, 
 	}
 	id, err := b.Reserve(budgets, worst, force, tag)
 	if err != nil {
+		if !capped && errors.Is(err, ErrUnavailable) {
+			// No cap to judge: the work is counted here alone (its
+			// shared figures miss it).
+			return r, nil
+		}
 		r.Release()
 		return nil, err
 	}
