@@ -134,7 +134,7 @@ func openBatchStore(g *Gateway) (*batchStore, error) {
 		if gb.meta.Status != statusEnded {
 			// Hold its worst case whatever the cap says (it was accepted,
 			// and may have spent already) until runner says what it spent.
-			gb.hold = &hold{g: g, client: gb.meta.Client, res: g.clientGate(gb.meta.Client).Hold(gb.meta.WorstNanos)}
+			gb.hold = &hold{g: g, client: gb.meta.Client, res: g.clientGate(gb.meta.Client).HoldTagged(gb.meta.WorstNanos, batchHoldTag)}
 			s.start(gb)
 		}
 	}
@@ -282,7 +282,7 @@ func (g *Gateway) createBatch(w http.ResponseWriter, r *http.Request, client str
 		buf.Write(line)
 		buf.WriteByte('\n')
 	}
-	hold, err := g.reserve(client, worst)
+	hold, err := g.reserveTagged(client, worst, batchHoldTag)
 	if err != nil {
 		g.stats.refusedCap.Add(1)
 		writeCapError(w, err)

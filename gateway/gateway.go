@@ -36,6 +36,7 @@ import (
 	"github.com/apidispatch/apidispatch/org"
 	"github.com/apidispatch/apidispatch/plan"
 	"github.com/apidispatch/apidispatch/rundir"
+	"github.com/apidispatch/apidispatch/shared"
 	"github.com/apidispatch/apidispatch/spend"
 	upstreampkg "github.com/apidispatch/apidispatch/upstream"
 )
@@ -113,7 +114,11 @@ type Config struct {
 	// MaxCost; it is not seeded from the ledger); every client's gate is
 	// its child. Default: spend.New with MaxCost, seeded from the ledger.
 	Spend *spend.Gate
-	Log   *slog.Logger
+	// SharedSpend, when set (--shared) and Spend is not, makes the
+	// gateway's MaxCost and each client's MaxCost one budget for every
+	// gateway on its Redis (sharedspend.go).
+	SharedSpend *shared.Budget
+	Log         *slog.Logger
 	// Limits, when set, gives gateway batches the orgs' batch queue caps.
 	Limits *plan.Limits
 	// Cache, when set, answers non-streaming Messages requests the
@@ -162,6 +167,10 @@ type Gateway struct {
 	lock    *os.File // the state directory's lock, held until Close
 	life    lifecycle
 	probes  prober
+
+	// sharedSpend is the Redis budget of gate and gates (nil: this
+	// process's alone; sharedspend.go).
+	sharedSpend *shared.Spend
 
 	// estimated holds the models priced by estimate, each once warned
 	// about (unknown.go).
@@ -270,12 +279,10 @@ func New(cfg Config) (*Gateway, error) {
 	// this gateway's keys: their slots stay taken while the API may run
 	// them.
 	g.lanes.holdDead(dead, lastSent, cfg.Timeout)
-	if g.gate = cfg.Spend; g.gate == nil {
-		g.gate = spend.New("the gateway's --max-cost", cfg.MaxCost, g.ledger.totalSpent())
-	}
-	g.gates = map[string]*spend.Gate{}
-	for _, c := range cfg.Clients {
-		g.gates[c.Name] = g.gate.Child("client "+c.Name+"'s max_cost", c.MaxCost, g.ledger.spent(c.Name))
+	if err := g.openGates(); err != nil {
+		g.closeSpend()
+		lock.Close()
+		return nil, err
 	}
 	g.ctx, g.cancel = context.WithCancel(context.Background())
 	g.life.init(g.ctx)
@@ -372,6 +379,11 @@ func (g *Gateway) Close() error {
 	g.wg.Wait()
 	g.lanes.stop()
 	err := g.closeSpend()
+	if g.sharedSpend != nil {
+		if serr := g.sharedSpend.Close(); err == nil {
+			err = serr
+		}
+	}
 	if werr := g.writeStatus(time.Now(), true); werr != nil {
 		g.log.Warn("writing the status file", "error", werr)
 	}

@@ -22,6 +22,7 @@ import (
 	"github.com/apidispatch/apidispatch/gate"
 	"github.com/apidispatch/apidispatch/promptcache"
 	"github.com/apidispatch/apidispatch/ratelimit"
+	"github.com/apidispatch/apidispatch/spend"
 	upstreampkg "github.com/apidispatch/apidispatch/upstream"
 	"github.com/apidispatch/apidispatch/workload"
 )
@@ -154,7 +155,15 @@ func (g *Gateway) classOf(w http.ResponseWriter, r *http.Request, client string)
 // writeCapError answers a request refused by a spend cap: 400
 // invalid_request_error (which no SDK retries), worded as the API words a
 // self-set spend limit, naming the cap.
+//
+// A cap that cannot be judged (the shared spend budget's Redis is out of
+// reach) is answered 529 overloaded_error, which SDKs retry: the request
+// is refused, never sent past the cap, and may pass once Redis answers.
 func writeCapError(w http.ResponseWriter, err error) {
+	if errors.Is(err, spend.ErrUnavailable) {
+		writeError(w, 529, anthropic.ErrOverloaded, "apidispatch gateway: the request was not sent: a spend cap applies to it and cannot be checked now: "+err.Error())
+		return
+	}
 	writeError(w, http.StatusBadRequest, anthropic.ErrInvalidRequest,
 		anthropic.SpendLimitMessagePrefix+" API usage limits on this gateway: "+err.Error())
 }

@@ -35,7 +35,13 @@ type hold struct {
 // reserve reserves worst in client's gate (and the gateway's), or returns
 // the *spend.CapError of the gate that refused.
 func (g *Gateway) reserve(client string, worst cost.Nanos) (*hold, error) {
-	res, err := g.clientGate(client).Reserve(worst)
+	return g.reserveTagged(client, worst, "")
+}
+
+// reserveTagged is reserve with a tag for the shared spend budget
+// (sharedspend.go).
+func (g *Gateway) reserveTagged(client string, worst cost.Nanos, tag string) (*hold, error) {
+	res, err := g.clientGate(client).ReserveTagged(worst, tag)
 	if err != nil {
 		return nil, err
 	}

@@ -297,3 +297,85 @@ redis.call('ZREM', KEYS[5], ARGV[1])
 redis.call('HDEL', KEYS[7], ARGV[1])
 return 1
 `)
+
+// The shared spend budget (Spend) lives in Redis keys with one hash tag,
+// so a cluster keeps them on one shard:
+//
+//	budget:<key>  hash: spent, held, reserved (nanodollars), and one field
+//	              seeded:<owner> per gateway that added its ledger's spend
+//	res:<owner>   hash id → "left charged tag budget-key…": the open
+//	              reservations of one gateway (its state directory's id)
+//	alive:<owner> string, with a TTL the gateway renews while it runs
+//
+// A reservation is admitted and recorded in one script run, and ended in
+// one, so every gateway sees every other's reservations at once.
+
+// spendReserveScript: KEYS[1] the owner's reservations, KEYS[2..] the
+// budgets; ARGV id, worst, force ("1": whatever the caps say), tag (a
+// word; "-" for none), then each budget's cap (0: none). It returns {0} when reserved (or when id was
+// reserved already: a retry), else {i, spent, held, reserved} of the
+// first budget i (1-based) that worst would pass.
+var spendReserveScript = redis.NewScript(`
+if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then return {0} end
+local worst = tonumber(ARGV[2])
+if ARGV[3] ~= '1' then
+  for i = 2, #KEYS do
+    local cap = tonumber(ARGV[i + 3])
+    if cap > 0 then
+      local f = redis.call('HMGET', KEYS[i], 'spent', 'held', 'reserved')
+      local s, h, r = tonumber(f[1]) or 0, tonumber(f[2]) or 0, tonumber(f[3]) or 0
+      if s + h + r + worst > cap then return {i - 1, s, h, r} end
+    end
+  end
+end
+local names = {}
+for i = 2, #KEYS do
+  redis.call('HINCRBY', KEYS[i], 'reserved', ARGV[2])
+  names[#names + 1] = KEYS[i]
+end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2] .. ' 0 ' .. ARGV[4] .. ' ' .. table.concat(names, ' '))
+return {0}
+`)
+
+// spendEndScript: KEYS[1] the owner's reservations, KEYS[2..] the
+// reservation's budgets; ARGV id, op (charge, settle, release, keep),
+// amount. A charge moves amount to spent (what is left reserved shrinks
+// by as much, to 0); a settle charges what amount adds to the charges and
+// frees the rest; a release frees the rest; a keep moves the rest to held,
+// for good. An id not open does nothing (returns 0): ends are idempotent.
+var spendEndScript = redis.NewScript(`
+local rec = redis.call('HGET', KEYS[1], ARGV[1])
+if not rec then return 0 end
+local l, c = string.match(rec, '^(%-?%d+) (%-?%d+)')
+local left, charged = tonumber(l), tonumber(c)
+local op, amount = ARGV[2], tonumber(ARGV[3])
+local function charge(x)
+  local d = math.min(x, left)
+  for i = 2, #KEYS do
+    redis.call('HINCRBY', KEYS[i], 'spent', string.format('%d', x))
+    redis.call('HINCRBY', KEYS[i], 'reserved', string.format('%d', -d))
+  end
+  left, charged = left - d, charged + x
+end
+if op == 'charge' then
+  if amount > 0 then charge(amount) end
+  local rest = string.match(rec, '^%-?%d+ %-?%d+(.*)$')
+  redis.call('HSET', KEYS[1], ARGV[1], string.format('%d %d', left, charged) .. rest)
+  return 1
+end
+if op == 'settle' and amount > charged then charge(amount - charged) end
+for i = 2, #KEYS do
+  redis.call('HINCRBY', KEYS[i], 'reserved', string.format('%d', -left))
+  if op == 'keep' then redis.call('HINCRBY', KEYS[i], 'held', string.format('%d', left)) end
+end
+redis.call('HDEL', KEYS[1], ARGV[1])
+return 1
+`)
+
+// spendSeedScript adds ARGV[2] (a gateway's ledger spend) to the spent of
+// budget KEYS[1] once per owner ARGV[1]; it returns 1 when it added it.
+var spendSeedScript = redis.NewScript(`
+if redis.call('HSETNX', KEYS[1], 'seeded:' .. ARGV[1], 1) == 0 then return 0 end
+redis.call('HINCRBY', KEYS[1], 'spent', ARGV[2])
+return 1
+`)

@@ -14,6 +14,12 @@
 // Gates nest: a gate made with Child reserves in its parent as well, so a
 // gateway can hold one gate per client under one for the whole gateway and
 // a request passes only when both have room.
+//
+// A gate made with NewShared or SharedChild keeps its cap in a Backend
+// (the gateways on one Redis share their clients' and their own caps that
+// way): a reservation whose chain holds such a gate is admitted by the
+// backend, atomically for every shared gate of the chain, and ended there
+// too; the gate's own figures then count this process's part only.
 package spend
 
 import (
@@ -58,6 +64,10 @@ type Gate struct {
 	name   string
 	cap    cost.Nanos // 0: none
 	parent *Gate
+	// backend, when set, keeps the gate's cap and figures for every
+	// process sharing it, under key.
+	backend Backend
+	key     string
 
 	mu       sync.Mutex
 	spent    cost.Nanos
@@ -81,6 +91,23 @@ func New(name string, cap, spent cost.Nanos) *Gate {
 // seeded).
 func (g *Gate) Child(name string, cap, spent cost.Nanos) *Gate {
 	c := New(name, cap, spent)
+	c.parent = g
+	return c
+}
+
+// NewShared returns a gate whose cap (0 or less: none) is judged by b,
+// under key, against what every process sharing key spent and reserved.
+// spent seeds the gate's own figure (this process's part, for its status);
+// b is seeded apart.
+func NewShared(name string, cap, spent cost.Nanos, b Backend, key string) *Gate {
+	g := New(name, cap, spent)
+	g.backend, g.key = b, key
+	return g
+}
+
+// SharedChild is Child for a gate whose cap b judges under key (NewShared).
+func (g *Gate) SharedChild(name string, cap, spent cost.Nanos, b Backend, key string) *Gate {
+	c := NewShared(name, cap, spent, b, key)
 	c.parent = g
 	return c
 }
@@ -179,29 +206,53 @@ func (g *Gate) notify() {
 // Reserve reserves worst (the most the work can cost) in g and its
 // parents, or returns a *CapError (matching ErrCapReached) from the first
 // gate it would pass, reserving nothing. A negative worst counts as 0.
+// When the chain holds a shared gate its backend decides for the shared
+// gates; when one gate of the chain is capped, an unreachable backend
+// refuses (an error matching ErrUnavailable): a cap nobody can judge is
+// not passed. Without a cap the work passes, counted here alone.
 func (g *Gate) Reserve(worst cost.Nanos) (*Reservation, error) {
-	worst = max(worst, 0)
-	gs := g.chain()
-	lockAll(gs)
-	defer unlockAll(gs)
-	if err := checkLocked(gs, worst); err != nil {
-		return nil, err
-	}
-	return g.reserveLocked(gs, worst), nil
+	return g.reserve(max(worst, 0), false, "")
+}
+
+// ReserveTagged is Reserve with a tag the backend of a shared gate keeps
+// with the reservation (Backend.Reserve); a gate without one ignores it.
+func (g *Gate) ReserveTagged(worst cost.Nanos, tag string) (*Reservation, error) {
+	return g.reserve(max(worst, 0), false, tag)
 }
 
 // Check returns the error Reserve(worst) would return now, reserving
 // nothing: nil when there is room. Another goroutine may take the room
-// before a Reserve that follows; Reserve decides.
+// before a Reserve that follows; Reserve decides. Shared gates are
+// judged by their Reserve only.
 func (g *Gate) Check(worst cost.Nanos) error {
 	gs := g.chain()
 	lockAll(gs)
 	defer unlockAll(gs)
-	return checkLocked(gs, max(worst, 0))
+	return checkLocked(gs, max(worst, 0), sharedCapped(gs))
 }
 
-func checkLocked(gs []*Gate, worst cost.Nanos) error {
+// sharedCapped reports whether a gate of gs is shared and one is capped:
+// then the shared gates' caps are judged by their backend.
+func sharedCapped(gs []*Gate) bool {
+	shared, capped := sharedOf(gs)
+	return shared && capped
+}
+
+// sharedOf reports whether a gate of gs is shared and whether one is
+// capped.
+func sharedOf(gs []*Gate) (shared, capped bool) {
 	for _, x := range gs {
+		shared = shared || x.backend != nil
+		capped = capped || x.cap > 0
+	}
+	return shared, capped
+}
+
+func checkLocked(gs []*Gate, worst cost.Nanos, remote bool) error {
+	for _, x := range gs {
+		if remote && x.backend != nil {
+			continue // its backend judges it, with every process's figures
+		}
 		if x.cap > 0 && x.spent+x.held+x.reserved+worst > x.cap {
 			return &CapError{Name: x.name, Cap: x.cap, Spent: x.spent, Held: x.held, Reserved: x.reserved, Want: worst}
 		}
@@ -212,10 +263,50 @@ func checkLocked(gs []*Gate, worst cost.Nanos) error {
 // Hold reserves worst whatever the cap says, for work already sent that
 // this gate learns of late (a batch of an earlier process, re-attached).
 func (g *Gate) Hold(worst cost.Nanos) *Reservation {
+	return g.HoldTagged(worst, "")
+}
+
+// HoldTagged is Hold with a tag, as ReserveTagged.
+func (g *Gate) HoldTagged(worst cost.Nanos, tag string) *Reservation {
+	r, _ := g.reserve(max(worst, 0), true, tag)
+	return r
+}
+
+func (g *Gate) reserve(worst cost.Nanos, force bool, tag string) (*Reservation, error) {
 	gs := g.chain()
 	lockAll(gs)
-	defer unlockAll(gs)
-	return g.reserveLocked(gs, max(worst, 0))
+	viaBackend, capped := sharedOf(gs)
+	if !force {
+		if err := checkLocked(gs, worst, viaBackend); err != nil {
+			unlockAll(gs)
+			return nil, err
+		}
+	}
+	r := g.reserveLocked(gs, worst)
+	unlockAll(gs)
+	if !viaBackend {
+		return r, nil
+	}
+	var b Backend
+	var budgets []Budget
+	for _, x := range gs {
+		if x.backend != nil {
+			b = x.backend
+			budgets = append(budgets, Budget{Key: x.key, Name: x.name, Cap: x.cap})
+		}
+	}
+	id, err := b.Reserve(budgets, worst, force, tag)
+	if err != nil {
+		if !capped && errors.Is(err, ErrUnavailable) {
+			// No cap to judge: the work is counted here alone (its
+			// shared figures miss it).
+			return r, nil
+		}
+		r.Release()
+		return nil, err
+	}
+	r.remote = &remote{b: b, id: id, budgets: budgets}
+	return r, nil
 }
 
 func (g *Gate) reserveLocked(gs []*Gate, worst cost.Nanos) *Reservation {
@@ -238,6 +329,24 @@ type Reservation struct {
 	left    cost.Nanos
 	charged cost.Nanos
 	done    bool
+	// remote is the reservation in the shared gates' backend (nil: none).
+	// Set before the reservation is handed out, read only after.
+	remote *remote
+}
+
+// remote is a reservation's part in a Backend.
+type remote struct {
+	b       Backend
+	id      string
+	budgets []Budget
+}
+
+// end tells the backend, outside the gates' locks, that the reservation
+// was charged (OpCharge) or ended.
+func (m *remote) end(op Op, amount cost.Nanos) {
+	if m != nil {
+		m.b.End(m.id, m.budgets, op, amount)
+	}
 }
 
 // Worst is the worst case reserved.
@@ -257,11 +366,13 @@ func (r *Reservation) Charge(c cost.Nanos) {
 	}
 	gs := r.g.chain()
 	lockAll(gs)
-	defer unlockAll(gs)
 	if r.done {
+		unlockAll(gs)
 		return
 	}
 	r.chargeLocked(gs, c)
+	unlockAll(gs)
+	r.remote.end(OpCharge, c)
 }
 
 func (r *Reservation) chargeLocked(gs []*Gate, c cost.Nanos) {
@@ -283,14 +394,16 @@ func (r *Reservation) Settle(actual cost.Nanos) {
 	}
 	gs := r.g.chain()
 	lockAll(gs)
-	defer unlockAll(gs)
 	if r.done {
+		unlockAll(gs)
 		return
 	}
 	if extra := actual - r.charged; extra > 0 {
 		r.chargeLocked(gs, extra)
 	}
 	r.endLocked(gs, false)
+	unlockAll(gs)
+	r.remote.end(OpSettle, actual)
 }
 
 // Release ends the reservation with nothing billed beyond what was
@@ -310,11 +423,17 @@ func (r *Reservation) end(keep bool) {
 	}
 	gs := r.g.chain()
 	lockAll(gs)
-	defer unlockAll(gs)
 	if r.done {
+		unlockAll(gs)
 		return
 	}
 	r.endLocked(gs, keep)
+	unlockAll(gs)
+	op := OpRelease
+	if keep {
+		op = OpKeep
+	}
+	r.remote.end(op, 0)
 }
 
 func (r *Reservation) endLocked(gs []*Gate, keep bool) {

@@ -34,6 +34,12 @@ into a per-client ledger under --max-cost and each client's max_cost.
 Batches are run directories under --state-dir, executed by the batch route
 (header x-apidispatch-route: batch, auto with x-apidispatch-deadline, or
 sync); a restarted gateway resumes them. Upstream keys never leave it.
+With --shared, --max-cost and each client's max_cost are one budget for
+every gateway on that Redis (give them the same clients file and caps): a
+request's worst case is reserved there and settled from its usage; a
+gateway that dies leaves its reservations counted at their worst case
+until it starts again on its --state-dir; Redis out of reach refuses
+capped requests (529) rather than sending them unjudged.
 
 With --cache FILE (the result cache of 'run'), a non-streaming
 POST /v1/messages at temperature 0 (any with --cache-sampled) whose request
@@ -143,6 +149,7 @@ func serveCmd(args []string, stdout, stderr io.Writer) int {
 	}
 	defer svc.Stop()
 	cfg.NewGate = svc.NewGate(nil)
+	cfg.SharedSpend = svc.Budget // nil without --shared
 	cc, cmode, err := f.cf.open(true)
 	if err != nil {
 		errf(stderr, "%v", err)

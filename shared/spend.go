@@ -1,0 +1,307 @@
+package shared
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/apidispatch/apidispatch/cost"
+	"github.com/apidispatch/apidispatch/spend"
+	"github.com/redis/go-redis/v9"
+)
+
+// spendPrefix starts every Redis key of the shared spend budget (see
+// scripts.go); the hash tag keeps them on one shard.
+const spendPrefix = "apidispatch:v1:spend:{spend}:"
+
+// Spend is the spend.Backend of the gateways on one Redis: a shared
+// gate's cap is judged against what every gateway spent, holds and has
+// reserved under its key. owner names the gateway whose reservations these
+// are (its state directory's id): a gateway that dies leaves them counted
+// at their worst case until one started on its state directory reconciles
+// them (Reconcile). Make it with Budget.Spend; Close when done. Its
+// methods are safe for concurrent use.
+type Spend struct {
+	b     *Budget
+	owner string
+	run   string // this process's part of its reservations' ids
+	n     atomic.Int64
+
+	mu      sync.Mutex
+	pending []spendOp // what Redis could not take yet, in order
+	// downUntil: Redis failed; until then a reservation fails at once
+	// (UnixNano; 0: up).
+	downUntil atomic.Int64
+	stop      context.CancelFunc
+	done      chan struct{}
+}
+
+// spendOp is a reservation forced (Gate.Hold) or ended while Redis was out
+// of reach, applied when it answers.
+type spendOp struct {
+	reserve bool
+	tag     string
+	id      string
+	budgets []spend.Budget
+	op      spend.Op
+	amount  cost.Nanos
+}
+
+// Spend returns the shared spend budget of gateway owner on b's Redis and
+// starts renewing its heartbeat (alive:<owner>, which says a gateway runs
+// on that state directory) and applying what Redis could not take at once.
+func (b *Budget) Spend(owner string) *Spend {
+	var r [4]byte
+	rand.Read(r[:])
+	ctx, cancel := context.WithCancel(context.Background())
+	s := &Spend{b: b, owner: owner, run: hex.EncodeToString(r[:]), stop: cancel, done: make(chan struct{})}
+	go s.loop(ctx)
+	return s
+}
+
+// Owner is the gateway id the reservations are recorded under.
+func (s *Spend) Owner() string { return s.owner }
+
+func (s *Spend) resKey() string        { return spendPrefix + "res:" + s.owner }
+func (s *Spend) aliveKey() string      { return spendPrefix + "alive:" + s.owner }
+func spendBudgetKey(key string) string { return spendPrefix + "budget:" + key }
+
+// ctx bounds one spend script run: longer than a lane's step (a request
+// waits for it, and a loaded Redis or machine must not refuse it), short
+// enough that a Redis gone refuses capped requests within seconds.
+func (s *Spend) ctx() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.Background(), max(s.b.opTimeout, spendOpTimeout))
+}
+
+const spendOpTimeout = 2 * time.Second
+
+func (s *Spend) keys(budgets []spend.Budget) []string {
+	keys := []string{s.resKey()}
+	for _, bg := range budgets {
+		keys = append(keys, spendBudgetKey(bg.Key))
+	}
+	return keys
+}
+
+// Reserve implements spend.Backend.
+// A tag must be one word.
+func (s *Spend) Reserve(budgets []spend.Budget, worst cost.Nanos, force bool, tag string) (string, error) {
+	id := s.run + ":" + strconv.FormatInt(s.n.Add(1), 10)
+	if tag == "" {
+		tag = "-"
+	}
+	if force {
+		s.apply(spendOp{reserve: true, id: id, budgets: budgets, amount: worst, tag: tag})
+		return id, nil
+	}
+	if time.Now().UnixNano() < s.downUntil.Load() {
+		return "", fmt.Errorf("%w at %s (it failed within the last %s): a request under a max_cost is refused rather than sent unjudged", spend.ErrUnavailable, s.b.host, s.b.every)
+	}
+	ctx, cancel := s.ctx()
+	defer cancel()
+	res, err := s.reserve(ctx, id, budgets, worst, false, tag)
+	if err != nil {
+		s.downUntil.Store(time.Now().Add(s.b.every).UnixNano())
+		return "", fmt.Errorf("%w at %s (%v): a request under a max_cost is refused rather than sent unjudged", spend.ErrUnavailable, s.b.host, err)
+	}
+	if i := res[0]; i > 0 && int(i) <= len(budgets) {
+		bg := budgets[i-1]
+		return "", &spend.CapError{Name: bg.Name, Cap: bg.Cap, Spent: cost.Nanos(res[1]), Held: cost.Nanos(res[2]), Reserved: cost.Nanos(res[3]), Want: worst}
+	}
+	return id, nil
+}
+
+func (s *Spend) reserve(ctx context.Context, id string, budgets []spend.Budget, worst cost.Nanos, force bool, tag string) ([]int64, error) {
+	args := []any{id, int64(worst), "0", tag}
+	if force {
+		args[2] = "1"
+	}
+	for _, bg := range budgets {
+		args = append(args, int64(bg.Cap))
+	}
+	return spendReserveScript.Run(ctx, s.b.rdb, s.keys(budgets), args...).Int64Slice()
+}
+
+var opNames = [...]string{spend.OpCharge: "charge", spend.OpSettle: "settle", spend.OpRelease: "release", spend.OpKeep: "keep"}
+
+// End implements spend.Backend: what Redis cannot take now is applied, in
+// order, when it answers; meanwhile the reservation counts at its worst.
+func (s *Spend) End(id string, budgets []spend.Budget, op spend.Op, amount cost.Nanos) {
+	s.apply(spendOp{id: id, budgets: budgets, op: op, amount: amount})
+}
+
+// apply runs o now, unless earlier ones wait (o must follow them), or
+// queues it when Redis does not answer.
+func (s *Spend) apply(o spendOp) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.pending) == 0 {
+		ctx, cancel := s.ctx()
+		err := s.run1(ctx, o)
+		cancel()
+		if err == nil {
+			return
+		}
+	}
+	s.pending = append(s.pending, o)
+}
+
+func (s *Spend) run1(ctx context.Context, o spendOp) error {
+	if o.reserve {
+		_, err := s.reserve(ctx, o.id, o.budgets, o.amount, true, o.tag)
+		return err
+	}
+	return spendEndScript.Run(ctx, s.b.rdb, s.keys(o.budgets), o.id, opNames[o.op], int64(o.amount)).Err()
+}
+
+// flush applies what waits, in order, until Redis fails again.
+func (s *Spend) flush() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for len(s.pending) > 0 {
+		ctx, cancel := s.ctx()
+		err := s.run1(ctx, s.pending[0])
+		cancel()
+		if err != nil {
+			return
+		}
+		s.pending = s.pending[1:]
+	}
+}
+
+// Pending is the number of reservations and ends waiting for Redis.
+func (s *Spend) Pending() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.pending)
+}
+
+func (s *Spend) loop(ctx context.Context) {
+	defer close(s.done)
+	hn, _ := os.Hostname()
+	alive := fmt.Sprintf("%s pid %d since %s", hn, os.Getpid(), time.Now().UTC().Format(time.RFC3339))
+	t := time.NewTicker(s.b.every)
+	defer t.Stop()
+	for {
+		c, cancel := s.ctx()
+		s.b.rdb.Set(c, s.aliveKey(), alive, 4*s.b.ttl)
+		cancel()
+		s.flush()
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// Seed adds spent (what this gateway's ledger says it spent under key)
+// to the shared budget key, once per owner: the budget then starts from
+// what every gateway sharing it spent before it shared it.
+func (s *Spend) Seed(key string, spent cost.Nanos) error {
+	ctx, cancel := s.ctx()
+	defer cancel()
+	if err := spendSeedScript.Run(ctx, s.b.rdb, []string{spendBudgetKey(key)}, s.owner, int64(spent)).Err(); err != nil {
+		return fmt.Errorf("%w at %s: seeding %s: %v", spend.ErrUnavailable, s.b.host, key, err)
+	}
+	return nil
+}
+
+// Reconcile ends the reservations an earlier process of this owner left
+// open (it died, or Redis was gone when it stopped): each is kept at what
+// is left of its worst case, for good, since the API may have billed it
+// and its cost can no longer be read, unless release says its tag is of
+// work this process reserves again itself (then it is released). Call it
+// before this process reserves anything. It returns how many were kept
+// and their sum.
+func (s *Spend) Reconcile(release func(tag string) bool) (int, cost.Nanos, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*s.b.opTimeout)
+	defer cancel()
+	recs, err := s.b.rdb.HGetAll(ctx, s.resKey()).Result()
+	if err != nil {
+		return 0, 0, fmt.Errorf("%w at %s: reading the reservations of gateway %s: %v", spend.ErrUnavailable, s.b.host, s.owner, err)
+	}
+	var sum cost.Nanos
+	kept := 0
+	for id, rec := range recs {
+		f := strings.Fields(rec)
+		if len(f) < 4 {
+			return 0, 0, fmt.Errorf("shared spend: reservation %s of gateway %s is malformed: %q", id, s.owner, rec)
+		}
+		left, err := strconv.ParseInt(f[0], 10, 64)
+		if err != nil {
+			return 0, 0, fmt.Errorf("shared spend: reservation %s of gateway %s is malformed: %q", id, s.owner, rec)
+		}
+		op := "keep"
+		if f[2] != "-" && release != nil && release(f[2]) {
+			op = "release"
+		}
+		keys := append([]string{s.resKey()}, f[3:]...)
+		if err := spendEndScript.Run(ctx, s.b.rdb, keys, id, op, 0).Err(); err != nil {
+			return 0, 0, fmt.Errorf("%w at %s: %v", spend.ErrUnavailable, s.b.host, err)
+		}
+		if op == "keep" {
+			kept++
+			sum += cost.Nanos(left)
+		}
+	}
+	return kept, sum, nil
+}
+
+// SpendFigures is a shared budget's figures, for every gateway sharing it.
+type SpendFigures struct {
+	Spent, Held, Reserved cost.Nanos
+}
+
+// Figures reads budget key's figures.
+func (s *Spend) Figures(key string) (SpendFigures, error) {
+	ctx, cancel := s.ctx()
+	defer cancel()
+	v, err := s.b.rdb.HMGet(ctx, spendBudgetKey(key), "spent", "held", "reserved").Result()
+	if err != nil {
+		return SpendFigures{}, fmt.Errorf("%w at %s: %v", spend.ErrUnavailable, s.b.host, err)
+	}
+	var n [3]cost.Nanos
+	for i, x := range v {
+		if str, ok := x.(string); ok {
+			k, _ := strconv.ParseInt(str, 10, 64)
+			n[i] = cost.Nanos(k)
+		}
+	}
+	return SpendFigures{Spent: n[0], Held: n[1], Reserved: n[2]}, nil
+}
+
+// Open is the number of this owner's reservations open in Redis.
+func (s *Spend) Open() (int64, error) {
+	ctx, cancel := s.ctx()
+	defer cancel()
+	n, err := s.b.rdb.HLen(ctx, s.resKey()).Result()
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return 0, fmt.Errorf("%w at %s: %v", spend.ErrUnavailable, s.b.host, err)
+	}
+	return n, nil
+}
+
+// Close stops the heartbeat after one last try at what waits, and removes
+// the heartbeat. What still waits stays counted at its worst case in
+// Redis until a gateway on this state directory reconciles it.
+func (s *Spend) Close() error {
+	s.stop()
+	<-s.done
+	s.flush()
+	ctx, cancel := s.ctx()
+	defer cancel()
+	s.b.rdb.Del(ctx, s.aliveKey())
+	if n := s.Pending(); n > 0 {
+		return fmt.Errorf("shared spend: %d reservations or ends could not reach Redis at %s; they stay counted at their worst case until a gateway on this state directory starts", n, s.b.host)
+	}
+	return nil
+}

@@ -1,0 +1,173 @@
+package shared
+
+import (
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/apidispatch/apidispatch/internal/testredis"
+	"github.com/apidispatch/apidispatch/spend"
+)
+
+// spendOf is the shared spend budget of owner through its own connection
+// to the Redis at url (as a gateway process of its own has).
+func spendOf(t *testing.T, url, owner string) *Spend {
+	t.Helper()
+	s := process(t, url, nil).Spend(owner)
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+func figures(t *testing.T, s *Spend, key string) SpendFigures {
+	t.Helper()
+	f, err := s.Figures(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+// Two gateways reserving at once against one client's cap and the
+// gateway's: exactly as many worst cases are admitted as the smaller cap
+// holds, whoever asks, and settling them leaves their cost spent.
+func TestSharedSpendReservesAtomicallyAcrossGateways(t *testing.T) {
+	url := testredis.EmptyDB(t, 4)
+	a, b := spendOf(t, url, "gw-a"), spendOf(t, url, "gw-b")
+	budgets := []spend.Budget{{Key: "client:alice", Name: "alice", Cap: 1000}, {Key: "gateway", Name: "gw", Cap: 5000}}
+	var admitted atomic.Int64
+	var mu sync.Mutex
+	var ids []func()
+	var wg sync.WaitGroup
+	for i := range 40 {
+		s := []*Spend{a, b}[i%2]
+		wg.Go(func() {
+			id, err := s.Reserve(budgets, 100, false, "")
+			var ce *spend.CapError
+			switch {
+			case err == nil:
+				admitted.Add(1)
+				mu.Lock()
+				ids = append(ids, func() { s.End(id, budgets, spend.OpSettle, 60) })
+				mu.Unlock()
+			case errors.As(err, &ce) && ce.Name == "alice" && ce.Cap == 1000:
+			default:
+				t.Errorf("reserve: %v", err)
+			}
+		})
+	}
+	wg.Wait()
+	if n := admitted.Load(); n != 10 {
+		t.Errorf("%d worst cases of 100 admitted under a cap of 1000 by two gateways, want 10", n)
+	}
+	for _, end := range ids {
+		end()
+	}
+	for _, k := range []string{"client:alice", "gateway"} {
+		if f := figures(t, a, k); f != (SpendFigures{Spent: 600}) {
+			t.Errorf("%s: %+v after settling 10 at 60, want spent 600 and nothing reserved", k, f)
+		}
+	}
+}
+
+// A charge moves cost to spent, a settle adds what the charges did not,
+// a release frees the rest, a keep holds it for good, a settle past the
+// worst case is spent all the same, and an end repeated does nothing.
+func TestSharedSpendEnds(t *testing.T) {
+	url := testredis.EmptyDB(t, 4)
+	s := spendOf(t, url, "gw-a")
+	bg := []spend.Budget{{Key: "k", Name: "k", Cap: 10_000}}
+	res := func() string {
+		id, err := s.Reserve(bg, 100, false, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return id
+	}
+	id := res()
+	s.End(id, bg, spend.OpCharge, 30)
+	if f := figures(t, s, "k"); f != (SpendFigures{Spent: 30, Reserved: 70}) {
+		t.Errorf("after a charge of 30 on 100: %+v", f)
+	}
+	s.End(id, bg, spend.OpSettle, 50)
+	s.End(id, bg, spend.OpSettle, 50) // again: nothing
+	if f := figures(t, s, "k"); f != (SpendFigures{Spent: 50}) {
+		t.Errorf("after settling at 50: %+v", f)
+	}
+	s.End(res(), bg, spend.OpRelease, 0)
+	s.End(res(), bg, spend.OpKeep, 0)
+	s.End(res(), bg, spend.OpSettle, 150)
+	if f := figures(t, s, "k"); f != (SpendFigures{Spent: 200, Held: 100}) {
+		t.Errorf("after a release, a keep and a settle at 150: %+v, want spent 200, held 100", f)
+	}
+}
+
+// A gateway that dies leaves its reservations counted; one started on its
+// state directory (the same owner) keeps each at its worst case for good,
+// except those it makes again itself (a batch's hold), which it releases.
+// Its ledger's spend seeds a budget once, however often it starts.
+func TestSharedSpendReconcileAndSeed(t *testing.T) {
+	url := testredis.EmptyDB(t, 4)
+	dead := process(t, url, nil).Spend("gw-a") // its reservations never end
+	t.Cleanup(func() { dead.stop(); <-dead.done })
+	bg := []spend.Budget{{Key: "k", Name: "k", Cap: 10_000}}
+	for _, tag := range []string{"", "batch", ""} {
+		if _, err := dead.Reserve(bg, 100, false, tag); err != nil {
+			t.Fatal(err)
+		}
+	}
+	again := spendOf(t, url, "gw-a")
+	if f := figures(t, again, "k"); f != (SpendFigures{Reserved: 300}) {
+		t.Errorf("while the gateway is dead: %+v, want its 300 reserved", f)
+	}
+	n, sum, err := again.Reconcile(func(tag string) bool { return tag == "batch" })
+	if err != nil || n != 2 || sum != 200 {
+		t.Errorf("reconcile: %d kept, %s, %v: want 2 kept at 200", n, sum, err)
+	}
+	if f := figures(t, again, "k"); f != (SpendFigures{Held: 200}) {
+		t.Errorf("after the restart: %+v, want 200 held and nothing reserved", f)
+	}
+	if open, err := again.Open(); err != nil || open != 0 {
+		t.Errorf("%d reservations still open (%v)", open, err)
+	}
+	for range 2 {
+		if err := again.Seed("k", 1000); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := spendOf(t, url, "gw-b").Seed("k", 7); err != nil {
+		t.Fatal(err)
+	}
+	if f := figures(t, again, "k"); f.Spent != 1007 {
+		t.Errorf("seeded twice by gw-a (1000) and once by gw-b (7): spent %s, want 1007", f.Spent)
+	}
+}
+
+// With Redis out of reach a reservation under a cap is refused
+// (ErrUnavailable), a forced one (a batch re-attached) and the ends wait,
+// in order, and reach Redis when it answers again.
+func TestSharedSpendRedisDown(t *testing.T) {
+	rs := testredis.Start(t)
+	s := spendOf(t, rs.URL(), "gw-a")
+	bg := []spend.Budget{{Key: "k", Name: "k", Cap: 10_000}}
+	rs.Stop()
+	if _, err := s.Reserve(bg, 100, false, ""); !errors.Is(err, spend.ErrUnavailable) {
+		t.Fatalf("reserve with Redis down: %v, want ErrUnavailable", err)
+	}
+	id, err := s.Reserve(bg, 100, true, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.End(id, bg, spend.OpKeep, 0)
+	if n := s.Pending(); n != 2 {
+		t.Errorf("%d waiting for Redis, want the hold and its keep", n)
+	}
+	rs.Restart()
+	s.flush()
+	if n := s.Pending(); n != 0 {
+		t.Errorf("%d still waiting once Redis answers", n)
+	}
+	if f := figures(t, s, "k"); f != (SpendFigures{Held: 100}) {
+		t.Errorf("after Redis came back: %+v, want the kept 100 held", f)
+	}
+}
