@@ -71,9 +71,9 @@ func lowTierOrgs(cfg *sim.Config, burst float64) {
 }
 
 // livenessBound is how long after the last fault ends a run may take to
-// be back at what the limits allow: a lane's longest back-off hold (2 s of
-// server time) and the probe past it, answered within about a second, or
-// a retry-after of up to 2 s.
+// be back at what the limits allow: a lane's longest back-off hold (1 s of
+// server time, gate.ProbeBackoffMax) and the probe past it, answered within
+// a second or two, or a retry-after of up to 2 s.
 const livenessBound = 5 * time.Second
 
 // livenessTail is left out at the end of a run: its last requests go out
