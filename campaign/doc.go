@@ -26,7 +26,9 @@
 // Batches (routes batch, sync, auto), and hostile clients (streams never
 // read, requests naming a beta the orgs refuse — the simulator's
 // beta_forbidden fault answers 403 — and body dribblers); the simulator's
-// faults; and disturbances of gateways: SIGTERM, SIGTERM then SIGINT, kill
+// faults (a third of the seeds on tier-1 orgs, half of those with a storm
+// of one kind, and a liveness check after it: issue 29); and disturbances
+// of gateways: SIGTERM, SIGTERM then SIGINT, kill
 // -9, SIGSTOP/SIGCONT and partitions from Redis. A gateway that exits is
 // started again on its state directory and port, as a supervisor would.
 // Clients are goroutines speaking plain HTTP with their tokens and retrying

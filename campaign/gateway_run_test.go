@@ -200,6 +200,9 @@ func gwSimConfig(sc gwScenario) sim.Config {
 		cfg.Orgs[i].Batch.QueueWaitS = 20
 		cfg.Orgs[i].Batch.CancelS = 2
 	}
+	if sc.LowTier {
+		lowTierOrgs(&cfg, sc.Burst)
+	}
 	return cfg
 }
 

@@ -87,6 +87,10 @@ type gwScenario struct {
 	Clients       []gwClient
 	Faults        []sim.Fault
 	Disturb       []gwDisturbance
+	// LowTier: every org has a tier-1 org's limits with buckets of Burst
+	// of a minute (issue 29; see drawGatewayLowTier).
+	LowTier bool
+	Burst   float64
 }
 
 // gwPerRequestUSD is about what one request of the gateway scenarios costs
@@ -236,6 +240,7 @@ func drawGateway(seed int64) gwScenario {
 		}
 		s.Disturb = append(s.Disturb, d)
 	}
+	drawGatewayLowTier(seed, &s)
 	return s
 }
 
@@ -251,6 +256,9 @@ func (s gwScenario) String() string {
 	}
 	if s.BillAbandoned {
 		b.WriteString(", abandoned requests billed")
+	}
+	if s.LowTier {
+		fmt.Fprintf(&b, ", tier-1 orgs (RPM %d, ITPM %d, OTPM %d) with buckets of %.2f of a minute", tier1.RPM, tier1.ITPM, tier1.OTPM, s.Burst)
 	}
 	for _, c := range s.Clients {
 		fmt.Fprintf(&b, "\n  client %s", c.Name)

@@ -47,11 +47,15 @@ func RetryWait(o anthropic.Outcome, n int, speed, u float64) time.Duration {
 
 // ProbeBackoffMax is the longest back-off hold without retry-after, in
 // server seconds: a lane sends one probe per hold, so it can be short,
-// and a lane resumes within it of a storm's end.
-const ProbeBackoffMax = 2.0
+// and a lane resumes within it of a storm's end. At 2 s the probe after
+// the storm went out up to 2 s after its end and, a second or two of
+// latency later, the first answer came past 3 s (a run's first answer
+// 3.5-4.6 API s after a storm of 529s or of 429s without retry-after);
+// at 1 s the lane sends at most one request a second into a storm.
+const ProbeBackoffMax = 1.0
 
 // ProbeBackoff is the n-th consecutive back-off hold (n ≥ 1) after a 429
-// or 529 without retry-after: 0.5, 1, then 2 s of server time, divided by
+// or 529 without retry-after: 0.5, then 1 s of server time, divided by
 // speed.
 func ProbeBackoff(n int, speed float64) time.Duration {
 	sec := math.Min(ProbeBackoffMax, 0.5*math.Pow(2, float64(n-1)))

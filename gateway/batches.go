@@ -796,6 +796,7 @@ func (g *Gateway) deleteBatch(w http.ResponseWriter, r *http.Request, client str
 		g.log.Error("deleting a gateway batch", "batch", id, "error", err)
 	}
 	w.Header().Set("content-type", "application/json")
+	w.Header().Set(anthropic.HeaderRequestID, newRequestID())
 	b, _ := json.Marshal(map[string]string{"id": id, "type": "message_batch_deleted"})
 	w.Write(b)
 }

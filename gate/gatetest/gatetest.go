@@ -218,8 +218,8 @@ func Run(t *testing.T, newGate New, opts ...Option) {
 
 	// Issue 29: after a storm of 529s (or 429s) without retry-after the
 	// lane held up to 8 s of server time past its end, request after
-	// request; a lane now backs off at most ProbeBackoffMax, sends one
-	// probe at a time meanwhile, and reopens at the first success.
+	// request; a lane now backs off at most ProbeBackoffMax (1 s), sends
+	// one probe at a time meanwhile, and reopens at the first success.
 	run("StormWithoutRetryAfterEndsWithinTheLongestBackoff", func(t *testing.T) {
 		c := cfg(10, 1) // at speed 100: the 20 s storm lasts 200 ms
 		g, settle := newGate(t, c)
@@ -258,11 +258,15 @@ func Run(t *testing.T, newGate New, opts ...Option) {
 		}
 		late := first.Sub(end).Seconds() * speed
 		t.Logf("%d probes in the storm; reopened %.2f s of server time after it", probes, late)
-		if late > gate.ProbeBackoffMax+0.5 {
-			t.Fatalf("reopened %.2f s of server time after the storm, want within %.1f s", late, gate.ProbeBackoffMax)
+		// The storm ends half a second after a probe's 529 (holds of 0.5,
+		// then 1 s): a lane whose hold reached 2 s reopened 1.5 s after it.
+		// The first answer after a storm must come within 3 s of its end,
+		// and the request itself takes a second or two.
+		if late > 1.25 {
+			t.Fatalf("reopened %.2f s of server time after the storm, want within 1.25 s", late)
 		}
-		if probes > 15 {
-			t.Fatalf("%d requests sent into a 20 s storm, want one per back-off (about 11)", probes)
+		if probes > 25 {
+			t.Fatalf("%d requests sent into a 20 s storm, want one per back-off (about 20)", probes)
 		}
 		// Reopened: the whole limit at once.
 		if n := len(fill(g, time.Now())); n != 10 {
