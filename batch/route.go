@@ -158,7 +158,11 @@ type Result struct {
 	Requests int64
 	// StopReason says why submitting stopped early ("" when it did not).
 	StopReason string
-	WallS      float64
+	// StopErr is the error behind StopReason when it was one: a spend
+	// cap's *spend.CapError, which callers tell by errors.As (a gateway
+	// batch refused by its client's max_cost ends on it).
+	StopErr error
+	WallS   float64
 	// CostNanos is what this Run's harvests committed.
 	CostNanos int64
 }
@@ -212,6 +216,7 @@ type Route struct {
 	submitDone chan struct{}
 	closedSub  bool
 	stopReason string
+	stopErr    error // see Result.StopErr
 	res        Result
 	start      time.Time
 	loaded     bool
@@ -487,6 +492,9 @@ func (r *Route) waitRoom(need cost.Nanos, n int) {
 		if n > 1 {
 			what = fmt.Sprintf("the next batch's first %d requests", n)
 		}
+		if r.stopReason == "" {
+			r.stopErr = err
+		}
 		r.closeSubmit(fmt.Sprintf("%v (%s)", err, what))
 	default:
 		r.costWait, r.costNeed = ch, need
@@ -539,7 +547,7 @@ func (r *Route) harvestSpend(ctx context.Context, b *rec) error {
 func (r *Route) result() *Result {
 	res := r.res
 	res.Open = r.openCount()
-	res.StopReason = r.stopReason
+	res.StopReason, res.StopErr = r.stopReason, r.stopErr
 	res.WallS = time.Since(r.start).Seconds()
 	return &res
 }

@@ -162,7 +162,13 @@ func Execute(ctx context.Context, job *rundir.Job, x Exec) (*Result, error) {
 			// The sync engine emits its own incomplete event.
 			job.Events.Emit(rundir.EventIncomplete, res.Stop.Reason, s)
 		}
-		return res, &incompleteError{msg: dispatch.ErrIncomplete.Error() + ": " + res.Stop.Reason, cause: runErr}
+		cause := runErr
+		ex.mu.Lock()
+		if se := ex.stopErr; se != nil && !errors.Is(cause, se) {
+			cause = errors.Join(cause, se)
+		}
+		ex.mu.Unlock()
+		return res, &incompleteError{msg: dispatch.ErrIncomplete.Error() + ": " + res.Stop.Reason, cause: cause}
 	}
 	if x.Route != RouteSync {
 		job.Events.Emit(rundir.EventCompleted, fmt.Sprintf("%d succeeded, %d errored", s.Succeeded, s.Errored), s)
@@ -176,9 +182,11 @@ type execution struct {
 	x     Exec
 	sink  *rundir.Sink
 	lanes []gate.LaneSnapshot
-	// mu guards stopReason: auto's batch route runs on its own goroutine.
+	// mu guards stopReason and stopErr: auto's batch route runs on its
+	// own goroutine.
 	mu         sync.Mutex
 	stopReason string
+	stopErr    error // the error behind stopReason, when it was one
 	syncWall   time.Duration
 	batchRes   *batch.Result
 	cacheSum   *rundir.CacheSummary
@@ -223,11 +231,15 @@ func (ex *execution) stopped() string {
 	return ex.stopReason
 }
 
-func (ex *execution) setStop(reason string) {
+func (ex *execution) setStop(reason string) { ex.setStopErr(reason, nil) }
+
+// setStopErr is setStop with the error behind the reason (a spend cap's,
+// from the batch route), kept under the run's incomplete error.
+func (ex *execution) setStopErr(reason string, err error) {
 	ex.mu.Lock()
 	defer ex.mu.Unlock()
 	if ex.stopReason == "" {
-		ex.stopReason = reason
+		ex.stopReason, ex.stopErr = reason, err
 	}
 }
 
@@ -300,7 +312,7 @@ func (ex *execution) runBatch(ctx context.Context, rt *batch.Route) error {
 	done()
 	ex.batchRes = res
 	if res != nil && res.StopReason != "" {
-		ex.setStop(res.StopReason)
+		ex.setStopErr(res.StopReason, res.StopErr)
 	}
 	return err
 }

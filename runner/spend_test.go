@@ -2,6 +2,7 @@ package runner_test
 
 import (
 	"bytes"
+	"errors"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -13,6 +14,7 @@ import (
 	"github.com/apidispatch/apidispatch/rundir"
 	"github.com/apidispatch/apidispatch/runner"
 	"github.com/apidispatch/apidispatch/sim"
+	"github.com/apidispatch/apidispatch/spend"
 	"github.com/apidispatch/apidispatch/store"
 )
 
@@ -195,5 +197,29 @@ func TestPilotMaxCostOneGate(t *testing.T) {
 				t.Fatalf("a cap of %d%% of the all-sync cost: the pilot of %d of %d items done %v", tc.frac, pilot, n, pilotDone)
 			}
 		})
+	}
+}
+
+// TestBatchRouteStoppedByASpendCapKeepsItsError: a batch-route run whose
+// spend gate has no room for the next batch's first request stops with
+// the cap's *spend.CapError in its error chain, as the sync route's stop
+// does. The batch route gave only its text, so a gateway batch refused by
+// its client's max_cost, which ends when errors.As finds the cap, was run
+// again and again for ever (TestClientCapSharedBySyncAndBatch, 1 run in 4).
+func TestBatchRouteStoppedByASpendCapKeepsItsError(t *testing.T) {
+	b := newBench(t, 4, 1000, fastBatches)
+	gate := spend.New("client a's max_cost", cost.Nanos(1_000), 0) // less than any request's worst case
+	x := runner.Exec{Route: runner.RouteBatch}
+	x.Sync.Spend = gate
+	res, err, _ := b.exec(t.Context(), "", x)
+	if res == nil || res.Complete {
+		t.Fatalf("run complete %v with a cap below one request: %v", res != nil && res.Complete, err)
+	}
+	var ce *spend.CapError
+	if !errors.As(err, &ce) || !errors.Is(err, dispatch.ErrIncomplete) {
+		t.Fatalf("batch route stopped by its spend cap: error %v (%T), want ErrIncomplete with the *spend.CapError under it", err, err)
+	}
+	if b.sim.Server.LedgerTotals().Requests != 0 {
+		t.Errorf("%d requests billed past a cap below one", b.sim.Server.LedgerTotals().Requests)
 	}
 }
