@@ -350,6 +350,18 @@ func TestClientCapSharedBySyncAndBatch(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The sync requests start once the batch has billed an item: started
+	// with it, at K=1000 they could spend the whole cap before its first
+	// request, and the batch ended at the cap with nothing billed (which
+	// is right, but shows no sharing).
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		if _, items, _ := sim.BatchBilling(run.Server.Ledger()); items > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the batch billed no item in 30 s")
+		}
+	}
 	// Sync requests, 8 at a time, until the batch has ended or the cap
 	// refuses them all for a while.
 	var ok, refused atomic.Int64
