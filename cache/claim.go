@@ -65,6 +65,9 @@ func (c *Cache) NewClaimer(lease time.Duration) *Claimer {
 	return cl
 }
 
+// Cache is the file the claims are in.
+func (cl *Claimer) Cache() *Cache { return cl.c }
+
 // Lease is how long a claim lives past its last renewal.
 func (cl *Claimer) Lease() time.Duration { return cl.lease }
 
