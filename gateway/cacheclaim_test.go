@@ -207,3 +207,35 @@ func TestGatewayCacheTwoGatewaysKeepClientScope(t *testing.T) {
 		t.Errorf("billed %d, want 2 (one per client)", got)
 	}
 }
+
+// A gateway whose request fails (a terminal 400, not cacheable) releases
+// its claim at once: the other gateway waiting for the same request sends
+// it then, long before the claim's lease would have ended.
+func TestGatewayCacheFailureReleasesTheClaim(t *testing.T) {
+	run, _ := simtest.Start(t, sim.PresetOrigin3Org, 200, nil)
+	path := filepath.Join(t.TempDir(), "c.db")
+	const lease = time.Minute
+	_, srv1 := startGW(t, run, func(c *Config) {
+		c.Cache, c.CacheLease = openCache(t, path), lease
+		c.HTTPClient = &http.Client{Transport: &failFirst{next: http.DefaultTransport}}
+	})
+	g2, srv2 := startGW(t, run, func(c *Config) { c.Cache, c.CacheLease = openCache(t, path), lease })
+	var first, second gwAnswer
+	var wg sync.WaitGroup
+	wg.Go(func() { first = postMessage(t, srv1.URL, tokA, judgeBody(1, "")) })
+	wg.Go(func() {
+		time.Sleep(50 * time.Millisecond) // behind the first, which fails after 200 ms
+		second = postMessage(t, srv2.URL, tokA, judgeBody(1, ""))
+	})
+	start := time.Now()
+	wg.Wait()
+	if first.status != 400 || second.status != 200 || second.header.Get(headerCached) == "true" {
+		t.Fatalf("first %d, second %d cached=%q", first.status, second.status, second.header.Get(headerCached))
+	}
+	if took := time.Since(start); took > lease/4 {
+		t.Errorf("the second waited %v: the failed claim was not released (lease %v)", took, lease)
+	}
+	if got, waited := run.Server.LedgerTotals().Requests, g2.rc.waitedElsewhere.Load(); got != 1 || waited != 1 {
+		t.Errorf("billed %d, the second gateway waited for the first %d times; want 1, 1", got, waited)
+	}
+}
