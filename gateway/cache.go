@@ -178,6 +178,10 @@ type CacheStatus struct {
 	OtherOrigin int64 `json:"other_origin"`
 	Damaged     int64 `json:"damaged"`
 	Errors      int64 `json:"errors"`
+	// WaitedElsewhere counts the requests that waited for another process
+	// on the cache file (a gateway, a run) sending the same request; each
+	// then counts as a hit, or as a miss when that process failed or died.
+	WaitedElsewhere int64 `json:"waited_elsewhere"`
 }
 
 func (rc *resultCache) status() *CacheStatus {
@@ -190,7 +194,7 @@ func (rc *resultCache) status() *CacheStatus {
 	}
 	return &CacheStatus{Path: rc.c.Path(), Scope: scope, Mode: string(rc.mode), Origin: rc.origin,
 		Hits: rc.hits.Load(), Misses: rc.misses.Load(), Stored: rc.stored.Load(), SavedUSD: cost.Nanos(rc.saved.Load()).USD(),
-		OtherOrigin: rc.otherOrigin.Load(), Damaged: rc.damaged.Load(), Errors: rc.errors.Load()}
+		OtherOrigin: rc.otherOrigin.Load(), Damaged: rc.damaged.Load(), Errors: rc.errors.Load(), WaitedElsewhere: rc.waitedElsewhere.Load()}
 }
 
 // cacheGet reads k's entry for this origin; a read error, a damaged entry

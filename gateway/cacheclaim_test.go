@@ -235,7 +235,7 @@ func TestGatewayCacheFailureReleasesTheClaim(t *testing.T) {
 	if took := time.Since(start); took > lease/4 {
 		t.Errorf("the second waited %v: the failed claim was not released (lease %v)", took, lease)
 	}
-	if got, waited := run.Server.LedgerTotals().Requests, g2.rc.waitedElsewhere.Load(); got != 1 || waited != 1 {
+	if got, waited := run.Server.LedgerTotals().Requests, g2.Status().Cache.WaitedElsewhere; got != 1 || waited != 1 {
 		t.Errorf("billed %d, the second gateway waited for the first %d times; want 1, 1", got, waited)
 	}
 }
