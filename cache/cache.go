@@ -287,6 +287,9 @@ func (c *Cache) init() error {
 			return err
 		}
 	}
+	if err := c.ensureClaims(ctx); err != nil {
+		return err
+	}
 	var res string
 	if err := c.db.QueryRowContext(ctx, `PRAGMA quick_check`).Scan(&res); err != nil {
 		return c.errorf(err, "checking the file")
@@ -311,6 +314,20 @@ func (c *Cache) create(ctx context.Context) error {
 		}
 	}
 	return c.errorf(tx.Commit(), "creating it")
+}
+
+// ensureClaims creates the claims table (claim.go) in a file that has
+// none: one written before claims, or by an apidispatch without them.
+func (c *Cache) ensureClaims(ctx context.Context) error {
+	var n int
+	if err := c.db.QueryRowContext(ctx, `SELECT count(*) FROM sqlite_schema WHERE type = 'table' AND name = 'claims'`).Scan(&n); err != nil {
+		return c.errorf(err, "reading its schema")
+	}
+	if n > 0 {
+		return nil
+	}
+	_, err := c.db.ExecContext(ctx, claimsSchema)
+	return c.errorf(err, "adding its claims table")
 }
 
 // upgrade brings an older file to Format in one transaction; a process
@@ -367,9 +384,35 @@ type Elsewhere struct {
 // caller says why). An error means the file could not be read; nothing of
 // the call should be used then.
 func (c *Cache) Get(ctx context.Context, keys []Key, origin string) (map[Key]Entry, []Bad, []Elsewhere, error) {
+	hits, bad, err := getIn(ctx, c.db, keys, origin)
+	if err != nil {
+		return nil, nil, nil, c.errorf(err, "lookup")
+	}
+	var missed []Key
+	if len(hits) < len(keys) {
+		for _, k := range keys {
+			if _, hit := hits[k]; !hit {
+				missed = append(missed, k)
+			}
+		}
+	}
+	elsewhere, err := c.elsewhere(ctx, missed, origin, bad)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	return hits, bad, elsewhere, nil
+}
+
+// querier is a database or a transaction.
+type querier interface {
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+}
+
+// getIn reads the entries origin answered of keys, through q: the hits,
+// and the entries found but damaged.
+func getIn(ctx context.Context, q querier, keys []Key, origin string) (map[Key]Entry, []Bad, error) {
 	hits := make(map[Key]Entry, len(keys))
 	var bad []Bad
-	var missed []Key
 	for len(keys) > 0 {
 		n := min(len(keys), lookupChunk)
 		chunk := keys[:n]
@@ -379,25 +422,23 @@ func (c *Cache) Get(ctx context.Context, keys []Key, origin string) (map[Key]Ent
 		for i := range chunk {
 			args = append(args, chunk[i][:])
 		}
-		rows, err := c.db.QueryContext(ctx, `SELECT key, model, body, body_sum, cost_nanos, input_tok, output_tok, cache_read, cache_write, org, request_id, created_ms, simulated
+		rows, err := q.QueryContext(ctx, `SELECT key, model, body, body_sum, cost_nanos, input_tok, output_tok, cache_read, cache_write, org, request_id, created_ms, simulated
 			FROM entries WHERE origin = ? AND key IN (?`+strings.Repeat(",?", n-1)+`)`, args...)
 		if err != nil {
-			return nil, nil, nil, c.errorf(err, "lookup")
+			return nil, nil, err
 		}
-		found := 0
 		for rows.Next() {
 			e := Entry{Origin: origin}
 			var k, sum []byte
 			var ms int64
 			if err := rows.Scan(&k, &e.Model, &e.Body, &sum, &e.CostNanos, &e.InputTok, &e.OutputTok, &e.CacheRead, &e.CacheWrite, &e.Org, &e.RequestID, &ms, &e.Simulated); err != nil {
 				rows.Close()
-				return nil, nil, nil, c.errorf(err, "lookup")
+				return nil, nil, err
 			}
 			if len(k) != len(e.Key) {
 				continue // not a key this package wrote: no request can hash to it
 			}
 			copy(e.Key[:], k)
-			found++
 			if got := sha256.Sum256(e.Body); !bytes.Equal(got[:], sum) {
 				bad = append(bad, Bad{Key: e.Key, Reason: "response body does not match its checksum"})
 				continue
@@ -408,21 +449,10 @@ func (c *Cache) Get(ctx context.Context, keys []Key, origin string) (map[Key]Ent
 		err = rows.Err()
 		rows.Close()
 		if err != nil {
-			return nil, nil, nil, c.errorf(err, "lookup")
-		}
-		if found < n {
-			for _, k := range chunk {
-				if _, hit := hits[k]; !hit {
-					missed = append(missed, k)
-				}
-			}
+			return nil, nil, err
 		}
 	}
-	elsewhere, err := c.elsewhere(ctx, missed, origin, bad)
-	if err != nil {
-		return nil, nil, nil, err
-	}
-	return hits, bad, elsewhere, nil
+	return hits, bad, nil
 }
 
 // elsewhere returns, of keys this origin did not answer, those another
@@ -489,7 +519,17 @@ func (c *Cache) Put(ctx context.Context, entries []Entry) (added int64, err erro
 		return 0, c.errorf(err, "write")
 	}
 	defer st.Close()
+	// A stored answer ends every claim on its key: the requests waiting
+	// for it read it now.
+	unclaim, err := tx.PrepareContext(ctx, `DELETE FROM claims WHERE key = ? AND origin = ?`)
+	if err != nil {
+		return 0, c.errorf(err, "write")
+	}
+	defer unclaim.Close()
 	for _, e := range entries {
+		if _, err := unclaim.ExecContext(ctx, e.Key[:], e.Origin); err != nil {
+			return 0, c.errorf(err, "write")
+		}
 		sum := sha256.Sum256(e.Body)
 		created := e.CreatedAt
 		if created.IsZero() {

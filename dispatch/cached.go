@@ -96,9 +96,11 @@ type answer struct {
 func (e *Engine) caching() bool { return e.cfg.Cache != nil && e.cfg.CacheMode != cache.ModeOff }
 
 // keyItems keys items and, when the mode reads, answers the cache's hits
-// through the committer. It returns the rest for the scheduler. It runs on
-// the feeder goroutine.
-func (e *Engine) keyItems(ctx context.Context, items []store.Item, com *committer) ([]fed, error) {
+// through the committer. It returns the rest: those for the scheduler, and
+// (readwrite) those whose key another process on the cache file is
+// sending, which wait for its answer (recheck); the keys of the first are
+// claimed for this run. It runs on the feeder goroutine.
+func (e *Engine) keyItems(ctx context.Context, items []store.Item, com *committer) ([]fed, []fed, error) {
 	out := make([]fed, len(items))
 	var keys []cache.Key
 	capped := e.gate.Capped() || e.cfg.WorstEvery
@@ -123,7 +125,7 @@ func (e *Engine) keyItems(ctx context.Context, items []store.Item, com *committe
 			if !e.caching() {
 				continue // sending it reports the error
 			}
-			return nil, fmt.Errorf("reading item %s: %w", it.CustomID, err)
+			return nil, nil, fmt.Errorf("reading item %s: %w", it.CustomID, err)
 		}
 		out[i].pre, out[i].hasPre = itemPrefix(it.Model, body)
 		if !e.caching() {
@@ -137,11 +139,11 @@ func (e *Engine) keyItems(ctx context.Context, items []store.Item, com *committe
 		keys = append(keys, k)
 	}
 	if len(keys) == 0 || !e.cfg.CacheMode.Reads() {
-		return out, nil
+		return out, nil, nil
 	}
 	hits, bad, other, err := e.cfg.Cache.Get(ctx, keys, e.origin())
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	// Counted here, said once with the count when the engine ends
 	// (cacheSummary).
@@ -160,7 +162,66 @@ func (e *Engine) keyItems(ctx context.Context, items []store.Item, com *committe
 		}
 		com.submitHit(hitOutcome(f.it, answer{body: h.Body, org: h.Org, requestID: h.RequestID, costN: cost.Nanos(h.CostNanos)}), cost.Nanos(h.CostNanos), false)
 	}
-	return rest, nil
+	if e.claims == nil {
+		return rest, nil, nil
+	}
+	ready, waiting, _, err := e.recheck(ctx, rest, com)
+	return ready, waiting, err
+}
+
+// recheck claims the keys of fs for this run, in one transaction with
+// their look-up: it answers the hits (stored since), and returns the items
+// whose key this run holds now (and those not keyed) for the scheduler,
+// and those another process holds, with the earliest end of those claims.
+func (e *Engine) recheck(ctx context.Context, fs []fed, com *committer) (ready, waiting []fed, until time.Time, err error) {
+	var keys []cache.Key
+	for _, f := range fs {
+		if f.keyed {
+			keys = append(keys, f.key)
+		}
+	}
+	if len(keys) == 0 {
+		return fs, nil, until, nil
+	}
+	cl, err := e.claims.Claim(ctx, time.Now(), keys, e.origin())
+	if err != nil {
+		return nil, nil, until, err
+	}
+	ready = fs[:0:0]
+	for _, f := range fs {
+		if !f.keyed {
+			ready = append(ready, f)
+			continue
+		}
+		if h, ok := cl.Hits[f.key]; ok {
+			com.submitHit(hitOutcome(f.it, answer{body: h.Body, org: h.Org, requestID: h.RequestID, costN: cost.Nanos(h.CostNanos)}), cost.Nanos(h.CostNanos), false)
+			continue
+		}
+		if end, held := cl.Held[f.key]; held {
+			waiting = append(waiting, f)
+			if until.IsZero() || end.Before(until) {
+				until = end
+			}
+			continue
+		}
+		ready = append(ready, f)
+	}
+	return ready, waiting, until, nil
+}
+
+// releaseClaim lets the run's claim on k go when no item of the run will
+// send it now (its leader failed with no other behind it, or the run is
+// stopping), so that a process waiting for it sends it. It runs on the
+// scheduler goroutine.
+func (e *Engine) releaseClaim(k cache.Key) {
+	if e.claims == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := e.claims.Release(ctx, []cache.Key{k}, e.origin()); err != nil {
+		e.log.Warn("releasing a claim in the result cache (the other processes wait for this run to end)", "error", err)
+	}
 }
 
 // cacheEntry is what a success stores in the cache.
@@ -218,6 +279,9 @@ func (e *Engine) settleKey(a *attempt, success, stopping bool, com *committer) {
 	delete(e.leaders, w.key)
 	fs := e.followers[w.key]
 	delete(e.followers, w.key)
+	if !success && (len(fs) == 0 || stopping) {
+		e.releaseClaim(w.key)
+	}
 	if len(fs) == 0 {
 		return
 	}

@@ -255,6 +255,9 @@ type Engine struct {
 	// for its answer.
 	leaders   map[cache.Key]*work
 	followers map[cache.Key][]*work
+	// claims holds, in the cache file, the keys this run sends, against
+	// the other processes on it (readwrite; during sendAll).
+	claims *cache.Claimer
 
 	inflight    int
 	inflightPub atomic.Int64
@@ -580,6 +583,14 @@ func (e *Engine) openCommitter(sink *rundir.Sink) (*committer, error) {
 func (e *Engine) sendAll(ctx context.Context, com *committer) error {
 	var comDone sync.WaitGroup
 	comDone.Go(com.run)
+	if e.caching() && e.cfg.CacheMode.Reads() && e.cfg.CacheMode.Writes() {
+		e.claims = e.cfg.Cache.NewClaimer(0)
+		defer func() {
+			if err := e.claims.Close(); err != nil {
+				e.log.Warn("releasing the result cache's claims (they lapse after their lease)", "error", err)
+			}
+		}()
+	}
 	f := e.startFeeder(ctx, com)
 	var workers sync.WaitGroup
 	runErr := e.schedule(ctx, f.out, com, &workers)
@@ -688,6 +699,37 @@ func (f *feeder) stop() error {
 // sent or ctx ends. A store error after ctx ended is no error.
 func (e *Engine) feed(ctx context.Context, com *committer, out chan<- []fed) error {
 	var after int64
+	// waiting are the items whose key another process is sending: fed
+	// when it stores the answer (a hit) or lets the key go (claimed).
+	var waiting []fed
+	send := func(fs []fed) bool {
+		if len(fs) == 0 {
+			return true
+		}
+		select {
+		case out <- fs:
+			return true
+		case <-ctx.Done():
+			return false
+		}
+	}
+	// key keys a chunk and feeds its misses; false: stop feeding.
+	key := func(items []store.Item) (bool, error) {
+		fs, held, err := e.keyItems(ctx, e.skip(items), com)
+		if err != nil {
+			return false, err
+		}
+		waiting = append(waiting, held...)
+		if len(waiting) > 0 && len(held) < len(waiting) {
+			// Those that waited from earlier chunks, once per chunk.
+			var ready []fed
+			if ready, waiting, _, err = e.recheck(ctx, waiting, com); err != nil {
+				return false, err
+			}
+			fs = append(fs, ready...)
+		}
+		return send(fs), nil
+	}
 	for {
 		items, err := e.cfg.Store.Pending(ctx, after, 1024)
 		if err != nil {
@@ -696,45 +738,79 @@ func (e *Engine) feed(ctx context.Context, com *committer, out chan<- []fed) err
 			}
 			return nil
 		}
+		last := false
 		if e.cfg.MaxSeq > 0 {
 			n := 0
 			for n < len(items) && items[n].Seq <= e.cfg.MaxSeq {
 				n++
 			}
 			if n < len(items) {
-				fs, err := e.keyItems(ctx, e.skip(items[:n]), com)
-				if err != nil {
-					return err
-				}
-				if len(fs) > 0 {
-					select {
-					case out <- fs:
-					case <-ctx.Done():
-					}
-				}
-				return nil
+				items, last = items[:n], true
 			}
 		}
 		if len(items) == 0 {
-			return nil
+			break
 		}
 		after = items[len(items)-1].Seq
-		fs, err := e.keyItems(ctx, e.skip(items), com)
+		more, err := key(items)
 		if err != nil {
 			if ctx.Err() == nil {
 				return err
 			}
 			return nil
 		}
-		if len(fs) == 0 {
-			continue // every one was a hit
+		if !more {
+			return nil
 		}
+		if last {
+			break
+		}
+	}
+	return e.awaitOthers(ctx, waiting, com, send)
+}
+
+// Polling the cache file for the answers other processes are sending:
+// from claimPollMin, doubling to claimPollMax, never past the end of the
+// earliest of their claims.
+const (
+	claimPollMin = 10 * time.Millisecond
+	claimPollMax = 250 * time.Millisecond
+)
+
+// awaitOthers feeds the waiting items as the other processes that hold
+// their keys answer them or let them go, until none waits or ctx ends
+// (the rest stay pending in the store). It runs on the feeder goroutine,
+// after every pending item was keyed.
+func (e *Engine) awaitOthers(ctx context.Context, waiting []fed, com *committer, send func([]fed) bool) error {
+	poll := claimPollMin
+	for len(waiting) > 0 {
+		ready, rest, until, err := e.recheck(ctx, waiting, com)
+		if err != nil {
+			if ctx.Err() == nil {
+				return err
+			}
+			return nil
+		}
+		if len(rest) < len(waiting) {
+			poll = claimPollMin // answers come: look again soon
+		}
+		waiting = rest
+		if !send(ready) {
+			return nil
+		}
+		if len(waiting) == 0 {
+			break
+		}
+		t := time.NewTimer(max(min(poll, time.Until(until)+time.Millisecond), time.Millisecond))
+		poll = min(2*poll, claimPollMax)
 		select {
-		case out <- fs:
+		case <-t.C:
 		case <-ctx.Done():
+			t.Stop()
 			return nil
 		}
 	}
+	return nil
 }
 
 // skip drops the items Config.Skip leaves out, in place.

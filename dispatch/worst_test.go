@@ -42,7 +42,7 @@ func TestFeederBoundsEachItemWithItsMultipliers(t *testing.T) {
 		return nil, errors.New("the input changed")
 	}}}
 	e.gate = spend.New("--max-cost", cost.NanosPerUSD, 0)
-	fs, err := e.keyItems(context.Background(), items, nil)
+	fs, _, err := e.keyItems(context.Background(), items, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -59,7 +59,7 @@ func TestFeederBoundsEachItemWithItsMultipliers(t *testing.T) {
 		}
 	}
 	e.gate, read = spend.New("--max-cost", 0, 0), 0
-	fs, _ = e.keyItems(context.Background(), items, nil)
+	fs, _, _ = e.keyItems(context.Background(), items, nil)
 	if read != 0 || fs[1].worst != 0 {
 		t.Errorf("without a cap: %d bodies read, worst %v", read, fs[1].worst)
 	}

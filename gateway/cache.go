@@ -28,8 +28,15 @@ const headerCached = "x-apidispatch-cached"
 // sent as usual and its success stored (writing modes). In readwrite mode
 // identical requests in flight at once are sent once: the first is the
 // leader, the others wait for it to end and then read the cache again (a
-// hit, or, when the leader failed, one of them leads next). Streams are
-// never keyed.
+// hit, or, when the leader failed, one of them leads next). Across
+// processes on one cache file (gateways, runs) the leader then claims its
+// key in the file (cache.Claimer), in one transaction with a last look-up:
+// when another process holds the key, the leader waits for that process's
+// entry, polling with a back-off and holding no lane slot and no spend
+// reservation, until the entry is there (a hit), the claim is released
+// (the other failed: this one sends) or its lease ends unrenewed (the
+// other died: this one takes it over and sends). Its client going away
+// ends the wait. Streams are never keyed.
 
 // Scopes of the result cache in the gateway (Config.CacheScope).
 const (
@@ -54,14 +61,21 @@ type resultCache struct {
 
 	mu      sync.Mutex
 	flights map[cache.Key]chan struct{} // leaders in flight (readwrite)
+	// claims holds the keys this gateway's leaders send, against the
+	// other processes on the file (readwrite; set by startCache).
+	claims *cache.Claimer
+	lease  time.Duration
 	// puts go to one writer goroutine (cacheWriter), which stores what
 	// waits in one transaction: concurrent misses never contend for the
 	// file's write lock.
 	puts chan putReq
 
 	hits, misses, stored, otherOrigin, damaged, errors atomic.Int64
-	saved                                              atomic.Int64 // cost.Nanos the hits did not pay
-	warnedOther                                        atomic.Bool
+	// waitedElsewhere counts the requests that waited for another
+	// process's answer to the same request.
+	waitedElsewhere atomic.Int64
+	saved           atomic.Int64 // cost.Nanos the hits did not pay
+	warnedOther     atomic.Bool
 }
 
 func newResultCache(cfg Config, base *url.URL) *resultCache {
@@ -73,7 +87,26 @@ func newResultCache(cfg Config, base *url.URL) *resultCache {
 		mode = cache.ModeReadWrite
 	}
 	return &resultCache{c: cfg.Cache, mode: mode, sampled: cfg.CacheSampled, origin: cache.OriginOf(base),
-		shared: cfg.CacheScope == CacheScopeShared, flights: map[cache.Key]chan struct{}{}, puts: make(chan putReq)}
+		shared: cfg.CacheScope == CacheScopeShared, flights: map[cache.Key]chan struct{}{}, puts: make(chan putReq), lease: cfg.CacheLease}
+}
+
+// startCache starts the cache's writer and, in readwrite mode, its claims
+// across processes; stopCache ends the claims (after the writer and the
+// handlers).
+func (g *Gateway) startCache() {
+	if g.rc.mode.Reads() && g.rc.mode.Writes() {
+		g.rc.claims = g.rc.c.NewClaimer(g.rc.lease)
+	}
+	g.wg.Go(g.cacheWriter)
+}
+
+func (g *Gateway) stopCache() {
+	if g.rc == nil || g.rc.claims == nil {
+		return
+	}
+	if err := g.rc.claims.Close(); err != nil {
+		g.log.Warn("releasing the result cache's claims (they lapse after their lease)", "error", err)
+	}
 }
 
 type putReq struct {
@@ -145,6 +178,10 @@ type CacheStatus struct {
 	OtherOrigin int64 `json:"other_origin"`
 	Damaged     int64 `json:"damaged"`
 	Errors      int64 `json:"errors"`
+	// WaitedElsewhere counts the requests that waited for another process
+	// on the cache file (a gateway, a run) sending the same request; each
+	// then counts as a hit, or as a miss when that process failed or died.
+	WaitedElsewhere int64 `json:"waited_elsewhere"`
 }
 
 func (rc *resultCache) status() *CacheStatus {
@@ -157,7 +194,7 @@ func (rc *resultCache) status() *CacheStatus {
 	}
 	return &CacheStatus{Path: rc.c.Path(), Scope: scope, Mode: string(rc.mode), Origin: rc.origin,
 		Hits: rc.hits.Load(), Misses: rc.misses.Load(), Stored: rc.stored.Load(), SavedUSD: cost.Nanos(rc.saved.Load()).USD(),
-		OtherOrigin: rc.otherOrigin.Load(), Damaged: rc.damaged.Load(), Errors: rc.errors.Load()}
+		OtherOrigin: rc.otherOrigin.Load(), Damaged: rc.damaged.Load(), Errors: rc.errors.Load(), WaitedElsewhere: rc.waitedElsewhere.Load()}
 }
 
 // cacheGet reads k's entry for this origin; a read error, a damaged entry
@@ -195,6 +232,9 @@ type cacheTicket struct {
 	key   cache.Key
 	model string
 	done  chan struct{} // nil: not a leader (write mode)
+	// claimed: the key is this gateway's in the cache file; finish ends
+	// the claim (the Put that stores the answer, or a release).
+	claimed bool
 }
 
 // won is an upstream success, for the cache.
@@ -248,21 +288,73 @@ func (g *Gateway) fromCache(w http.ResponseWriter, r *http.Request, client strin
 		}
 		rc.mu.Unlock()
 		if !busy {
-			// Led now; a leader that ended between the look-up above and
-			// taking the lead stored before it let go: look once more.
-			t := &cacheTicket{g: g, key: k, model: p.Model, done: ch}
-			e, ok, elsewhere := g.cacheGet(ctx, k)
-			if ok {
-				t.finish(nil)
-				g.answerCached(w, client, p, e)
-				return nil, true
-			}
-			rc.miss(elsewhere)
-			return t, false
+			// Led now: a leader that ended between the look-up above and
+			// taking the lead stored before it let go, and another
+			// process may hold the key: lead takes both into account.
+			return g.lead(w, r, client, p, &cacheTicket{g: g, key: k, model: p.Model, done: ch}, elsewhere)
 		}
 		select {
 		case <-ch:
 		case <-ctx.Done():
+			return nil, true // the client went away: nothing was sent
+		}
+	}
+}
+
+// Polling for another process's answer: from claimPollMin, doubling to
+// claimPollMax, never past the end of its claim's lease.
+const (
+	claimPollMin = 10 * time.Millisecond
+	claimPollMax = 250 * time.Millisecond
+)
+
+// lead is fromCache for the in-process leader of a key (t): it looks the
+// key up once more and claims it across processes, in one transaction;
+// while another process holds the claim it waits for its answer (see the
+// seam's comment). It returns t to send with, or answered.
+func (g *Gateway) lead(w http.ResponseWriter, r *http.Request, client string, p msgParams, t *cacheTicket, elsewhere bool) (*cacheTicket, bool) {
+	rc := g.rc
+	ctx := r.Context()
+	poll := claimPollMin
+	waited := false
+	for {
+		cl, err := rc.claims.Claim(ctx, time.Now(), []cache.Key{t.key}, rc.origin)
+		if err != nil {
+			if ctx.Err() != nil {
+				t.finish(nil)
+				return nil, true // the client went away: nothing was sent
+			}
+			rc.errors.Add(1)
+			g.log.Warn("claiming a request in the result cache; it is sent", "error", err)
+			rc.miss(elsewhere)
+			return t, false
+		}
+		for _, b := range cl.Bad {
+			rc.damaged.Add(1)
+			g.log.Warn("a damaged cache entry is treated as a miss", "cache", rc.c.Path(), "key", b.Key.String(), "reason", b.Reason)
+		}
+		if e, ok := cl.Hits[t.key]; ok {
+			t.finish(nil)
+			g.answerCached(w, client, p, e)
+			return nil, true
+		}
+		if len(cl.Claimed) > 0 {
+			t.claimed = true
+			rc.miss(elsewhere)
+			return t, false
+		}
+		if !waited {
+			waited = true
+			rc.waitedElsewhere.Add(1)
+		}
+		wait := min(poll, time.Until(cl.Held[t.key])+time.Millisecond)
+		poll = min(2*poll, claimPollMax)
+		timer := time.NewTimer(max(wait, time.Millisecond))
+		select {
+		case <-timer.C:
+		case <-ctx.Done():
+			timer.Stop()
+			t.finish(nil)
 			return nil, true // the client went away: nothing was sent
 		}
 	}
@@ -326,6 +418,7 @@ func (t *cacheTicket) finish(a *won) {
 		return
 	}
 	rc := t.g.rc
+	stored := false
 	if a != nil && rc.mode.Writes() {
 		// Stored whatever the client does: a success paid for is kept
 		// even when its client went away. Waited for, so that the
@@ -347,6 +440,18 @@ func (t *cacheTicket) finish(a *won) {
 		if err != nil {
 			rc.errors.Add(1)
 			t.g.log.Warn("storing an answer in the result cache", "error", err)
+		}
+		stored = err == nil
+	}
+	if t.claimed && !stored {
+		// Not cacheable (an error, a cut stream) or not stored: the
+		// processes waiting for this key send it.
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		err := rc.claims.Release(ctx, []cache.Key{t.key}, rc.origin)
+		cancel()
+		if err != nil {
+			rc.errors.Add(1)
+			t.g.log.Warn("releasing a claim in the result cache (it lapses after its lease)", "error", err)
 		}
 	}
 	if t.done != nil {

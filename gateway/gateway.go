@@ -132,6 +132,11 @@ type Config struct {
 	// CacheScope is CacheScopeClient (the default: a client's hits are
 	// its own answers) or CacheScopeShared (every client's, and those of 'run').
 	CacheScope string
+	// CacheLease is the lease of the gateway's claims on requests in
+	// flight in the cache file (default cache.DefaultLease): how long the
+	// other processes on the file wait for a request this gateway was
+	// sending when it died, before one of them sends it.
+	CacheLease time.Duration
 	// PublicURL is the base URL clients reach the gateway at, for the
 	// results_url of its batches (default: the scheme and local address of
 	// the connection the request came in on; never the client's Host).
@@ -298,7 +303,7 @@ func New(cfg Config) (*Gateway, error) {
 	}
 	g.wg.Go(g.flushLoop)
 	if g.rc != nil {
-		g.wg.Go(g.cacheWriter)
+		g.startCache()
 	}
 	return g, nil
 }
@@ -377,6 +382,7 @@ func (g *Gateway) Close() error {
 	g.life.waitIdle(closeWait)
 	g.cancel()
 	g.wg.Wait()
+	g.stopCache()
 	g.lanes.stop()
 	err := g.closeSpend()
 	if g.sharedSpend != nil {
