@@ -564,6 +564,7 @@ func (g *Gateway) Status() Status {
 		}
 	}
 	tot.CapUSD, tot.InFlight = g.gate.Cap().USD(), (g.gate.Reserved() + g.gate.Held()).USD()
+	g.sharedStatus(cl, &tot)
 	s := Status{Clients: cl, Total: tot, Queued: g.lanes.queued(), Queues: g.lanes.queueStatus(), Lanes: g.lanes.snapshots(time.Now()),
 		Requests: g.stats.requests.Load(), Attempts: g.stats.upstreamAttempts.Load(), Retries: g.stats.retries.Load(),
 		Abandoned: g.stats.abandoned.Load(), RefusedAt: g.stats.refusedCap.Load(), Batches: g.batches.counts(""),

@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
@@ -9,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/apidispatch/apidispatch/cost"
 	"github.com/apidispatch/apidispatch/spend"
@@ -126,4 +128,41 @@ func stateDirID(dir string) (string, error) {
 		return "", fmt.Errorf("gateway: writing %s: %w", p, err)
 	}
 	return id, nil
+}
+
+// sharedStatusTimeout bounds the read of the shared figures for Status:
+// the status file, the metrics and GET /apidispatch/status wait no longer
+// for a slow Redis.
+const sharedStatusTimeout = time.Second
+
+// sharedStatus fills in the shared spend budget's figures (--shared) of
+// the clients cl and of the gateway (tot), in one round trip to Redis.
+// Redis out of reach marks them unavailable, with why; Status goes on.
+func (g *Gateway) sharedStatus(cl []ClientSpend, tot *ClientSpend) {
+	if g.sharedSpend == nil {
+		return
+	}
+	keys := []string{gatewayBudget}
+	for _, c := range cl {
+		keys = append(keys, clientBudget(c.Client))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), sharedStatusTimeout)
+	defer cancel()
+	f, err := g.sharedSpend.FiguresOf(ctx, keys...)
+	for i, line := range append([]*ClientSpend{tot}, lines(cl)...) {
+		if err != nil {
+			line.Shared = &SharedSpend{Unavailable: err.Error()}
+			continue
+		}
+		line.Shared = &SharedSpend{SpentUSD: f[i].Spent.USD(), ReservedUSD: (f[i].Reserved + f[i].Held).USD(), HeldUSD: f[i].Held.USD()}
+	}
+}
+
+// lines points at each of cl.
+func lines(cl []ClientSpend) []*ClientSpend {
+	out := make([]*ClientSpend, len(cl))
+	for i := range cl {
+		out[i] = &cl[i]
+	}
+	return out
 }
