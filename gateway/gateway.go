@@ -176,6 +176,9 @@ type Gateway struct {
 	// sharedSpend is the Redis budget of gate and gates (nil: this
 	// process's alone; sharedspend.go).
 	sharedSpend *shared.Spend
+	// sharedFig is the latest read of sharedSpend's figures, for Status
+	// (nil: no --shared).
+	sharedFig atomic.Pointer[sharedFigures]
 
 	// estimated holds the models priced by estimate, each once warned
 	// about (unknown.go).
@@ -297,6 +300,10 @@ func New(cfg Config) (*Gateway, error) {
 		g.closeSpend()
 		lock.Close()
 		return nil, err
+	}
+	if g.sharedSpend != nil {
+		g.readSharedFigures()
+		g.wg.Go(g.sharedFiguresLoop)
 	}
 	if err := g.writeStatus(time.Now(), false); err != nil {
 		g.log.Warn("writing the status file", "error", err)

@@ -268,6 +268,17 @@ func (l *Ledger) Totals() ([]ClientSpend, ClientSpend) {
 	return out, ClientSpend{Client: "*", SpentUSD: t.spent.USD(), UnreadUSD: t.unread.USD(), Requests: t.requests, Abandoned: t.abandond}
 }
 
+// clientNames returns the clients the ledger holds spend of.
+func (l *Ledger) clientNames() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := make([]string, 0, len(l.clients))
+	for c := range l.clients {
+		out = append(out, c)
+	}
+	return out
+}
+
 // spent is what the ledger holds for client.
 func (l *Ledger) spent(client string) cost.Nanos {
 	l.mu.Lock()
