@@ -88,7 +88,7 @@ func TestStatusGatewaySharedSpendAcrossGateways(t *testing.T) {
 			row = l
 		}
 	}
-	if !strings.Contains(out.String(), "every gateway's spend (--shared)") || row == "" ||
+	if !strings.Contains(out.String(), "every gateway's spend (--shared;") || row == "" ||
 		!strings.Contains(row, "$2.000000") || !strings.Contains(row, fmt.Sprintf("$%.6f", a.SpentUSD)) {
 		t.Errorf("status --gateway: no line of alice's spend on every gateway ($%.6f, max_cost $2, this gateway's $%.6f):\n%s", bill, a.SpentUSD, out.String())
 	}
