@@ -176,6 +176,9 @@ type Gateway struct {
 	// sharedSpend is the Redis budget of gate and gates (nil: this
 	// process's alone; sharedspend.go).
 	sharedSpend *shared.Spend
+	// sharedFig is the latest read of sharedSpend's figures, for Status
+	// (nil: no --shared).
+	sharedFig atomic.Pointer[sharedFigures]
 
 	// estimated holds the models priced by estimate, each once warned
 	// about (unknown.go).
@@ -297,6 +300,10 @@ func New(cfg Config) (*Gateway, error) {
 		g.closeSpend()
 		lock.Close()
 		return nil, err
+	}
+	if g.sharedSpend != nil {
+		g.readSharedFigures()
+		g.wg.Go(g.sharedFiguresLoop)
 	}
 	if err := g.writeStatus(time.Now(), false); err != nil {
 		g.log.Warn("writing the status file", "error", err)
@@ -564,6 +571,7 @@ func (g *Gateway) Status() Status {
 		}
 	}
 	tot.CapUSD, tot.InFlight = g.gate.Cap().USD(), (g.gate.Reserved() + g.gate.Held()).USD()
+	g.sharedStatus(cl, &tot)
 	s := Status{Clients: cl, Total: tot, Queued: g.lanes.queued(), Queues: g.lanes.queueStatus(), Lanes: g.lanes.snapshots(time.Now()),
 		Requests: g.stats.requests.Load(), Attempts: g.stats.upstreamAttempts.Load(), Retries: g.stats.retries.Load(),
 		Abandoned: g.stats.abandoned.Load(), RefusedAt: g.stats.refusedCap.Load(), Batches: g.batches.counts(""),

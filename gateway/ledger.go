@@ -222,6 +222,25 @@ type ClientSpend struct {
 	// ByOrg is the client's spend by org in US dollars (gateway batches,
 	// which span orgs, under OrgGatewayBatches).
 	ByOrg map[string]float64 `json:"spend_by_org_usd,omitempty"`
+	// Shared is the client's budget (the total's: the gateway's) in the
+	// spend budget every gateway on the Redis shares (--shared); nil
+	// without --shared.
+	Shared *SharedSpend `json:"shared,omitempty"`
+}
+
+// SharedSpend is one budget of the shared spend budget (--shared), for
+// every gateway on the Redis: the cap (CapUSD of the same line) is judged
+// against SpentUSD + ReservedUSD. When Redis could not be read in time,
+// Unavailable says why and the figures are zero.
+type SharedSpend struct {
+	SpentUSD float64 `json:"spent_usd"`
+	// ReservedUSD is the worst case of every gateway's requests and
+	// batches in flight, HeldUSD included.
+	ReservedUSD float64 `json:"reserved_usd"`
+	// HeldUSD is the part of ReservedUSD counted for good: the worst case
+	// of work whose cost will never be known (answers never read).
+	HeldUSD     float64 `json:"held_usd,omitempty"`
+	Unavailable string  `json:"unavailable,omitempty"`
 }
 
 func usdByOrg(m map[string]cost.Nanos) map[string]float64 {
@@ -247,6 +266,17 @@ func (l *Ledger) Totals() ([]ClientSpend, ClientSpend) {
 	sort.Slice(out, func(i, j int) bool { return out[i].Client < out[j].Client })
 	t := l.total
 	return out, ClientSpend{Client: "*", SpentUSD: t.spent.USD(), UnreadUSD: t.unread.USD(), Requests: t.requests, Abandoned: t.abandond}
+}
+
+// clientNames returns the clients the ledger holds spend of.
+func (l *Ledger) clientNames() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := make([]string, 0, len(l.clients))
+	for c := range l.clients {
+		out = append(out, c)
+	}
+	return out
 }
 
 // spent is what the ledger holds for client.

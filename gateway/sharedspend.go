@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
@@ -9,8 +10,10 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/apidispatch/apidispatch/cost"
+	"github.com/apidispatch/apidispatch/shared"
 	"github.com/apidispatch/apidispatch/spend"
 )
 
@@ -126,4 +129,89 @@ func stateDirID(dir string) (string, error) {
 		return "", fmt.Errorf("gateway: writing %s: %w", p, err)
 	}
 	return id, nil
+}
+
+// The shared figures in Status are read from Redis by the gateway in the
+// background (sharedFiguresLoop), every sharedStatusEvery, each read
+// bounded by sharedStatusTimeout: Status (the status file, written by the
+// ledger's flush loop, the metrics and GET /apidispatch/status) never
+// waits for Redis, and shows the latest read, or why it failed.
+const (
+	sharedStatusEvery   = 500 * time.Millisecond
+	sharedStatusTimeout = time.Second
+)
+
+// sharedFigures is the latest read of the shared figures: budget key →
+// figures, or err.
+type sharedFigures struct {
+	at  time.Time
+	fig map[string]shared.SpendFigures
+	err error
+}
+
+// readSharedFigures reads the shared figures of the gateway's budget and
+// of every client's, the configured ones and any the ledger holds.
+func (g *Gateway) readSharedFigures() {
+	keys := []string{gatewayBudget}
+	seen := map[string]bool{}
+	for _, c := range g.cfg.Clients {
+		seen[c.Name] = true
+		keys = append(keys, clientBudget(c.Name))
+	}
+	for _, name := range g.ledger.clientNames() {
+		if !seen[name] {
+			keys = append(keys, clientBudget(name))
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), sharedStatusTimeout)
+	defer cancel()
+	f, err := g.sharedSpend.FiguresOf(ctx, keys...)
+	sf := &sharedFigures{at: time.Now(), err: err}
+	if err == nil {
+		sf.fig = make(map[string]shared.SpendFigures, len(keys))
+		for i, k := range keys {
+			sf.fig[k] = f[i]
+		}
+	}
+	g.sharedFig.Store(sf)
+}
+
+// sharedFiguresLoop reads the shared figures every sharedStatusEvery until
+// the gateway stops.
+func (g *Gateway) sharedFiguresLoop() {
+	t := time.NewTicker(sharedStatusEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-g.ctx.Done():
+			return
+		case <-t.C:
+			g.readSharedFigures()
+		}
+	}
+}
+
+// sharedStatus fills in the latest shared figures (--shared) of the
+// clients cl and of the gateway (tot); when that read failed they are
+// unavailable, with why.
+func (g *Gateway) sharedStatus(cl []ClientSpend, tot *ClientSpend) {
+	sf := g.sharedFig.Load()
+	if sf == nil {
+		return
+	}
+	set := func(line *ClientSpend, key string) {
+		f, ok := sf.fig[key]
+		switch {
+		case sf.err != nil:
+			line.Shared = &SharedSpend{Unavailable: sf.err.Error()}
+		case !ok:
+			line.Shared = &SharedSpend{Unavailable: "not read from Redis yet"}
+		default:
+			line.Shared = &SharedSpend{SpentUSD: f.Spent.USD(), ReservedUSD: (f.Reserved + f.Held).USD(), HeldUSD: f.Held.USD()}
+		}
+	}
+	set(tot, gatewayBudget)
+	for i := range cl {
+		set(&cl[i], clientBudget(cl[i].Client))
+	}
 }

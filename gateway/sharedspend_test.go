@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -193,5 +194,110 @@ func TestSharedSpendRedisDownRefusesCappedRequests(t *testing.T) {
 	}
 	if status, body, _, err := post(srv.URL, tokB, judgeBody(3, "")); err != nil || status != http.StatusOK {
 		t.Errorf("uncapped client with Redis down: %d %s %v: want it served", status, body, err)
+	}
+}
+
+// Issue 27, the operator's view: with --shared each gateway's Status shows
+// beside its own spend the budget every gateway on the Redis shares: alice
+// sends through two gateways, and each shows her shared spent as the sum
+// of both gateways' own (the simulator's bill for her) against her
+// max_cost, nothing left reserved once every answer is settled, and the
+// gateway's budget (the total's) the same.
+func TestSharedSpendStatusShowsEveryGatewaysSpend(t *testing.T) {
+	rs := testredis.Start(t)
+	run, _ := simtest.Start(t, sim.PresetOrigin3Org, 200, nil)
+	const capN = cost.Nanos(5_000_000_000)
+	var gws []*Gateway
+	var urls []string
+	for range 2 {
+		g, srv := sharedGW(t, run, rs.URL(), t.TempDir(), false, func(c *Config) { c.Clients[0].MaxCost = capN })
+		gws, urls = append(gws, g), append(urls, srv.URL)
+	}
+	for i := range 5 {
+		if status, body, _, err := post(urls[i%2], tokA, judgeBody(i, "")); err != nil || status != http.StatusOK {
+			t.Fatalf("request %d: %d %s %v", i, status, body, err)
+		}
+	}
+	bill := cost.Nanos(run.Server.LedgerTotals().CostNanos).USD()
+	client := func(s Status, name string) ClientSpend {
+		for _, c := range s.Clients {
+			if c.Client == name {
+				return c
+			}
+		}
+		t.Fatalf("no client %s in %+v", name, s.Clients)
+		return ClientSpend{}
+	}
+	var sts [2]Status
+	for end := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		sts = [2]Status{gws[0].Status(), gws[1].Status()}
+		a0, a1 := client(sts[0], "alice"), client(sts[1], "alice")
+		if a0.Shared != nil && a1.Shared != nil && a0.Shared.SpentUSD == bill && a1.Shared.SpentUSD == bill && a0.Shared.ReservedUSD == 0 {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatalf("alice's shared spend never reached the bill $%v: %+v / %+v", bill, a0.Shared, a1.Shared)
+		}
+	}
+	own := client(sts[0], "alice").SpentUSD + client(sts[1], "alice").SpentUSD
+	if client(sts[0], "alice").SpentUSD <= 0 || client(sts[1], "alice").SpentUSD <= 0 || math.Abs(own-bill) > 1e-9 {
+		t.Errorf("alice's own spend on the gateways: %v + %v, want both > 0 summing to the bill %v", client(sts[0], "alice").SpentUSD, client(sts[1], "alice").SpentUSD, bill)
+	}
+	for i, s := range sts {
+		a, b := client(s, "alice"), client(s, "bob")
+		if a.CapUSD != capN.USD() || a.Shared.Unavailable != "" || a.Shared.HeldUSD != 0 {
+			t.Errorf("gateway %d: alice %+v shared %+v", i, a, a.Shared)
+		}
+		if b.Shared == nil || b.Shared.SpentUSD != 0 || b.Shared.Unavailable != "" {
+			t.Errorf("gateway %d: bob's shared figures %+v, want zero", i, b.Shared)
+		}
+		if s.Total.Shared == nil || s.Total.Shared.SpentUSD != bill || s.Total.Shared.ReservedUSD != 0 {
+			t.Errorf("gateway %d: the gateway's shared figures %+v, want spent %v", i, s.Total.Shared, bill)
+		}
+	}
+}
+
+// Redis out of reach neither fails nor stalls the status: within a few
+// reads the shared figures are marked unavailable, with why, beside the
+// gateway's own, and no Status call waits for Redis; without --shared
+// there are none.
+func TestSharedSpendStatusRedisDown(t *testing.T) {
+	rs := testredis.Start(t)
+	run, _ := simtest.Start(t, sim.PresetOrigin3Org, 200, nil)
+	g, srv := sharedGW(t, run, rs.URL(), t.TempDir(), false, nil)
+	if status, body, _, err := post(srv.URL, tokA, judgeBody(1, "")); err != nil || status != http.StatusOK {
+		t.Fatalf("%d %s %v", status, body, err)
+	}
+	rs.Stop()
+	var s Status
+	var slowest time.Duration
+	for end := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		start := time.Now()
+		s = g.Status()
+		slowest = max(slowest, time.Since(start))
+		if s.Total.Shared != nil && s.Total.Shared.Unavailable != "" {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatalf("the shared figures never became unavailable with Redis down: %+v", s.Total.Shared)
+		}
+	}
+	t.Logf("slowest Status with Redis going down: %s", slowest)
+	if slowest > sharedStatusTimeout/2 {
+		t.Errorf("a Status call took %s with Redis down: it waited for Redis", slowest)
+	}
+	for _, c := range append(s.Clients, s.Total) {
+		if c.Shared == nil || !strings.Contains(c.Shared.Unavailable, "unreachable") || c.Shared.SpentUSD != 0 {
+			t.Errorf("%s: shared figures %+v with Redis down, want unavailable naming why", c.Client, c.Shared)
+		}
+	}
+	if s.Clients[0].Client != "alice" || s.Clients[0].SpentUSD <= 0 {
+		t.Errorf("alice's own spend lost with Redis down: %+v", s.Clients[0])
+	}
+	local, _ := startGW(t, run, nil)
+	for _, c := range append(local.Status().Clients, local.Status().Total) {
+		if c.Shared != nil {
+			t.Errorf("without --shared %s has shared figures %+v", c.Client, c.Shared)
+		}
 	}
 }

@@ -253,6 +253,24 @@ type GatewayStats struct {
 	Batches map[string]int
 	// Cache is the result cache's figures; nil without one.
 	Cache *GatewayCache
+	// Shared is the gateway's budget (its --max-cost) in the spend budget
+	// every gateway on the Redis shares (--shared); nil without --shared.
+	Shared *GatewayShared
+}
+
+// GatewayShared is the gateway's budget in the shared spend budget.
+type GatewayShared struct {
+	// Up: Redis answered at this scrape; without it the shared figures,
+	// the gateway's and its clients', are left out.
+	Up bool
+	SharedSpend
+}
+
+// SharedSpend is one budget's figures for every gateway sharing it:
+// SpentUSD, and ReservedUSD the worst case of their work in flight or
+// whose cost will never be known.
+type SharedSpend struct {
+	SpentUSD, ReservedUSD float64
 }
 
 // GatewayCache is a gateway's use of the result cache since it started.
@@ -283,6 +301,10 @@ type ClientSpend struct {
 	// ByOrgUSD is what the ledger holds for the client by org (gateway
 	// batches under "(gateway batches)").
 	ByOrgUSD map[string]float64
+	// Shared is the client's budget in the shared spend budget (--shared),
+	// for every gateway on the Redis; nil without it or when Redis did not
+	// answer.
+	Shared *SharedSpend
 }
 
 var (
@@ -298,13 +320,19 @@ var (
 	descGWBatches   = prometheus.NewDesc("apidispatch_gateway_batches", "Gateway batches by status.", []string{"status"}, nil)
 	descGWCache     = prometheus.NewDesc("apidispatch_gateway_cache_requests_total", "Keyed Messages requests by what the result cache did: hit (answered from it), miss (sent), stored (a success new to the file).", []string{"result"}, nil)
 	descGWCacheSave = prometheus.NewDesc("apidispatch_gateway_cache_saved_usd_total", "What the requests answered from the result cache cost when they were sent, in US dollars.", nil, nil)
+	descGWShUp      = prometheus.NewDesc("apidispatch_gateway_shared_spend_up", "1 when the shared spend budget (--shared) answered at this scrape, 0 when its figures are unavailable.", nil, nil)
+	descGWShSpent   = prometheus.NewDesc("apidispatch_gateway_shared_spent_usd", "What every gateway sharing the spend budget (--shared) spent, in US dollars: the gateway's --max-cost is judged against it.", nil, nil)
+	descGWShRes     = prometheus.NewDesc("apidispatch_gateway_shared_reserved_usd", "Worst case of every gateway's requests and batches in flight or never read, in the shared spend budget (--shared), in US dollars.", nil, nil)
+	descGWCShSpent  = prometheus.NewDesc("apidispatch_gateway_client_shared_spent_usd", "What every gateway sharing the spend budget (--shared) spent for the client, in US dollars: its max_cost is judged against it.", []string{"client"}, nil)
+	descGWCShRes    = prometheus.NewDesc("apidispatch_gateway_client_shared_reserved_usd", "Worst case of the client's requests and batches in flight or never read on every gateway sharing the spend budget (--shared), in US dollars.", []string{"client"}, nil)
 )
 
 // gatewayCollector reads a gateway's stats at scrape time.
 type gatewayCollector func() GatewayStats
 
 func (gatewayCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descGWSpent, descGWReserved, descGWCap, descGWClientOrg, descGWOrg, descGWQueued, descGWCQueued, descGWCFlight, descGWCWait, descGWBatches, descGWCache, descGWCacheSave} {
+	for _, d := range []*prometheus.Desc{descGWSpent, descGWReserved, descGWCap, descGWClientOrg, descGWOrg, descGWQueued, descGWCQueued, descGWCFlight, descGWCWait, descGWBatches, descGWCache, descGWCacheSave,
+		descGWShUp, descGWShSpent, descGWShRes, descGWCShSpent, descGWCShRes} {
 		ch <- d
 	}
 }
@@ -319,6 +347,10 @@ func (f gatewayCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		for o, v := range c.ByOrgUSD {
 			ch <- prometheus.MustNewConstMetric(descGWClientOrg, prometheus.GaugeValue, v, c.Client, o)
+		}
+		if sh := c.Shared; sh != nil {
+			ch <- prometheus.MustNewConstMetric(descGWCShSpent, prometheus.GaugeValue, sh.SpentUSD, c.Client)
+			ch <- prometheus.MustNewConstMetric(descGWCShRes, prometheus.GaugeValue, sh.ReservedUSD, c.Client)
 		}
 	}
 	for o, v := range s.OrgSpentUSD {
@@ -335,6 +367,15 @@ func (f gatewayCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	for st, n := range s.Batches {
 		ch <- prometheus.MustNewConstMetric(descGWBatches, prometheus.GaugeValue, float64(n), st)
+	}
+	if sh := s.Shared; sh != nil {
+		up := 0.0
+		if sh.Up {
+			up = 1
+			ch <- prometheus.MustNewConstMetric(descGWShSpent, prometheus.GaugeValue, sh.SpentUSD)
+			ch <- prometheus.MustNewConstMetric(descGWShRes, prometheus.GaugeValue, sh.ReservedUSD)
+		}
+		ch <- prometheus.MustNewConstMetric(descGWShUp, prometheus.GaugeValue, up)
 	}
 	if c := s.Cache; c != nil {
 		ch <- prometheus.MustNewConstMetric(descGWCache, prometheus.CounterValue, float64(c.Hits), "hit")

@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -149,5 +150,52 @@ func TestServerStopTwice(t *testing.T) {
 	}
 	if _, err := http.Get("http://" + srv.Addr().String() + "/metrics"); err == nil {
 		t.Fatal("still serving after Stop")
+	}
+}
+
+// With --shared the gateway's and each client's budget across every
+// gateway on the Redis are series of their own; when Redis did not answer
+// only shared_spend_up (0) is left, and without --shared none is there.
+func TestGatewaySharedSpendMetrics(t *testing.T) {
+	var stats GatewayStats
+	m := New()
+	if err := m.Gateway(func() GatewayStats { return stats }); err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(m.Handler())
+	defer srv.Close()
+	scrape := func() string {
+		resp, err := http.Get(srv.URL + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return string(b)
+	}
+	stats = GatewayStats{Clients: []ClientSpend{{Client: "a", SpentUSD: 0.25, Shared: &SharedSpend{SpentUSD: 0.75, ReservedUSD: 0.125}}},
+		Shared: &GatewayShared{Up: true, SharedSpend: SharedSpend{SpentUSD: 1.5, ReservedUSD: 0.5}}}
+	body := scrape()
+	for _, want := range []string{
+		`apidispatch_gateway_client_spent_usd{client="a"} 0.25`,
+		`apidispatch_gateway_client_shared_spent_usd{client="a"} 0.75`,
+		`apidispatch_gateway_client_shared_reserved_usd{client="a"} 0.125`,
+		`apidispatch_gateway_shared_spent_usd 1.5`,
+		`apidispatch_gateway_shared_reserved_usd 0.5`,
+		`apidispatch_gateway_shared_spend_up 1`,
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("no %s in the scrape:\n%s", want, body)
+		}
+	}
+	stats = GatewayStats{Clients: []ClientSpend{{Client: "a", SpentUSD: 0.25}}, Shared: &GatewayShared{}}
+	body = scrape()
+	if !strings.Contains(body, "apidispatch_gateway_shared_spend_up 0") || strings.Contains(body, "apidispatch_gateway_shared_spent_usd") ||
+		strings.Contains(body, "apidispatch_gateway_client_shared_spent_usd") {
+		t.Errorf("Redis unavailable: want only shared_spend_up 0:\n%s", body)
+	}
+	stats = GatewayStats{Clients: []ClientSpend{{Client: "a", SpentUSD: 0.25}}}
+	if body = scrape(); strings.Contains(body, "_shared_") {
+		t.Errorf("without --shared: shared series in the scrape:\n%s", body)
 	}
 }

@@ -265,18 +265,43 @@ type SpendFigures struct {
 func (s *Spend) Figures(key string) (SpendFigures, error) {
 	ctx, cancel := s.ctx()
 	defer cancel()
-	v, err := s.b.rdb.HMGet(ctx, spendBudgetKey(key), "spent", "held", "reserved").Result()
+	f, err := s.FiguresOf(ctx, key)
 	if err != nil {
-		return SpendFigures{}, fmt.Errorf("%w at %s: %v", spend.ErrUnavailable, s.b.host, err)
+		return SpendFigures{}, err
 	}
-	var n [3]cost.Nanos
-	for i, x := range v {
-		if str, ok := x.(string); ok {
-			k, _ := strconv.ParseInt(str, 10, 64)
-			n[i] = cost.Nanos(k)
+	return f[0], nil
+}
+
+// FiguresOf reads the figures of budgets keys in one round trip to Redis,
+// within ctx (and the connection's own timeouts). A budget nothing was
+// ever counted in has zero figures. While Redis is known to be out of
+// reach (a reservation failed within the last moment) it fails at once.
+func (s *Spend) FiguresOf(ctx context.Context, keys ...string) ([]SpendFigures, error) {
+	if time.Now().UnixNano() < s.downUntil.Load() {
+		return nil, fmt.Errorf("%w at %s (it failed within the last %s)", spend.ErrUnavailable, s.b.host, s.b.every)
+	}
+	cmds := make([]*redis.SliceCmd, len(keys))
+	_, err := s.b.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, k := range keys {
+			cmds[i] = p.HMGet(ctx, spendBudgetKey(k), "spent", "held", "reserved")
 		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("%w at %s: %v", spend.ErrUnavailable, s.b.host, err)
 	}
-	return SpendFigures{Spent: n[0], Held: n[1], Reserved: n[2]}, nil
+	out := make([]SpendFigures, len(keys))
+	for i, c := range cmds {
+		var n [3]cost.Nanos
+		for j, x := range c.Val() {
+			if str, ok := x.(string); ok {
+				k, _ := strconv.ParseInt(str, 10, 64)
+				n[j] = cost.Nanos(k)
+			}
+		}
+		out[i] = SpendFigures{Spent: n[0], Held: n[1], Reserved: n[2]}
+	}
+	return out, nil
 }
 
 // Open is the number of this owner's reservations open in Redis.

@@ -263,8 +263,17 @@ func gatewayStats(st gateway.Status) metrics.GatewayStats {
 		out.Queues = append(out.Queues, metrics.ClientQueue{Client: q.Client, Class: q.Class, Queued: q.Queued, InFlight: q.InFlight,
 			Waits: q.Waits, WaitP50S: q.WaitP50Ms / 1000, WaitP99S: q.WaitP99Ms / 1000})
 	}
+	// The shared figures are there for every line or for none
+	// (Gateway.Status reads them at once).
+	if sh := st.Total.Shared; sh != nil {
+		out.Shared = &metrics.GatewayShared{Up: sh.Unavailable == "", SharedSpend: metrics.SharedSpend{SpentUSD: sh.SpentUSD, ReservedUSD: sh.ReservedUSD}}
+	}
 	for _, c := range st.Clients {
-		out.Clients = append(out.Clients, metrics.ClientSpend{Client: c.Client, SpentUSD: c.SpentUSD, ReservedUSD: c.InFlight, CapUSD: c.CapUSD, ByOrgUSD: c.ByOrg})
+		mc := metrics.ClientSpend{Client: c.Client, SpentUSD: c.SpentUSD, ReservedUSD: c.InFlight, CapUSD: c.CapUSD, ByOrgUSD: c.ByOrg}
+		if sh := c.Shared; sh != nil && sh.Unavailable == "" {
+			mc.Shared = &metrics.SharedSpend{SpentUSD: sh.SpentUSD, ReservedUSD: sh.ReservedUSD}
+		}
+		out.Clients = append(out.Clients, mc)
 	}
 	return out
 }

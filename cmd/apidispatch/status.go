@@ -44,8 +44,10 @@ of each run directory under --runs on this machine.
 
 With --gateway, the gateway serving from STATE_DIR (its --state-dir, default
 gateway-state), as it wrote it at most a second ago: every client's spend,
-what it holds reserved and its max_cost; the spend by org (gateway batches,
-which span orgs, apart); the requests queued for a lane; the gateway batches
+what it holds reserved and its max_cost; a gateway serving with --shared,
+each client's spend and reserved across every gateway on the Redis, which
+its max_cost is judged against; the spend by org (gateway batches, which
+span orgs, apart); the requests queued for a lane; the gateway batches
 by status; each lane; retries, abandoned requests and orgs out of rotation.
 It reads the state directory's status.json, so it needs no token and shows
 every client: it is the operator's view (a client's own is GET
@@ -162,6 +164,7 @@ func gatewayStatus(dir string, asJSON bool, now time.Time, stdout, stderr io.Wri
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\n", name, usd(c.SpentUSD), usd(c.InFlight), capUSD(c.CapUSD), c.Requests, c.Abandoned, byOrg(c.ByOrg))
 	}
 	tw.Flush()
+	printShared(stdout, rows, usd, capUSD)
 	printQueues(stdout, s.Queues)
 	fmt.Fprintf(stdout, "\nqueued %d, requests %d, upstream attempts %d, retries %d, abandoned %d, refused by a cap %d\n",
 		s.Queued, s.Requests, s.Attempts, s.Retries, s.Abandoned, s.RefusedAt)
@@ -194,6 +197,35 @@ func gatewayStatus(dir string, asJSON bool, now time.Time, stdout, stderr io.Wri
 		tw.Flush()
 	}
 	return exitOK
+}
+
+// printShared prints the budgets of rows (the clients and the total) in
+// the spend budget every gateway on the Redis shares (--shared; without
+// it, nothing): what each cap is judged against, beside this gateway's own.
+func printShared(stdout io.Writer, rows []gateway.ClientSpend, usd, capUSD func(float64) string) {
+	t := rows[len(rows)-1].Shared
+	if t == nil {
+		return
+	}
+	if t.Unavailable != "" {
+		fmt.Fprintf(stdout, "\nevery gateway's spend (--shared): unavailable: %s\n", t.Unavailable)
+		return
+	}
+	fmt.Fprintln(stdout, "\nevery gateway's spend (--shared; each max_cost is judged against spent + reserved):")
+	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "client\tspent\treserved\tmax_cost\tof which held for good\tthis gateway spent")
+	for _, c := range rows {
+		sh := c.Shared
+		if sh == nil {
+			continue
+		}
+		name := c.Client
+		if name == "*" {
+			name = "(all clients)"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", name, usd(sh.SpentUSD), usd(sh.ReservedUSD), capUSD(c.CapUSD), usd(sh.HeldUSD), usd(c.SpentUSD))
+	}
+	tw.Flush()
 }
 
 // printQueues prints the gateway's queue figures by client and class (none:
