@@ -1,0 +1,181 @@
+package main
+
+import (
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/apidispatch/apidispatch/anthropic"
+	"github.com/apidispatch/apidispatch/cost"
+	"github.com/apidispatch/apidispatch/internal/simtest"
+	"github.com/apidispatch/apidispatch/internal/testredis"
+	"github.com/apidispatch/apidispatch/sim"
+)
+
+// attackSpendUntilRefused has alice post through bases (round robin, 8 at
+// once) until every worker sees 5 refusals in a row on its own; a 529
+// (Redis out of reach) is retried. It returns how many were answered and
+// refused.
+func attackSpendUntilRefused(t *testing.T, bases []string, token string, item *atomic.Int64, body func(int64) []byte) (answered, refused int64) {
+	t.Helper()
+	var a, r atomic.Int64
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			streak := 0
+			for {
+				i := item.Add(1)
+				if i > 4000 {
+					t.Errorf("4000 requests and no refusal")
+					return
+				}
+				status, b, err := postGW(bases[i%int64(len(bases))], token, body(i))
+				switch {
+				case err != nil:
+					t.Errorf("request %d: %v", i, err)
+					return
+				case status == http.StatusOK:
+					a.Add(1)
+					streak = 0
+				case status == http.StatusBadRequest && strings.Contains(string(b), anthropic.SpendLimitMessagePrefix):
+					r.Add(1)
+					streak++
+					if streak >= 5 {
+						return
+					}
+					time.Sleep(20 * time.Millisecond)
+				case status == 529:
+					time.Sleep(100 * time.Millisecond)
+				default:
+					t.Errorf("request %d: %d %s", i, status, b)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return a.Load(), r.Load()
+}
+
+func attackBody(i int64) []byte {
+	return fmt.Appendf(nil, `{"model":"claude-haiku-4-5","max_tokens":64,"messages":[{"role":"user","content":"Item %d. Provide your evaluation as a JSON object."}]}`, i)
+}
+
+// Attack (issue 27, promise 4): two --shared gateways, alice's max_cost
+// $0.05 one budget in Redis. Redis restarts without its data (no
+// persistence, as the docs' own example runs it: --save '') after she has
+// spent 60 % of her cap. The gateways go on (go-redis reconnects), the
+// budget in Redis starts from zero, and nothing re-seeds it from the
+// gateways' ledgers (Seed runs once, at start): she may spend her whole
+// max_cost again.
+func TestAttackSharedMaxCostThroughRedisRestartedEmpty(t *testing.T) {
+	const speed = 50
+	rs := testredis.Start(t)
+	run, _ := simtest.Start(t, sim.PresetOrigin3Org, speed, func(c *sim.Config) { c.BillAbandoned = true })
+	dir := t.TempDir()
+	const alice = "sk-gw-attack-alice-000001"
+	const capN = cost.Nanos(50_000_000)
+	clients := filepath.Join(dir, "clients.toml")
+	if err := os.WriteFile(clients, []byte("[[client]]\nname = \"alice\"\ntoken = \""+alice+"\"\nmax_cost = 0.05\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var bases []string
+	for _, s := range []string{"a", "b"} {
+		_, base, _ := startServe(t, run, "--speed", fmt.Sprint(speed), "--clients", clients, "--state-dir", filepath.Join(dir, s), "--shared", rs.URL())
+		bases = append(bases, base)
+	}
+	var item atomic.Int64
+	for billed := int64(0); billed < int64(capN)*6/10; billed = run.Server.LedgerTotals().CostNanos {
+		for _, base := range bases {
+			if status, b, err := postGW(base, alice, attackBody(item.Add(1))); err != nil || status != http.StatusOK {
+				t.Fatalf("%d %s %v", status, b, err)
+			}
+		}
+	}
+	before := cost.Nanos(run.Server.LedgerTotals().CostNanos)
+	rs.Stop()
+	rs.Restart()
+	time.Sleep(2 * time.Second)
+	answered, refused := attackSpendUntilRefused(t, bases, alice, &item, attackBody)
+	billed := cost.Nanos(run.Server.LedgerTotals().CostNanos)
+	t.Logf("billed %s before Redis restarted empty; then %d answered, %d refused; the simulator billed %s on alice's max_cost %s (%.3f×)",
+		before, answered, refused, billed, capN, float64(billed)/float64(capN))
+	if refused == 0 {
+		t.Fatal("nothing refused: the test proves nothing")
+	}
+	if billed > capN {
+		t.Errorf("billed %s, past alice's max_cost %s", billed, capN)
+	}
+}
+
+// Attack (issue 27/28, promise 4): two --shared gateways; a is killed (-9)
+// with 8 slow requests of alice upstream (billed though unread), and
+// started again on a DIFFERENT state directory (a fresh ledger, a new
+// spend id). The dead gateway's reservations must stay counted.
+func TestAttackSharedMaxCostKillNineRestartElsewhere(t *testing.T) {
+	const speed = 50
+	rs := testredis.Start(t)
+	run, _ := simtest.Start(t, sim.PresetOrigin3Org, speed, func(c *sim.Config) { c.BillAbandoned = true })
+	dir := t.TempDir()
+	const alice = "sk-gw-attack-alice-000002"
+	const capN = cost.Nanos(50_000_000)
+	clients := filepath.Join(dir, "clients.toml")
+	if err := os.WriteFile(clients, []byte("[[client]]\nname = \"alice\"\ntoken = \""+alice+"\"\nmax_cost = 0.05\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	start := func(state string) (*os.Process, string) {
+		p, base, _ := startServe(t, run, "--speed", fmt.Sprint(speed), "--clients", clients, "--state-dir", filepath.Join(dir, state), "--shared", rs.URL())
+		return p, base
+	}
+	inFlight := func() (n int64) {
+		for _, o := range run.Server.Stats().Orgs {
+			n += o.InFlight
+		}
+		return n
+	}
+	pa, baseA := start("a")
+	_, baseB := start("b")
+	var item atomic.Int64
+	for billed := int64(0); billed < int64(capN)/3; billed = run.Server.LedgerTotals().CostNanos {
+		for _, base := range []string{baseA, baseB} {
+			if status, b, err := postGW(base, alice, attackBody(item.Add(1))); err != nil || status != http.StatusOK {
+				t.Fatalf("%d %s %v", status, b, err)
+			}
+		}
+	}
+	if _, err := run.Server.AddFault(sim.Fault{ID: "slow", Kind: sim.FaultSlow, ExtraLatency: 150 * time.Second, FromNow: true}); err != nil {
+		t.Fatal(err)
+	}
+	const k = 8
+	var wg sync.WaitGroup
+	for range k {
+		b := attackBody(item.Add(1))
+		wg.Go(func() { postGW(baseA, alice, b) })
+	}
+	for end := time.Now().Add(20 * time.Second); inFlight() < k && time.Now().Before(end); time.Sleep(2 * time.Millisecond) {
+	}
+	pa.Signal(syscall.SIGKILL)
+	pa.Wait()
+	wg.Wait()
+	run.Server.ClearFaults("slow")
+	_, baseA = start("a2")
+	answered, refused := attackSpendUntilRefused(t, []string{baseA, baseB}, alice, &item, attackBody)
+	for end := time.Now().Add(30 * time.Second); inFlight() > 0 && time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
+	}
+	billed := cost.Nanos(run.Server.LedgerTotals().CostNanos)
+	t.Logf("a killed with %d upstream, restarted on a new state dir: then %d answered, %d refused; billed %s on %s (%.3f×)",
+		k, answered, refused, billed, capN, float64(billed)/float64(capN))
+	if refused == 0 {
+		t.Fatal("nothing refused: the test proves nothing")
+	}
+	if billed > capN {
+		t.Errorf("billed %s, past alice's max_cost %s", billed, capN)
+	}
+}
