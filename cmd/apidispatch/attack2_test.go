@@ -27,12 +27,13 @@ func attackSpendUntilRefused(t *testing.T, bases []string, token string, item *a
 	t.Helper()
 	var a, r atomic.Int64
 	var wg sync.WaitGroup
+	first := item.Load()
 	for range 8 {
 		wg.Go(func() {
 			streak := 0
 			for {
 				i := item.Add(1)
-				if i > 4000 {
+				if i-first > 4000 {
 					t.Errorf("4000 requests and no refusal")
 					return
 				}
@@ -54,7 +55,7 @@ func attackSpendUntilRefused(t *testing.T, bases []string, token string, item *a
 				case status == 529:
 					time.Sleep(100 * time.Millisecond)
 				default:
-					t.Errorf("request %d: %d %s", i, status, b)
+					t.Errorf("request %d: %d %.300s", i, status, b)
 					return
 				}
 			}
@@ -177,5 +178,103 @@ func TestAttackSharedMaxCostKillNineRestartElsewhere(t *testing.T) {
 	}
 	if billed > capN {
 		t.Errorf("billed %s, past alice's max_cost %s", billed, capN)
+	}
+}
+
+// Attack (issue 28, promises 2 and 4): two --shared gateways, alice's
+// max_cost $0.03 in Redis, streams and plain requests while the simulator
+// cuts a third of the streams after billing them (stream_overloaded) and
+// resets a fifth of the answers (connection_reset, billed); gateway a gets
+// SIGTERM then a second one 300 ms later while its streams run, is started
+// again on its state directory, and alice spends until both refuse her.
+// The bill stays within her max_cost, and the two ledgers hold at least
+// the bill (nothing billed the ledgers never see).
+func TestAttackSharedSigtermDuringCutStorm(t *testing.T) {
+	const speed = 20
+	redisURL := cmdRedis(t)
+	run, _ := simtest.Start(t, sim.PresetOrigin3Org, speed, func(c *sim.Config) { c.BillAbandoned = true })
+	for _, f := range []sim.Fault{
+		{ID: "cut", Kind: sim.FaultStreamOverloaded, Probability: 0.33},
+		{ID: "reset", Kind: sim.FaultConnectionReset, Probability: 0.2},
+	} {
+		if _, err := run.Server.AddFault(f); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dir := t.TempDir()
+	const alice = "sk-gw-attack-alice-000003"
+	const capN = cost.Nanos(100_000_000)
+	clients := filepath.Join(dir, "clients.toml")
+	if err := os.WriteFile(clients, []byte("[[client]]\nname = \"alice\"\ntoken = \""+alice+"\"\nmax_cost = 0.10\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	states := []string{filepath.Join(dir, "a"), filepath.Join(dir, "b")}
+	start := func(i int) *serveProc {
+		return startServeProc(t, run, nil, "--quiet", "--speed", fmt.Sprint(speed), "--clients", clients, "--state-dir", states[i], "--shared", redisURL, "--retry-for", "2s")
+	}
+	body := func(i int64) []byte {
+		return fmt.Appendf(nil, `{"model":"claude-haiku-4-5","max_tokens":64,"stream":%v,"messages":[{"role":"user","content":"Item %d. Provide your evaluation as a JSON object."}]}`, i%2 == 0, i)
+	}
+	a, b := start(0), start(1)
+	var item atomic.Int64
+	var stop atomic.Bool
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	statuses := map[int]int{}
+	for w := range 12 {
+		wg.Go(func() {
+			for !stop.Load() {
+				base := a.base
+				if w%2 == 1 {
+					base = b.base
+				}
+				st, rb, _ := postGW(base, alice, body(item.Add(1)))
+				mu.Lock()
+				if statuses[st]++; statuses[st] == 1 && st != 200 {
+					t.Logf("first %d: %.300s", st, rb)
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	time.Sleep(1500 * time.Millisecond)
+	a.cmd.Process.Signal(syscall.SIGTERM)
+	time.Sleep(300 * time.Millisecond)
+	a.cmd.Process.Signal(syscall.SIGTERM)
+	if _, ok := a.waitExit(t, 20*time.Second); !ok {
+		t.Fatal("a still running 20 s after the second signal")
+	}
+	stop.Store(true)
+	wg.Wait()
+	t.Logf("statuses before the restart: %v", statuses)
+	a = start(0)
+	answered, refused := attackSpendUntilRefused(t, []string{a.base, b.base}, alice, &item, body)
+	// Let the simulator finish (and bill) whatever is still upstream.
+	for end := time.Now().Add(30 * time.Second); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+		var n int64
+		for _, o := range run.Server.Stats().Orgs {
+			n += o.InFlight
+		}
+		if n == 0 {
+			break
+		}
+	}
+	billed := run.Server.LedgerTotals()
+	b.cmd.Process.Signal(syscall.SIGTERM)
+	a.cmd.Process.Signal(syscall.SIGTERM)
+	a.waitExit(t, 20*time.Second)
+	b.waitExit(t, 20*time.Second)
+	sa, _ := ledgerSum(t, filepath.Join(states[0], "ledger.jsonl"))
+	sb, _ := ledgerSum(t, filepath.Join(states[1], "ledger.jsonl"))
+	t.Logf("then %d answered, %d refused; the simulator billed $%.6f for %d requests on alice's max_cost %s (%.3f×); ledgers $%.6f + $%.6f",
+		answered, refused, float64(billed.CostNanos)/1e9, billed.Requests, capN, float64(billed.CostNanos)/float64(capN), float64(sa)/1e9, float64(sb)/1e9)
+	if refused == 0 {
+		t.Fatal("nothing refused: the test proves nothing")
+	}
+	if cost.Nanos(billed.CostNanos) > capN {
+		t.Errorf("billed $%.6f, past alice's max_cost %s", float64(billed.CostNanos)/1e9, capN)
+	}
+	if sa+sb < billed.CostNanos {
+		t.Errorf("the ledgers hold $%.6f, the simulator billed $%.6f", float64(sa+sb)/1e9, float64(billed.CostNanos)/1e9)
 	}
 }
