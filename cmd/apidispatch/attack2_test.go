@@ -71,7 +71,7 @@ func attackBody(i int64) []byte {
 
 // Attack (issue 27, promise 4): two --shared gateways, alice's max_cost
 // $0.05 one budget in Redis. Redis restarts without its data (no
-// persistence, as the docs' own example runs it: --save ”) after she has
+// persistence, as a cache Redis often runs) after she has
 // spent 60 % of her cap. The gateways go on (go-redis reconnects), the
 // budget in Redis starts from zero, and nothing re-seeds it from the
 // gateways' ledgers (Seed runs once, at start): she may spend her whole
