@@ -1,10 +1,15 @@
 package main
 
 import (
+	"bytes"
+	"context"
+	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -17,6 +22,7 @@ import (
 	"github.com/apidispatch/apidispatch/internal/simtest"
 	"github.com/apidispatch/apidispatch/internal/testredis"
 	"github.com/apidispatch/apidispatch/sim"
+	"github.com/redis/go-redis/v9"
 )
 
 // attackSpendUntilRefused has alice post through bases (round robin, 8 at
@@ -276,5 +282,109 @@ func TestAttackSharedSigtermDuringCutStorm(t *testing.T) {
 	}
 	if sa+sb < billed.CostNanos {
 		t.Errorf("the ledgers hold $%.6f, the simulator billed $%.6f", float64(sa+sb)/1e9, float64(billed.CostNanos)/1e9)
+	}
+}
+
+func attackDo(method, url, token string, body []byte, hdr ...string) (int, []byte) {
+	req, _ := http.NewRequest(method, url, bytes.NewReader(body))
+	req.Header.Set("x-api-key", token)
+	req.Header.Set("content-type", "application/json")
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, []byte(err.Error())
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, b
+}
+
+// Attack (issue 27, promise 4): alice's gateway batch (sync route) on
+// gateway a and her sync requests on gateway b, one max_cost $0.05 in
+// Redis; a is killed (-9) mid-batch and started again on its state
+// directory, the batch resumes; she spends on both until refused. The bill
+// stays within her max_cost; and what Redis counts against her (spent +
+// held) should be near the bill, not the batch's spend twice.
+func TestAttackSharedBatchAndSyncAcrossGatewaysWithKillNine(t *testing.T) {
+	const speed = 20
+	redisURL := cmdRedis(t)
+	run, _ := simtest.Start(t, sim.PresetOrigin3Org, speed, func(c *sim.Config) { c.BillAbandoned = true })
+	dir := t.TempDir()
+	const alice = "sk-gw-attack-alice-000004"
+	const capN = cost.Nanos(50_000_000)
+	clients := filepath.Join(dir, "clients.toml")
+	if err := os.WriteFile(clients, []byte("[[client]]\nname = \"alice\"\ntoken = \""+alice+"\"\nmax_cost = 0.05\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	states := []string{filepath.Join(dir, "a"), filepath.Join(dir, "b")}
+	start := func(i int) *serveProc {
+		return startServeProc(t, run, nil, "--quiet", "--speed", fmt.Sprint(speed), "--clients", clients, "--state-dir", states[i], "--shared", redisURL, "--cap", "haiku=4")
+	}
+	a, b := start(0), start(1)
+	const n = 40
+	var body bytes.Buffer
+	body.WriteString(`{"requests":[`)
+	for i := range n {
+		if i > 0 {
+			body.WriteByte(',')
+		}
+		fmt.Fprintf(&body, `{"custom_id":"k-%d","params":{"model":"claude-haiku-4-5","max_tokens":64,"messages":[{"role":"user","content":"Batch item %d. Provide your evaluation as a JSON object."}]}}`, i, i)
+	}
+	body.WriteString(`]}`)
+	status, rb := attackDo(http.MethodPost, a.base+"/v1/messages/batches", alice, body.Bytes(), "x-apidispatch-route", "sync")
+	if status != 200 {
+		t.Fatalf("create: %d %s", status, rb)
+	}
+	var obj struct {
+		ID               string                                              `json:"id"`
+		ProcessingStatus string                                              `json:"processing_status"`
+		RequestCounts    struct{ Succeeded, Errored, Canceled, Expired int } `json:"request_counts"`
+	}
+	json.Unmarshal(rb, &obj)
+	for end := time.Now().Add(20 * time.Second); run.Server.LedgerTotals().Requests < n/3 && time.Now().Before(end); time.Sleep(2 * time.Millisecond) {
+	}
+	a.cmd.Process.Signal(syscall.SIGKILL)
+	<-a.exited
+	t.Logf("killed a with %d requests billed", run.Server.LedgerTotals().Requests)
+	a = start(0)
+	var item atomic.Int64
+	answered, refused := attackSpendUntilRefused(t, []string{b.base, a.base}, alice, &item, attackBody)
+	for end := time.Now().Add(60 * time.Second); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
+		_, rb = attackDo(http.MethodGet, a.base+"/v1/messages/batches/"+obj.ID, alice, nil)
+		json.Unmarshal(rb, &obj)
+		if obj.ProcessingStatus == "ended" {
+			break
+		}
+	}
+	for end := time.Now().Add(30 * time.Second); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+		var k int64
+		for _, o := range run.Server.Stats().Orgs {
+			k += o.InFlight
+		}
+		if k == 0 {
+			break
+		}
+	}
+	billed := cost.Nanos(run.Server.LedgerTotals().CostNanos)
+	rdb := redis.NewClient(&redis.Options{Addr: strings.TrimSuffix(strings.TrimPrefix(redisURL, "redis://"), "/1"), DB: 1})
+	defer rdb.Close()
+	v := rdb.HMGet(context.Background(), "apidispatch:v1:spend:{spend}:budget:client:alice", "spent", "held", "reserved").Val()
+	t.Logf("batch %s %+v; then %d answered, %d refused; simulator billed %s on %s (%.3f×); Redis counts spent %v held %v reserved %v",
+		obj.ProcessingStatus, obj.RequestCounts, answered, refused, billed, capN, float64(billed)/float64(capN), v[0], v[1], v[2])
+	if refused == 0 {
+		t.Fatal("nothing refused: the test proves nothing")
+	}
+	if billed > capN {
+		t.Errorf("billed %s, past alice's max_cost %s", billed, capN)
+	}
+	// What Redis counts as spent is read from answers' usage: never more
+	// than the API billed (a worst case the API may have billed is held).
+	if s, _ := v[0].(string); s != "" {
+		spent, _ := strconv.ParseInt(s, 10, 64)
+		if cost.Nanos(spent) > billed {
+			t.Errorf("Redis counts %s spent by alice, the API billed %s: the resumed batch's spend counted twice", cost.Nanos(spent), billed)
+		}
 	}
 }
