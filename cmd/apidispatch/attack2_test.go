@@ -388,3 +388,62 @@ func TestAttackSharedBatchAndSyncAcrossGatewaysWithKillNine(t *testing.T) {
 		}
 	}
 }
+
+// Attack (issue 27, promise 3): two --shared gateways, each on its own
+// key of one organisation (cap haiku=4), both warmed (each key has
+// answered once, so Redis knows its organisation), then 40 clients on
+// each; gateway b is stopped (SIGSTOP) for 3 s mid-load and continued.
+// The organisation never has more than 4 in flight.
+func TestAttackTwoKeysOneOrgTwoGatewaysSigstop(t *testing.T) {
+	const speed = 10
+	const keyA, keyB = "sk-ant-sim-attack-one-org-key-aaaa", "sk-ant-sim-attack-one-org-key-bbbb"
+	redisURL := cmdRedis(t)
+	run, _ := simtest.Start(t, sim.PresetOrigin3Org, speed, func(c *sim.Config) {
+		c.Orgs = c.Orgs[:1]
+		c.Orgs[0].Keys = []string{keyA, keyB}
+	})
+	env := run.Server.EnvLines()[0]
+	name, _, _ := strings.Cut(env, "=")
+	dir := t.TempDir()
+	var gws []*serveProc
+	for i, k := range []string{keyA, keyB} {
+		gws = append(gws, startServeProc(t, run, []string{name + "=" + k}, "--quiet", "--speed", fmt.Sprint(speed), "--cap", "haiku=4", "--shared", redisURL,
+			"--token-file", filepath.Join(dir, fmt.Sprint("token", i)), "--state-dir", filepath.Join(dir, fmt.Sprint("state", i))))
+	}
+	for _, g := range gws {
+		if os.Getenv("ATTACK_NOWARM") != "" {
+			break
+		}
+		if st, b, err := postGW(g.base, g.token, attackBody(0)); err != nil || st != 200 {
+			t.Fatalf("warm-up: %d %s %v", st, b, err)
+		}
+	}
+	var stop atomic.Bool
+	var wg sync.WaitGroup
+	var ok, bad atomic.Int64
+	for w := range 80 {
+		g := gws[w%2]
+		wg.Go(func() {
+			for i := int64(w) * 100000; !stop.Load(); i++ {
+				st, _, err := postGW(g.base, g.token, attackBody(i))
+				if err == nil && st == 200 {
+					ok.Add(1)
+				} else {
+					bad.Add(1)
+				}
+			}
+		})
+	}
+	time.Sleep(1500 * time.Millisecond)
+	gws[1].cmd.Process.Signal(syscall.SIGSTOP)
+	time.Sleep(3 * time.Second)
+	gws[1].cmd.Process.Signal(syscall.SIGCONT)
+	time.Sleep(3 * time.Second)
+	stop.Store(true)
+	wg.Wait()
+	o := run.Server.Stats().Orgs[0]
+	t.Logf("organisation %s: max in flight %d on a cap of 4; %d answered, %d not", o.Name, o.MaxInFlight, ok.Load(), bad.Load())
+	if o.MaxInFlight > 4 {
+		t.Errorf("%d in flight on the organisation's cap of 4", o.MaxInFlight)
+	}
+}
