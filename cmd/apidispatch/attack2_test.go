@@ -447,3 +447,60 @@ func TestAttackTwoKeysOneOrgTwoGatewaysSigstop(t *testing.T) {
 		t.Errorf("%d in flight on the organisation's cap of 4", o.MaxInFlight)
 	}
 }
+
+// Attack (issue 27, promise 4): one gateway, alice's max_cost $0.05.
+// It runs with --shared until she has spent about 60 %, is restarted
+// without --shared (Redis under maintenance; its ledger then holds her
+// cap alone) where she spends until refused, then restarted with --shared
+// again on the same state directory. Redis was seeded from its ledger
+// once, at its first shared start, so what she spent meanwhile is not
+// in Redis: she may spend it again.
+func TestAttackSharedMaxCostAfterAnUnsharedInterlude(t *testing.T) {
+	const speed = 50
+	redisURL := cmdRedis(t)
+	run, _ := simtest.Start(t, sim.PresetOrigin3Org, speed, func(c *sim.Config) { c.BillAbandoned = true })
+	dir := t.TempDir()
+	const alice = "sk-gw-attack-alice-000005"
+	const capN = cost.Nanos(50_000_000)
+	clients := filepath.Join(dir, "clients.toml")
+	if err := os.WriteFile(clients, []byte("[[client]]\nname = \"alice\"\ntoken = \""+alice+"\"\nmax_cost = 0.05\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	state := filepath.Join(dir, "state")
+	start := func(shared bool) *serveProc {
+		args := []string{"--quiet", "--speed", fmt.Sprint(speed), "--clients", clients, "--state-dir", state}
+		if shared {
+			args = append(args, "--shared", redisURL)
+		}
+		return startServeProc(t, run, nil, args...)
+	}
+	g := start(true)
+	var item atomic.Int64
+	for billed := int64(0); billed < int64(capN)*6/10; billed = run.Server.LedgerTotals().CostNanos {
+		if status, b, err := postGW(g.base, alice, attackBody(item.Add(1))); err != nil || status != http.StatusOK {
+			t.Fatalf("%d %s %v", status, b, err)
+		}
+	}
+	stopProc := func(p *serveProc) {
+		p.cmd.Process.Signal(syscall.SIGTERM)
+		if _, ok := p.waitExit(t, 30*time.Second); !ok {
+			t.Fatal("gateway still running 30 s after SIGTERM")
+		}
+	}
+	stopProc(g)
+	g = start(false)
+	a1, r1 := attackSpendUntilRefused(t, []string{g.base}, alice, &item, attackBody)
+	stopProc(g)
+	mid := cost.Nanos(run.Server.LedgerTotals().CostNanos)
+	g = start(true)
+	a2, r2 := attackSpendUntilRefused(t, []string{g.base}, alice, &item, attackBody)
+	billed := cost.Nanos(run.Server.LedgerTotals().CostNanos)
+	t.Logf("unshared: %d answered, %d refused, billed %s; shared again: %d answered, %d refused; billed %s on alice's max_cost %s (%.3f×)",
+		a1, r1, mid, a2, r2, billed, capN, float64(billed)/float64(capN))
+	if r2 == 0 {
+		t.Fatal("nothing refused: the test proves nothing")
+	}
+	if billed > capN {
+		t.Errorf("billed %s, past alice's max_cost %s", billed, capN)
+	}
+}
