@@ -633,3 +633,54 @@ func TestAttackSharedMaxCostHalfOpenRedis(t *testing.T) {
 		t.Errorf("billed %s, past alice's max_cost %s", billed, capN)
 	}
 }
+
+// Attack (issues 27/29, promise 3): two --shared gateways on one key
+// (cap haiku=4), 40 clients on each, a 429 storm of 20 API s with
+// retry-after 2 s from 1 s in; gateway b is stopped (SIGSTOP) for 2 s
+// as the storm ends and continued. The key never has more than 4 in
+// flight, and every client is answered.
+func TestAttackStormEndSigstopTwoGateways(t *testing.T) {
+	const speed = 10
+	redisURL := cmdRedis(t)
+	run, _ := simtest.Start(t, sim.PresetOrigin3Org, speed, func(c *sim.Config) {
+		c.Orgs = c.Orgs[:1]
+		c.Faults = []sim.Fault{{Kind: sim.FaultRateLimitStorm, Start: 10 * time.Second, Duration: 20 * time.Second, Probability: 0.9, RetryAfter: 2 * time.Second}}
+	})
+	dir := t.TempDir()
+	var gws []*serveProc
+	for i := range 2 {
+		gws = append(gws, startServeProc(t, run, nil, "--quiet", "--speed", fmt.Sprint(speed), "--cap", "haiku=4", "--shared", redisURL,
+			"--token-file", filepath.Join(dir, fmt.Sprint("token", i)), "--state-dir", filepath.Join(dir, fmt.Sprint("state", i))))
+	}
+	var stop atomic.Bool
+	var wg sync.WaitGroup
+	var ok, bad atomic.Int64
+	for w := range 80 {
+		g := gws[w%2]
+		wg.Go(func() {
+			for i := int64(w) * 100000; !stop.Load(); i++ {
+				st, _, err := postGW(g.base, g.token, attackBody(i))
+				if err == nil && st == 200 {
+					ok.Add(1)
+				} else {
+					bad.Add(1)
+				}
+			}
+		})
+	}
+	time.Sleep(2900 * time.Millisecond)
+	gws[1].cmd.Process.Signal(syscall.SIGSTOP)
+	time.Sleep(2 * time.Second)
+	gws[1].cmd.Process.Signal(syscall.SIGCONT)
+	time.Sleep(3 * time.Second)
+	stop.Store(true)
+	wg.Wait()
+	o := run.Server.Stats().Orgs[0]
+	t.Logf("org %s: max in flight %d on a cap of 4; %d answered, %d not; %d 429s", o.Name, o.MaxInFlight, ok.Load(), bad.Load(), o.RateLimited429)
+	if o.MaxInFlight > 4 {
+		t.Errorf("%d in flight on the key's cap of 4", o.MaxInFlight)
+	}
+	if bad.Load() > 0 {
+		t.Errorf("%d clients not answered 200", bad.Load())
+	}
+}
