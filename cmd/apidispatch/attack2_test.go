@@ -684,3 +684,4 @@ func TestAttackStormEndSigstopTwoGateways(t *testing.T) {
 		t.Errorf("%d clients not answered 200", bad.Load())
 	}
 }
+
