@@ -684,4 +684,3 @@ func TestAttackStormEndSigstopTwoGateways(t *testing.T) {
 		t.Errorf("%d clients not answered 200", bad.Load())
 	}
 }
-
