@@ -27,8 +27,12 @@ const spendPrefix = "apidispatch:v1:spend:{spend}:"
 // reserved under its key. owner names the gateway whose reservations these
 // are (its state directory's id): a gateway that dies leaves them counted
 // at their worst case until one started on its state directory reconciles
-// them (Reconcile). Make it with Budget.Spend; Close when done. Its
-// methods are safe for concurrent use.
+// them (Reconcile). A Redis that loses its data (restarted without
+// persistence) is rebuilt by each running gateway, from its ledger and its
+// open reservations, as soon as that gateway reserves or its heartbeat
+// ticks (SeedFrom); a gateway that is not running then adds its ledger at
+// its next start. Make it with Budget.Spend; Close when done. Its methods
+// are safe for concurrent use.
 type Spend struct {
 	b     *Budget
 	owner string
@@ -340,9 +344,16 @@ func (s *Spend) lost() bool {
 	s.mu.Unlock()
 	ctx, cancel := s.ctx()
 	defer cancel()
+	p := s.b.rdb.Pipeline()
+	var asked []*redis.BoolCmd
 	for k := range ledger() {
-		ok, err := s.b.rdb.HExists(ctx, spendBudgetKey(k), "counted:"+s.owner).Result()
-		if err == nil && !ok {
+		asked = append(asked, p.HExists(ctx, spendBudgetKey(k), "counted:"+s.owner))
+	}
+	if _, err := p.Exec(ctx); err != nil {
+		return false // out of reach: nothing to tell
+	}
+	for _, c := range asked {
+		if !c.Val() {
 			return true
 		}
 	}
