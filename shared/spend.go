@@ -56,8 +56,13 @@ type Spend struct {
 	// downUntil: Redis failed; until then a reservation fails at once
 	// (UnixNano; 0: up).
 	downUntil atomic.Int64
-	stop      context.CancelFunc
-	done      chan struct{}
+	// rebuildUntil: this process found Redis without its data; until then
+	// (UnixNano) a reservation under a cap is refused, while every other
+	// running gateway's heartbeat finds it too and adds its ledger and its
+	// open reservations back.
+	rebuildUntil atomic.Int64
+	stop         context.CancelFunc
+	done         chan struct{}
 }
 
 // spendOp is a reservation forced (Gate.Hold) or ended while Redis was out
@@ -129,17 +134,18 @@ func (s *Spend) Reserve(budgets []spend.Budget, worst cost.Nanos, force bool, ta
 	if time.Now().UnixNano() < s.downUntil.Load() {
 		return "", fmt.Errorf("%w at %s (it failed within the last %s): a request under a max_cost is refused rather than sent unjudged", spend.ErrUnavailable, s.b.host, s.b.every)
 	}
+	if time.Now().UnixNano() < s.rebuildUntil.Load() {
+		return "", s.errRebuilding()
+	}
 	ctx, cancel := s.ctx()
 	defer cancel()
 	res, err := s.reserve(ctx, id, budgets, worst, false, tag)
 	if err == nil && len(res) > 0 && res[0] < 0 {
-		// Redis lost the budget (restarted empty): seeded again and given
-		// our open reservations again before it judges this one.
+		// Redis lost the budget (restarted empty): it is seeded again,
+		// and given our open reservations again; this one is refused
+		// while the other gateways add theirs.
 		if err = s.resync(); err == nil {
-			res, err = s.reserve(ctx, id, budgets, worst, false, tag)
-			if err == nil && len(res) > 0 && res[0] < 0 {
-				err = errors.New("the budget was lost again while it was seeded")
-			}
+			return "", s.errRebuilding()
 		}
 	}
 	if err != nil {
@@ -360,6 +366,15 @@ func (s *Spend) lost() bool {
 	return false
 }
 
+func (s *Spend) errRebuilding() error {
+	return fmt.Errorf("%w at %s: it lost its data and is being rebuilt from every running gateway's ledger (for %s): a request under a max_cost is refused meanwhile", spend.ErrUnavailable, s.b.host, rebuildFor*s.b.every)
+}
+
+// rebuildFor is how many heartbeats a gateway that found Redis without
+// its data refuses capped reservations: each running gateway's heartbeat
+// finds the loss within one.
+const rebuildFor = 4
+
 // resync seeds the budgets from the ledger again and makes this process's
 // open reservations again in Redis (those it still holds are left as they
 // are). What waited for Redis is dropped: the ledger and the open
@@ -371,6 +386,9 @@ func (s *Spend) resync() error {
 	defer s.mu.Unlock()
 	if s.ledger == nil {
 		return nil
+	}
+	if now := time.Now(); now.UnixNano() >= s.rebuildUntil.Load() {
+		s.rebuildUntil.Store(now.Add(rebuildFor * s.b.every).UnixNano())
 	}
 	for k, v := range s.ledger() {
 		if err := s.Seed(k, v); err != nil {

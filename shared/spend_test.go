@@ -245,7 +245,8 @@ func TestSharedSpendSeedAfterTheOldMarker(t *testing.T) {
 // Redis restarted without its data: before it judges another
 // reservation it is seeded again from the ledger and given this process's
 // open reservations again (at what is left of them, their charges spent),
-// so the cap holds; their ends then reach it; ends of reservations it
+// and capped reservations are refused for a few heartbeats while the
+// other gateways add theirs, so the cap holds; their ends then reach it; ends of reservations it
 // never saw again do nothing. The heartbeat does the same for a process
 // that reserves nothing.
 func TestSharedSpendRedisRestartedEmpty(t *testing.T) {
@@ -262,6 +263,10 @@ func TestSharedSpendRedisRestartedEmpty(t *testing.T) {
 	if err := s.SeedFrom(ledgerOf); err != nil {
 		t.Fatal(err)
 	}
+	// Its heartbeat stopped, its next reserve finds the loss, at a
+	// known point (the idle gateways below show the heartbeat's part).
+	s.stop()
+	<-s.done
 	bg := []spend.Budget{{Key: "k", Name: "k", Cap: 1000}}
 	open, err := s.Reserve(bg, 200, false, "")
 	if err != nil {
@@ -274,11 +279,18 @@ func TestSharedSpendRedisRestartedEmpty(t *testing.T) {
 	}
 	rs.Stop()
 	rs.Restart()
-	// done ends while Redis has lost it: its cost reaches the ledger.
-	s.End(done, bg, spend.OpSettle, 80)
+	// done ends while Redis has lost it: its cost reaches the ledger
+	// (first, as a gateway records it), its end finds nothing in Redis.
 	mu.Lock()
 	ledger += 80
 	mu.Unlock()
+	s.End(done, bg, spend.OpSettle, 80)
+	// The first reservation after the loss finds it, and is refused
+	// while every running gateway adds its part back.
+	if _, err := s.Reserve(bg, 1, false, ""); !errors.Is(err, spend.ErrUnavailable) {
+		t.Fatalf("reserve right after Redis restarted empty: %v, want ErrUnavailable while it is rebuilt", err)
+	}
+	time.Sleep(rebuildFor*s.b.every + 50*time.Millisecond)
 	// Committed: 680 of the ledger, 30 charged to open and its 170 left:
 	// 880; 150 more would pass 1000.
 	var ce *spend.CapError
@@ -294,18 +306,23 @@ func TestSharedSpendRedisRestartedEmpty(t *testing.T) {
 	}
 
 	// Processes that reserve nothing: their heartbeats seed Redis again.
-	idle := process(t, rs.URL(), nil).Spend("gw-b")
-	t.Cleanup(func() { idle.Close() })
-	if err := idle.SeedFrom(func() map[string]cost.Nanos { return map[string]cost.Nanos{"k": 7} }); err != nil {
-		t.Fatal(err)
+	for owner, l := range map[string]cost.Nanos{"gw-b": 7, "gw-c": 680} {
+		idle := process(t, rs.URL(), nil).Spend(owner)
+		t.Cleanup(func() { idle.Close() })
+		if err := idle.SeedFrom(func() map[string]cost.Nanos { return map[string]cost.Nanos{"k": l} }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if f := figures(t, s, "k"); f != (SpendFigures{Spent: 1417}) {
+		t.Fatalf("seeded by gw-b (7) and gw-c (680): %+v, want spent 1417", f)
 	}
 	rs.Stop()
 	rs.Restart()
 	deadline := time.Now().Add(20 * time.Second)
-	for figures(t, idle, "k").Spent != 687 && time.Now().Before(deadline) {
+	for figures(t, s, "k").Spent != 687 && time.Now().Before(deadline) {
 		time.Sleep(20 * time.Millisecond)
 	}
-	if f := figures(t, idle, "k"); f != (SpendFigures{Spent: 687}) {
-		t.Errorf("20 s after Redis restarted empty again: %+v, want the ledgers of gw-a (680) and gw-b (7) spent", f)
+	if f := figures(t, s, "k"); f != (SpendFigures{Spent: 687}) {
+		t.Errorf("20 s after Redis restarted empty again: %+v, want the ledgers of gw-b (7) and gw-c (680) spent", f)
 	}
 }
