@@ -495,7 +495,8 @@ func (s *batchStore) runOnce(ctx context.Context, gb *gwBatch, cancelOpen bool) 
 // batchGate returns gb's spend gate for runner: a child of its client's
 // gate capped at the batch's worst case. Made the first time in this
 // process, it is seeded with what the run directory spent already (a
-// resumed batch), which is added to the client's gate as spent, and the
+// resumed batch), which is added to the client's gate as spent (in this
+// process only: a shared budget counted it when it was charged), and the
 // batch's hold of its worst case is freed: from then on runner reserves
 // each request and upstream batch in the client's gate, beside the
 // client's sync requests.
@@ -517,9 +518,10 @@ func (s *batchStore) batchGate(ctx context.Context, gb *gwBatch, job *rundir.Job
 	}
 	spent := rundir.SpentBefore(agg)
 	cg := s.g.clientGate(gb.meta.Client)
-	if spent > 0 {
-		cg.Hold(spent).Settle(spent)
-	}
+	// Counted here only: a shared budget in Redis counted it already, as
+	// its earlier process charged it (or kept it at its worst when that
+	// process died).
+	cg.CountLocal(spent)
 	// The batch's own cap is its worst case when every item is billed
 	// once, as the Batches API bills them. Sent one by one (the sync route,
 	// and auto's sync share), an attempt cut after it was sent (a reset, a

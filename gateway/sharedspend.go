@@ -87,16 +87,20 @@ func (g *Gateway) openGates() error {
 	if n > 0 {
 		g.log.Warn("this state directory's last gateway left reservations open in the shared spend budget: each kept at its worst case", "reservations", n, "worst_case_usd", sum.USD())
 	}
-	seeds := map[string]cost.Nanos{gatewayBudget: g.ledger.totalSpent()}
-	for _, c := range cfg.Clients {
-		seeds[clientBudget(c.Name)] = g.ledger.spent(c.Name)
+	// Each budget is brought up to what the ledger holds (what it gained
+	// while this state directory ran without --shared or counted spend
+	// here alone is added), and again whenever Redis is found to have
+	// lost it.
+	seeds := func() map[string]cost.Nanos {
+		m := map[string]cost.Nanos{gatewayBudget: g.ledger.totalSpent()}
+		for _, c := range cfg.Clients {
+			m[clientBudget(c.Name)] = g.ledger.spent(c.Name)
+		}
+		return m
 	}
-	for k, v := range seeds {
-		if err := ss.Seed(k, v); err != nil {
-			if err := fail(err); err != nil {
-				return err
-			}
-			break
+	if err := ss.SeedFrom(seeds); err != nil {
+		if err := fail(err); err != nil {
+			return err
 		}
 	}
 	g.gate = spend.NewShared("the gateway's --max-cost", cfg.MaxCost, g.ledger.totalSpent(), ss, gatewayBudget)

@@ -302,7 +302,11 @@ return 1
 // so a cluster keeps them on one shard:
 //
 //	budget:<key>  hash: spent, held, reserved (nanodollars), and one field
-//	              seeded:<owner> per gateway that added its ledger's spend
+//	              counted:<owner> per gateway: what this budget has counted
+//	              of that gateway's spend (its reservations' charges and
+//	              keeps, and what seeding added from its ledger). Its
+//	              presence also says the budget holds that gateway's
+//	              ledger: a Redis that lost its data lacks it.
 //	res:<owner>   hash id → "left charged tag budget-key…": the open
 //	              reservations of one gateway (its state directory's id)
 //	alive:<owner> string, with a TTL the gateway renews while it runs
@@ -312,15 +316,25 @@ return 1
 
 // spendReserveScript: KEYS[1] the owner's reservations, KEYS[2..] the
 // budgets; ARGV id, worst, force ("1": whatever the caps say), tag (a
-// word; "-" for none), then each budget's cap (0: none). It returns {0} when reserved (or when id was
-// reserved already: a retry), else {i, spent, held, reserved} of the
-// first budget i (1-based) that worst would pass.
+// word; "-" for none), owner ("" : not checked), charged (what the
+// reservation was charged already: a reservation made again after Redis
+// lost it; it is added to spent), then each budget's cap (0: none). It
+// returns {0} when reserved (or when id was reserved already: a retry),
+// {-1} when owner is given and a budget lacks counted:<owner> (Redis lost
+// the budget: it must be seeded again before it judges anything), else
+// {i, spent, held, reserved} of the first budget i (1-based) that worst
+// would pass.
 var spendReserveScript = redis.NewScript(`
 if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then return {0} end
-local worst = tonumber(ARGV[2])
+local worst, charged = tonumber(ARGV[2]), tonumber(ARGV[6])
+if ARGV[5] ~= '' then
+  for i = 2, #KEYS do
+    if redis.call('HEXISTS', KEYS[i], 'counted:' .. ARGV[5]) == 0 then return {-1} end
+  end
+end
 if ARGV[3] ~= '1' then
   for i = 2, #KEYS do
-    local cap = tonumber(ARGV[i + 3])
+    local cap = tonumber(ARGV[i + 5])
     if cap > 0 then
       local f = redis.call('HMGET', KEYS[i], 'spent', 'held', 'reserved')
       local s, h, r = tonumber(f[1]) or 0, tonumber(f[2]) or 0, tonumber(f[3]) or 0
@@ -331,28 +345,37 @@ end
 local names = {}
 for i = 2, #KEYS do
   redis.call('HINCRBY', KEYS[i], 'reserved', ARGV[2])
+  if charged > 0 then
+    redis.call('HINCRBY', KEYS[i], 'spent', ARGV[6])
+    if ARGV[5] ~= '' then redis.call('HINCRBY', KEYS[i], 'counted:' .. ARGV[5], ARGV[6]) end
+  end
   names[#names + 1] = KEYS[i]
 end
-redis.call('HSET', KEYS[1], ARGV[1], ARGV[2] .. ' 0 ' .. ARGV[4] .. ' ' .. table.concat(names, ' '))
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2] .. ' ' .. ARGV[6] .. ' ' .. ARGV[4] .. ' ' .. table.concat(names, ' '))
 return {0}
 `)
 
 // spendEndScript: KEYS[1] the owner's reservations, KEYS[2..] the
 // reservation's budgets; ARGV id, op (charge, settle, release, keep),
-// amount. A charge moves amount to spent (what is left reserved shrinks
-// by as much, to 0); a settle charges what amount adds to the charges and
-// frees the rest; a release frees the rest; a keep moves the rest to held,
-// for good. An id not open does nothing (returns 0): ends are idempotent.
+// amount, owner. A charge moves amount to spent (what is left reserved
+// shrinks by as much, to 0); a settle charges what amount adds to the
+// charges and frees the rest; a release frees the rest; a keep moves the
+// rest to held, for good. What goes to spent or held is added to
+// counted:<owner> too. An id not open does nothing (returns 0): ends are
+// idempotent (a retry of an end whose answer was lost must not count
+// twice).
 var spendEndScript = redis.NewScript(`
 local rec = redis.call('HGET', KEYS[1], ARGV[1])
 if not rec then return 0 end
 local l, c = string.match(rec, '^(%-?%d+) (%-?%d+)')
 local left, charged = tonumber(l), tonumber(c)
 local op, amount = ARGV[2], tonumber(ARGV[3])
+local counted = 'counted:' .. ARGV[4]
 local function charge(x)
   local d = math.min(x, left)
   for i = 2, #KEYS do
     redis.call('HINCRBY', KEYS[i], 'spent', string.format('%d', x))
+    redis.call('HINCRBY', KEYS[i], counted, string.format('%d', x))
     redis.call('HINCRBY', KEYS[i], 'reserved', string.format('%d', -d))
   end
   left, charged = left - d, charged + x
@@ -366,16 +389,36 @@ end
 if op == 'settle' and amount > charged then charge(amount - charged) end
 for i = 2, #KEYS do
   redis.call('HINCRBY', KEYS[i], 'reserved', string.format('%d', -left))
-  if op == 'keep' then redis.call('HINCRBY', KEYS[i], 'held', string.format('%d', left)) end
+  if op == 'keep' then
+    redis.call('HINCRBY', KEYS[i], 'held', string.format('%d', left))
+    redis.call('HINCRBY', KEYS[i], counted, string.format('%d', left))
+  end
 end
 redis.call('HDEL', KEYS[1], ARGV[1])
 return 1
 `)
 
-// spendSeedScript adds ARGV[2] (a gateway's ledger spend) to the spent of
-// budget KEYS[1] once per owner ARGV[1]; it returns 1 when it added it.
+// spendSeedScript brings budget KEYS[1] up to owner ARGV[1]'s ledger,
+// ARGV[2]: it adds to spent what the ledger holds beyond counted:<owner>
+// (what the budget already counted of that gateway), and sets the field,
+// so seeding again adds only what the ledger gained meanwhile (spend
+// counted while the gateway ran without --shared, or while Redis was out
+// of reach). It returns what it added. A budget seeded by a gateway
+// before the counted fields existed (a seeded:<owner> field) is taken as
+// holding the ledger, as it did then.
 var spendSeedScript = redis.NewScript(`
-if redis.call('HSETNX', KEYS[1], 'seeded:' .. ARGV[1], 1) == 0 then return 0 end
-redis.call('HINCRBY', KEYS[1], 'spent', ARGV[2])
-return 1
+local ledger = tonumber(ARGV[2])
+local counted = 'counted:' .. ARGV[1]
+if redis.call('HEXISTS', KEYS[1], counted) == 0 and redis.call('HDEL', KEYS[1], 'seeded:' .. ARGV[1]) == 1 then
+  redis.call('HSET', KEYS[1], counted, ARGV[2])
+  return 0
+end
+local add = ledger - (tonumber(redis.call('HGET', KEYS[1], counted)) or 0)
+if add <= 0 then
+  redis.call('HINCRBY', KEYS[1], counted, 0)
+  return 0
+end
+redis.call('HINCRBY', KEYS[1], 'spent', string.format('%d', add))
+redis.call('HINCRBY', KEYS[1], counted, string.format('%d', add))
+return add
 `)

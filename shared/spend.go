@@ -27,8 +27,12 @@ const spendPrefix = "apidispatch:v1:spend:{spend}:"
 // reserved under its key. owner names the gateway whose reservations these
 // are (its state directory's id): a gateway that dies leaves them counted
 // at their worst case until one started on its state directory reconciles
-// them (Reconcile). Make it with Budget.Spend; Close when done. Its
-// methods are safe for concurrent use.
+// them (Reconcile). A Redis that loses its data (restarted without
+// persistence) is rebuilt by each running gateway, from its ledger and its
+// open reservations, as soon as that gateway reserves or its heartbeat
+// ticks (SeedFrom); a gateway that is not running then adds its ledger at
+// its next start. Make it with Budget.Spend; Close when done. Its methods
+// are safe for concurrent use.
 type Spend struct {
 	b     *Budget
 	owner string
@@ -37,11 +41,28 @@ type Spend struct {
 
 	mu      sync.Mutex
 	pending []spendOp // what Redis could not take yet, in order
+	// ledger, once SeedFrom set it, says what this gateway's ledger holds
+	// under each budget key; Redis found without this owner's counted
+	// field (it lost its data) is seeded from it again, and open given the
+	// reservations again, before it judges another reservation of ours.
+	// Set once, before the first Reserve; guarded by mu.
+	ledger func() map[string]cost.Nanos
+	// watch: ledger is set (read without mu by Reserve and the loop).
+	watch atomic.Bool
+	// omu guards open: this process's reservations not ended, as this
+	// process knows them, to make them again in a Redis that lost them.
+	omu  sync.Mutex
+	open map[string]*openRes
 	// downUntil: Redis failed; until then a reservation fails at once
 	// (UnixNano; 0: up).
 	downUntil atomic.Int64
-	stop      context.CancelFunc
-	done      chan struct{}
+	// rebuildUntil: this process found Redis without its data; until then
+	// (UnixNano) a reservation under a cap is refused, while every other
+	// running gateway's heartbeat finds it too and adds its ledger and its
+	// open reservations back.
+	rebuildUntil atomic.Int64
+	stop         context.CancelFunc
+	done         chan struct{}
 }
 
 // spendOp is a reservation forced (Gate.Hold) or ended while Redis was out
@@ -55,6 +76,13 @@ type spendOp struct {
 	amount  cost.Nanos
 }
 
+// openRes is an open reservation as this process knows it.
+type openRes struct {
+	budgets       []spend.Budget
+	left, charged cost.Nanos
+	tag           string
+}
+
 // Spend returns the shared spend budget of gateway owner on b's Redis and
 // starts renewing its heartbeat (alive:<owner>, which says a gateway runs
 // on that state directory) and applying what Redis could not take at once.
@@ -62,7 +90,7 @@ func (b *Budget) Spend(owner string) *Spend {
 	var r [4]byte
 	rand.Read(r[:])
 	ctx, cancel := context.WithCancel(context.Background())
-	s := &Spend{b: b, owner: owner, run: hex.EncodeToString(r[:]), stop: cancel, done: make(chan struct{})}
+	s := &Spend{b: b, owner: owner, run: hex.EncodeToString(r[:]), stop: cancel, done: make(chan struct{}), open: map[string]*openRes{}}
 	go s.loop(ctx)
 	return s
 }
@@ -99,15 +127,27 @@ func (s *Spend) Reserve(budgets []spend.Budget, worst cost.Nanos, force bool, ta
 		tag = "-"
 	}
 	if force {
+		s.track(id, budgets, worst, tag)
 		s.apply(spendOp{reserve: true, id: id, budgets: budgets, amount: worst, tag: tag})
 		return id, nil
 	}
 	if time.Now().UnixNano() < s.downUntil.Load() {
 		return "", fmt.Errorf("%w at %s (it failed within the last %s): a request under a max_cost is refused rather than sent unjudged", spend.ErrUnavailable, s.b.host, s.b.every)
 	}
+	if time.Now().UnixNano() < s.rebuildUntil.Load() {
+		return "", s.errRebuilding()
+	}
 	ctx, cancel := s.ctx()
 	defer cancel()
 	res, err := s.reserve(ctx, id, budgets, worst, false, tag)
+	if err == nil && len(res) > 0 && res[0] < 0 {
+		// Redis lost the budget (restarted empty): it is seeded again,
+		// and given our open reservations again; this one is refused
+		// while the other gateways add theirs.
+		if err = s.resync(); err == nil {
+			return "", s.errRebuilding()
+		}
+	}
 	if err != nil {
 		s.downUntil.Store(time.Now().Add(s.b.every).UnixNano())
 		return "", fmt.Errorf("%w at %s (%v): a request under a max_cost is refused rather than sent unjudged", spend.ErrUnavailable, s.b.host, err)
@@ -116,11 +156,59 @@ func (s *Spend) Reserve(budgets []spend.Budget, worst cost.Nanos, force bool, ta
 		bg := budgets[i-1]
 		return "", &spend.CapError{Name: bg.Name, Cap: bg.Cap, Spent: cost.Nanos(res[1]), Held: cost.Nanos(res[2]), Reserved: cost.Nanos(res[3]), Want: worst}
 	}
+	// Tracked once admitted: one admitted just before Redis lost it, and
+	// made again by a resync before this line, is missed there (its
+	// cost reaches the budget at the next seed from the ledger).
+	s.track(id, budgets, worst, tag)
 	return id, nil
 }
 
+// track records reservation id as open here.
+func (s *Spend) track(id string, budgets []spend.Budget, worst cost.Nanos, tag string) {
+	s.omu.Lock()
+	s.open[id] = &openRes{budgets: budgets, left: worst, tag: tag}
+	s.omu.Unlock()
+}
+
+// ended applies op to reservation id as this process knows it, as
+// spendEndScript does in Redis.
+func (s *Spend) ended(id string, op spend.Op, amount cost.Nanos) {
+	s.omu.Lock()
+	defer s.omu.Unlock()
+	o := s.open[id]
+	if o == nil {
+		return
+	}
+	charge := func(x cost.Nanos) {
+		d := min(x, o.left)
+		o.left, o.charged = o.left-d, o.charged+x
+	}
+	switch op {
+	case spend.OpCharge:
+		if amount > 0 {
+			charge(amount)
+		}
+		return
+	case spend.OpSettle:
+		if amount > o.charged {
+			charge(amount - o.charged)
+		}
+	}
+	delete(s.open, id)
+}
+
 func (s *Spend) reserve(ctx context.Context, id string, budgets []spend.Budget, worst cost.Nanos, force bool, tag string) ([]int64, error) {
-	args := []any{id, int64(worst), "0", tag}
+	return s.reserveCharged(ctx, id, budgets, worst, 0, force, tag)
+}
+
+// reserveCharged runs spendReserveScript; charged is what a reservation
+// made again (resync) was charged already.
+func (s *Spend) reserveCharged(ctx context.Context, id string, budgets []spend.Budget, worst, charged cost.Nanos, force bool, tag string) ([]int64, error) {
+	owner := ""
+	if s.watch.Load() {
+		owner = s.owner
+	}
+	args := []any{id, int64(worst), "0", tag, owner, int64(charged)}
 	if force {
 		args[2] = "1"
 	}
@@ -135,6 +223,7 @@ var opNames = [...]string{spend.OpCharge: "charge", spend.OpSettle: "settle", sp
 // End implements spend.Backend: what Redis cannot take now is applied, in
 // order, when it answers; meanwhile the reservation counts at its worst.
 func (s *Spend) End(id string, budgets []spend.Budget, op spend.Op, amount cost.Nanos) {
+	s.ended(id, op, amount)
 	s.apply(spendOp{id: id, budgets: budgets, op: op, amount: amount})
 }
 
@@ -156,10 +245,15 @@ func (s *Spend) apply(o spendOp) {
 
 func (s *Spend) run1(ctx context.Context, o spendOp) error {
 	if o.reserve {
-		_, err := s.reserve(ctx, o.id, o.budgets, o.amount, true, o.tag)
+		res, err := s.reserve(ctx, o.id, o.budgets, o.amount, true, o.tag)
+		if err == nil && len(res) > 0 && res[0] < 0 {
+			// Redis lost the budget: it waits for resync, which makes
+			// it again with every open reservation.
+			err = errors.New("the budget is not seeded")
+		}
 		return err
 	}
-	return spendEndScript.Run(ctx, s.b.rdb, s.keys(o.budgets), o.id, opNames[o.op], int64(o.amount)).Err()
+	return spendEndScript.Run(ctx, s.b.rdb, s.keys(o.budgets), o.id, opNames[o.op], int64(o.amount), s.owner).Err()
 }
 
 // flush applies what waits, in order, until Redis fails again.
@@ -194,6 +288,11 @@ func (s *Spend) loop(ctx context.Context) {
 		c, cancel := s.ctx()
 		s.b.rdb.Set(c, s.aliveKey(), alive, 4*s.b.ttl)
 		cancel()
+		if s.lost() {
+			if err := s.resync(); err != nil {
+				s.downUntil.Store(time.Now().Add(s.b.every).UnixNano())
+			}
+		}
 		s.flush()
 		select {
 		case <-ctx.Done():
@@ -203,15 +302,117 @@ func (s *Spend) loop(ctx context.Context) {
 	}
 }
 
-// Seed adds spent (what this gateway's ledger says it spent under key)
-// to the shared budget key, once per owner: the budget then starts from
-// what every gateway sharing it spent before it shared it.
+// Seed brings the shared budget key up to spent, what this gateway's
+// ledger says it spent under key: it adds what the ledger holds beyond
+// what the budget counted of this gateway already (its reservations'
+// charges and keeps, and earlier seeds). Seeding again adds only what the
+// ledger gained meanwhile (while the gateway ran without --shared, or
+// counted spend here alone with Redis out of reach). Call it when no
+// reservation of this gateway is open: what an open one was charged is
+// counted in the budget and not yet in the ledger.
 func (s *Spend) Seed(key string, spent cost.Nanos) error {
 	ctx, cancel := s.ctx()
 	defer cancel()
 	if err := spendSeedScript.Run(ctx, s.b.rdb, []string{spendBudgetKey(key)}, s.owner, int64(spent)).Err(); err != nil {
 		return fmt.Errorf("%w at %s: seeding %s: %v", spend.ErrUnavailable, s.b.host, key, err)
 	}
+	return nil
+}
+
+// SeedFrom seeds (Seed) every budget key of ledger, which says what this
+// gateway's ledger holds under each, and watches them: a Redis found
+// without this gateway's part of one (it restarted without its data) is
+// seeded from ledger again, and given this process's open reservations
+// again (each at what is left of its worst case, what it was charged
+// counted as spent), before it judges another reservation of this
+// process. Call it once, after Reconcile and before any Reserve.
+func (s *Spend) SeedFrom(ledger func() map[string]cost.Nanos) error {
+	s.mu.Lock()
+	s.ledger = ledger
+	s.mu.Unlock()
+	for k, v := range ledger() {
+		if err := s.Seed(k, v); err != nil {
+			return err
+		}
+	}
+	s.watch.Store(true)
+	return nil
+}
+
+// lost reports whether Redis answers and lacks this gateway's part of a
+// budget SeedFrom watches.
+func (s *Spend) lost() bool {
+	if !s.watch.Load() {
+		return false
+	}
+	s.mu.Lock()
+	ledger := s.ledger
+	s.mu.Unlock()
+	ctx, cancel := s.ctx()
+	defer cancel()
+	p := s.b.rdb.Pipeline()
+	var asked []*redis.BoolCmd
+	for k := range ledger() {
+		asked = append(asked, p.HExists(ctx, spendBudgetKey(k), "counted:"+s.owner))
+	}
+	if _, err := p.Exec(ctx); err != nil {
+		return false // out of reach: nothing to tell
+	}
+	for _, c := range asked {
+		if !c.Val() {
+			return true
+		}
+	}
+	return false
+}
+
+func (s *Spend) errRebuilding() error {
+	return fmt.Errorf("%w at %s: it lost its data and is being rebuilt from every running gateway's ledger (for %s): a request under a max_cost is refused meanwhile", spend.ErrUnavailable, s.b.host, rebuildFor*s.b.every)
+}
+
+// rebuildFor is how many heartbeats a gateway that found Redis without
+// its data refuses capped reservations: each running gateway's heartbeat
+// finds the loss within one.
+const rebuildFor = 4
+
+// resync seeds the budgets from the ledger again and makes this process's
+// open reservations again in Redis (those it still holds are left as they
+// are). What waited for Redis is dropped: the ledger and the open
+// reservations say all it would have. An end that reached the ledger and
+// still finds its reservation made again counts twice: over, the safe
+// side.
+func (s *Spend) resync() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ledger == nil {
+		return nil
+	}
+	if now := time.Now(); now.UnixNano() >= s.rebuildUntil.Load() {
+		s.rebuildUntil.Store(now.Add(rebuildFor * s.b.every).UnixNano())
+	}
+	for k, v := range s.ledger() {
+		if err := s.Seed(k, v); err != nil {
+			return err
+		}
+	}
+	s.omu.Lock()
+	type again struct {
+		id string
+		o  openRes
+	}
+	var open []again
+	for id, o := range s.open {
+		open = append(open, again{id, *o})
+	}
+	s.omu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*max(s.b.opTimeout, spendOpTimeout))
+	defer cancel()
+	for _, a := range open {
+		if _, err := s.reserveCharged(ctx, a.id, a.o.budgets, a.o.left, a.o.charged, true, a.o.tag); err != nil {
+			return fmt.Errorf("%w at %s: making reservation %s again: %v", spend.ErrUnavailable, s.b.host, a.id, err)
+		}
+	}
+	s.pending = nil
 	return nil
 }
 
@@ -245,7 +446,7 @@ func (s *Spend) Reconcile(release func(tag string) bool) (int, cost.Nanos, error
 			op = "release"
 		}
 		keys := append([]string{s.resKey()}, f[3:]...)
-		if err := spendEndScript.Run(ctx, s.b.rdb, keys, id, op, 0).Err(); err != nil {
+		if err := spendEndScript.Run(ctx, s.b.rdb, keys, id, op, 0, s.owner).Err(); err != nil {
 			return 0, 0, fmt.Errorf("%w at %s: %v", spend.ErrUnavailable, s.b.host, err)
 		}
 		if op == "keep" {

@@ -97,3 +97,21 @@ func TestSharedGateIsJudgedByItsBackend(t *testing.T) {
 		t.Errorf("uncapped shared gate with its backend down: %v, %s reserved here", err, free.Reserved())
 	}
 }
+
+// CountLocal (a resumed batch's spend, which the backend counted when its
+// earlier process charged it) adds to this process's figures of the chain
+// and reaches no backend: counted there twice it would refuse a client
+// early.
+func TestCountLocalReachesNoBackend(t *testing.T) {
+	b := &fakeBackend{used: map[string]cost.Nanos{}, tagsOf: map[string]string{}}
+	top := NewShared("gw", 0, 0, b, "gateway")
+	alice := top.SharedChild("alice", 1000, 100, b, "client")
+	alice.CountLocal(250)
+	alice.CountLocal(-5) // nothing
+	if alice.Spent() != 350 || top.Spent() != 250 {
+		t.Errorf("spent: alice %s, gateway %s; want 350 and 250", alice.Spent(), top.Spent())
+	}
+	if b.n != 0 || len(b.ends) != 0 || len(b.used) != 0 {
+		t.Errorf("the backend saw %d reservations, ends %q, used %v: want none", b.n, b.ends, b.used)
+	}
+}

@@ -260,6 +260,22 @@ func checkLocked(gs []*Gate, worst cost.Nanos, remote bool) error {
 	return nil
 }
 
+// CountLocal adds c to the spent of g and its parents in this process
+// only, never in a backend: spend an earlier process counted there
+// already (a resumed batch's, which it charged as it went).
+func (g *Gate) CountLocal(c cost.Nanos) {
+	if c <= 0 {
+		return
+	}
+	gs := g.chain()
+	lockAll(gs)
+	defer unlockAll(gs)
+	for _, x := range gs {
+		x.spent += c
+		x.notify()
+	}
+}
+
 // Hold reserves worst whatever the cap says, for work already sent that
 // this gate learns of late (a batch of an earlier process, re-attached).
 func (g *Gate) Hold(worst cost.Nanos) *Reservation {
