@@ -1,3 +1,5 @@
+//go:build long
+
 package main
 
 import (
@@ -84,6 +86,7 @@ func attackBody(i int64) []byte {
 // gateways' ledgers (Seed runs once, at start): she may spend her whole
 // max_cost again.
 func TestAttackSharedMaxCostThroughRedisRestartedEmpty(t *testing.T) {
+	t.Parallel()
 	const speed = 50
 	rs := testredis.Start(t)
 	run, _ := simtest.Start(t, sim.PresetOrigin3Org, speed, func(c *sim.Config) { c.BillAbandoned = true })
@@ -128,6 +131,7 @@ func TestAttackSharedMaxCostThroughRedisRestartedEmpty(t *testing.T) {
 // started again on a DIFFERENT state directory (a fresh ledger, a new
 // spend id). The dead gateway's reservations must stay counted.
 func TestAttackSharedMaxCostKillNineRestartElsewhere(t *testing.T) {
+	t.Parallel()
 	const speed = 50
 	rs := testredis.Start(t)
 	run, _ := simtest.Start(t, sim.PresetOrigin3Org, speed, func(c *sim.Config) { c.BillAbandoned = true })
@@ -197,8 +201,9 @@ func TestAttackSharedMaxCostKillNineRestartElsewhere(t *testing.T) {
 // The bill stays within her max_cost, and the two ledgers hold at least
 // the bill (nothing billed the ledgers never see).
 func TestAttackSharedSigtermDuringCutStorm(t *testing.T) {
+	t.Parallel()
 	const speed = 20
-	redisURL := cmdRedis(t)
+	redisURL := ownRedis(t)
 	run, _ := simtest.Start(t, sim.PresetOrigin3Org, speed, func(c *sim.Config) { c.BillAbandoned = true })
 	for _, f := range []sim.Fault{
 		{ID: "cut", Kind: sim.FaultStreamOverloaded, Probability: 0.33},
@@ -309,8 +314,9 @@ func attackDo(method, url, token string, body []byte, hdr ...string) (int, []byt
 // stays within her max_cost; and what Redis counts against her (spent +
 // held) should be near the bill, not the batch's spend twice.
 func TestAttackSharedBatchAndSyncAcrossGatewaysWithKillNine(t *testing.T) {
+	t.Parallel()
 	const speed = 20
-	redisURL := cmdRedis(t)
+	redisURL := ownRedis(t)
 	run, _ := simtest.Start(t, sim.PresetOrigin3Org, speed, func(c *sim.Config) { c.BillAbandoned = true })
 	dir := t.TempDir()
 	const alice = "sk-gw-attack-alice-000004"
@@ -396,9 +402,10 @@ func TestAttackSharedBatchAndSyncAcrossGatewaysWithKillNine(t *testing.T) {
 // each; gateway b is stopped (SIGSTOP) for 3 s mid-load and continued.
 // The organisation never has more than 4 in flight.
 func TestAttackTwoKeysOneOrgTwoGatewaysSigstop(t *testing.T) {
+	t.Parallel()
 	const speed = 10
 	const keyA, keyB = "sk-ant-sim-attack-one-org-key-aaaa", "sk-ant-sim-attack-one-org-key-bbbb"
-	redisURL := cmdRedis(t)
+	redisURL := ownRedis(t)
 	run, _ := simtest.Start(t, sim.PresetOrigin3Org, speed, func(c *sim.Config) {
 		c.Orgs = c.Orgs[:1]
 		c.Orgs[0].Keys = []string{keyA, keyB}
@@ -457,8 +464,9 @@ func TestAttackTwoKeysOneOrgTwoGatewaysSigstop(t *testing.T) {
 // once, at its first shared start, so what she spent meanwhile is not
 // in Redis: she may spend it again.
 func TestAttackSharedMaxCostAfterAnUnsharedInterlude(t *testing.T) {
+	t.Parallel()
 	const speed = 50
-	redisURL := cmdRedis(t)
+	redisURL := ownRedis(t)
 	run, _ := simtest.Start(t, sim.PresetOrigin3Org, speed, func(c *sim.Config) { c.BillAbandoned = true })
 	dir := t.TempDir()
 	const alice = "sk-gw-attack-alice-000005"
@@ -580,6 +588,7 @@ func (p *attackProxy) cut() {
 // logged against the bill (a reservation whose answer was lost is leaked
 // at its worst case, a charge retried is counted twice).
 func TestAttackSharedMaxCostHalfOpenRedis(t *testing.T) {
+	t.Parallel()
 	const speed = 50
 	rs := testredis.Start(t)
 	px := startAttackProxy(t, rs.Addr)
@@ -640,8 +649,9 @@ func TestAttackSharedMaxCostHalfOpenRedis(t *testing.T) {
 // as the storm ends and continued. The key never has more than 4 in
 // flight, and every client is answered.
 func TestAttackStormEndSigstopTwoGateways(t *testing.T) {
+	t.Parallel()
 	const speed = 10
-	redisURL := cmdRedis(t)
+	redisURL := ownRedis(t)
 	run, _ := simtest.Start(t, sim.PresetOrigin3Org, speed, func(c *sim.Config) {
 		c.Orgs = c.Orgs[:1]
 		c.Faults = []sim.Fault{{Kind: sim.FaultRateLimitStorm, Start: 10 * time.Second, Duration: 20 * time.Second, Probability: 0.9, RetryAfter: 2 * time.Second}}
