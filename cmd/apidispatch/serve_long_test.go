@@ -38,6 +38,7 @@ import (
 // requests upstream 19 s after the first, cut them at its exit 30 s after
 // it, leave 12 clients without an answer and the ledger 3 short.
 func TestServeSignalsAnswerEveryClientAndExit(t *testing.T) {
+	t.Parallel()
 	run, _ := simtest.Start(t, sim.PresetOrigin3Org, 1, func(c *sim.Config) { c.BillAbandoned = true })
 	dir := t.TempDir()
 	state := filepath.Join(dir, "state")
@@ -143,7 +144,8 @@ func TestServeSignalsAnswerEveryClientAndExit(t *testing.T) {
 // instant are more than 4 requests in flight on a key. It used to hand
 // its slots back at its exit while the requests it cut still ran: 6 on 4.
 func TestServeSharedSignalKeepsTheCap(t *testing.T) {
-	redisURL := cmdRedis(t)
+	t.Parallel()
+	redisURL := ownRedis(t)
 	const k = 10
 	run, _ := simtest.Start(t, sim.PresetOrigin3Org, k, func(c *sim.Config) { c.BillAbandoned = true })
 	if _, err := run.Server.AddFault(sim.Fault{ID: "slow", Kind: sim.FaultSlow, ExtraLatency: 25 * time.Second}); err != nil { // 2.5 s real
@@ -298,6 +300,7 @@ func TestServeIdleConnectionFloodHarmsNoOne(t *testing.T) {
 // and a restart counts the open ones at their worst case: the bill stays
 // within the cap.
 func TestServeKillNineWithRequestsInFlightHoldsMaxCost(t *testing.T) {
+	t.Parallel()
 	const speed = 50
 	run, _ := simtest.Start(t, sim.PresetOrigin3Org, speed, func(c *sim.Config) { c.BillAbandoned = true })
 	dir := t.TempDir()
@@ -396,6 +399,7 @@ func TestServeKillNineWithRequestsInFlightHoldsMaxCost(t *testing.T) {
 // the simulator's bill stays within her max_cost, and within 95 % of it
 // once she has spent until refused.
 func TestServeSharedMaxCostAcrossGatewaysAndKillNine(t *testing.T) {
+	t.Parallel()
 	const speed = 50
 	rs := testredis.Start(t)
 	run, _ := simtest.Start(t, sim.PresetOrigin3Org, speed, func(c *sim.Config) { c.BillAbandoned = true })
