@@ -375,9 +375,16 @@ func TestAttackSharedBatchAndSyncAcrossGatewaysWithKillNine(t *testing.T) {
 		}
 	}
 	billed := cost.Nanos(run.Server.LedgerTotals().CostNanos)
-	rdb := redis.NewClient(&redis.Options{Addr: strings.TrimSuffix(strings.TrimPrefix(redisURL, "redis://"), "/1"), DB: 1})
+	ro, err := redis.ParseURL(redisURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rdb := redis.NewClient(ro)
 	defer rdb.Close()
-	v := rdb.HMGet(context.Background(), "apidispatch:v1:spend:{spend}:budget:client:alice", "spent", "held", "reserved").Val()
+	v, err := rdb.HMGet(context.Background(), "apidispatch:v1:spend:{spend}:budget:client:alice", "spent", "held", "reserved").Result()
+	if err != nil || len(v) != 3 {
+		t.Fatalf("reading alice's budget in Redis: %v %v", v, err)
+	}
 	t.Logf("batch %s %+v; then %d answered, %d refused; simulator billed %s on %s (%.3f×); Redis counts spent %v held %v reserved %v",
 		obj.ProcessingStatus, obj.RequestCounts, answered, refused, billed, capN, float64(billed)/float64(capN), v[0], v[1], v[2])
 	if refused == 0 {
