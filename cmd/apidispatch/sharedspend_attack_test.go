@@ -126,6 +126,37 @@ func TestAttackSharedMaxCostThroughRedisRestartedEmpty(t *testing.T) {
 	}
 }
 
+// loadWhileOneStopped keeps 80 clients sending through gws[0] and gws[1]
+// in turn; after before it stops gws[1] (SIGSTOP) for stopped, goes on
+// 3 s after it is continued, and returns how many requests were answered
+// 200 and how many not.
+func loadWhileOneStopped(gws []*serveProc, before, stopped time.Duration) (ok, bad int64) {
+	var stop atomic.Bool
+	var wg sync.WaitGroup
+	var nOK, nBad atomic.Int64
+	for w := range 80 {
+		g := gws[w%2]
+		wg.Go(func() {
+			for i := int64(w) * 100000; !stop.Load(); i++ {
+				st, _, err := postGW(g.base, g.token, attackBody(i))
+				if err == nil && st == 200 {
+					nOK.Add(1)
+				} else {
+					nBad.Add(1)
+				}
+			}
+		})
+	}
+	time.Sleep(before)
+	gws[1].cmd.Process.Signal(syscall.SIGSTOP)
+	time.Sleep(stopped)
+	gws[1].cmd.Process.Signal(syscall.SIGCONT)
+	time.Sleep(3 * time.Second)
+	stop.Store(true)
+	wg.Wait()
+	return nOK.Load(), nBad.Load()
+}
+
 // Attack (issue 27/28, promise 4): two --shared gateways; a is killed (-9)
 // with 8 slow requests of alice upstream (billed though unread), and
 // started again on a DIFFERENT state directory (a fresh ledger, a new
@@ -433,31 +464,9 @@ func TestAttackTwoKeysOneOrgTwoGatewaysSigstop(t *testing.T) {
 			t.Fatalf("warm-up: %d %s %v", st, b, err)
 		}
 	}
-	var stop atomic.Bool
-	var wg sync.WaitGroup
-	var ok, bad atomic.Int64
-	for w := range 80 {
-		g := gws[w%2]
-		wg.Go(func() {
-			for i := int64(w) * 100000; !stop.Load(); i++ {
-				st, _, err := postGW(g.base, g.token, attackBody(i))
-				if err == nil && st == 200 {
-					ok.Add(1)
-				} else {
-					bad.Add(1)
-				}
-			}
-		})
-	}
-	time.Sleep(1500 * time.Millisecond)
-	gws[1].cmd.Process.Signal(syscall.SIGSTOP)
-	time.Sleep(3 * time.Second)
-	gws[1].cmd.Process.Signal(syscall.SIGCONT)
-	time.Sleep(3 * time.Second)
-	stop.Store(true)
-	wg.Wait()
+	ok, bad := loadWhileOneStopped(gws, 1500*time.Millisecond, 3*time.Second)
 	o := run.Server.Stats().Orgs[0]
-	t.Logf("organisation %s: max in flight %d on a cap of 4; %d answered, %d not", o.Name, o.MaxInFlight, ok.Load(), bad.Load())
+	t.Logf("organisation %s: max in flight %d on a cap of 4; %d answered, %d not", o.Name, o.MaxInFlight, ok, bad)
 	if o.MaxInFlight > 4 {
 		t.Errorf("%d in flight on the organisation's cap of 4", o.MaxInFlight)
 	}
@@ -669,35 +678,13 @@ func TestAttackStormEndSigstopTwoGateways(t *testing.T) {
 		gws = append(gws, startServeProc(t, run, nil, "--quiet", "--speed", fmt.Sprint(speed), "--cap", "haiku=4", "--shared", redisURL,
 			"--token-file", filepath.Join(dir, fmt.Sprint("token", i)), "--state-dir", filepath.Join(dir, fmt.Sprint("state", i))))
 	}
-	var stop atomic.Bool
-	var wg sync.WaitGroup
-	var ok, bad atomic.Int64
-	for w := range 80 {
-		g := gws[w%2]
-		wg.Go(func() {
-			for i := int64(w) * 100000; !stop.Load(); i++ {
-				st, _, err := postGW(g.base, g.token, attackBody(i))
-				if err == nil && st == 200 {
-					ok.Add(1)
-				} else {
-					bad.Add(1)
-				}
-			}
-		})
-	}
-	time.Sleep(2900 * time.Millisecond)
-	gws[1].cmd.Process.Signal(syscall.SIGSTOP)
-	time.Sleep(2 * time.Second)
-	gws[1].cmd.Process.Signal(syscall.SIGCONT)
-	time.Sleep(3 * time.Second)
-	stop.Store(true)
-	wg.Wait()
+	ok, bad := loadWhileOneStopped(gws, 2900*time.Millisecond, 2*time.Second)
 	o := run.Server.Stats().Orgs[0]
-	t.Logf("org %s: max in flight %d on a cap of 4; %d answered, %d not; %d 429s", o.Name, o.MaxInFlight, ok.Load(), bad.Load(), o.RateLimited429)
+	t.Logf("org %s: max in flight %d on a cap of 4; %d answered, %d not; %d 429s", o.Name, o.MaxInFlight, ok, bad, o.RateLimited429)
 	if o.MaxInFlight > 4 {
 		t.Errorf("%d in flight on the key's cap of 4", o.MaxInFlight)
 	}
-	if bad.Load() > 0 {
-		t.Errorf("%d clients not answered 200", bad.Load())
+	if bad > 0 {
+		t.Errorf("%d clients not answered 200", bad)
 	}
 }
