@@ -40,8 +40,15 @@ func TestLoadFillsEveryKeyToItsCap(t *testing.T) {
 		}
 		t.Logf("org %s: %d completions, max in flight %d (cap %d), steady %.0f", o.Name, o.Completions, o.MaxInFlight, capN, r.inFlight[i])
 	}
+	fill := r.rate / ceiling(3*capN, r.meanLat)
 	t.Logf("%.0f req/s steady against a ceiling of %.0f (%.1f %%), mean upstream latency %v; lanes' mean in flight %.0f; wall %v",
-		r.rate, ceiling(3*capN, r.meanLat), r.rate/ceiling(3*capN, r.meanLat)*100, r.meanLat.Round(time.Millisecond), r.laneInFlight, r.wall.Round(time.Millisecond))
+		r.rate, ceiling(3*capN, r.meanLat), fill*100, r.meanLat.Round(time.Millisecond), r.laneInFlight, r.wall.Round(time.Millisecond))
+	// 96-99.5 % measured (also under -race at load average 23): the
+	// speed leaves the machine room, so a steady rate well under the
+	// ceiling is the gateway holding slots it does not use.
+	if fill < 0.85 {
+		t.Errorf("steady %.0f req/s is %.1f %% of the cap-bound ceiling, want ≥ 85 %%", r.rate, fill*100)
+	}
 }
 
 // Clients that open streams and stop reading do not hold up the others:
