@@ -241,6 +241,13 @@ type Engine struct {
 	places *promptcache.Places // where prompt caches are warm
 	// sameOrg: two keys of one organisation hold one cap between them.
 	sameOrg *upstream.Orgs
+	// discoverCtx (set by sendAll) bounds the discovery of the keys'
+	// organisations, started with the first lanes (discovering) when the
+	// engine owns sameOrg; learnt is set when it learns one, for the
+	// scheduler to apply (noteSameOrg).
+	discoverCtx context.Context
+	discovering bool
+	learnt      atomic.Bool
 	// laneList is every lane, for readers on other goroutines.
 	lanesMu  sync.Mutex
 	laneList []*laneRef
@@ -400,6 +407,14 @@ func (e *Engine) lanesFor(pool anthropic.Pool, model string) []*laneRef {
 		ls = append(ls, l)
 	}
 	e.lanes[pool] = ls
+	if !e.discovering && e.discoverCtx != nil && e.cfg.SameOrg == nil {
+		// The first work to send: learn each key's organisation from a
+		// request of its own, beside the lanes' first messages (an org
+		// rule that is not the engine's is its owner's to feed).
+		e.discovering = true
+		e.sameOrg.Discover(e.discoverCtx, upstream.Discovery{Client: e.client, Base: e.base.String(),
+			Orgs: e.cfg.Orgs, Timeout: min(e.cfg.Timeout, upstream.DiscoverTimeout), Speed: e.cfg.Speed})
+	}
 	e.lanesMu.Lock()
 	e.laneList = append(slices.Clone(e.laneList), ls...)
 	e.lanesMu.Unlock()
@@ -591,6 +606,13 @@ func (e *Engine) sendAll(ctx context.Context, com *committer) error {
 			}
 		}()
 	}
+	var stopDiscover context.CancelFunc
+	e.discoverCtx, stopDiscover = context.WithCancel(ctx)
+	defer stopDiscover()
+	defer e.sameOrg.OnLearn(func() {
+		e.learnt.Store(true)
+		e.signal()
+	})()
 	f := e.startFeeder(ctx, com)
 	var workers sync.WaitGroup
 	runErr := e.schedule(ctx, f.out, com, &workers)
@@ -853,6 +875,9 @@ func (e *Engine) schedule(ctx context.Context, feed chan []fed, com *committer, 
 	milestone := int64(0)
 	for {
 		now := time.Now()
+		if e.learnt.Swap(false) {
+			e.noteSameOrg()
+		}
 		if !stopping {
 			if reason := e.stopCondition(ctx, now, com); reason != "" {
 				stopping = true

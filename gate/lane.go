@@ -142,7 +142,8 @@ type LaneConfig struct {
 	// the mirrors know no bucket before its headers, and a start-up burst
 	// sent blind drains a bucket a colleague draws on (a run's 429s came
 	// in its first API seconds). The engine's lanes set it; the cost is
-	// one latency at the start.
+	// one latency at the start. A first request still out after
+	// FirstAnswerWait lets the lane send one more per such bound.
 	ProbeFirst bool
 
 	// scaled: defaults has divided the time constants by Speed already
@@ -217,7 +218,8 @@ type Lane struct {
 	noRAStreak  int // consecutive congestion epochs of 429s without retry-after
 	buckets     *Buckets
 	disabled    string
-	answered    bool // an answer has come back (see TryAdmit)
+	answered    bool      // an answer has come back (see TryAdmit)
+	firstOut    time.Time // before the first answer: when the first request went out
 	// probing: a back-off hold (a 429 or 529 without retry-after) has
 	// been set since the last success; past the hold the lane sends one
 	// request (the probe, probeOut while it is out) until a success.
@@ -382,7 +384,16 @@ func (l *Lane) TryAdmit(now time.Time, d Demand) (Permit, time.Duration, bool) {
 		// tells whether the storm is over.
 		return Permit{}, 0, false
 	}
-	if l.inFlight >= int(l.limit) || (l.cfg.ProbeFirst && !l.answered && l.inFlight > 0) {
+	if l.cfg.ProbeFirst && !l.answered && l.inFlight > 0 {
+		// One request until the first answer, and one more for each
+		// FirstAnswerWait the first has been out (a first request that
+		// hangs does not hold the lane to one for its whole latency).
+		if k, next := FirstAnswerAllows(l.firstOut, now, FirstAnswerWaitAt(l.cfg.Speed)); l.inFlight >= k {
+			l.boundAt = now
+			return Permit{}, next, false
+		}
+	}
+	if l.inFlight >= int(l.limit) {
 		l.boundAt = now
 		return Permit{}, 0, false
 	}
@@ -391,6 +402,9 @@ func (l *Lane) TryAdmit(now time.Time, d Demand) (Permit, time.Duration, bool) {
 		return Permit{}, w, false
 	}
 	l.buckets.Take(now, n)
+	if !l.answered && l.inFlight == 0 {
+		l.firstOut = now
+	}
 	l.inFlight++
 	if l.inFlight >= int(l.limit) {
 		l.boundAt = now

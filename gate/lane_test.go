@@ -183,3 +183,26 @@ func TestLaneProbesOneRequestBeforeTheFirstAnswer(t *testing.T) {
 		t.Fatalf("admitted %d after the first answer, want 25 (a quarter of the cap)", len(ps))
 	}
 }
+
+// TestLaneProbeThatHangsDoesNotHoldTheLane: with ProbeFirst, a first
+// request still out after FirstAnswerWait (API time) lets the lane send
+// one more, and one more per bound after that: a first request that hangs
+// held a restarted gateway's lane to one request for minutes of API time.
+func TestLaneProbeThatHangsDoesNotHoldTheLane(t *testing.T) {
+	t.Parallel()
+	const speed = 10
+	l := NewLane(LaneConfig{Org: "a", Pool: anthropic.PoolSonnet4, Cap: 100, StartFraction: 1, ProbeFirst: true, Speed: speed})
+	wait := FirstAnswerWait / speed
+	if ps := fill(t, l, t0); len(ps) != 1 {
+		t.Fatalf("admitted %d before the first answer, want 1", len(ps))
+	}
+	if _, next, ok := l.TryAdmit(t0.Add(wait/2), Demand{}); ok || next != wait/2 {
+		t.Fatalf("half the bound in: admitted %v, next %v; want a refusal for %v", ok, next, wait/2)
+	}
+	if ps := fill(t, l, t0.Add(wait)); len(ps) != 1 {
+		t.Fatalf("admitted %d once the first was out FirstAnswerWait, want 1 more", len(ps))
+	}
+	if ps := fill(t, l, t0.Add(2*wait)); len(ps) != 1 {
+		t.Fatalf("admitted %d at twice the bound, want 1 more", len(ps))
+	}
+}

@@ -313,14 +313,19 @@ func BenchmarkGatewayCache(b *testing.B) {
 	})
 }
 
-// failFirst answers the first request it sees with a terminal 400 after a
-// pause (so that identical requests queue behind it), and passes the rest on.
+// failFirst answers the first Messages request it sees with a terminal
+// 400 after a pause (so that identical requests queue behind it), and
+// passes the rest on (and every other request, such as the discovery of
+// the keys' organisations).
 type failFirst struct {
 	next http.RoundTripper
 	once sync.Once
 }
 
 func (f *failFirst) RoundTrip(r *http.Request) (*http.Response, error) {
+	if r.URL.Path != "/v1/messages" {
+		return f.next.RoundTrip(r)
+	}
 	first := false
 	f.once.Do(func() { first = true })
 	if !first {

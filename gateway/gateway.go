@@ -294,6 +294,13 @@ func New(cfg Config) (*Gateway, error) {
 	}
 	g.ctx, g.cancel = context.WithCancel(context.Background())
 	g.life.init(g.ctx)
+	// Each key's organisation, learnt from a request of its own (see
+	// upstream.Orgs.Discover) rather than from its first message, which
+	// a slow API can hold for minutes. Drain stops it (batchCtx), as it
+	// stops every request the gateway sends of its own accord.
+	sameOrg.OnLearn(g.lanes.wakeAll)
+	sameOrg.Discover(g.life.batchCtx, upstreampkg.Discovery{Client: g.client, Base: g.base, Orgs: cfg.Orgs,
+		Timeout: min(cfg.Timeout, upstreampkg.DiscoverTimeout), Speed: cfg.Speed})
 	g.mux = http.NewServeMux()
 	g.routes()
 	if g.batches, err = openBatchStore(g); err != nil {

@@ -440,6 +440,23 @@ func (s *laneSet) release(g grant, fb gate.Feedback) {
 	}
 }
 
+// wakeAll pumps every pool's waiters and wakes the engines on every
+// lane: what the same-organisation rule learnt may make room on any.
+func (s *laneSet) wakeAll() {
+	s.mu.Lock()
+	now := time.Now()
+	for _, q := range s.pools {
+		if q.fq.len() > 0 {
+			s.pumpLocked(q, now)
+		}
+	}
+	all := s.all
+	s.mu.Unlock()
+	for _, l := range all {
+		s.wakeEngines(l)
+	}
+}
+
 func (s *laneSet) wakeEngines(l *lane) {
 	if wakes := l.wakes.Load(); wakes != nil {
 		for _, f := range *wakes {

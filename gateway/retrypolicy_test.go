@@ -23,7 +23,8 @@ import (
 
 // onceBusy is an upstream that answers each distinct request 529 (with
 // retry-after-ms ra when ra > 0) the first time and then as the API
-// does, and records when each attempt came.
+// does, and records when each attempt came; the models list (the
+// organisation's discovery) it answers at once.
 type onceBusy struct {
 	ra time.Duration
 	mu sync.Mutex
@@ -31,6 +32,13 @@ type onceBusy struct {
 }
 
 func (u *onceBusy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Method == http.MethodGet && r.URL.Path == "/v1/models" {
+		// The discovery of the key's organisation (upstream.Orgs.Discover)
+		// is not a request under test.
+		w.Header().Set(anthropic.HeaderOrganizationID, "org-retry-policy")
+		io.WriteString(w, `{"data":[],"has_more":false,"first_id":null,"last_id":null}`)
+		return
+	}
 	b, _ := io.ReadAll(r.Body)
 	k := sha256.Sum256(append([]byte(r.URL.Path), b...))
 	u.mu.Lock()

@@ -113,6 +113,14 @@ func (g *counted) SetWake(wake func()) {
 	}
 }
 
+// LearnOrganisation forwards to a gate that keeps its key's organisation
+// (upstream.Orgs.Discover tells it).
+func (g *counted) LearnOrganisation(id string) {
+	if l, ok := g.Gate.(interface{ LearnOrganisation(string) }); ok {
+		l.LearnOrganisation(id)
+	}
+}
+
 func class(k anthropic.Kind) string {
 	switch k {
 	case anthropic.Success:

@@ -39,6 +39,11 @@ type Orgs struct {
 	// onSame, when set, is told (outside the lock) that drop reaches the
 	// organisation id of keep.
 	onSame func(drop, keep, id, reason string)
+	// gates are the lane gates under the rule, by org (Wrap), told what
+	// Discover learns; wakes are OnLearn's functions.
+	gates    map[string][]*Gate
+	wakes    map[uint64]func()
+	nextWake uint64
 }
 
 type orgInfo struct {
@@ -184,7 +189,14 @@ func (o *Orgs) Wrap(g gate.Gate, cfg gate.LaneConfig) gate.Gate {
 	if capN <= 0 {
 		capN = cfg.WithDefaults().Cap
 	}
-	return &Gate{Gate: g, o: o, org: cfg.Org, pool: cfg.Pool, cap: capN}
+	w := &Gate{Gate: g, o: o, org: cfg.Org, pool: cfg.Pool, cap: capN}
+	o.mu.Lock()
+	if o.gates == nil {
+		o.gates = map[string][]*Gate{}
+	}
+	o.gates[cfg.Org] = append(o.gates[cfg.Org], w)
+	o.mu.Unlock()
+	return w
 }
 
 // Gate is a lane's gate under the same-organisation rule. It implements
