@@ -15,12 +15,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"math"
 	"math/rand/v2"
 	"net/http"
-	"net/http/httptrace"
 	"net/url"
 	"slices"
 	"strconv"
@@ -35,7 +33,6 @@ import (
 	"github.com/apidispatch/apidispatch/gate"
 	"github.com/apidispatch/apidispatch/org"
 	"github.com/apidispatch/apidispatch/promptcache"
-	"github.com/apidispatch/apidispatch/ratelimit"
 	"github.com/apidispatch/apidispatch/rundir"
 	"github.com/apidispatch/apidispatch/spend"
 	"github.com/apidispatch/apidispatch/store"
@@ -217,8 +214,6 @@ type attempt struct {
 	// maybeBilled: the request was sent and may have been processed, but
 	// no usable answer came back.
 	maybeBilled bool
-	// wrote: the whole request was written to the connection.
-	wrote atomic.Bool
 	// reached: the request reached the API (it was written whole, or an
 	// answer came back).
 	reached bool
@@ -1183,11 +1178,6 @@ func (e *Engine) send(a *attempt) {
 	}
 	ctx, cancel := apihttp.AttemptContext(e.abortCtx, e.cfg.Timeout)
 	defer cancel()
-	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{WroteRequest: func(i httptrace.WroteRequestInfo) {
-		if i.Err == nil && !a.wrote.Swap(true) {
-			e.jr.Sent(a.w.it.Seq, a.w.attempts, a.res.Worst())
-		}
-	}})
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, e.base.JoinPath("v1", "messages").String(), bytes.NewReader(body))
 	if err != nil {
 		a.readErr = err
@@ -1205,27 +1195,15 @@ func (e *Engine) send(a *attempt) {
 		a.lane.Done(t0, a.permit, gate.Feedback{Outcome: a.outcome})
 		return
 	}
-	resp, err := e.client.Do(req)
-	var status int
-	var hdr http.Header
-	var rb []byte
-	if err == nil {
-		status, hdr = resp.StatusCode, resp.Header
-		rb, err = io.ReadAll(io.LimitReader(resp.Body, 64<<20))
-		io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		if err != nil && status >= 200 && status < 300 {
-			// A 2xx whose body broke off: classify as truncated, not as a
-			// transport error, so the reason says what happened.
-			err = nil
-		}
-	}
-	now := time.Now()
-	a.latency = now.Sub(t0)
-	a.reached = status != 0 || a.wrote.Load()
-	a.outcome = anthropic.Classify(status, hdr, rb, err, now)
-	a.body = rb
-	a.maybeBilled = upstream.MayHaveBilled(a.outcome, a.wrote.Load())
+	r := upstream.Send(e.client, req, 64<<20, func() {
+		e.jr.Sent(a.w.it.Seq, a.w.attempts, a.res.Worst())
+	})
+	now, hdr := r.At, r.Header
+	a.latency = r.Latency
+	a.reached = r.Status != 0 || r.Wrote
+	a.outcome = r.Outcome
+	a.body = r.Body
+	a.maybeBilled = r.MayHaveBilled
 	if a.outcome.Kind == anthropic.Success {
 		e.jr.Succeeded(a.w.it.Seq, a.w.attempts)
 	} else {
@@ -1241,20 +1219,18 @@ func (e *Engine) send(a *attempt) {
 			e.c.maybeBilled.Add(1)
 		}
 	}
-	fb := gate.Feedback{Outcome: a.outcome}
+	var usage *anthropic.Usage
+	if m := a.outcome.Message; m != nil {
+		a.usage = m.Usage
+		usage = &a.usage
+		// Priced as the requested model, which validation checked has a price.
+		a.costN, _ = e.cfg.Prices.Cost(a.w.it.Model, m.Usage, false)
+	}
+	fb := upstream.Feedback(a.outcome, hdr, usage, a.costN)
 	if hdr != nil {
-		fb.Limits = anthropic.ParseRateLimits(hdr)
 		a.reqID = hdr.Get(anthropic.HeaderRequestID)
 		a.simulated = hdr.Get(cache.SimulatorHeader) != ""
 		a.orgIDHdr = fb.Limits.OrganizationID
-	}
-	if m := a.outcome.Message; m != nil {
-		a.usage = m.Usage
-		fb.Billed = true
-		fb.Actual = ratelimit.Need{Requests: 1, Input: float64(m.Usage.InputTokens + m.Usage.CacheCreationInputTokens), Output: float64(m.Usage.OutputTokens)}
-		// Priced as the requested model, which validation checked has a price.
-		a.costN, _ = e.cfg.Prices.Cost(a.w.it.Model, m.Usage, false)
-		fb.Cost = a.costN
 	}
 	a.lane.Done(now, a.permit, fb)
 }

@@ -10,10 +10,8 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
-	"net/http/httptrace"
 	"os"
 	"strconv"
-	"sync/atomic"
 	"time"
 
 	"github.com/apidispatch/apidispatch/anthropic"
@@ -21,7 +19,6 @@ import (
 	"github.com/apidispatch/apidispatch/cost"
 	"github.com/apidispatch/apidispatch/gate"
 	"github.com/apidispatch/apidispatch/promptcache"
-	"github.com/apidispatch/apidispatch/ratelimit"
 	"github.com/apidispatch/apidispatch/spend"
 	upstreampkg "github.com/apidispatch/apidispatch/upstream"
 	"github.com/apidispatch/apidispatch/workload"
@@ -180,8 +177,8 @@ type exchange struct {
 	hold   *hold
 	worst  cost.Nanos // one attempt's worst case, reserved in hold
 	id     int64      // the exchange's id in the spend journal (0: none yet)
-	// wrote: the current attempt's request went out whole.
-	wrote    atomic.Bool
+	// call is the current attempt's request (nil: none went out).
+	call     *upstreampkg.Call
 	demand   gate.Demand
 	attempts int
 	settled  bool
@@ -352,18 +349,13 @@ var errDraining = errors.New("not sent: the gateway is stopping")
 // or admitted just before the gateway began to stop, is not built.
 func (x *exchange) newUpstream(ctx context.Context, gr grant) (*http.Request, error) {
 	l := gr.lane
-	x.wrote.Store(false)
+	x.call = nil
 	if gr.permit.Lapsed(time.Now()) {
 		return nil, errLeaseEnded
 	}
 	if x.g.life.isDraining() {
 		return nil, errDraining
 	}
-	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{WroteRequest: func(i httptrace.WroteRequestInfo) {
-		if i.Err == nil {
-			x.wrote.Store(true)
-		}
-	}})
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, x.g.base+"/v1/messages", bytes.NewReader(x.body))
 	if err != nil {
 		return nil, err
@@ -386,21 +378,26 @@ func copyClientHeaders(dst, src http.Header) {
 	}
 }
 
-// feedback is what an attempt teaches its lane, and its cost.
+// feedback is what an attempt teaches its lane (upstream.Feedback), and
+// its cost.
 func (x *exchange) feedback(o anthropic.Outcome, h http.Header, u *anthropic.Usage) (gate.Feedback, cost.Nanos) {
-	fb := gate.Feedback{Outcome: o}
-	if h != nil {
-		fb.Limits = anthropic.ParseRateLimits(h)
-	}
 	x.noteCache(o, u)
 	var c cost.Nanos
 	if u != nil {
-		fb.Billed = true
-		fb.Actual = ratelimit.Need{Requests: 1, Input: float64(u.InputTokens + u.CacheCreationInputTokens), Output: float64(u.OutputTokens)}
 		c, _ = x.price.Cost(*u, false)
-		fb.Cost = c
 	}
-	return fb, c
+	return upstreampkg.Feedback(o, h, u, c), c
+}
+
+// send sends req, built by newUpstream (err: why it was not), as the
+// current attempt x.call, and waits for its answer's head.
+func (x *exchange) send(req *http.Request, err error) *upstreampkg.Call {
+	if err != nil {
+		x.call = upstreampkg.NotSent(err)
+	} else {
+		x.call = upstreampkg.Begin(x.g.client, req, nil)
+	}
+	return x.call
 }
 
 // sync is one non-streaming attempt. done reports that the exchange is
@@ -409,24 +406,8 @@ func (x *exchange) sync(gr grant) (anthropic.Outcome, *answer, bool) {
 	g := x.g
 	ctx, cancel := apihttp.AttemptContext(g.life.cutCtx, g.cfg.Timeout)
 	defer cancel()
-	req, err := x.newUpstream(ctx, gr)
-	var status int
-	var hdr http.Header
-	var rb []byte
-	if err == nil {
-		var resp *http.Response
-		resp, err = g.client.Do(req)
-		if err == nil {
-			status, hdr = resp.StatusCode, resp.Header
-			rb, err = io.ReadAll(io.LimitReader(resp.Body, maxUpstreamAnswer))
-			resp.Body.Close()
-			if err != nil && status >= 200 && status < 300 {
-				err = nil // a cut 2xx: classified as truncated
-			}
-		}
-	}
-	now := time.Now()
-	o := anthropic.Classify(status, hdr, rb, err, now)
+	r := x.send(x.newUpstream(ctx, gr)).Finish(maxUpstreamAnswer)
+	status, hdr, rb, o := r.Status, r.Header, r.Body, r.Outcome
 	if o.Kind == anthropic.Retryable && g.life.cutting() {
 		return x.cutAtExit(gr, o, hdr)
 	}
@@ -521,25 +502,12 @@ func (x *exchange) stream(gr grant) (anthropic.Outcome, *answer, bool) {
 	g := x.g
 	ctx, cancel := apihttp.AttemptContext(g.life.cutCtx, g.cfg.Timeout)
 	defer cancel()
-	req, err := x.newUpstream(ctx, gr)
-	var resp *http.Response
-	if err == nil {
-		resp, err = g.client.Do(req)
-	}
-	if err != nil || resp.StatusCode != http.StatusOK || !isEventStream(resp.Header) {
+	call := x.send(x.newUpstream(ctx, gr))
+	resp := call.Resp
+	if resp == nil || resp.StatusCode != http.StatusOK || !isEventStream(resp.Header) {
 		// Not a stream: classify as a plain answer.
-		var status int
-		var hdr http.Header
-		var rb []byte
-		if err == nil {
-			status, hdr = resp.StatusCode, resp.Header
-			rb, err = io.ReadAll(io.LimitReader(resp.Body, maxUpstreamAnswer))
-			resp.Body.Close()
-			if err != nil && status >= 200 && status < 300 {
-				err = nil
-			}
-		}
-		o := anthropic.Classify(status, hdr, rb, err, time.Now())
+		r := call.Finish(maxUpstreamAnswer)
+		status, hdr, rb, o := r.Status, r.Header, r.Body, r.Outcome
 		if o.Kind == anthropic.Retryable && g.life.cutting() {
 			return x.cutAtExit(gr, o, hdr)
 		}
@@ -741,7 +709,7 @@ func (s *sseState) line(b []byte) {
 // mayHaveBilled reports whether a failed attempt may have been billed
 // (upstream.MayHaveBilled, the rule of every route).
 func (x *exchange) mayHaveBilled(o anthropic.Outcome) bool {
-	return upstreampkg.MayHaveBilled(o, x.wrote.Load())
+	return upstreampkg.MayHaveBilled(o, x.call != nil && x.call.Wrote())
 }
 
 // maxTokensOf is p's max_tokens (0 when it has none).

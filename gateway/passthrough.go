@@ -13,6 +13,7 @@ import (
 	"github.com/apidispatch/apidispatch/anthropic"
 	"github.com/apidispatch/apidispatch/apihttp"
 	"github.com/apidispatch/apidispatch/gate"
+	upstreampkg "github.com/apidispatch/apidispatch/upstream"
 )
 
 // countTokens serves POST /v1/messages/count_tokens from any usable org.
@@ -94,25 +95,21 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, body []byte, m
 		req.URL.RawQuery = r.URL.RawQuery
 		copyClientHeaders(req.Header, r.Header)
 		anthropic.SetHeaders(req.Header, u.Key, body != nil)
-		var a answer
-		resp, err := g.client.Do(req)
-		if err == nil {
-			a.status, a.header = resp.StatusCode, resp.Header
-			a.body, err = io.ReadAll(io.LimitReader(resp.Body, maxUpstreamAnswer))
-			resp.Body.Close()
-		}
+		res := upstreampkg.Send(g.client, req, maxUpstreamAnswer, nil)
 		stop()
 		cancel()
 		if ctx.Err() != nil {
 			return
 		}
-		if err != nil && g.life.cutting() {
+		if res.Err != nil && g.life.cutting() {
 			writeDraining(w, msgStopping) // free endpoints: nothing billed
 			return
 		}
-		o := anthropic.Classify(a.status, a.header, a.body, err, time.Now())
+		a, o := answer{status: res.Status, header: res.Header, body: res.Body}, res.Outcome
 		switch {
-		case err != nil:
+		case res.Err != nil:
+			// Sending failed, or the answer broke off (a cut 2xx too:
+			// these answers are not messages, so only the error tells).
 			a = answer{status: http.StatusBadGateway, body: errorBody(anthropic.ErrAPI, "apidispatch gateway: upstream "+o.Reason)}
 		case o.Kind == anthropic.LaneFatal || a.status == http.StatusUnauthorized || a.status == http.StatusForbidden:
 			switch g.refusalOf(u, model, o) {

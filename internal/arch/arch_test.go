@@ -112,3 +112,26 @@ func TestGatewayImportsTheEngineOnlyForItsBatches(t *testing.T) {
 		t.Fatalf("go list found %d files in gateway: the check would pass on anything", files)
 	}
 }
+
+// The attempt (the size-limited read of an answer, the cut-2xx rule, its
+// classification) exists once, in upstream (Send, Begin, Finish): a file
+// of the engine or the gateway that both limits an answer's read and
+// classifies it is a second copy of it.
+func TestOneAttemptImplementation(t *testing.T) {
+	for _, pkg := range []string{"dispatch", "gateway"} {
+		files := goList(t, "-f", `{{range .GoFiles}}{{.}} {{end}}`, "./"+pkg)
+		if len(files) < 5 {
+			t.Fatalf("go list found %d files in %s: the check would pass on anything", len(files), pkg)
+		}
+		for _, f := range files {
+			src, err := os.ReadFile(filepath.Join("..", "..", pkg, f))
+			if err != nil {
+				t.Fatal(err)
+			}
+			s := string(src)
+			if strings.Contains(s, "io.LimitReader(") && strings.Contains(s, "anthropic.Classify(") {
+				t.Errorf("%s/%s reads an answer (io.LimitReader) and classifies it (anthropic.Classify): a second attempt; use upstream.Send or upstream.Begin/Finish", pkg, f)
+			}
+		}
+	}
+}
