@@ -392,14 +392,30 @@ func TestServeKillNineWithRequestsInFlightHoldsMaxCost(t *testing.T) {
 // Issue 27: two 'apidispatch serve' on one Redis (--shared) and one
 // clients file, alice (max_cost $0.05) spread over both; one of them is
 // killed (-9) with her requests in flight, which the API bills though
-// nobody reads their answers, and started again on its state directory.
-// Her max_cost is one budget across the gateways and across the kill: the
-// reservations the dead gateway left open in Redis stay counted while it is
-// down, and its restart keeps each at its worst case (none is left open);
-// the simulator's bill stays within her max_cost, and within 95 % of it
+// nobody reads their answers, and started again: on its state directory,
+// or (the outside attack's case) on a new one, with a fresh ledger and a
+// new spend id. Her max_cost is one budget across the gateways and across
+// the kill: the reservations the dead gateway left open in Redis stay
+// counted while it is down; its restart on its own directory settles each
+// at its worst case (none is left open), and on another directory nothing
+// settles them, so they stay counted. The simulator's bill stays within
+// her max_cost, and (restarted on its own directory) within 95 % of it
 // once she has spent until refused.
 func TestServeSharedMaxCostAcrossGatewaysAndKillNine(t *testing.T) {
 	t.Parallel()
+	for _, elsewhere := range []bool{false, true} {
+		name := "restart_on_its_state_dir"
+		if elsewhere {
+			name = "restart_on_a_new_state_dir"
+		}
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			sharedMaxCostKillNine(t, elsewhere)
+		})
+	}
+}
+
+func sharedMaxCostKillNine(t *testing.T, elsewhere bool) {
 	const speed = 50
 	rs := testredis.Start(t)
 	run, _ := simtest.Start(t, sim.PresetOrigin3Org, speed, func(c *sim.Config) { c.BillAbandoned = true })
@@ -410,7 +426,7 @@ func TestServeSharedMaxCostAcrossGatewaysAndKillNine(t *testing.T) {
 	if err := os.WriteFile(clients, []byte("[[client]]\nname = \"alice\"\ntoken = \""+alice+"\"\nmax_cost = 0.05\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	states := []string{filepath.Join(dir, "a"), filepath.Join(dir, "b")}
+	states := []string{filepath.Join(dir, "a"), filepath.Join(dir, "b"), filepath.Join(dir, "a2")}
 	start := func(i int) (*os.Process, string) {
 		p, base, _ := startServe(t, run, "--speed", fmt.Sprint(speed), "--clients", clients, "--state-dir", states[i], "--shared", rs.URL())
 		return p, base
@@ -469,9 +485,16 @@ func TestServeSharedMaxCostAcrossGatewaysAndKillNine(t *testing.T) {
 	}
 	for end := time.Now().Add(30 * time.Second); inFlight() > 0 && time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
 	}
-	_, baseA = start(0)
-	if n := rdb.HLen(context.Background(), resKey).Val(); n != 0 {
-		t.Errorf("%d reservations of the killed gateway still open after its restart on its state directory", n)
+	if elsewhere {
+		_, baseA = start(2)
+		if n := rdb.HLen(context.Background(), resKey).Val(); n < k {
+			t.Errorf("%d reservations of the killed gateway open after a restart elsewhere, want its %d still counted", n, k)
+		}
+	} else {
+		_, baseA = start(0)
+		if n := rdb.HLen(context.Background(), resKey).Val(); n != 0 {
+			t.Errorf("%d reservations of the killed gateway still open after its restart on its state directory", n)
+		}
 	}
 	// Alice spends until both gateways refuse her.
 	var answered, refused atomic.Int64
@@ -514,13 +537,16 @@ func TestServeSharedMaxCostAcrossGatewaysAndKillNine(t *testing.T) {
 	}
 	wg2.Wait()
 	billed := cost.Nanos(run.Server.LedgerTotals().CostNanos)
-	t.Logf("2 gateways, one killed with %d requests in flight and restarted: then %d answered, %d refused; the simulator billed %s on alice's max_cost %s (%.3f×)",
-		k, answered.Load(), refused.Load(), billed, capN, float64(billed)/float64(capN))
+	t.Logf("2 gateways, one killed with %d requests in flight and restarted (elsewhere: %v): then %d answered, %d refused; the simulator billed %s on alice's max_cost %s (%.3f×)",
+		k, elsewhere, answered.Load(), refused.Load(), billed, capN, float64(billed)/float64(capN))
 	if refused.Load() == 0 {
 		t.Fatal("nothing refused: the test proves nothing")
 	}
 	if billed > capN {
 		t.Errorf("billed %s, past alice's max_cost %s", billed, capN)
+	}
+	if elsewhere {
+		return // the dead gateway's worst cases stay held: no floor
 	}
 	if billed < capN*95/100 {
 		t.Errorf("billed %s, under 95 %% of alice's max_cost %s though her work exceeded it", billed, capN)
