@@ -167,7 +167,9 @@ func (g *Gateway) readSharedFigures() {
 			keys = append(keys, clientBudget(name))
 		}
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), sharedStatusTimeout)
+	// Under the gateway's context: Close does not wait for a read
+	// (Redis out of reach holds one for its whole timeout).
+	ctx, cancel := context.WithTimeout(g.ctx, sharedStatusTimeout)
 	defer cancel()
 	f, err := g.sharedSpend.FiguresOf(ctx, keys...)
 	sf := &sharedFigures{at: time.Now(), err: err}

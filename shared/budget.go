@@ -175,6 +175,11 @@ func Open(ctx context.Context, cfg Config) (*Budget, error) {
 	}
 	opt.DialTimeout, opt.ReadTimeout, opt.WriteTimeout = b.opTimeout, b.opTimeout, b.opTimeout
 	opt.MaxRetries = 0
+	// Every call's context bounds it (go-redis ignores a context's
+	// deadline otherwise, and each read of a call gets the whole
+	// ReadTimeout): a process closing while Redis is out of reach must
+	// not wait a read timeout per lane and per operation.
+	opt.ContextTimeoutEnabled = true
 	b.rdb = redis.NewClient(opt)
 	for _, o := range cfg.Orgs {
 		b.fps[o.Name] = o.Key.Fingerprint()
@@ -459,6 +464,13 @@ func (b *Budget) Close() error {
 	return b.closeErr
 }
 
+// outOfReach reports whether the renewals find Redis out of reach now.
+func (b *Budget) outOfReach() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.down
+}
+
 // Stop is Close, for callers that pair Start with Stop.
 func (b *Budget) Stop() error { return b.Close() }
 
@@ -486,8 +498,12 @@ func (b *Budget) close() error {
 				// passed, as a killed process's.
 				continue
 			}
-			if e := g.release(ctx); e != nil && err == nil {
+			if e := g.release(ctx); e != nil {
+				// Out of reach: the remaining lanes' slots lapse with their
+				// leases and grace, as a killed process's do, rather
+				// than each wait for Redis in turn.
 				err = e
+				break
 			}
 		}
 		cancel()

@@ -76,9 +76,6 @@ type Gate struct {
 	starvedAt   time.Time
 	success     bool // a success since the last renewal
 	answered    bool // an answer has come back
-	// firstOut: while the buckets are not known, when the oldest request
-	// in flight went out (see TryAdmit's ProbeFirst).
-	firstOut time.Time
 	// syncedAt: when the first headers synced the mirrors; renewedAt: when
 	// the last renewal that answered was sent (see LaneConfig.ProbeFirst
 	// and TryAdmit).
@@ -243,31 +240,25 @@ func (g *Gate) TryAdmit(now time.Time, d gate.Demand) (gate.Permit, time.Duratio
 		// Joined others on the key: one probe until they know of it.
 		return gate.Permit{}, g.joinUntil.Sub(now), false
 	}
-	if g.cfg.ProbeFirst && g.inFlight > 0 {
+	if g.cfg.ProbeFirst && g.inFlight > 0 && (!g.buckets.Mirror().Synced() || (!g.local && !g.dark && g.renewedAt.Before(g.syncedAt))) {
 		// One request at a time until the buckets are known from this
 		// process's own answer, and until a renewal sent after it has
 		// told the process its share of them: each process's first
 		// grant would otherwise be sent blind, or on the share it had
 		// before others joined (three processes started together drained
-		// the buckets at the start of a run). A first request that hangs
-		// lets one more go per gate.FirstAnswerWait it is out, as the
-		// in-process lane does.
-		if !g.buckets.Mirror().Synced() {
-			if k, next := gate.FirstAnswerAllows(g.firstOut, now, gate.FirstAnswerWaitAt(g.cfg.Speed)); g.inFlight >= k {
-				return gate.Permit{}, next, false
-			}
-		} else if !g.local && !g.dark && g.renewedAt.Before(g.syncedAt) {
-			return gate.Permit{}, 0, false
-		}
+		// the buckets at the start of a run). Unlike the in-process lane,
+		// a first request that hangs holds the gate for its whole
+		// latency (see gate.FirstAnswerWait): Redis gives a silent
+		// process's slots away after a grace no longer than its requests
+		// seen, so each request out before any answer is one the grace
+		// may not cover.
+		return gate.Permit{}, 0, false
 	}
 	n := g.buckets.Need(d)
 	if w := g.buckets.Wait(now, n); w > 0 {
 		return gate.Permit{}, w, false
 	}
 	g.buckets.Take(now, n)
-	if g.inFlight == 0 && !g.buckets.Mirror().Synced() {
-		g.firstOut = now
-	}
 	g.inFlight++
 	g.maxInFlight = max(g.maxInFlight, g.inFlight)
 	if g.local || g.dark {

@@ -106,7 +106,13 @@ func spendBudgetKey(key string) string { return spendPrefix + "budget:" + key }
 // waits for it, and a loaded Redis or machine must not refuse it), short
 // enough that a Redis gone refuses capped requests within seconds.
 func (s *Spend) ctx() (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.Background(), max(s.b.opTimeout, spendOpTimeout))
+	return s.opCtx(context.Background())
+}
+
+// opCtx bounds one operation under parent: the loop's operations end when
+// Close stops it, rather than hold the exit for a timeout.
+func (s *Spend) opCtx(parent context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(parent, max(s.b.opTimeout, spendOpTimeout))
 }
 
 const spendOpTimeout = 2 * time.Second
@@ -144,7 +150,7 @@ func (s *Spend) Reserve(budgets []spend.Budget, worst cost.Nanos, force bool, ta
 		// Redis lost the budget (restarted empty): it is seeded again,
 		// and given our open reservations again; this one is refused
 		// while the other gateways add theirs.
-		if err = s.resync(); err == nil {
+		if err = s.resync(context.Background()); err == nil {
 			return "", s.errRebuilding()
 		}
 	}
@@ -257,11 +263,11 @@ func (s *Spend) run1(ctx context.Context, o spendOp) error {
 }
 
 // flush applies what waits, in order, until Redis fails again.
-func (s *Spend) flush() {
+func (s *Spend) flush(parent context.Context) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for len(s.pending) > 0 {
-		ctx, cancel := s.ctx()
+		ctx, cancel := s.opCtx(parent)
 		err := s.run1(ctx, s.pending[0])
 		cancel()
 		if err != nil {
@@ -285,15 +291,15 @@ func (s *Spend) loop(ctx context.Context) {
 	t := time.NewTicker(s.b.every)
 	defer t.Stop()
 	for {
-		c, cancel := s.ctx()
+		c, cancel := s.opCtx(ctx)
 		s.b.rdb.Set(c, s.aliveKey(), alive, 4*s.b.ttl)
 		cancel()
-		if s.lost() {
-			if err := s.resync(); err != nil {
+		if s.lost(ctx) {
+			if err := s.resync(ctx); err != nil && ctx.Err() == nil {
 				s.downUntil.Store(time.Now().Add(s.b.every).UnixNano())
 			}
 		}
-		s.flush()
+		s.flush(ctx)
 		select {
 		case <-ctx.Done():
 			return
@@ -341,14 +347,14 @@ func (s *Spend) SeedFrom(ledger func() map[string]cost.Nanos) error {
 
 // lost reports whether Redis answers and lacks this gateway's part of a
 // budget SeedFrom watches.
-func (s *Spend) lost() bool {
+func (s *Spend) lost(parent context.Context) bool {
 	if !s.watch.Load() {
 		return false
 	}
 	s.mu.Lock()
 	ledger := s.ledger
 	s.mu.Unlock()
-	ctx, cancel := s.ctx()
+	ctx, cancel := s.opCtx(parent)
 	defer cancel()
 	p := s.b.rdb.Pipeline()
 	var asked []*redis.BoolCmd
@@ -381,7 +387,7 @@ const rebuildFor = 4
 // reservations say all it would have. An end that reached the ledger and
 // still finds its reservation made again counts twice: over, the safe
 // side.
-func (s *Spend) resync() error {
+func (s *Spend) resync(parent context.Context) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.ledger == nil {
@@ -405,7 +411,7 @@ func (s *Spend) resync() error {
 		open = append(open, again{id, *o})
 	}
 	s.omu.Unlock()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*max(s.b.opTimeout, spendOpTimeout))
+	ctx, cancel := context.WithTimeout(parent, 10*max(s.b.opTimeout, spendOpTimeout))
 	defer cancel()
 	for _, a := range open {
 		if _, err := s.reserveCharged(ctx, a.id, a.o.budgets, a.o.left, a.o.charged, true, a.o.tag); err != nil {
@@ -522,10 +528,17 @@ func (s *Spend) Open() (int64, error) {
 func (s *Spend) Close() error {
 	s.stop()
 	<-s.done
-	s.flush()
-	ctx, cancel := s.ctx()
-	defer cancel()
-	s.b.rdb.Del(ctx, s.aliveKey())
+	// While the renewals find Redis out of reach the exit does not wait
+	// for it: what waits stays counted at its worst case (below), and
+	// the mark that this gateway is alive lapses by itself (4 TTLs).
+	if !s.b.outOfReach() {
+		s.flush(context.Background())
+		if s.Pending() == 0 {
+			ctx, cancel := s.ctx()
+			s.b.rdb.Del(ctx, s.aliveKey())
+			cancel()
+		}
+	}
 	if n := s.Pending(); n > 0 {
 		return fmt.Errorf("shared spend: %d reservations or ends could not reach Redis at %s; they stay counted at their worst case until a gateway on this state directory starts", n, s.b.host)
 	}

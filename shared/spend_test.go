@@ -168,7 +168,7 @@ func TestSharedSpendRedisDown(t *testing.T) {
 		t.Errorf("%d waiting for Redis, want the hold and its keep", n)
 	}
 	rs.Restart()
-	s.flush()
+	s.flush(context.Background())
 	if n := s.Pending(); n != 0 {
 		t.Errorf("%d still waiting once Redis answers", n)
 	}
