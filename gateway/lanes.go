@@ -121,7 +121,6 @@ type laneSet struct {
 	pools  map[anthropic.Pool]*poolQueue
 	// queues is every pool's queue, for wakes to read without the lock.
 	queues atomic.Pointer[[]*poolQueue]
-	all    []*lane
 	// shutErr, once set (shut), is every admission's answer.
 	shutErr error
 	// dead are the slots held for a dead gateway's attempts (holdDead),
@@ -289,7 +288,6 @@ func (s *laneSet) poolLocked(pool anthropic.Pool, capN int) *poolQueue {
 	for i, u := range s.orgs {
 		l := &lane{Lane: ups[i], up: u, pool: pool, q: q}
 		q.lanes = append(q.lanes, l)
-		s.all = append(s.all, l)
 	}
 	s.pools[pool] = q
 	qs := []*poolQueue{q}
