@@ -117,15 +117,18 @@ type Config struct {
 	// Lane tunes every lane's controller (Org, Pool, Cap and Speed are set
 	// per lane).
 	Lane gate.LaneConfig
-	// NewGate makes a lane's gate (default: NewLane, in-process). A shared
-	// implementation lets several processes keep one budget per key.
+	// NewGate makes a lane's gate (default: NewLane, in-process) when the
+	// engine makes its own lanes. A shared implementation lets several
+	// processes keep one budget per key.
 	NewGate func(gate.LaneConfig) gate.Gate
-	// SameOrg is the same-organisation rule the lanes are under (default:
-	// the engine's own, upstream.NewOrgs of Orgs). A gate NewGate makes
-	// under the same rule (the gateway's lanes, for its batches) is not
-	// put under it twice.
-	SameOrg *upstream.Orgs
-	Log     *slog.Logger
+	// Lanes, when set, are the lanes the engine sends through, shared with
+	// their owner (the gateway's, for its batches: one cap per key for its
+	// single requests and its batches' items), under the owner's
+	// same-organisation rule, which the owner feeds. Nil: the engine makes
+	// its own of Orgs, Lane and NewGate, and learns each key's
+	// organisation itself.
+	Lanes *upstream.Lanes
+	Log   *slog.Logger
 	// SampleEvery is the period of "sample" events for the report (default 1 s; <0 disables).
 	SampleEvery time.Duration
 	// Cache, when set, answers requests it holds without sending them and
@@ -233,6 +236,7 @@ type Engine struct {
 
 	orgs   []*orgState
 	lanes  map[anthropic.Pool][]*laneRef
+	up     *upstream.Lanes     // the lanes' gates (Config.Lanes or the engine's own)
 	places *promptcache.Places // where prompt caches are warm
 	// sameOrg: two keys of one organisation hold one cap between them.
 	sameOrg *upstream.Orgs
@@ -342,12 +346,6 @@ func New(cfg Config) (*Engine, error) {
 	if cfg.CacheMode == "" {
 		cfg.CacheMode = cache.ModeReadWrite
 	}
-	if cfg.NewGate == nil {
-		cfg.NewGate = func(c gate.LaneConfig) gate.Gate {
-			c.ProbeFirst = true
-			return gate.NewLane(c)
-		}
-	}
 	e := &Engine{cfg: cfg, base: base, log: cfg.Log, lanes: map[anthropic.Pool][]*laneRef{}, ready: map[anthropic.Pool][]*work{},
 		leaders: map[cache.Key]*work{}, followers: map[cache.Key][]*work{}}
 	// Every client refuses redirects: no key leaves for another host.
@@ -370,9 +368,21 @@ func New(cfg Config) (*Engine, error) {
 	for _, o := range cfg.Orgs {
 		e.orgs = append(e.orgs, &orgState{Org: o})
 	}
-	if e.sameOrg = cfg.SameOrg; e.sameOrg == nil {
-		e.sameOrg = upstream.NewOrgs(cfg.Orgs, nil)
+	if cfg.Lanes != nil {
+		has := map[string]bool{}
+		for _, o := range cfg.Lanes.Orgs() {
+			has[o.Name] = true
+		}
+		for _, o := range cfg.Orgs {
+			if !has[o.Name] {
+				return nil, fmt.Errorf("dispatch: Config.Lanes has no lane for org %q", o.Name)
+			}
+		}
 	}
+	if e.up = cfg.Lanes; e.up == nil {
+		e.up = upstream.NewLanes(upstream.LanesConfig{Orgs: cfg.Orgs, Lane: cfg.Lane, Speed: cfg.Speed, NewGate: cfg.NewGate})
+	}
+	e.sameOrg = e.up.SameOrg()
 	if e.places = cfg.PromptCaches; e.places == nil {
 		e.places = promptcache.NewPlaces(cfg.Speed)
 	}
@@ -385,24 +395,22 @@ func (e *Engine) lanesFor(pool anthropic.Pool, model string) []*laneRef {
 		return ls
 	}
 	var ls []*laneRef
+	byOrg := map[string]*upstream.Lane{}
+	for _, u := range e.up.Pool(pool, e.cfg.CapFor(model)) {
+		byOrg[u.Org] = u
+	}
 	for _, o := range e.orgs {
-		lc := e.cfg.Lane
-		lc.Org, lc.Pool, lc.Cap, lc.Speed = o.Name, pool, e.cfg.CapFor(model), e.cfg.Speed
-		// Every gate the engine makes probes first (see
-		// LaneConfig.ProbeFirst), whoever makes it: the shared gate, the
-		// metrics wrapper's lane.
-		lc.ProbeFirst = true
-		l := &laneRef{Gate: e.sameOrg.Wrap(e.cfg.NewGate(lc), lc), cap: lc.Cap, org: o, pool: pool, key: o.Name + "/" + string(pool)}
-		if w, ok := l.Gate.(gate.Waker); ok {
-			w.SetWake(e.signal)
-		}
+		u := byOrg[o.Name] // New checked that Config.Lanes has every org
+		// Every lane probes first (see LaneConfig.ProbeFirst), whoever
+		// makes its gate: the shared gate, the metrics wrapper's lane.
+		l := &laneRef{Gate: u, cap: u.Cap, org: o, pool: pool, key: o.Name + "/" + string(pool)}
 		if o.disabled != "" {
 			l.Disable(o.disabled)
 		}
 		ls = append(ls, l)
 	}
 	e.lanes[pool] = ls
-	if !e.discovering && e.discoverCtx != nil && e.cfg.SameOrg == nil {
+	if !e.discovering && e.discoverCtx != nil && e.cfg.Lanes == nil {
 		// The first work to send: learn each key's organisation from a
 		// request of its own, beside the lanes' first messages (an org
 		// rule that is not the engine's is its owner's to feed).
@@ -604,6 +612,9 @@ func (e *Engine) sendAll(ctx context.Context, com *committer) error {
 	var stopDiscover context.CancelFunc
 	e.discoverCtx, stopDiscover = context.WithCancel(ctx)
 	defer stopDiscover()
+	// Any release on the lanes (the owner's too, when they are shared)
+	// and any gate's own wake-up may let the scheduler admit.
+	defer e.up.Subscribe(e.signal)()
 	defer e.sameOrg.OnLearn(func() {
 		e.learnt.Store(true)
 		e.signal()

@@ -462,7 +462,11 @@ func (s *batchStore) runOnce(ctx context.Context, gb *gwBatch, cancelOpen bool) 
 	}
 	sync := dispatch.Config{
 		Orgs: g.cfg.Orgs, BaseURL: g.cfg.BaseURL, Caps: g.cfg.Caps, Speed: g.cfg.Speed, Prices: g.cfg.Prices,
-		Client: g.client, Log: g.log, NewGate: g.lanes.engineGate, SameOrg: g.lanes.sameOrg, Lane: g.cfg.Lane, Timeout: g.cfg.Timeout,
+		Client: g.client, Log: g.log, Lane: g.cfg.Lane, Timeout: g.cfg.Timeout,
+		// The gateway's own lanes: its single requests and its batches'
+		// items hold one cap per key, and a release by either wakes the
+		// other.
+		Lanes:        g.lanes.up,
 		PromptCaches: g.lanes.places, // the same orgs' prompt caches as the sync requests
 		WorstEvery:   true,           // the batch's bill counts what resets may have billed
 	}

@@ -41,16 +41,14 @@ func (u *upstream) Disabled() string {
 	return ""
 }
 
-// lane is one (org, pool) gate.
+// lane is one (org, pool) lane of the set's upstream.Lanes (the engines
+// of the gateway's batches send through the same ones) with the gateway's
+// queue of its pool.
 type lane struct {
-	gate.Gate
+	*upstreampkg.Lane
 	up   *upstream
 	pool anthropic.Pool
 	q    *poolQueue // the queue of pool
-	// wakes are the engines (gateway batches by the sync route) that
-	// share this gate: a release here may let them admit. Replaced (never
-	// changed in place) with laneSet.mu held; read without it.
-	wakes atomic.Pointer[[]func()]
 }
 
 // grant is an admitted request: the lane that admitted it and its permit.
@@ -98,39 +96,37 @@ type poolQueue struct {
 	warmth []promptcache.Warmth
 }
 
-// laneSet admits single requests through the same gates as 'run': one gate
-// per (org, pool) made by newGate (gate.NewLane in-process, or the
-// shared budget's gate with --shared), so caps, AIMD, the header mirrors
-// and retry-after holds all apply. Requests wait in a fair queue per pool
-// while every lane is full (interactive before bulk, clients by weight,
-// fairqueue.go); a release, a refill or a hold's end wakes them (no
-// polling). It is safe for concurrent use.
+// laneSet admits single requests through the gateway's upstream.Lanes,
+// the same lanes its batches' engines send through: one gate per (org,
+// pool) made by Config.NewGate (gate.NewLane in-process, or the shared
+// budget's gate with --shared) under the same-organisation rule, so caps,
+// AIMD, the header mirrors and retry-after holds all apply, once per key
+// for both. What is the gateway's own sits on top: requests wait in a
+// fair queue per pool while every lane is full (interactive before bulk,
+// clients by weight, fairqueue.go), and a release on any lane (the
+// engines' too), a refill or a hold's end wakes them (no polling); the
+// slots of a dead gateway's attempts are held (heldGate); prompt caches
+// are placed (affinity.go). It is safe for concurrent use.
 type laneSet struct {
-	orgs    []*upstream
-	newGate func(gate.LaneConfig) gate.Gate
-	laneCfg gate.LaneConfig
-	capFor  func(model string) int
-	speed   float64
-	places  *promptcache.Places // where cached prefixes are warm
-	// sameOrg: two keys of one organisation hold one cap between them
-	// (every lane's gate is under it).
-	sameOrg *upstreampkg.Orgs
+	orgs   []*upstream
+	up     *upstreampkg.Lanes
+	capFor func(model string) int
+	speed  float64
+	places *promptcache.Places // where cached prefixes are warm
 
 	mu sync.Mutex
 	// shares are the clients' (by name), made on first use for a client
 	// the set was not given.
 	shares map[string]*share
 	pools  map[anthropic.Pool]*poolQueue
-	all    []*lane
-	// shutErr, once set (shut), is every admission's answer; isShut reads
-	// closed without the lock (an engine's every TryAdmit asks it).
+	// queues is every pool's queue, for wakes to read without the lock.
+	queues atomic.Pointer[[]*poolQueue]
+	// shutErr, once set (shut), is every admission's answer.
 	shutErr error
-	closed  atomic.Bool
-	// aborted: the requests in flight were cut (Gateway.Abort); an engine's
-	// attempt cut then keeps its slot (see sharedLane.Done).
-	aborted atomic.Bool
 	// dead are the slots held for a dead gateway's attempts (holdDead),
-	// per (org, pool); set before the first lane is made.
+	// per (org, pool); set once, before the first lane is made (the
+	// gateway's New, before anything runs), then read without the lock by
+	// the lanes' NewGate, which runs under the upstream lanes' lock.
 	dead map[deadKey]*deadHold
 }
 
@@ -179,21 +175,22 @@ func (s *laneSet) holdDead(tags []spendTag, last time.Time, timeout time.Duratio
 	now := time.Now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.dead = map[deadKey]*deadHold{}
+	dead := map[deadKey]*deadHold{}
 	for _, t := range tags {
 		until := last.Add(min(timeout, time.Duration(float64(deadAttemptAPI(t.MaxTokens))/s.speed)))
 		if !until.After(now) {
 			continue
 		}
 		k := deadKey{t.Org, anthropic.PoolOf(t.Model)}
-		if s.dead[k] == nil {
-			s.dead[k] = &deadHold{}
+		if dead[k] == nil {
+			dead[k] = &deadHold{}
 		}
-		s.dead[k].until = append(s.dead[k].until, until)
+		dead[k].until = append(dead[k].until, until)
 	}
-	for _, h := range s.dead {
+	for _, h := range dead {
 		slices.SortFunc(h.until, func(a, b time.Time) int { return a.Compare(b) })
 	}
+	s.dead = dead
 }
 
 // heldGate is a lane's gate while slots are held for a dead gateway's
@@ -221,12 +218,30 @@ func (g *heldGate) SetWake(f func()) {
 	}
 }
 
+// newLaneSet returns the set of orgs' lanes: newGate (nil: gate.NewLane)
+// makes each gate, under sameOrg.
 func newLaneSet(orgs []*upstream, lc gate.LaneConfig, capFor func(string) int, speed float64, newGate func(gate.LaneConfig) gate.Gate, sameOrg *upstreampkg.Orgs) *laneSet {
 	if newGate == nil {
 		newGate = func(c gate.LaneConfig) gate.Gate { return gate.NewLane(c) }
 	}
-	return &laneSet{orgs: orgs, newGate: newGate, laneCfg: lc, capFor: capFor, speed: speed, pools: map[anthropic.Pool]*poolQueue{},
-		places: promptcache.NewPlaces(speed), shares: map[string]*share{}, sameOrg: sameOrg}
+	s := &laneSet{orgs: orgs, capFor: capFor, speed: speed, pools: map[anthropic.Pool]*poolQueue{},
+		places: promptcache.NewPlaces(speed), shares: map[string]*share{}}
+	os := make([]org.Org, 0, len(orgs))
+	for _, u := range orgs {
+		os = append(os, u.Org)
+	}
+	s.up = upstreampkg.NewLanes(upstreampkg.LanesConfig{Orgs: os, Lane: lc, Speed: speed, SameOrg: sameOrg,
+		NewGate: func(c gate.LaneConfig) gate.Gate {
+			g := newGate(c)
+			if h := s.dead[deadKey{c.Org, c.Pool}]; h != nil {
+				g = &heldGate{Gate: g, h: h}
+			}
+			return g
+		}})
+	// For as long as the gateway lives: any release on any lane (the
+	// engines' too) and any gate's own wake-up pumps the queues.
+	s.up.Subscribe(s.wakeQueues)
+	return s
 }
 
 // setClients gives the set its clients' weights, classes and hard shares.
@@ -265,35 +280,37 @@ func (s *laneSet) queueLocked(model string) *poolQueue {
 	return s.poolLocked(pool, s.capFor(model))
 }
 
-// poolLocked creates the lanes of pool with the cap capN. s.mu is held.
+// poolLocked creates the queue of pool over its lanes (made with the cap
+// capN unless an engine made them first). s.mu is held.
 func (s *laneSet) poolLocked(pool anthropic.Pool, capN int) *poolQueue {
 	q := &poolQueue{pool: pool}
-	for _, u := range s.orgs {
-		lc := s.laneCfg
-		lc.Org, lc.Pool, lc.Cap, lc.Speed = u.Name, pool, capN, s.speed
-		// One request until the first answer, as the engine's lanes: the
-		// buckets are unknown before it, and a shared gate's grace (how
-		// long Redis keeps its slots past its lease) follows the requests
-		// it has seen end.
-		lc.ProbeFirst = true
-		l := &lane{Gate: s.sameOrg.Wrap(s.newGate(lc), lc), up: u, pool: pool, q: q}
-		if wk, ok := l.Gate.(gate.Waker); ok {
-			wk.SetWake(func() {
-				s.kick(q)
-				s.wakeEngines(l)
-			})
-		}
-		if h := s.dead[deadKey{u.Name, pool}]; h != nil {
-			l.Gate = &heldGate{Gate: l.Gate, h: h}
-		}
-		if r := u.Disabled(); r != "" {
-			l.Disable(r)
-		}
+	ups := s.up.Pool(pool, capN)
+	for i, u := range s.orgs {
+		l := &lane{Lane: ups[i], up: u, pool: pool, q: q}
 		q.lanes = append(q.lanes, l)
-		s.all = append(s.all, l)
 	}
 	s.pools[pool] = q
+	qs := []*poolQueue{q}
+	if old := s.queues.Load(); old != nil {
+		qs = append(slices.Clone(*old), q)
+	}
+	s.queues.Store(&qs)
 	return q
+}
+
+// wakeQueues pumps every pool's waiters after a release or a gate's
+// wake-up. With no one waiting it takes no lock: a request queued after
+// the check pumps the queue itself and finds the slot freed.
+func (s *laneSet) wakeQueues() {
+	qs := s.queues.Load()
+	if qs == nil {
+		return
+	}
+	for _, q := range *qs {
+		if q.nwait.Load() > 0 {
+			s.kick(q)
+		}
+	}
 }
 
 // kick pumps q from outside the lock (a timer, a shared gate's wake-up).
@@ -404,132 +421,21 @@ func (s *laneSet) admit(ctx context.Context, deadline time.Time, model string, d
 	return grant{}, cause
 }
 
-// release returns g's permit with what the attempt taught and wakes the
-// pool's waiters. With no one waiting it takes no lock of the set: a
-// request queued after the check pumps the queue itself and finds the
-// slot freed by Done.
-//
-// A client at its hard share may have waiters in every pool: its release
-// pumps them all.
+// release returns g's permit with what the attempt taught; the lanes
+// then wake the pools' waiters (wakeQueues: a client at its hard share
+// may have waiters in every pool) and the engines.
 func (s *laneSet) release(g grant, fb gate.Feedback) {
 	now := time.Now()
-	g.lane.Done(now, g.permit, fb)
-	s.prefixAnswered(g, now)
-	hard := false
 	if sh := g.share; sh != nil {
 		sh.inFlight[g.class].Add(-1)
-		hard = sh.maxInFlight > 0
 	}
-	if hard {
-		s.mu.Lock()
-		for _, q := range s.pools {
-			if q.fq.len() > 0 {
-				s.pumpLocked(q, now)
-			}
-		}
-		s.mu.Unlock()
-	} else if q := g.lane.q; q.nwait.Load() > 0 {
-		s.mu.Lock()
-		s.pumpLocked(q, now)
-		s.mu.Unlock()
-	}
-	// Every lane of the pool: under the same-organisation rule a release
-	// on one org's lane may make room on another's.
-	for _, l := range g.lane.q.lanes {
-		s.wakeEngines(l)
-	}
+	s.prefixAnswered(g, now)
+	g.lane.Release(now, g.permit, fb)
 }
 
-// wakeAll pumps every pool's waiters and wakes the engines on every
-// lane: what the same-organisation rule learnt may make room on any.
-func (s *laneSet) wakeAll() {
-	s.mu.Lock()
-	now := time.Now()
-	for _, q := range s.pools {
-		if q.fq.len() > 0 {
-			s.pumpLocked(q, now)
-		}
-	}
-	all := s.all
-	s.mu.Unlock()
-	for _, l := range all {
-		s.wakeEngines(l)
-	}
-}
-
-func (s *laneSet) wakeEngines(l *lane) {
-	if wakes := l.wakes.Load(); wakes != nil {
-		for _, f := range *wakes {
-			f()
-		}
-	}
-}
-
-// engineGate is a dispatch.Config.NewGate for the engines of gateway
-// batches: it hands them the gateway's own gate of (org, pool), so the
-// gateway's sync requests and its batches' sync items share one cap per
-// key. A release by either side wakes the other.
-func (s *laneSet) engineGate(lc gate.LaneConfig) gate.Gate {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	q, ok := s.pools[lc.Pool]
-	if !ok {
-		q = s.poolLocked(lc.Pool, lc.Cap)
-	}
-	for _, l := range q.lanes {
-		if l.up.Name == lc.Org {
-			return &sharedLane{lane: l, s: s}
-		}
-	}
-	return gate.NewLane(lc) // an org the gateway does not know (cannot happen: same orgs)
-}
-
-// sharedLane is a gateway lane seen by an engine.
-type sharedLane struct {
-	*lane
-	s *laneSet
-}
-
-// TryAdmit implements gate.Gate: nothing once the gateway stops admitting.
-func (l *sharedLane) TryAdmit(now time.Time, d gate.Demand) (gate.Permit, time.Duration, bool) {
-	if l.s.isShut() {
-		return gate.Permit{}, time.Duration(math.MaxInt64), false
-	}
-	return l.lane.TryAdmit(now, d)
-}
-
-// Done implements gate.Gate: the engine's release wakes the gateway's
-// waiters too. An attempt the gateway's Abort cut keeps its slot, as the
-// gateway's own requests do: it may still run upstream.
-func (l *sharedLane) Done(now time.Time, p gate.Permit, fb gate.Feedback) {
-	if l.s.aborted.Load() && fb.Outcome.Kind == anthropic.Retryable && !fb.Billed {
-		return
-	}
-	l.s.release(grant{lane: l.lane, permit: p}, fb)
-}
-
-// SameOrg is the same-organisation rule the lane is under, so that an
-// engine does not put it under its own as well.
-func (l *sharedLane) SameOrg() *upstreampkg.Orgs { return l.s.sameOrg }
-
-// SetWake implements gate.Waker.
-func (l *sharedLane) SetWake(f func()) {
-	l.s.mu.Lock()
-	defer l.s.mu.Unlock()
-	// An engine that has ended is never told it ended here; its wake-up
-	// stays harmless (a non-blocking send). Keep the latest only, so the
-	// list stays bounded over a long-lived gateway.
-	const keep = 64
-	var old []func()
-	if p := l.wakes.Load(); p != nil {
-		old = *p
-	}
-	if len(old) >= keep {
-		old = old[len(old)-keep+1:]
-	}
-	ws := append(append(make([]func(), 0, len(old)+1), old...), f)
-	l.wakes.Store(&ws)
-}
+// wakeAll pumps every pool's waiters and wakes the engines: what the
+// same-organisation rule learnt may make room on any lane.
+func (s *laneSet) wakeAll() { s.up.Wake() }
 
 // disable takes an org (scope org) or one lane out of rotation.
 func (s *laneSet) disable(l *lane, scope anthropic.Scope, reason string) {
@@ -546,24 +452,15 @@ func (s *laneSet) disable(l *lane, scope anthropic.Scope, reason string) {
 // disableOrg takes every lane of u out of rotation, and u itself for the
 // requests that go through no lane (count_tokens, models).
 func (s *laneSet) disableOrg(u *upstream, reason string) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
 	u.disabled.CompareAndSwap(nil, &reason)
-	for _, x := range s.all {
-		if x.up == u {
-			x.Disable(reason)
-		}
-	}
-	for _, q := range s.pools {
-		s.pumpLocked(q, time.Now())
-	}
+	// Wakes the queues, which drain a pool left with no usable org.
+	s.up.DisableOrg(u.Name, reason)
 }
 
-// snapshots describes every lane.
+// snapshots describes every lane, those only the batches' engines have
+// used yet too.
 func (s *laneSet) snapshots(now time.Time) []gate.LaneSnapshot {
-	s.mu.Lock()
-	all := append([]*lane(nil), s.all...)
-	s.mu.Unlock()
+	all := s.up.All()
 	out := make([]gate.LaneSnapshot, 0, len(all))
 	for _, l := range all {
 		out = append(out, l.Snapshot(now))
@@ -585,19 +482,18 @@ func (s *laneSet) queued() int {
 // shut makes every admission, waiting or to come, fail with err.
 func (s *laneSet) shut(err error) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	s.shutErr = err
-	s.closed.Store(true)
 	for _, q := range s.pools {
 		q.fq.drain(func(w *waiter) { w.ch <- grant{err: err} })
 		q.nwait.Store(0)
 	}
+	s.mu.Unlock()
+	s.up.Shut() // the engines' admissions too
 }
 
-func (s *laneSet) isShut() bool { return s.closed.Load() }
-
-// abort marks the requests in flight as cut (Gateway.Abort).
-func (s *laneSet) abort() { s.aborted.Store(true) }
+// abort marks the requests in flight as cut (Gateway.Abort): an engine's
+// attempt cut then keeps its slot, as the gateway's own do (cutAtExit).
+func (s *laneSet) abort() { s.up.Abort() }
 
 // stop stops the timers.
 func (s *laneSet) stop() {

@@ -1,6 +1,7 @@
 // Package upstream is what every route knows of the API's side: which
-// organisation each key reaches, and the one rule that two keys of one
-// organisation hold one cap between them.
+// organisation each key reaches, the one rule that two keys of one
+// organisation hold one cap between them, and the lanes under it that
+// a process's routes share (Lanes).
 package upstream
 
 import (

@@ -1,6 +1,9 @@
 package arch
 
 import (
+	"go/ast"
+	"go/parser"
+	"go/token"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -133,5 +136,65 @@ func TestOneAttemptImplementation(t *testing.T) {
 				t.Errorf("%s/%s reads an answer (io.LimitReader) and classifies it (anthropic.Classify): a second attempt; use upstream.Send or upstream.Begin/Finish", pkg, f)
 			}
 		}
+	}
+}
+
+// The gateway and the engines of its batches send through one set of
+// lanes, upstream.Lanes, the gateway's own passed as dispatch.Config.Lanes:
+// a gateway that hands an engine gates of its making (Config.NewGate, or
+// a same-organisation rule of its own: Config.SameOrg) is a second lane
+// set-up bridged to the first.
+func TestGatewayBatchesShareTheUpstreamLanes(t *testing.T) {
+	files := goList(t, "-f", `{{range .GoFiles}}{{.}} {{end}}`, "./gateway")
+	if len(files) < 10 {
+		t.Fatalf("go list found %d files in gateway: the check would pass on anything", len(files))
+	}
+	configs := 0
+	for _, f := range files {
+		path := filepath.Join("..", "..", "gateway", f)
+		file, err := parser.ParseFile(token.NewFileSet(), path, nil, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ast.Inspect(file, func(n ast.Node) bool {
+			switch n := n.(type) {
+			case *ast.CompositeLit:
+				sel, ok := n.Type.(*ast.SelectorExpr)
+				if !ok || sel.Sel.Name != "Config" {
+					return true
+				}
+				if x, ok := sel.X.(*ast.Ident); !ok || x.Name != "dispatch" {
+					return true
+				}
+				configs++
+				lanes := false
+				for _, el := range n.Elts {
+					kv, ok := el.(*ast.KeyValueExpr)
+					if !ok {
+						continue
+					}
+					switch k, _ := kv.Key.(*ast.Ident); {
+					case k == nil:
+					case k.Name == "NewGate" || k.Name == "SameOrg":
+						t.Errorf("gateway/%s: dispatch.Config sets %s: the engine must send through the gateway's upstream.Lanes (Config.Lanes), not gates of the gateway's making", f, k.Name)
+					case k.Name == "Lanes":
+						lanes = true
+					}
+				}
+				if !lanes {
+					t.Errorf("gateway/%s: dispatch.Config without Lanes: the engine would make lanes of its own beside the gateway's", f)
+				}
+			case *ast.AssignStmt:
+				for _, l := range n.Lhs {
+					if sel, ok := l.(*ast.SelectorExpr); ok && (sel.Sel.Name == "NewGate" || sel.Sel.Name == "SameOrg") {
+						t.Errorf("gateway/%s: assigns .%s: the engine must send through the gateway's upstream.Lanes", f, sel.Sel.Name)
+					}
+				}
+			}
+			return true
+		})
+	}
+	if configs == 0 {
+		t.Fatal("no dispatch.Config literal in gateway: the check would pass on anything")
 	}
 }
