@@ -155,3 +155,103 @@ func TestAttackALaterPoolOfAKnownOrganisationSharesItsCap(t *testing.T) {
 		t.Errorf("organisation %s had %d in flight from two gateways on two of its keys, each knowing the organisation; the cap is %d", o.Name, o.MaxInFlight, capN)
 	}
 }
+
+// Three gateways on one Redis (--shared), each with its own key of one
+// organisation that no one knows yet (a fresh organisation: Redis has no
+// record of its keys), a cap of 2 on Sonnet, and an API that holds every
+// Sonnet request: one client request to each. From the first request on,
+// the organisation must never have more than its cap in flight. On e4fd44b
+// it had 3: the discovery learnt the organisation before the lanes were
+// made, and their shared gates were never told it.
+func TestAttackFirstRequestsOfKeysOfOneOrgInSeveralProcesses(t *testing.T) {
+	firstRequestsOfKeysOfOneOrg(t, false)
+}
+
+// The same while the models list takes half a second to answer, as the
+// API's own may (or answers 503 for a while): each gateway's key, of an
+// organisation it does not know yet, sends its first request beside the
+// discovery, and nothing tells the three processes that their keys are one
+// organisation's until an answer does, so the first requests add up (3
+// in flight on a cap of 2). The in-process rule (an unknown key's request
+// counts against every organisation's cap) has no counterpart across
+// processes: it needs one in Redis (the unknown keys' requests in flight
+// per pool, counted on every organisation's budget), or, with --shared, a
+// first message held until the discovery has answered.
+func TestAttackFirstRequestsOfKeysOfOneOrgInSeveralProcessesBeforeDiscoveryAnswers(t *testing.T) {
+	firstRequestsOfKeysOfOneOrg(t, true)
+}
+
+// slowModels holds every GET /v1/models back for half a second.
+type slowModels struct{ next http.RoundTripper }
+
+func (m slowModels) RoundTrip(r *http.Request) (*http.Response, error) {
+	if r.URL.Path == "/v1/models" {
+		time.Sleep(500 * time.Millisecond)
+	}
+	return m.next.RoundTrip(r)
+}
+
+func firstRequestsOfKeysOfOneOrg(t *testing.T, slowDiscovery bool) {
+	const (
+		capN  = 2
+		speed = 10
+	)
+	keys := []string{"sk-ant-sim-attack-first-key-a", "sk-ant-sim-attack-first-key-b", "sk-ant-sim-attack-first-key-c"}
+	run, _ := simtest.Start(t, sim.PresetOrigin3Org, speed, func(c *sim.Config) {
+		c.Orgs = c.Orgs[:1]
+		c.Orgs[0].Keys = keys
+		c.Orgs[0].ServiceCapacity = 0
+		c.Orgs[0].Limits = map[anthropic.Pool]sim.Limits{sim.AnyPool: {RPM: 10_000_000, ITPM: 10_000_000_000, OTPM: 10_000_000_000}}
+		c.Faults = append(c.Faults, sim.Fault{Kind: sim.FaultSlow, Pool: anthropic.PoolOf("claude-sonnet-4-5"), ExtraLatency: 300 * time.Second})
+	})
+	rs := testredis.Start(t)
+	var gws []*Gateway
+	var urls []string
+	for i, k := range keys {
+		o := org.Org{Name: string(rune('a' + i)), Key: org.NewKey(k)}
+		g, srv := startGW(t, run, func(c *Config) {
+			c.Orgs = []org.Org{o}
+			c.Caps = map[string]int{"sonnet": capN}
+			if slowDiscovery {
+				c.HTTPClient = &http.Client{Transport: slowModels{next: http.DefaultTransport}}
+			}
+			sb, err := shared.Open(context.Background(), shared.Config{URL: "redis://" + rs.Addr + "/0", Orgs: c.Orgs})
+			if err != nil {
+				t.Fatal(err)
+			}
+			sb.Start(context.Background())
+			t.Cleanup(func() { sb.Close() })
+			c.NewGate = sb.NewGate
+		})
+		gws = append(gws, g)
+		urls = append(urls, srv.URL)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for i, u := range urls {
+		wg.Go(func() {
+			body := judgeBody(i, "")
+			req, err := http.NewRequestWithContext(ctx, http.MethodPost, u+"/v1/messages", bytes.NewReader(body))
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			req.Header.Set("x-api-key", tokA)
+			req.Header.Set("content-type", "application/json")
+			if resp, err := http.DefaultClient.Do(req); err == nil {
+				resp.Body.Close()
+			}
+		})
+	}
+	time.Sleep(3 * time.Second)
+	o := run.Server.Stats().Orgs[0]
+	for _, g := range gws {
+		g.Abort()
+	}
+	cancel()
+	wg.Wait()
+	t.Logf("organisation %s: max in flight %d (cap %d)", o.Name, o.MaxInFlight, capN)
+	if o.MaxInFlight > capN {
+		t.Errorf("organisation %s had %d in flight from three gateways on three of its keys; the cap is %d", o.Name, o.MaxInFlight, capN)
+	}
+}
