@@ -401,6 +401,7 @@ func (s *batchStore) execute(gb *gwBatch) {
 				cancel()
 			}
 		}()
+		g.discover()
 		out := s.runOnce(ctx, gb, canceling || expired)
 		close(stopWatch)
 		<-watchDone

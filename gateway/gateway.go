@@ -172,6 +172,9 @@ type Gateway struct {
 	lock    *os.File // the state directory's lock, held until Close
 	life    lifecycle
 	probes  prober
+	// discover starts learning each key's organisation (see New); called
+	// before the first request the gateway sends for a client or a batch.
+	discover func()
 
 	// sharedSpend is the Redis budget of gate and gates (nil: this
 	// process's alone; sharedspend.go).
@@ -296,11 +299,17 @@ func New(cfg Config) (*Gateway, error) {
 	g.life.init(g.ctx)
 	// Each key's organisation, learnt from a request of its own (see
 	// upstream.Orgs.Discover) rather than from its first message, which
-	// a slow API can hold for minutes. Drain stops it (batchCtx), as it
-	// stops every request the gateway sends of its own accord.
+	// a slow API can hold for minutes. It starts with the first work to
+	// send (a client's request, a batch's run), not here: a gateway
+	// stopped by a signal that came while it started (serve listens for
+	// them before New), or whose New fails, sends nothing. Drain stops it
+	// (batchCtx), as it stops every request the gateway sends of its own
+	// accord.
 	sameOrg.OnLearn(g.lanes.wakeAll)
-	sameOrg.Discover(g.life.batchCtx, upstreampkg.Discovery{Client: g.client, Base: g.base, Orgs: cfg.Orgs,
-		Timeout: min(cfg.Timeout, upstreampkg.DiscoverTimeout), Speed: cfg.Speed})
+	g.discover = sync.OnceFunc(func() {
+		sameOrg.Discover(g.life.batchCtx, upstreampkg.Discovery{Client: g.client, Base: g.base, Orgs: cfg.Orgs,
+			Timeout: min(cfg.Timeout, upstreampkg.DiscoverTimeout), Speed: cfg.Speed})
+	})
 	g.mux = http.NewServeMux()
 	g.routes()
 	if g.batches, err = openBatchStore(g); err != nil {
@@ -428,6 +437,7 @@ func (g *Gateway) routes() {
 			if g.refuseDraining(w, r) {
 				return
 			}
+			g.discover()
 			fn(w, r, client)
 		})
 	}

@@ -137,13 +137,7 @@ func (o *Orgs) learnFrom(name string, fb gate.Feedback) {
 	}
 	learnt := in.id
 	o.mu.Unlock()
-	if learnt != "" {
-		for _, g := range gates {
-			if l, ok := g.Gate.(organisationLearner); ok {
-				l.LearnOrganisation(learnt)
-			}
-		}
-	}
+	tellOrganisation(gates, learnt)
 	if drop != "" && o.onSame != nil {
 		o.onSame(drop, keep, id, reason)
 	}

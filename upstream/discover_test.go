@@ -174,6 +174,11 @@ func TestDiscoverStopsWithItsContext(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	o.Discover(ctx, Discovery{Client: srv.Client(), Base: srv.URL, Orgs: threeOrgs(), Speed: 20})
 	waitKnown(t, o, "c")
+	// a's first request may still be on its way when c is known (a
+	// loaded machine, -race): cancel once the API has seen one.
+	for deadline := time.Now().Add(5 * time.Second); api.requests("0001") == 0 && time.Now().Before(deadline); {
+		time.Sleep(time.Millisecond)
+	}
 	cancel()
 	time.Sleep(100 * time.Millisecond)
 	n := api.requests("0001")

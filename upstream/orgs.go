@@ -196,8 +196,30 @@ func (o *Orgs) Wrap(g gate.Gate, cfg gate.LaneConfig) gate.Gate {
 		o.gates = map[string][]*Gate{}
 	}
 	o.gates[cfg.Org] = append(o.gates[cfg.Org], w)
+	id := ""
+	if in := o.info[cfg.Org]; in != nil && in.known {
+		id = in.id
+	}
 	o.mu.Unlock()
+	// A lane made after its key's organisation was learnt (a pool's first
+	// request after the discovery, or after an answer in another pool)
+	// starts on what is known of it, as the lanes then were told.
+	tellOrganisation([]*Gate{w}, id)
 	return w
+}
+
+// tellOrganisation tells the gates of gs that keep their own record of
+// their key's organisation (a shared gate: its budget is the
+// organisation's once known) that it is id; nothing when id is "".
+func tellOrganisation(gs []*Gate, id string) {
+	if id == "" {
+		return
+	}
+	for _, g := range gs {
+		if l, ok := g.Gate.(organisationLearner); ok {
+			l.LearnOrganisation(id)
+		}
+	}
 }
 
 // Gate is a lane's gate under the same-organisation rule. It implements
@@ -248,12 +270,28 @@ func (g *Gate) TryAdmit(now time.Time, d gate.Demand) (gate.Permit, time.Duratio
 func (g *Gate) Done(now time.Time, p gate.Permit, fb gate.Feedback) {
 	o := g.o
 	o.mu.Lock()
+	in := o.info[g.org]
+	wasKnown := in == nil || in.known
 	drop, keep, id, reason := o.learnLocked(g.org, fb)
+	var others []*Gate
+	learnt := ""
+	if !wasKnown && in.known {
+		// The other lanes of the key (other pools) learn it too: a
+		// shared gate whose first request is still out would stay on
+		// the key's own budget until its own answer.
+		learnt = in.id
+		for _, x := range o.gates[g.org] {
+			if x != g {
+				others = append(others, x)
+			}
+		}
+	}
 	if fl := o.pools[g.pool]; fl[g.org] > 0 {
 		fl[g.org]--
 	}
 	o.mu.Unlock()
 	g.Gate.Done(now, p, fb)
+	tellOrganisation(others, learnt)
 	if drop != "" && o.onSame != nil {
 		o.onSame(drop, keep, id, reason)
 	}
