@@ -127,7 +127,7 @@ func TestAttackALaterPoolOfAKnownOrganisationSharesItsCap(t *testing.T) {
 	for i, g := range gws {
 		name := []string{"a", "b"}[i]
 		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-			if id, known := g.lanes.sameOrg.ID(name); known && id != "" {
+			if id, known := g.lanes.up.SameOrg().ID(name); known && id != "" {
 				break
 			}
 			if time.Now().After(deadline) {

@@ -51,13 +51,22 @@ type organisationLearner interface {
 // the message takes, which an API that is slow for a while makes minutes.
 // The models list is not slowed by generation.
 //
+// A key whose organisation is not known sends no message while its
+// first discovery request is out: with --shared, processes that each
+// sent a first message on a key not known yet would add up past the
+// organisation's cap (each counts only its own), while a key whose
+// organisation is known is on the organisation's budget in Redis. Once
+// that first request has ended, learnt or not, the key's lanes send one
+// request at a time until it is known, as without discovery.
+//
 // It returns at once. Each key is asked until its organisation is known
 // (from this request or from a lane's answer), until ctx ends, or until
 // the API answers the request with an error of its own that names no
 // organisation (a revoked key, an endpoint a mock does not serve): the
 // key's first message decides then, as without discovery. Connection
 // failures, 429s and 5xx are tried again after gate.ProbeBackoff. The
-// functions given to OnLearn are called after each key learnt here.
+// functions given to OnLearn are called after each key learnt here, and
+// when a key's first request ends without it.
 func (o *Orgs) Discover(ctx context.Context, d Discovery) {
 	if d.Timeout <= 0 {
 		d.Timeout = DiscoverTimeout
@@ -67,15 +76,25 @@ func (o *Orgs) Discover(ctx context.Context, d Discovery) {
 	}
 	url := strings.TrimRight(d.Base, "/") + "/v1/models?limit=1"
 	for _, x := range d.Orgs {
-		if _, known := o.ID(x.Name); known {
-			continue
+		o.mu.Lock()
+		in := o.info[x.Name]
+		ask := in != nil && !in.known && !in.asking
+		if ask {
+			in.asking = true
 		}
-		go o.discover(ctx, d, url, x)
+		o.mu.Unlock()
+		if ask {
+			go o.discover(ctx, d, url, x)
+		}
 	}
 }
 
 // discover asks for x's organisation until it is known or cannot be.
+// Until its first request ends the key's lanes send nothing (Discover).
 func (o *Orgs) discover(ctx context.Context, d Discovery, url string, x org.Org) {
+	// Learnt or not, the key's lanes may send once the first request has
+	// ended (or the discovery ends without one).
+	defer o.firstAsked(x.Name)
 	for n := 1; ctx.Err() == nil; n++ {
 		if _, known := o.ID(x.Name); known {
 			return
@@ -91,6 +110,7 @@ func (o *Orgs) discover(ctx context.Context, d Discovery, url string, x org.Org)
 				return // the API's own refusal: the key's first message decides
 			}
 		}
+		o.firstAsked(x.Name)
 		t := time.NewTimer(gate.ProbeBackoff(min(n, 8), d.Speed))
 		select {
 		case <-ctx.Done():
@@ -117,6 +137,30 @@ func discoverOnce(ctx context.Context, d Discovery, url string, key org.Key) (in
 	// The answer's headers are all it is asked for.
 	resp.Body.Close()
 	return resp.StatusCode, resp.Header, nil
+}
+
+// firstAsked ends the hold on org name's lanes (its first discovery
+// request has ended) and wakes what waits on them.
+func (o *Orgs) firstAsked(name string) {
+	o.mu.Lock()
+	in := o.info[name]
+	if in == nil || !in.asking {
+		o.mu.Unlock()
+		return
+	}
+	in.asking = false
+	if in.known {
+		o.mu.Unlock()
+		return // learnFrom (or a lane's answer) woke them
+	}
+	wakes := make([]func(), 0, len(o.wakes))
+	for _, f := range o.wakes {
+		wakes = append(wakes, f)
+	}
+	o.mu.Unlock()
+	for _, f := range wakes {
+		f()
+	}
 }
 
 // learnFrom records what a discovery answer showed of org name's

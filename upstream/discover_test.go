@@ -190,3 +190,41 @@ func TestDiscoverStopsWithItsContext(t *testing.T) {
 		t.Errorf("b (known from its lane's answer) asked %d times, want 0", m)
 	}
 }
+
+// A key whose organisation is unknown sends nothing while its first
+// discovery request is out (several --shared processes that each sent a
+// first message on one organisation's keys before anyone knew it went past
+// its cap: 3 in flight on a cap of 2 in the outside attack's
+// TestAttackFirstRequestsOfKeysOfOneOrgInSeveralProcessesBeforeDiscoveryAnswers);
+// once that request has ended without naming the organisation (a 503),
+// the key sends one request at a time, as without discovery.
+func TestDiscoverHoldsAKeyUntilItsFirstRequestEnds(t *testing.T) {
+	release := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		<-release
+		w.WriteHeader(http.StatusServiceUnavailable)
+	}))
+	defer srv.Close()
+	orgs := threeOrgs()[:1]
+	o := NewOrgs(orgs, nil)
+	lc := gate.LaneConfig{Org: "a", Pool: anthropic.PoolSonnet4, Cap: 5, StartFraction: 1}
+	a := o.Wrap(gate.NewLane(lc), lc)
+	woke := make(chan struct{}, 8)
+	defer o.OnLearn(func() { woke <- struct{}{} })()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	o.Discover(ctx, Discovery{Client: srv.Client(), Base: srv.URL, Orgs: orgs, Speed: 1000})
+	now := time.Now()
+	if _, wait, ok := a.TryAdmit(now, gate.Demand{}); ok || wait <= 0 {
+		t.Fatalf("admitted %v (wait %v) while the key's first discovery request is out, want a refusal with a bound", ok, wait)
+	}
+	close(release)
+	select {
+	case <-woke:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the end of the first discovery request woke nobody")
+	}
+	if ps := admitAll(a, now); len(ps) != 1 {
+		t.Errorf("admitted %d once the first discovery request failed, want 1 (one until the organisation is known)", len(ps))
+	}
+}

@@ -48,7 +48,10 @@ type Orgs struct {
 }
 
 type orgInfo struct {
-	known   bool
+	known bool
+	// asking: the key's first discovery request is out (Discover); its
+	// lanes send nothing meanwhile.
+	asking  bool
 	id      string // "" when known without an id: an organisation of its own
 	dropped string // why its lanes stop, once it reaches an earlier org's organisation
 	keep    string // the earlier org whose lanes carry its work, once dropped
@@ -108,8 +111,10 @@ func (o *Orgs) roomLocked(name string, pool anthropic.Pool, capN int) bool {
 		return false
 	}
 	fl := o.pools[pool]
-	if !in.known && fl[name] > 0 {
-		return false // one request until the organisation is known
+	if !in.known && (in.asking || fl[name] > 0) {
+		// Nothing while its first discovery request is out (TryAdmit),
+		// then one request until the organisation is known.
+		return false
 	}
 	unknown := 0
 	for n, c := range fl {
@@ -222,6 +227,10 @@ func tellOrganisation(gs []*Gate, id string) {
 	}
 }
 
+// askingRecheck is the wait a lane held by its key's first discovery
+// request reports (its end wakes the lane's callers sooner).
+const askingRecheck = 100 * time.Millisecond
+
 // Gate is a lane's gate under the same-organisation rule. It implements
 // gate.Gate and gate.Waker (forwarded to the gate it wraps).
 type Gate struct {
@@ -247,8 +256,15 @@ func (g *Gate) TryAdmit(now time.Time, d gate.Demand) (gate.Permit, time.Duratio
 	o := g.o
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	if in := o.info[g.org]; in != nil && in.dropped != "" {
+	in := o.info[g.org]
+	if in != nil && in.dropped != "" {
 		return gate.Permit{}, time.Duration(math.MaxInt64), false
+	}
+	if in != nil && !in.known && in.asking {
+		// The key's first discovery request is out: its end wakes the
+		// callers (OnLearn); the bound only tells a caller with nothing
+		// in flight that the lane will admit again.
+		return gate.Permit{}, askingRecheck, false
 	}
 	if !o.roomLocked(g.org, g.pool, g.cap) {
 		return gate.Permit{}, 0, false
