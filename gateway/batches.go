@@ -8,7 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math"
+	"math/rand/v2"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -21,6 +21,7 @@ import (
 	"github.com/apidispatch/apidispatch/anthropic"
 	"github.com/apidispatch/apidispatch/cost"
 	"github.com/apidispatch/apidispatch/dispatch"
+	"github.com/apidispatch/apidispatch/gate"
 	"github.com/apidispatch/apidispatch/rundir"
 	"github.com/apidispatch/apidispatch/runner"
 	"github.com/apidispatch/apidispatch/spend"
@@ -434,9 +435,10 @@ func (s *batchStore) execute(gb *gwBatch) {
 			s.finalize(gb, false, false, out)
 			return
 		}
-		// Incomplete (no usable lane now, an upstream failure): try again.
+		// Incomplete (no usable lane now, an upstream failure): try again,
+		// after the one back-off of every route.
 		g.log.Warn("gateway batch stopped before its end; trying again", "batch", m.ID, "stop", out.Stop.Kind.String(), "reason", out.Stop.Reason, "error", out.Err)
-		wait := time.Duration(math.Min(60, math.Pow(2, float64(min(attempt, 6))))/g.cfg.Speed*float64(time.Second)) + 10*time.Millisecond
+		wait := gate.Backoff(attempt+1, g.cfg.Speed, rand.Float64()) + 10*time.Millisecond
 		t := time.NewTimer(wait)
 		select {
 		case <-g.life.batchCtx.Done():

@@ -139,6 +139,28 @@ func TestOneAttemptImplementation(t *testing.T) {
 	}
 }
 
+// One back-off formula: the routes wait gate.Backoff or gate.RetryWait
+// (gate/retry.go). An exponential of their own in dispatch or gateway is
+// a second retry policy (a gateway batch's re-run once waited 2^n s up to
+// 60 s beside the requests' 0.5-8 s).
+func TestOneBackoffFormula(t *testing.T) {
+	for _, pkg := range []string{"dispatch", "gateway"} {
+		files := goList(t, "-f", `{{range .GoFiles}}{{.}} {{end}}`, "./"+pkg)
+		if len(files) < 5 {
+			t.Fatalf("go list found %d files in %s: the check would pass on anything", len(files), pkg)
+		}
+		for _, f := range files {
+			src, err := os.ReadFile(filepath.Join("..", "..", pkg, f))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if s := string(src); strings.Contains(s, "math.Pow(") || strings.Contains(s, "math.Exp2(") || strings.Contains(s, "<< attempt") {
+				t.Errorf("%s/%s computes a back-off of its own: use gate.Backoff or gate.RetryWait", pkg, f)
+			}
+		}
+	}
+}
+
 // The gateway and the engines of its batches send through one set of
 // lanes, upstream.Lanes, the gateway's own passed as dispatch.Config.Lanes:
 // a gateway that hands an engine gates of its making (Config.NewGate, or
