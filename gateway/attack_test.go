@@ -71,53 +71,11 @@ func TestAttackNoDiscoveryAfterASignalDuringStartUp(t *testing.T) {
 // the organisation's budget from their first request: together the two
 // never have more than the cap in flight (measured at the simulator).
 func TestAttackALaterPoolOfAKnownOrganisationSharesItsCap(t *testing.T) {
-	const (
-		capN  = 4
-		speed = 10
-		keyA  = "sk-ant-sim-attack-one-organisation-key-a"
-		keyB  = "sk-ant-sim-attack-one-organisation-key-b"
-	)
-	run, _ := simtest.Start(t, sim.PresetOrigin3Org, speed, func(c *sim.Config) {
-		c.Orgs = c.Orgs[:1]
-		c.Orgs[0].Keys = []string{keyA, keyB}
-		c.Orgs[0].ServiceCapacity = 0
-		c.Orgs[0].Limits = map[anthropic.Pool]sim.Limits{sim.AnyPool: {RPM: 10_000_000, ITPM: 10_000_000_000, OTPM: 10_000_000_000}}
-		c.Faults = append(c.Faults, sim.Fault{Kind: sim.FaultSlow, Pool: anthropic.PoolOf("claude-sonnet-4-5"), ExtraLatency: 300 * time.Second})
-	})
-	rs := testredis.Start(t)
-	var gws []*Gateway
-	var urls []string
-	for _, o := range []org.Org{{Name: "a", Key: org.NewKey(keyA)}, {Name: "b", Key: org.NewKey(keyB)}} {
-		g, srv := startGW(t, run, func(c *Config) {
-			c.Orgs = []org.Org{o}
-			c.Caps = map[string]int{"sonnet": capN}
-			sb, err := shared.Open(context.Background(), shared.Config{URL: "redis://" + rs.Addr + "/0", Orgs: c.Orgs})
-			if err != nil {
-				t.Fatal(err)
-			}
-			sb.Start(context.Background())
-			t.Cleanup(func() { sb.Close() })
-			c.NewGate = sb.NewGate
-		})
-		gws = append(gws, g)
-		urls = append(urls, srv.URL)
-	}
+	const capN = 4
+	run, gws, urls := oneOrgOnSharedGateways(t, []string{"sk-ant-sim-attack-one-organisation-key-a", "sk-ant-sim-attack-one-organisation-key-b"}, capN, nil)
 	ctx, cancel := context.WithCancel(context.Background())
 	send := func(url, model string, i int) int {
-		body := fmt.Appendf(nil, `{"model":%q,"max_tokens":64,"messages":[{"role":"user","content":"Item %d."}]}`, model, i)
-		req, err := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/messages", bytes.NewReader(body))
-		if err != nil {
-			t.Error(err)
-			return 0
-		}
-		req.Header.Set("x-api-key", tokA)
-		req.Header.Set("content-type", "application/json")
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			return 0
-		}
-		resp.Body.Close()
-		return resp.StatusCode
+		return postUntil(ctx, t, url, fmt.Appendf(nil, `{"model":%q,"max_tokens":64,"messages":[{"role":"user","content":"Item %d."}]}`, model, i))
 	}
 	for i, u := range urls {
 		if st := send(u, "claude-haiku-4-5", i); st != http.StatusOK {
@@ -184,12 +142,34 @@ func (m slowModels) RoundTrip(r *http.Request) (*http.Response, error) {
 // organisation's budget), or, with --shared, a first message held until
 // the discovery has answered.
 func TestAttackFirstRequestsOfKeysOfOneOrgInSeveralProcessesBeforeDiscoveryAnswers(t *testing.T) {
-	const (
-		capN  = 2
-		speed = 10
-	)
+	const capN = 2
 	keys := []string{"sk-ant-sim-attack-first-key-a", "sk-ant-sim-attack-first-key-b", "sk-ant-sim-attack-first-key-c"}
-	run, _ := simtest.Start(t, sim.PresetOrigin3Org, speed, func(c *sim.Config) {
+	run, gws, urls := oneOrgOnSharedGateways(t, keys, capN, slowModels{next: http.DefaultTransport})
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for i, u := range urls {
+		wg.Go(func() { postUntil(ctx, t, u, judgeBody(i, "")) })
+	}
+	time.Sleep(3 * time.Second)
+	o := run.Server.Stats().Orgs[0]
+	for _, g := range gws {
+		g.Abort()
+	}
+	cancel()
+	wg.Wait()
+	t.Logf("organisation %s: max in flight %d (cap %d)", o.Name, o.MaxInFlight, capN)
+	if o.MaxInFlight > capN {
+		t.Errorf("organisation %s had %d in flight from three gateways on three of its keys; the cap is %d", o.Name, o.MaxInFlight, capN)
+	}
+}
+
+// oneOrgOnSharedGateways starts a simulator whose one organisation has
+// keys, its Sonnet requests held (a slow fault of 300 API s), and one
+// --shared gateway per key on one Redis, each capped at capN for Sonnet
+// (rt, when set, is the gateways' upstream transport).
+func oneOrgOnSharedGateways(t *testing.T, keys []string, capN int, rt http.RoundTripper) (*sim.Running, []*Gateway, []string) {
+	t.Helper()
+	run, _ := simtest.Start(t, sim.PresetOrigin3Org, 10, func(c *sim.Config) {
 		c.Orgs = c.Orgs[:1]
 		c.Orgs[0].Keys = keys
 		c.Orgs[0].ServiceCapacity = 0
@@ -204,7 +184,9 @@ func TestAttackFirstRequestsOfKeysOfOneOrgInSeveralProcessesBeforeDiscoveryAnswe
 		g, srv := startGW(t, run, func(c *Config) {
 			c.Orgs = []org.Org{o}
 			c.Caps = map[string]int{"sonnet": capN}
-			c.HTTPClient = &http.Client{Transport: slowModels{next: http.DefaultTransport}}
+			if rt != nil {
+				c.HTTPClient = &http.Client{Transport: rt}
+			}
 			sb, err := shared.Open(context.Background(), shared.Config{URL: "redis://" + rs.Addr + "/0", Orgs: c.Orgs})
 			if err != nil {
 				t.Fatal(err)
@@ -216,32 +198,23 @@ func TestAttackFirstRequestsOfKeysOfOneOrgInSeveralProcessesBeforeDiscoveryAnswe
 		gws = append(gws, g)
 		urls = append(urls, srv.URL)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	for i, u := range urls {
-		wg.Go(func() {
-			body := judgeBody(i, "")
-			req, err := http.NewRequestWithContext(ctx, http.MethodPost, u+"/v1/messages", bytes.NewReader(body))
-			if err != nil {
-				t.Error(err)
-				return
-			}
-			req.Header.Set("x-api-key", tokA)
-			req.Header.Set("content-type", "application/json")
-			if resp, err := http.DefaultClient.Do(req); err == nil {
-				resp.Body.Close()
-			}
-		})
+	return run, gws, urls
+}
+
+// postUntil posts body to url's Messages endpoint as client a until ctx
+// ends; it returns the answer's status, 0 when none came.
+func postUntil(ctx context.Context, t *testing.T, url string, body []byte) int {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/messages", bytes.NewReader(body))
+	if err != nil {
+		t.Error(err)
+		return 0
 	}
-	time.Sleep(3 * time.Second)
-	o := run.Server.Stats().Orgs[0]
-	for _, g := range gws {
-		g.Abort()
+	req.Header.Set("x-api-key", tokA)
+	req.Header.Set("content-type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0 // cancelled: a request still held
 	}
-	cancel()
-	wg.Wait()
-	t.Logf("organisation %s: max in flight %d (cap %d)", o.Name, o.MaxInFlight, capN)
-	if o.MaxInFlight > capN {
-		t.Errorf("organisation %s had %d in flight from three gateways on three of its keys; the cap is %d", o.Name, o.MaxInFlight, capN)
-	}
+	resp.Body.Close()
+	return resp.StatusCode
 }

@@ -1,7 +1,6 @@
 package gateway
 
 import (
-	"bytes"
 	"context"
 	"net/http"
 	"sync"
@@ -43,19 +42,7 @@ func TestFirstRequestsThatHangDoNotHoldTheLanes(t *testing.T) {
 	start := time.Now()
 	for i := range n {
 		wg.Go(func() {
-			req, err := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL+"/v1/messages", bytes.NewReader(judgeBody(i, "")))
-			if err != nil {
-				t.Error(err)
-				return
-			}
-			req.Header.Set("x-api-key", tokA)
-			req.Header.Set("content-type", "application/json")
-			resp, err := http.DefaultClient.Do(req)
-			if err != nil {
-				return // cancelled at the end: a request still hung
-			}
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
+			if postUntil(ctx, t, srv.URL, judgeBody(i, "")) == http.StatusOK {
 				answered.Add(1)
 			}
 		})

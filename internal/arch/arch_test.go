@@ -121,6 +121,17 @@ func TestGatewayImportsTheEngineOnlyForItsBatches(t *testing.T) {
 // of the engine or the gateway that both limits an answer's read and
 // classifies it is a second copy of it.
 func TestOneAttemptImplementation(t *testing.T) {
+	routeSources(t, func(pkg, f, s string) {
+		if strings.Contains(s, "io.LimitReader(") && strings.Contains(s, "anthropic.Classify(") {
+			t.Errorf("%s/%s reads an answer (io.LimitReader) and classifies it (anthropic.Classify): a second attempt; use upstream.Send or upstream.Begin/Finish", pkg, f)
+		}
+	})
+}
+
+// routeSources calls check with each non-test source file of the routes
+// (dispatch and gateway): its package, name and text.
+func routeSources(t *testing.T, check func(pkg, file, src string)) {
+	t.Helper()
 	for _, pkg := range []string{"dispatch", "gateway"} {
 		files := goList(t, "-f", `{{range .GoFiles}}{{.}} {{end}}`, "./"+pkg)
 		if len(files) < 5 {
@@ -131,10 +142,7 @@ func TestOneAttemptImplementation(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			s := string(src)
-			if strings.Contains(s, "io.LimitReader(") && strings.Contains(s, "anthropic.Classify(") {
-				t.Errorf("%s/%s reads an answer (io.LimitReader) and classifies it (anthropic.Classify): a second attempt; use upstream.Send or upstream.Begin/Finish", pkg, f)
-			}
+			check(pkg, f, string(src))
 		}
 	}
 }
@@ -144,21 +152,11 @@ func TestOneAttemptImplementation(t *testing.T) {
 // a second retry policy (a gateway batch's re-run once waited 2^n s up to
 // 60 s beside the requests' 0.5-8 s).
 func TestOneBackoffFormula(t *testing.T) {
-	for _, pkg := range []string{"dispatch", "gateway"} {
-		files := goList(t, "-f", `{{range .GoFiles}}{{.}} {{end}}`, "./"+pkg)
-		if len(files) < 5 {
-			t.Fatalf("go list found %d files in %s: the check would pass on anything", len(files), pkg)
+	routeSources(t, func(pkg, f, s string) {
+		if strings.Contains(s, "math.Pow(") || strings.Contains(s, "math.Exp2(") || strings.Contains(s, "<< attempt") {
+			t.Errorf("%s/%s computes a back-off of its own: use gate.Backoff or gate.RetryWait", pkg, f)
 		}
-		for _, f := range files {
-			src, err := os.ReadFile(filepath.Join("..", "..", pkg, f))
-			if err != nil {
-				t.Fatal(err)
-			}
-			if s := string(src); strings.Contains(s, "math.Pow(") || strings.Contains(s, "math.Exp2(") || strings.Contains(s, "<< attempt") {
-				t.Errorf("%s/%s computes a back-off of its own: use gate.Backoff or gate.RetryWait", pkg, f)
-			}
-		}
-	}
+	})
 }
 
 // The gateway and the engines of its batches send through one set of
