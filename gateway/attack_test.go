@@ -99,8 +99,8 @@ func TestAttackALaterPoolOfAKnownOrganisationSharesItsCap(t *testing.T) {
 			wg.Go(func() { send(u, "claude-sonnet-4-5", 100+i) })
 		}
 	}
-	// 80 API seconds: a lane with no answer sends one more per
-	// FirstAnswerWait (10 API s) its first is out.
+	// 80 API seconds: time enough for the held Sonnet requests to pass
+	// the cap, were either gateway's lane on its key's own budget.
 	time.Sleep(8 * time.Second)
 	o := run.Server.Stats().Orgs[0]
 	for _, g := range gws {
