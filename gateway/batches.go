@@ -82,9 +82,11 @@ type gwBatch struct {
 	cancel    context.CancelFunc
 	cancelReq chan struct{} // closed by a cancel request
 	// hold is the batch's worst case in its client's gate from its create
-	// (or the gateway's start) until runner first opens its run directory;
-	// gate is then the child of the client's gate, capped at the worst
-	// case, that runner reserves every request and upstream batch in.
+	// (or the gateway's start) until runner's batch route has loaded the
+	// run's open upstream batches, each then held in gate (the sync route,
+	// which has none, frees it once the run directory is open); gate is
+	// the child of the client's gate, capped at the worst case, that
+	// runner reserves every request and upstream batch in.
 	hold *hold
 	gate *spend.Gate
 }
@@ -480,6 +482,7 @@ func (s *batchStore) runOnce(ctx context.Context, gb *gwBatch, cancelOpen bool) 
 		Input: filepath.Join(gb.dir, batchRequests), RunDir: filepath.Join(gb.dir, batchRun), Prices: g.cfg.Prices,
 		Sync: sync, Confirm: true, Route: route, Cancel: cancelOpen, Limits: g.cfg.Limits,
 		Deadline: time.Duration(m.DeadlineS * float64(time.Second)),
+		OnAttach: gb.attached,
 		OnJob: func(job *rundir.Job, sc *dispatch.Config) (func(), error) {
 			bg, err := s.batchGate(ctx, gb, job)
 			if err != nil {
@@ -503,10 +506,12 @@ func (s *batchStore) runOnce(ctx context.Context, gb *gwBatch, cancelOpen bool) 
 // gate capped at the batch's worst case. Made the first time in this
 // process, it is seeded with what the run directory spent already (a
 // resumed batch), which is added to the client's gate as spent (in this
-// process only: a shared budget counted it when it was charged), and the
-// batch's hold of its worst case is freed: from then on runner reserves
-// each request and upstream batch in the client's gate, beside the
-// client's sync requests.
+// process only: a shared budget counted it when it was charged). From
+// then on runner reserves each request and upstream batch in the client's
+// gate, beside the client's sync requests; the batch's hold of its worst
+// case is freed once runner's batch route holds the upstream batches an
+// earlier process left open (attached): freed before, the client's sync
+// requests took the room those batches, billed in full, still needed.
 func (s *batchStore) batchGate(ctx context.Context, gb *gwBatch, job *rundir.Job) (*spend.Gate, error) {
 	gb.mu.Lock()
 	defer gb.mu.Unlock()
@@ -540,9 +545,26 @@ func (s *batchStore) batchGate(ctx context.Context, gb *gwBatch, job *rundir.Job
 		capN = gb.meta.WorstNanos
 	}
 	gb.gate = cg.Child("gateway batch "+gb.meta.ID+"'s worst case", capN, spent)
-	gb.hold.release()
-	gb.hold = nil
+	if gb.meta.Route == runner.RouteSync {
+		// No batch route, so no upstream batch to re-attach (runner
+		// refuses a sync run while the directory has one open).
+		gb.hold.release()
+		gb.hold = nil
+	}
 	return gb.gate, nil
+}
+
+// attached frees gb's hold of its worst case once runner's batch route
+// has loaded the run's open upstream batches into gb's gate, each at its
+// worst case: from then on they count there.
+func (gb *gwBatch) attached() {
+	gb.mu.Lock()
+	var h *hold
+	if gb.gate != nil { // always made first (runner's OnJob)
+		h, gb.hold = gb.hold, nil
+	}
+	gb.mu.Unlock()
+	h.release()
 }
 
 // finalize writes gb's results in the API's format (pending items as
@@ -564,16 +586,19 @@ func (s *batchStore) finalize(gb *gwBatch, canceled, expired bool, out runner.Ou
 		return // stays open; the next start finishes it
 	}
 	gb.mu.Lock()
-	h := gb.hold
+	h, ran := gb.hold, gb.gate != nil
 	gb.hold = nil
 	gb.mu.Unlock()
-	// Without a hold, runner's reservations in the batch's gate have
-	// charged the client's gate already: the ledger only records.
+	// Once runner has its gate, what the run spent is in the client's
+	// gate already (seeded, or charged by runner's reservations): a hold
+	// left (a run that ended before its batch route loaded) is freed and
+	// the ledger only records.
 	if !g.ledger.billed(m.ID) {
 		e := Entry{Cost: costN, Unread: unread, Route: "batch", BatchID: m.ID}
-		if h != nil {
+		if h != nil && !ran {
 			h.Settle(e)
 		} else {
+			h.release()
 			g.ledger.record(m.Client, e)
 		}
 	} else {

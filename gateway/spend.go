@@ -9,10 +9,11 @@ import (
 // gateway (--max-cost, or Config.Spend) and one child gate per client (its
 // max_cost), so a request passes only when both have room. Sync requests
 // reserve their worst case in their client's gate; a gateway batch holds
-// its worst case there from its create until runner takes over, then runner
-// reserves each request and each upstream batch in a child of the same
-// client gate (capped at the batch's worst case): a client's batches and
-// sync requests share one cap. The ledger is the durable record the gates
+// its worst case there from its create (or the gateway's start) until
+// runner's batch route holds the upstream batches its run left open, then
+// runner reserves each request and each upstream batch in a child of the
+// same client gate (capped at the batch's worst case): a client's batches
+// and sync requests share one cap. The ledger is the durable record the gates
 // are seeded from at start.
 
 // clientGate returns client's spend gate, or the gateway's for a client

@@ -50,6 +50,10 @@ type Exec struct {
 	OnEngine func(*dispatch.Engine) (done func())
 	// OnBatch is OnEngine for the batch route.
 	OnBatch func(*batch.Route) (done func())
+	// OnAttach, when set, is called once the batch route (batch and auto)
+	// has loaded the run's open batches, each holding its worst case in
+	// the spend gate, before anything is sent.
+	OnAttach func()
 	// Shared, when its URL is set, is a shared budget Execute opens for
 	// this execution alone and closes at its end (an A/B arm); its gates
 	// replace Sync.NewGate. Run opens one for the whole run instead.
@@ -322,7 +326,19 @@ func (ex *execution) batchOnly(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if err := rt.Load(ctx); err != nil {
+		return err
+	}
+	ex.attached()
 	return ex.runBatch(ctx, rt)
+}
+
+// attached tells Exec.OnAttach that the batch route holds its open
+// batches' worst cases.
+func (ex *execution) attached() {
+	if ex.x.OnAttach != nil {
+		ex.x.OnAttach()
+	}
 }
 
 // auto sends the first SyncItems pending items by sync and the rest by
@@ -344,6 +360,7 @@ func (ex *execution) auto(ctx context.Context) error {
 	if err := rt.Load(ctx); err != nil {
 		return err
 	}
+	ex.attached()
 	if boundary, err = ex.boundary(ctx, ex.x.SyncItems, rt); err != nil {
 		return err
 	}

@@ -67,6 +67,11 @@ type Config struct {
 	// job's store and may set the sync configuration's spend gate. The
 	// cleanup it returns runs when the run ends.
 	OnJob func(job *rundir.Job, sync *dispatch.Config) (cleanup func(), err error)
+	// OnAttach, when set, is called once the batch route (batch and auto)
+	// has loaded the run's open batches, each holding its worst case in
+	// the spend gate, before anything is sent: until then the gateway
+	// holds a resumed batch's worst case in its client's gate itself.
+	OnAttach func()
 	// Abort, when set, abandons the requests in flight when its Abort is
 	// called (the second signal).
 	Abort *Aborter
@@ -262,7 +267,7 @@ func (r *run) send(ctx context.Context) Outcome {
 		cfg.Sync.Deadline = start.Add(cfg.Deadline)
 	}
 	names := orgNames(cfg.Sync.Orgs)
-	x := Exec{Route: cfg.Route, Sync: cfg.Sync, OnEngine: cfg.onEngine(r.w),
+	x := Exec{Route: cfg.Route, Sync: cfg.Sync, OnEngine: cfg.onEngine(r.w), OnAttach: cfg.OnAttach,
 		Batch: batch.Config{Size: cfg.BatchSize, Cancel: cfg.Cancel, QueueCap: queueCaps(cfg.Limits, names), RPM: batchRPM(cfg.Limits, names)}}
 	if cfg.Progress {
 		x.OnBatch = func(rt *batch.Route) func() { return watchBatches(rt, r.w) }
