@@ -617,11 +617,15 @@ func (s *batchStore) finalize(gb *gwBatch, canceled, expired bool, out runner.Ou
 	gb.mu.Unlock()
 }
 
-// runSpent is what the run directory dir spent, from its store, exactly:
-// its answers' usage and the worst case of every attempt the API may have
+// runSpent is what the run directory dir spent, from its store: its
+// answers' usage and the worst case of every attempt the API may have
 // billed without an answer (re-sends after a reset, attempts in flight
-// when a process died), unread being the latter. A run directory never
-// opened spent nothing.
+// when a process died, upstream batches still open), unread being the
+// latter. An upstream batch still open when the gateway batch ends (it
+// expired, or its run stopped for good) runs on and bills what it
+// processes, which no one will read: its worst case is counted, or the
+// ledger, which seeds the client's gate at the next start, would count
+// it as nothing. A run directory never opened spent nothing.
 func runSpent(dir string) (spent, unread cost.Nanos, err error) {
 	st, err := rundir.OpenStore(dir)
 	if errors.Is(err, os.ErrNotExist) {
@@ -635,7 +639,17 @@ func runSpent(dir string) (spent, unread cost.Nanos, err error) {
 	if err != nil {
 		return 0, 0, err
 	}
-	return rundir.SpentBefore(agg), cost.Nanos(agg.Counters[rundir.CounterMaybeBilledNanos]), nil
+	recs, err := st.Batches(context.Background())
+	if err != nil {
+		return 0, 0, err
+	}
+	var open cost.Nanos
+	for _, b := range recs {
+		if b.Status.Open() {
+			open += cost.Nanos(b.WorstNanos)
+		}
+	}
+	return rundir.SpentBefore(agg) + open, cost.Nanos(agg.Counters[rundir.CounterMaybeBilledNanos]) + open, nil
 }
 
 // resultLine is what writeAPIResults reads of a results.jsonl line of a run.
