@@ -620,8 +620,8 @@ func (s *batchStore) finalize(gb *gwBatch, canceled, expired bool, out runner.Ou
 // runSpent is what the run directory dir spent, from its store: its
 // answers' usage and the worst case of every attempt the API may have
 // billed without an answer (re-sends after a reset, attempts in flight
-// when a process died, upstream batches still open), unread being the
-// latter. An upstream batch still open when the gateway batch ends (it
+// when a process died, its journals replayed here if no run did,
+// upstream batches still open), unread being the latter. An upstream batch still open when the gateway batch ends (it
 // expired, or its run stopped for good) runs on and bills what it
 // processes, which no one will read: its worst case is counted, or the
 // ledger, which seeds the client's gate at the next start, would count
@@ -635,11 +635,22 @@ func runSpent(dir string) (spent, unread cost.Nanos, err error) {
 		return 0, 0, err
 	}
 	defer st.Close()
-	agg, err := st.Aggregate(context.Background())
+	ctx := context.Background()
+	agg, err := st.Aggregate(ctx)
 	if err != nil {
 		return 0, 0, err
 	}
-	recs, err := st.Batches(context.Background())
+	// A batch ended without a run in this process (canceled or stopped
+	// before its run opened the directory) has not replayed the journals
+	// a process that died on it left: what they hold open may have been
+	// billed.
+	if _, err := rundir.Replay(ctx, dir, st, agg.Counters, nil, nil); err != nil {
+		return 0, 0, fmt.Errorf("reading the attempt journals: %w", err)
+	}
+	if agg, err = st.Aggregate(ctx); err != nil {
+		return 0, 0, err
+	}
+	recs, err := st.Batches(ctx)
 	if err != nil {
 		return 0, 0, err
 	}
