@@ -1,7 +1,8 @@
+//go:build long
+
 package gateway
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"net"
@@ -199,22 +200,4 @@ func oneOrgOnSharedGateways(t *testing.T, keys []string, capN int, rt http.Round
 		urls = append(urls, srv.URL)
 	}
 	return run, gws, urls
-}
-
-// postUntil posts body to url's Messages endpoint as client a until ctx
-// ends; it returns the answer's status, 0 when none came.
-func postUntil(ctx context.Context, t *testing.T, url string, body []byte) int {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/messages", bytes.NewReader(body))
-	if err != nil {
-		t.Error(err)
-		return 0
-	}
-	req.Header.Set("x-api-key", tokA)
-	req.Header.Set("content-type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return 0 // cancelled: a request still held
-	}
-	resp.Body.Close()
-	return resp.StatusCode
 }

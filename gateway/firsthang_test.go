@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"bytes"
 	"context"
 	"net/http"
 	"sync"
@@ -59,4 +60,22 @@ func TestFirstRequestsThatHangDoNotHoldTheLanes(t *testing.T) {
 	if got < want {
 		t.Errorf("%d requests answered within %v, want ≥ %d: the hung first requests held the lanes", got, within, want)
 	}
+}
+
+// postUntil posts body to url's Messages endpoint as client a until ctx
+// ends; it returns the answer's status, 0 when none came.
+func postUntil(ctx context.Context, t *testing.T, url string, body []byte) int {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/messages", bytes.NewReader(body))
+	if err != nil {
+		t.Error(err)
+		return 0
+	}
+	req.Header.Set("x-api-key", tokA)
+	req.Header.Set("content-type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0 // cancelled: a request still held
+	}
+	resp.Body.Close()
+	return resp.StatusCode
 }

@@ -300,7 +300,8 @@ func New(cfg Config) (*Gateway, error) {
 	// Each key's organisation, learnt from a request of its own (see
 	// upstream.Orgs.Discover) rather than from its first message, which
 	// a slow API can hold for minutes. It starts with the first work to
-	// send (a client's request, a batch's run), not here: a gateway
+	// send (a client's Messages request past its checks, a batch's run),
+	// not here nor for a request refused before it is sent: a gateway
 	// stopped by a signal that came while it started (serve listens for
 	// them before New), or whose New fails, sends nothing. Drain stops it
 	// (batchCtx), as it stops every request the gateway sends of its own
@@ -437,7 +438,6 @@ func (g *Gateway) routes() {
 			if g.refuseDraining(w, r) {
 				return
 			}
-			g.discover()
 			fn(w, r, client)
 		})
 	}

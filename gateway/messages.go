@@ -124,6 +124,7 @@ func (g *Gateway) messages(w http.ResponseWriter, r *http.Request, client string
 		writeCapError(w, err)
 		return
 	}
+	g.discover() // the first work to send: learn the keys' organisations
 	x := &exchange{g: g, w: w, r: r, client: client, class: class, body: body, p: p, price: price, estimated: estimated, hold: hold, worst: worst,
 		demand: gate.Demand{EstInput: est, MaxTokens: *p.MaxTokens}, pre: prefixOf(p.Model, body)}
 	x.run()
