@@ -388,7 +388,7 @@ func (l *Lane) TryAdmit(now time.Time, d Demand) (Permit, time.Duration, bool) {
 		// One request until the first answer, and one more for each
 		// FirstAnswerWait the first has been out (a first request that
 		// hangs does not hold the lane to one for its whole latency).
-		if k, next := FirstAnswerAllows(l.firstOut, now, FirstAnswerWaitAt(l.cfg.Speed)); l.inFlight >= k {
+		if k, next := firstAnswerAllows(l.firstOut, now, firstAnswerWaitAt(l.cfg.Speed)); l.inFlight >= k {
 			l.boundAt = now
 			return Permit{}, next, false
 		}

@@ -48,18 +48,7 @@ func TestAttackBatchCanceledRightAfterARestartIsCountedWhole(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-		var created int64
-		for _, st := range run.Server.BatchStats() {
-			created += st.Created
-		}
-		if created > 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("no upstream batch created in 10 s")
-		}
-	}
+	waitUpstreamBatchCreated(t, run)
 	s1.Close()
 	g1.Close()
 	g2, s2 := mk()

@@ -59,18 +59,7 @@ func TestResumedBatchHeldUntilItsUpstreamBatchIsReattached(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-		var created int64
-		for _, st := range run.Server.BatchStats() {
-			created += st.Created
-		}
-		if created > 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("no upstream batch created in 10 s")
-		}
-	}
+	waitUpstreamBatchCreated(t, run)
 	s1.Close()
 	g1.Close()
 	if st := g1.Status().Batches; st[statusInProgress] != 1 {
@@ -136,5 +125,23 @@ func TestResumedBatchHeldUntilItsUpstreamBatchIsReattached(t *testing.T) {
 	}
 	if batchItems == 0 || sent == 0 {
 		t.Errorf("%d batch items billed, %d sync answered: want both, or the test proves nothing", batchItems, sent)
+	}
+}
+
+// waitUpstreamBatchCreated waits until the simulator has created an
+// upstream batch (a gateway batch's run has sent its create).
+func waitUpstreamBatchCreated(t *testing.T, run *sim.Running) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		var created int64
+		for _, st := range run.Server.BatchStats() {
+			created += st.Created
+		}
+		if created > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no upstream batch created in 10 s")
+		}
 	}
 }

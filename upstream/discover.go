@@ -2,7 +2,9 @@ package upstream
 
 import (
 	"context"
+	"maps"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -153,10 +155,7 @@ func (o *Orgs) firstAsked(name string) {
 		o.mu.Unlock()
 		return // learnFrom (or a lane's answer) woke them
 	}
-	wakes := make([]func(), 0, len(o.wakes))
-	for _, f := range o.wakes {
-		wakes = append(wakes, f)
-	}
+	wakes := slices.Collect(maps.Values(o.wakes))
 	o.mu.Unlock()
 	for _, f := range wakes {
 		f()
@@ -175,10 +174,7 @@ func (o *Orgs) learnFrom(name string, fb gate.Feedback) {
 	}
 	drop, keep, id, reason := o.learnLocked(name, fb)
 	gates := append([]*Gate(nil), o.gates[name]...)
-	wakes := make([]func(), 0, len(o.wakes))
-	for _, f := range o.wakes {
-		wakes = append(wakes, f)
-	}
+	wakes := slices.Collect(maps.Values(o.wakes))
 	learnt := in.id
 	o.mu.Unlock()
 	tellOrganisation(gates, learnt)
