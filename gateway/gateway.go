@@ -306,7 +306,6 @@ func New(cfg Config) (*Gateway, error) {
 	// them before New), or whose New fails, sends nothing. Drain stops it
 	// (batchCtx), as it stops every request the gateway sends of its own
 	// accord.
-	sameOrg.OnLearn(g.lanes.wakeAll)
 	g.discover = sync.OnceFunc(func() {
 		sameOrg.Discover(g.life.batchCtx, upstreampkg.Discovery{Client: g.client, Base: g.base, Orgs: cfg.Orgs,
 			Timeout: min(cfg.Timeout, upstreampkg.DiscoverTimeout), Speed: cfg.Speed})

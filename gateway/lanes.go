@@ -433,10 +433,6 @@ func (s *laneSet) release(g grant, fb gate.Feedback) {
 	g.lane.Release(now, g.permit, fb)
 }
 
-// wakeAll pumps every pool's waiters and wakes the engines: what the
-// same-organisation rule learnt may make room on any lane.
-func (s *laneSet) wakeAll() { s.up.Wake() }
-
 // disable takes an org (scope org) or one lane out of rotation.
 func (s *laneSet) disable(l *lane, scope anthropic.Scope, reason string) {
 	if scope == anthropic.ScopeOrg {

@@ -69,6 +69,9 @@ func NewLanes(cfg LanesConfig) *Lanes {
 	if s.sameOrg == nil {
 		s.sameOrg = NewOrgs(cfg.Orgs, nil)
 	}
+	// A key's organisation learnt (or its first discovery request ended)
+	// may leave room on any lane: the subscribers try again.
+	s.sameOrg.OnLearn(s.wake)
 	return s
 }
 
@@ -149,10 +152,6 @@ func (s *Lanes) wake() {
 		}
 	}
 }
-
-// Wake calls every subscriber: what the same-organisation rule learnt
-// may make room on any lane.
-func (s *Lanes) Wake() { s.wake() }
 
 // Shut makes every lane refuse every admission from now on.
 func (s *Lanes) Shut() {

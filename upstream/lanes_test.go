@@ -89,7 +89,7 @@ func TestLanesWakeEverySubscriber(t *testing.T) {
 	for i := range n - 1 {
 		unsub[i]()
 	}
-	s.Wake()
+	s.wake()
 	if w0, wl := woken[0].Load(), woken[n-1].Load(); w0 != 2 || wl != 3 {
 		t.Errorf("after unsubscribing: first woken %d (want 2, no more), last %d (want 3)", w0, wl)
 	}
