@@ -858,7 +858,7 @@ func TestBatchConfigLimits(t *testing.T) {
 func TestBatchCancelMidway(t *testing.T) {
 	t.Parallel()
 	cfg := batchConfig()
-	cfg.Orgs[0].Batch = BatchLimits{PerMinute: 600, QueueWaitS: 1e-6, CancelS: 1e-6} // 10,000 requests: 1 s real
+	cfg.Orgs[0].Batch = BatchLimits{PerMinute: 60, QueueWaitS: 1e-6, CancelS: 1e-6} // 10,000 requests: 10 s real, so a loaded machine still cancels it midway
 	run := startSim(t, cfg)
 	b := createBatchT(t, run, soloKey, judgeBatch("m", 10000)...)
 	time.Sleep(100 * time.Millisecond)
