@@ -405,12 +405,20 @@ func (s *batchStore) execute(gb *gwBatch) {
 			}
 		}()
 		g.discover()
-		out := s.runOnce(ctx, gb, canceling || expired)
+		cancelOpen := canceling || expired
+		out := s.runOnce(ctx, gb, cancelOpen)
 		close(stopWatch)
 		<-watchDone
 		cancel()
 		if g.life.batchCtx.Err() != nil {
 			return // the gateway is stopping: resume next time
+		}
+		if expired && !cancelOpen && out.Stop.Kind != runner.Complete {
+			// Expired during the run, which was cut: the upstream batches
+			// it left open would run on and bill what they process, which
+			// no one would read. Run once more to cancel them (as a
+			// cancel does), then end it.
+			continue
 		}
 		if out.Stop.Kind == runner.Complete || canceling || expired {
 			s.finalize(gb, canceling, expired, out)
