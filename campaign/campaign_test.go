@@ -12,7 +12,7 @@ import (
 )
 
 var (
-	seedsFlag = flag.Int("seeds", 0, "how many seeds the campaign draws (from -first; 0: 4, or 24 with -tags long)")
+	seedsFlag = flag.Int("seeds", 0, "how many seeds the campaign draws (from -first; 0: 4, or 12 with -tags long)")
 	firstFlag = flag.Int64("first", 1, "the first seed of the campaign")
 	seedFlag  = flag.Int64("seed", 0, "run this one seed alone (0: the campaign)")
 )

@@ -34,7 +34,7 @@ import (
 	"github.com/apidispatch/apidispatch/sim"
 )
 
-var gatewayEveryFlag = flag.Int("gateway-every", 3, "with -seeds, run a gateway scenario for every seed of -first/-seeds divisible by `N` (1: every seed; 0: none); without it, the first 3 seeds (12 with -tags long)")
+var gatewayEveryFlag = flag.Int("gateway-every", 3, "with -seeds, run a gateway scenario for every seed of -first/-seeds divisible by `N` (1: every seed; 0: none); without it, the first 3 seeds (6 with -tags long)")
 
 // gatewayCampaign runs the gateway scenarios of the campaign's seeds (the
 // first defaultSeeds; with -seeds those divisible by -gateway-every; or

@@ -30,7 +30,7 @@ import (
 // time, which leaves the 2-core reference machine room for the simulator
 // and the dispatcher together: 50,000 items take about 70 s a run.
 const (
-	soakN     = 50_000
+	soakN     = 30_000
 	soakRaceN = 20_000
 	soakK     = 12
 	soakSeed  = 20260627
