@@ -269,7 +269,7 @@ func check(w *world) []string {
 	for _, o := range st.Orgs {
 		var over []string
 		for _, pt := range o.Series {
-			c := capAt(pt.T)
+			c := capAt(o.Name, pt.T)
 			if pt.InFlightMax <= int64(c) {
 				continue
 			}
@@ -286,20 +286,24 @@ func check(w *world) []string {
 	return v
 }
 
-// capBound returns the key's cap in the real second [t, t+1) since the
-// simulator started. The cap of a key is the smallest --cap of the live
-// processes (docs/design.md §13; docs/shared-budget.md): with one --cap for all it
-// is that. With different ones, a process's --cap holds the key down from
-// when it surely reached Redis (its first request billed in the pass, by
-// which it had renewed) and the others' requests admitted under a larger
-// cap have ended, to the end of its pass, except while it may be missing
-// from Redis (stopped or cut off past its lease, or Redis restarted
-// empty); outside every such span the cap is the largest asked for. A
-// pass run on the start fallback's local share adds that share.
-func (w *world) capBound(ledger []sim.LedgerEntry, byHash map[sim.BodyHash]item) func(t int64) int {
+// capBound returns the cap of the key of the org named org in the real
+// second [t, t+1) since the simulator started. The cap of a key is the
+// smallest --cap of the live processes (docs/design.md §13;
+// docs/shared-budget.md): with one --cap for all it is that. With
+// different ones, a process's --cap holds the key down from when it surely
+// reached Redis (its first request billed in the pass, by which it had
+// renewed) and the others' requests admitted under a larger cap have
+// ended, to when the pass handed the key's lane back to Redis (its events
+// say when: a finished process does so before it exits, and the others may
+// take their larger cap from then) or, without that record, the end of its
+// pass, except while it may be missing from Redis (stopped or cut off past
+// its lease, or Redis restarted empty); outside every such span the cap
+// is the largest asked for. A pass run on the start fallback's local share
+// adds that share.
+func (w *world) capBound(ledger []sim.LedgerEntry, byHash map[sim.BodyHash]item) func(org string, t int64) int {
 	base := w.liveCap(ledger, byHash)
 	extra := w.fallbackShares()
-	return func(t int64) int { return base(t) + extra(t) }
+	return func(org string, t int64) int { return base(org, t) + extra(t) }
 }
 
 // fallbackShares returns, per real second, what the key may carry above its
@@ -360,11 +364,11 @@ func (w *world) fallbackShares() func(t int64) int {
 	}
 }
 
-// liveCap returns, per real second, the smallest --cap of the processes
-// live and on Redis then (see capBound).
-func (w *world) liveCap(ledger []sim.LedgerEntry, byHash map[sim.BodyHash]item) func(t int64) int {
+// liveCap returns, per org and real second, the smallest --cap of the
+// processes live and on Redis then (see capBound).
+func (w *world) liveCap(ledger []sim.LedgerEntry, byHash map[sim.BodyHash]item) func(org string, t int64) int {
 	if w.sc.CapStep == 0 {
-		return func(int64) int { return w.sc.Cap }
+		return func(string, int64) int { return w.sc.Cap }
 	}
 	largest := 0
 	for _, p := range w.procs {
@@ -374,6 +378,8 @@ func (w *world) liveCap(ledger []sim.LedgerEntry, byHash map[sim.BodyHash]item) 
 	type span struct {
 		proc     int
 		from, to time.Duration
+		// back is when the pass handed each org's lane back to Redis.
+		back map[string]time.Duration
 	}
 	var spans []span
 	for _, p := range w.procs {
@@ -389,15 +395,23 @@ func (w *world) liveCap(ledger []sim.LedgerEntry, byHash map[sim.BodyHash]item) 
 				}
 			}
 			if first >= 0 {
-				spans = append(spans, span{p.i, first + time.Second + w.latencyReal(), ps.to})
+				back := map[string]time.Duration{}
+				for org, at := range handedBack(ps.runDir, w.start.Add(ps.from), w.start.Add(ps.to)) {
+					back[org] = at.Sub(w.start)
+				}
+				spans = append(spans, span{p.i, first + time.Second + w.latencyReal(), ps.to, back})
 			}
 		}
 	}
-	return func(t int64) int {
+	return func(org string, t int64) int {
 		from, to := time.Duration(t)*time.Second, time.Duration(t+1)*time.Second
 		c := largest
 		for _, s := range spans {
-			if s.from > from || s.to < to {
+			end := s.to
+			if at, ok := s.back[org]; ok {
+				end = min(end, at)
+			}
+			if s.from > from || end < to {
 				continue
 			}
 			w.mu.Lock()
@@ -526,4 +540,37 @@ func eventBetween(runDir string, from, to time.Time, text string) bool {
 		}
 	}
 	return false
+}
+
+// handedBack returns, per org, when the events file of runDir says the
+// pass that ran from from to to handed the org's lane back to Redis at its
+// end (shared.Budget.Close): from then on its --cap no longer bounds the
+// key. A lane that still had requests out is not handed back and has no
+// such event; of several lanes of one org the last one counts.
+func handedBack(runDir string, from, to time.Time) map[string]time.Time {
+	out := map[string]time.Time{}
+	b, err := os.ReadFile(filepath.Join(runDir, rundir.EventsFile))
+	if err != nil {
+		return out
+	}
+	for line := range strings.Lines(string(b)) {
+		var e struct {
+			TS   time.Time `json:"ts"`
+			Kind string    `json:"kind"`
+			Data struct {
+				Org        string `json:"org"`
+				HandedBack bool   `json:"handed_back"`
+			} `json:"data"`
+		}
+		if json.Unmarshal([]byte(line), &e) != nil || e.Kind != rundir.EventLane || !e.Data.HandedBack || e.Data.Org == "" {
+			continue
+		}
+		if e.TS.Before(from) || e.TS.After(to) {
+			continue
+		}
+		if at, ok := out[e.Data.Org]; !ok || e.TS.After(at) {
+			out[e.Data.Org] = e.TS
+		}
+	}
+	return out
 }

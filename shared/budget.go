@@ -457,7 +457,10 @@ func (b *Budget) Stats() Stats {
 // Close stops the renewal loop, waits for it, and hands every slot back at
 // once, but those of a lane with requests admitted and never Done (cut by
 // the process as it stops): they may still run upstream, so the others
-// get them only when the lease and its grace have passed. It is safe to call more than once (later calls return the first's
+// get them only when the lease and its grace have passed. Each lane handed
+// back is recorded in Config.Events (a lane event with "handed_back"): its
+// cap stops bounding the others from then, before the process has exited.
+// It is safe to call more than once (later calls return the first's
 // error), and before or without Start.
 func (b *Budget) Close() error {
 	b.closeOnce.Do(func() { b.closeErr = b.close() })
@@ -505,6 +508,12 @@ func (b *Budget) close() error {
 				err = e
 				break
 			}
+			// From here the lane's cap is no longer this process's: the
+			// others on the key may go up to the smallest cap of those
+			// still in Redis while this process is still finishing (the
+			// campaign's checker reads when from this event).
+			b.cfg.Events.Emit(rundir.EventLane, fmt.Sprintf("shared budget: %s/%s handed its slots and its cap back (the run is over)", g.cfg.Org, g.cfg.Pool),
+				map[string]any{"org": g.cfg.Org, "pool": string(g.cfg.Pool), "key": g.fp, "handed_back": true})
 		}
 		cancel()
 	}
