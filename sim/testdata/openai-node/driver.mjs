@@ -112,6 +112,34 @@ function usage(model, u, batch) {
   });
 }
 
+// errorIs records how e, the SDK's error for an answer, departs from the
+// API's: its class, status, error type, code and param, and the body's
+// {"error": {...}} envelope with the request id.
+function errorIs(what, e, cls, status, type, code, param = null) {
+  if (!(e instanceof cls) || e.status !== status || e.type !== type || e.code !== code || e.param !== param) {
+    fail(`${what}: ${e && e.constructor && e.constructor.name} ${e && e.status} ${e && e.type}/${e && e.code} param ${e && e.param}`);
+  }
+  if (!e || !e.error || typeof e.error.message !== 'string' || !e.headers || !e.headers.get('x-request-id')) {
+    fail(`${what}: no error message or x-request-id`);
+  }
+}
+
+// attempts records each request the SDK sends (its x-stainless-retry-count)
+// and each answer's status, with their times, through the client's fetch;
+// onAnswer runs on every answer.
+function attempts() {
+  const log = { sent: [], answers: [], onAnswer: null };
+  log.fetch = async (url, init) => {
+    const h = new Headers(init?.headers);
+    log.sent.push({ t: performance.now(), retry: h.get('x-stainless-retry-count') });
+    const r = await fetch(url, init);
+    log.answers.push({ t: performance.now(), status: r.status, headers: r.headers });
+    if (log.onAnswer) await log.onAnswer(r);
+    return r;
+  };
+  return log;
+}
+
 async function fault(f) {
   const r = await fetch(`${SIM_URL}/sim/faults`, { method: 'POST', body: JSON.stringify(f) });
   if (!r.ok) throw new Error(`fault ${JSON.stringify(f)}: ${r.status}`);
@@ -204,6 +232,52 @@ async function main() {
     if (!(e instanceof OpenAI.BadRequestError) || e.param !== 'temperature' || e.type !== 'invalid_request_error') fail(`400: ${e}`);
   }
   report.calls++;
+  const wrongKey = new OpenAI({ apiKey: 'sk-proj-not-a-key', baseURL: `${SIM_URL}/v1`, maxRetries: 0 });
+  try {
+    await wrongKey.chat.completions.create(judge(4));
+    fail('a wrong key accepted');
+  } catch (e) {
+    errorIs('401', e, OpenAI.AuthenticationError, 401, 'invalid_request_error', 'invalid_api_key');
+  }
+  try {
+    await client.chat.completions.create(judge(4, { model: 'gpt-no-such-model' }));
+    fail('an unknown model accepted');
+  } catch (e) {
+    errorIs('404 model', e, OpenAI.NotFoundError, 404, 'invalid_request_error', 'model_not_found');
+  }
+  try {
+    await client.files.retrieve('file-NoSuchFile0000000000');
+    fail('an unknown file found');
+  } catch (e) {
+    errorIs('404 file', e, OpenAI.NotFoundError, 404, 'invalid_request_error', null, 'id');
+  }
+  try {
+    await client.batches.retrieve('batch_no_such_batch');
+    fail('an unknown batch found');
+  } catch (e) {
+    errorIs('404 batch', e, OpenAI.NotFoundError, 404, 'invalid_request_error', null, 'batch_id');
+  }
+  report.calls += 4;
+  // A 429 the SDK retries when its headers say: retry-after-ms (1.2 s)
+  // before retry-after (2 s, whole seconds) and its own backoff (at most
+  // 0.5 s for a first retry). The storm ends when its 429 is answered.
+  {
+    const log = attempts();
+    await fault({ id: 'node-429ms', kind: 'storm_429', org: 'oa', retry_after: '240s' }); // 1.2 s at K = 200
+    log.onAnswer = async (r) => { if (r.status === 429) await clearFault('node-429ms'); };
+    const c = await new OpenAI({ apiKey: SIM_KEY, baseURL: `${SIM_URL}/v1`, maxRetries: 2, fetch: log.fetch }).chat.completions.create(judge(5));
+    report.calls += 2;
+    usage(c.model, c.usage, false);
+    const st = log.answers.map((a) => a.status), rc = log.sent.map((x) => x.retry);
+    const h = log.answers[0].headers;
+    if (st.join() !== '429,200' || rc.join() !== '0,1') fail(`retry-after-ms: answers ${st}, retry counts ${rc}`);
+    if (h.get('retry-after') !== '2' || h.get('retry-after-ms') !== '1200' || !h.get('x-ratelimit-limit-requests')) {
+      fail(`the 429's headers: retry-after ${h.get('retry-after')}, retry-after-ms ${h.get('retry-after-ms')}`);
+    }
+    const gap = log.sent.length === 2 ? (log.sent[1].t - log.answers[0].t) / 1000 : 0;
+    if (!(gap >= 1.2 && gap < 1.95)) fail(`the SDK waited ${gap.toFixed(3)} s, not retry-after-ms's 1.2 s`);
+    report.retryAfterMsWait = gap;
+  }
   for (const kind of ['server_error_500', 'storm_429']) {
     const id = `node-${kind}`;
     await fault({ id, kind, org: 'oa', from_now: true, duration: '2s', retry_after: '1s' });
@@ -217,9 +291,22 @@ async function main() {
     await client.chat.completions.create(judge(6));
     fail('quota not refused');
   } catch (e) {
-    if (!(e instanceof OpenAI.RateLimitError) || e.code !== 'insufficient_quota' || e.type !== 'insufficient_quota') fail(`quota 429: ${e}`);
+    errorIs('quota 429', e, OpenAI.RateLimitError, 429, 'insufficient_quota', 'insufficient_quota');
+    if (e.headers?.get('retry-after') || e.headers?.get('retry-after-ms')) fail('the quota 429 has a retry-after');
   }
   report.calls++;
+  {
+    // With retries the SDK retries it (the API gives no retry-after nor
+    // x-should-retry for it) and raises the same error at the end.
+    const log = attempts();
+    try {
+      await new OpenAI({ apiKey: SIM_KEY, baseURL: `${SIM_URL}/v1`, maxRetries: 2, fetch: log.fetch }).chat.completions.create(judge(6));
+      fail('quota not refused with retries');
+    } catch (e) {
+      errorIs('quota 429 with retries', e, OpenAI.RateLimitError, 429, 'insufficient_quota', 'insufficient_quota');
+    }
+    report.calls += log.sent.length;
+  }
   await clearFault('node-quota');
 
   // The batch lifecycle.
@@ -227,6 +314,8 @@ async function main() {
   for (let i = 0; i < 20; i++) {
     lines.push(JSON.stringify({ custom_id: `node-${i}`, method: 'POST', url: '/v1/chat/completions', body: judge(100 + i) }));
   }
+  // One line the API refuses when it runs it: a 400 in the error file.
+  lines.push(JSON.stringify({ custom_id: 'node-bad', method: 'POST', url: '/v1/chat/completions', body: judge(200, { temperature: 3 }) }));
   const file = await client.files.create({ file: await toFile(Buffer.from(lines.join('\n') + '\n'), 'judge.jsonl'), purpose: 'batch' });
   report.calls++;
   check('file', 'FileObject', file);
@@ -265,8 +354,20 @@ async function main() {
     ids.add(o.custom_id);
   }
   if (ids.size !== 20) fail(`${ids.size} custom_ids in the output`);
-  const errs = await (await client.files.content(b2.error_file_id)).text();
-  if ((errs.match(/"batch_cancelled"/g) || []).length !== 20) fail('cancelled lines');
+  const rc = b.request_counts;
+  if (rc.total !== 21 || rc.completed !== 20 || rc.failed !== 1 || !b.error_file_id) fail(`request_counts ${JSON.stringify(rc)}`);
+  const bad = (await (await client.files.content(b.error_file_id)).text()).trim().split('\n').map((l) => JSON.parse(l));
+  report.calls++;
+  if (bad.length !== 1 || bad[0].custom_id !== 'node-bad' || bad[0].error !== null || bad[0].response?.status_code !== 400 ||
+      bad[0].response.body?.error?.param !== 'temperature' || !bad[0].response.request_id) {
+    fail(`the error file: ${JSON.stringify(bad)}`);
+  }
+  const errs = (await (await client.files.content(b2.error_file_id)).text()).trim().split('\n').map((l) => JSON.parse(l));
+  report.calls++;
+  if (errs.length !== 21 || !errs.every((x) => x.response === null && x.error?.code === 'batch_cancelled' && x.error.message) ||
+      new Set(errs.map((x) => x.custom_id)).size !== 21) {
+    fail(`cancelled lines: ${JSON.stringify(errs.slice(0, 2))}`);
+  }
 }
 
 main()
