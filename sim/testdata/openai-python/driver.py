@@ -362,8 +362,9 @@ def main():
           f"retry-after {h.get('retry-after')}, retry-after-ms {h.get('retry-after-ms')}")
     if len(requests) == 2:
         gap = requests[1][1] - answers[0][1]
-        # Honouring retry-after-ms waits 1.2 s; retry-after would be 2 s.
-        check(1.2 <= gap < 1.95, f"the SDK waited retry-after-ms: {gap:.3f} s", f"{gap:.3f} s")
+        # Honouring retry-after-ms waits 1.2 s (less a timer's granularity);
+        # retry-after would be 2 s, the SDK's own backoff at most 0.5 s.
+        check(1.15 <= gap < 1.95, f"the SDK waited retry-after-ms: {gap:.3f} s", f"{gap:.3f} s")
     try:
         fault({"id": "py-429b", "kind": "storm_429", "org": "oa", "retry_after": "240s"})
         cl.chat.completions.create(**judge(6))
