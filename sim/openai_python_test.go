@@ -20,12 +20,15 @@ import (
 // TestOpenAIPythonSDK runs the official openai Python SDK through a judge
 // workflow against the simulator (testdata/openai-python/driver.py):
 // models, a completion with its headers, the same streamed with usage (raw
-// events and the SDK's Stream: accumulated = unstreamed), the SDK's stream
-// helper, n choices, a reasoning model, the async client, the errors (401,
-// 404 for a model, a file and a batch, 400, a 500 and a rate-limit 429
-// retried through, the 429 waiting retry-after-ms, the quota 429 raised as
-// RateLimitError insufficient_quota), and the batch lifecycle (upload,
-// retrieve, create, cancel, poll, list, the output and error files). Every
+// events and the SDK's Stream: accumulated = unstreamed; obfuscation on
+// and off), the SDK's stream helper, an error event mid-stream, n choices,
+// a reasoning model, the async client, the errors (401, 404 for a model, a
+// file and a batch, 400, a 500 and a rate-limit 429 retried through, the
+// 429 waiting retry-after-ms, a drained TPM bucket's 429 and the retries
+// that wait it out, the quota 429 raised as RateLimitError
+// insufficient_quota with and without retries), and the batch lifecycle
+// (upload, retrieve, create, cancel, poll, list, the output and error
+// files, the files list and delete). Every
 // answer's body validates strictly against the SDK's own pydantic types
 // with no field they do not declare, and the ledger equals the SDK's
 // usages priced by package cost.
@@ -48,9 +51,9 @@ func TestOpenAIPythonSDK(t *testing.T) {
 	}
 	cfg := oaTestConfig()
 	cfg.Speed = 200
-	// 21 requests take 105 API seconds (0.5 s here): long enough for a
+	// 21 requests take 315 API seconds (1.6 s here): long enough for a
 	// loaded machine's polls to see the batch in progress.
-	cfg.Orgs[1].Batch.PerMinute = 12
+	cfg.Orgs[1].Batch.PerMinute = 4
 	run := startSim(t, cfg)
 	oa := run.Server.OpenAIOrgs()[0]
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)

@@ -281,6 +281,23 @@ def main():
           f"{deltas!r} vs {final.choices[0].message.content!r}")
     usage(final.model, final.usage)
 
+    # An error after the 200 (the API's overloaded, as a data event): the
+    # SDK raises APIError with the event's error object, after the chunks
+    # before it.
+    fault({"id": "py-cut", "kind": "stream_overloaded", "org": "oa"})
+    got = []
+    try:
+        for ch in cl.chat.completions.create(**judge(8), stream=True):
+            got.append(ch)
+        check(False, "an error event mid-stream", "the stream ended without raising")
+    except openai.APIError as e:
+        check(type(e) is openai.APIError and got and e.message == "The server is overloaded or not ready yet."
+              and e.type == "server_error" and not shape(ErrorObject, e.body, "error event"),
+              f"an error event mid-stream: APIError {e.type!r} after {len(got)} chunks",
+              f"{type(e).__name__} {e.message!r} {e.body!r}, {len(got)} chunks")
+    finally:
+        clear_fault("py-cut")
+
     # n choices and a reasoning model (a developer message).
     raw = cl.chat.completions.with_raw_response.create(**judge(3, n=2))
     c3 = raw.parse()
@@ -373,6 +390,46 @@ def main():
         check_error(e, openai.RateLimitError, 429, "requests", "rate_limit_exceeded", "a 429 without retries")
     finally:
         clear_fault("py-429b")
+
+    # The rate-limit 429 of a drained bucket: o4-mini's TPM is 3,000 and
+    # each request reserves its prompt and max_completion_tokens (1,000).
+    reason = {"model": "o4-mini", "max_completion_tokens": 1000,
+              "messages": [{"role": "user", "content": "Is 2+2 = 4? Answer yes or no."}]}
+    limited = None
+    for _ in range(10):
+        try:
+            c = cl.chat.completions.create(**reason)
+            usage(c.model, c.usage)
+        except openai.RateLimitError as e:
+            limited = e
+            break
+    if limited is None:
+        check(False, "o4-mini's TPM drained", "10 requests of 1,000 tokens were all admitted")
+    else:
+        h = limited.response.headers
+        check_error(limited, openai.RateLimitError, 429, "tokens", "rate_limit_exceeded", "o4-mini's TPM drained")
+        check("tokens per min (TPM)" in limited.message and h.get("retry-after-ms") and h.get("retry-after")
+              and h.get("x-ratelimit-remaining-tokens") and h.get("x-ratelimit-reset-tokens"),
+              f"the drained bucket's 429: TPM named, retry-after-ms {h.get('retry-after-ms')}, "
+              f"x-ratelimit-remaining-tokens {h.get('x-ratelimit-remaining-tokens')}", limited.message + str(h))
+        # Drained again by a client that retries: the first call that meets
+        # a 429 waits its retry-after-ms and goes through.
+        att = Attempts()
+        retrying = client(max_retries=5, http_client=att.client())
+        for _ in range(20):
+            att.log = []
+            c = retrying.chat.completions.create(**reason)
+            usage(c.model, c.usage)
+            if any(a[0] == "answer" and a[2] == 429 for a in att.log):
+                break
+        answers = [a for a in att.log if a[0] == "answer"]
+        sent = [a for a in att.log if a[0] == "request"]
+        waits = [sent[i + 1][1] - a[1] for i, a in enumerate(answers[:-1])]
+        asked = [float(a[3].get("retry-after-ms")) / 1000 for a in answers[:-1]]
+        check(len(answers) > 1 and answers[-1][2] == 200 and all(w >= x - 0.002 for w, x in zip(waits, asked)),
+              f"the SDK retried through the drained bucket: {len(answers) - 1} 429s, each retry after its "
+              f"retry-after-ms ({', '.join(f'{x * 1000:.0f} ms' for x in asked)})",
+              f"statuses {[a[2] for a in answers]}, waited {waits}, asked {asked}")
 
     # The quota 429: RateLimitError with code insufficient_quota, at once
     # without retries and after the SDK's own retries with them (the API
