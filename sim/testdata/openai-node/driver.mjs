@@ -212,6 +212,27 @@ async function main() {
   usage(fc.model, fc.usage, false);
   if (!fc.choices[0].message.content) fail('finalChatCompletion has no content');
 
+  // An error after the 200 (the API's overloaded, as a data event): the
+  // SDK throws APIError with the event's error object, after the chunks
+  // before it.
+  await fault({ id: 'node-cut', kind: 'stream_overloaded', org: 'oa' });
+  {
+    let got = 0;
+    try {
+      for await (const ch of await client.chat.completions.create(judge(8, { stream: true }))) {
+        check('chunk before the error', 'ChatCompletionChunk', ch);
+        got++;
+      }
+      fail('an error event mid-stream: the stream ended without throwing');
+    } catch (e) {
+      if (e.constructor !== OpenAI.APIError || got === 0 || e.error?.message !== 'The server is overloaded or not ready yet.' || e.type !== 'server_error') {
+        fail(`an error event mid-stream: ${e && e.constructor && e.constructor.name} ${e && e.message} after ${got} chunks`);
+      }
+    }
+    report.calls++;
+  }
+  await clearFault('node-cut');
+
   // n choices and a reasoning model.
   const c3 = await client.chat.completions.create(judge(3, { n: 2 }));
   report.calls++;
