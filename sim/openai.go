@@ -494,6 +494,13 @@ func parseOpenAIChat(body []byte) (oaRequest, *oaError) {
 		r.includeUsage = w.StreamOptions.IncludeUsage != nil && *w.StreamOptions.IncludeUsage
 	}
 	r.obfuscate = r.stream && (w.StreamOptions == nil || w.StreamOptions.IncludeObfuscation == nil || *w.StreamOptions.IncludeObfuscation)
+	format, e := oaResponseFormat(w.ResponseFormat)
+	if e != nil {
+		return oaRequest{}, e
+	}
+	// JSON mode answers a JSON object, as a judge's verdict is.
+	r.judge = format == "json_object"
+	mentionsJSON := false
 	r.prompt = oaTokensPerRequest
 	h := sha256.New()
 	h.Write([]byte(m.id))
@@ -535,7 +542,11 @@ func parseOpenAIChat(body []byte) (oaRequest, *oaError) {
 		}
 		r.prompt += n + oaTokensPerMessage
 		r.judge = r.judge || judge
+		mentionsJSON = mentionsJSON || containsFold(content, jsonWord)
 		r.long = r.long || long
+	}
+	if format == "json_object" && !mentionsJSON {
+		return oaRequest{}, oaInvalid("messages", "", "'messages' must contain the word 'json' in some form, to use 'response_format' of type 'json_object'.")
 	}
 	copy(r.prefixKey[:], h.Sum(nil))
 	need := r.prompt
@@ -546,6 +557,51 @@ func parseOpenAIChat(body []byte) (oaRequest, *oaError) {
 		return oaRequest{}, oaInvalid("messages", "context_length_exceeded", "This model's maximum context length is %d tokens. However, your messages resulted in %d tokens. Please reduce the length of the messages.", m.context, r.prompt)
 	}
 	return r, nil
+}
+
+var jsonWord = [][]byte{[]byte("json")}
+
+// oaResponseFormat validates response_format and returns its type: "" when
+// absent, else "text", "json_object" or "json_schema" (whose json_schema
+// must be an object with a name). JSON mode's answer is a JSON object;
+// a json_schema's answer is not made to fit its schema.
+func oaResponseFormat(raw json.RawMessage) (string, *oaError) {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 || bytes.Equal(raw, []byte("null")) {
+		return "", nil
+	}
+	if raw[0] != '{' {
+		return "", oaInvalid("response_format", "invalid_type", "Invalid type for 'response_format': expected an object, but got %s instead.", jsonTypeName(raw))
+	}
+	var rf struct {
+		Type       *string         `json:"type"`
+		JSONSchema json.RawMessage `json:"json_schema"`
+	}
+	if json.Unmarshal(raw, &rf) != nil {
+		return "", oaInvalid("response_format", "invalid_type", "Invalid type for 'response_format': expected an object.")
+	}
+	switch {
+	case rf.Type == nil:
+		return "", oaInvalid("response_format.type", "missing_required_parameter", "Missing required parameter: 'response_format.type'.")
+	case *rf.Type == "text", *rf.Type == "json_object":
+		return *rf.Type, nil
+	case *rf.Type != "json_schema":
+		return "", oaInvalid("response_format.type", "invalid_value", "Invalid value: '%s'. Supported values are: 'text', 'json_object' and 'json_schema'.", *rf.Type)
+	}
+	js := bytes.TrimSpace(rf.JSONSchema)
+	if len(js) == 0 || bytes.Equal(js, []byte("null")) {
+		return "", oaInvalid("response_format.json_schema", "missing_required_parameter", "Missing required parameter: 'response_format.json_schema'.")
+	}
+	var schema struct {
+		Name *string `json:"name"`
+	}
+	if js[0] != '{' || json.Unmarshal(js, &schema) != nil {
+		return "", oaInvalid("response_format.json_schema", "invalid_type", "Invalid type for 'response_format.json_schema': expected an object, but got %s instead.", jsonTypeName(js))
+	}
+	if schema.Name == nil {
+		return "", oaInvalid("response_format.json_schema.name", "missing_required_parameter", "Missing required parameter: 'response_format.json_schema.name'.")
+	}
+	return "json_schema", nil
 }
 
 // oaScanContent measures a message's content: a string or an array of
@@ -606,6 +662,10 @@ func jsonTypeName(raw []byte) string {
 	switch raw[0] {
 	case '{':
 		return "an object"
+	case '"':
+		return "a string"
+	case '[':
+		return "an array"
 	case 't', 'f':
 		return "a boolean"
 	case 'n':

@@ -242,3 +242,70 @@ func TestOpenAIBatchFailsAndExpires(t *testing.T) {
 		}
 	}
 }
+
+// JSON mode (response_format json_object) answers valid JSON whatever the
+// prompt's words, streamed or not, and is refused when no message names
+// JSON; a response_format of another type, or a json_schema without its
+// name, is refused. The Python SDK's driver found the simulator answering
+// prose in JSON mode and accepting it without JSON in the messages.
+func TestOpenAIJSONMode(t *testing.T) {
+	t.Parallel()
+	run := startSim(t, oaTestConfig())
+	const ask = `"messages":[{"role":"user","content":"Is 2+2 = 4? Answer in JSON, with a field correct."}]`
+	body := []byte(`{"model":"gpt-4.1-mini","max_completion_tokens":300,"response_format":{"type":"json_object"},` + ask + `}`)
+	r := oaDo(t, run, "POST", "/v1/chat/completions", oaKey, body)
+	var c openai.ChatCompletion
+	if r.status != 200 || json.Unmarshal(r.body, &c) != nil || len(c.Choices) != 1 || c.Choices[0].Message.Content == nil {
+		t.Fatalf("json_object: %d %s", r.status, r.body)
+	}
+	content := *c.Choices[0].Message.Content
+	if !json.Valid([]byte(content)) || c.Choices[0].FinishReason != "stop" {
+		t.Errorf("json_object answered %s: %q", c.Choices[0].FinishReason, content)
+	}
+	// Streamed, the deltas add up to the same JSON.
+	body = []byte(`{"model":"gpt-4.1-mini","max_completion_tokens":300,"stream":true,"response_format":{"type":"json_object"},` + ask + `}`)
+	r = oaDo(t, run, "POST", "/v1/chat/completions", oaKey, body)
+	var streamed strings.Builder
+	for l := range strings.Lines(string(r.body)) {
+		data, ok := strings.CutPrefix(strings.TrimSpace(l), "data: {")
+		if !ok {
+			continue
+		}
+		var ch openai.Chunk
+		if err := json.Unmarshal([]byte("{"+data), &ch); err != nil {
+			t.Fatalf("chunk %q: %v", l, err)
+		}
+		for _, x := range ch.Choices {
+			if x.Delta.Content != nil {
+				streamed.WriteString(*x.Delta.Content)
+			}
+		}
+	}
+	if r.status != 200 || streamed.String() != content {
+		t.Errorf("json_object streamed: %d %q, unstreamed %q", r.status, streamed.String(), content)
+	}
+	for _, c := range []struct{ body, param, want string }{
+		{`{"model":"gpt-4.1-mini","response_format":{"type":"json_object"},"messages":[{"role":"user","content":"Is 2+2 = 4?"}]}`,
+			"messages", "'messages' must contain the word 'json' in some form, to use 'response_format' of type 'json_object'."},
+		{`{"model":"gpt-4.1-mini","response_format":{"type":"xml"},` + ask + `}`,
+			"response_format.type", "Invalid value: 'xml'. Supported values are: 'text', 'json_object' and 'json_schema'."},
+		{`{"model":"gpt-4.1-mini","response_format":{"type":"json_schema"},` + ask + `}`,
+			"response_format.json_schema", "Missing required parameter: 'response_format.json_schema'."},
+		{`{"model":"gpt-4.1-mini","response_format":{"type":"json_schema","json_schema":{"schema":{"type":"object"}}},` + ask + `}`,
+			"response_format.json_schema.name", "Missing required parameter: 'response_format.json_schema.name'."},
+		{`{"model":"gpt-4.1-mini","response_format":"json",` + ask + `}`,
+			"response_format", "Invalid type for 'response_format': expected an object, but got a string instead."},
+	} {
+		r := oaDo(t, run, "POST", "/v1/chat/completions", oaKey, []byte(c.body))
+		var e struct{ Error openai.ErrorDetail }
+		if r.status != 400 || json.Unmarshal(r.body, &e) != nil || e.Error.Param == nil || *e.Error.Param != c.param || e.Error.Message != c.want {
+			t.Errorf("%s: %d %s, want 400 %s %q", c.body, r.status, r.body, c.param, c.want)
+		}
+	}
+	// text, and a json_schema with its name, are accepted.
+	for _, rf := range []string{`{"type":"text"}`, `{"type":"json_schema","json_schema":{"name":"verdict","strict":true,"schema":{"type":"object"}}}`} {
+		if r := oaDo(t, run, "POST", "/v1/chat/completions", oaKey, []byte(`{"model":"gpt-4.1-mini","response_format":`+rf+`,`+ask+`}`)); r.status != 200 {
+			t.Errorf("%s: %d %s", rf, r.status, r.body)
+		}
+	}
+}

@@ -313,6 +313,26 @@ def main():
           repr(cr.usage))
     usage(cr.model, cr.usage)
 
+    # JSON mode: response_format json_object answers valid JSON whatever
+    # else the prompt asks; the API refuses it when no message names JSON.
+    jm = {"model": MODEL, "max_completion_tokens": 300, "response_format": {"type": "json_object"},
+          "messages": [{"role": "user", "content": "Is 2+2 = 4? Answer in JSON, with a field correct."}]}
+    cj = cl.chat.completions.create(**jm)
+    usage(cj.model, cj.usage)
+    try:
+        json.loads(cj.choices[0].message.content)
+        is_json = True
+    except (TypeError, ValueError):
+        is_json = False
+    check(is_json and cj.choices[0].finish_reason == "stop", "response_format json_object: the content is JSON",
+          f"{cj.choices[0].finish_reason}: {cj.choices[0].message.content[:120]!r}")
+    try:
+        cl.chat.completions.create(**{**jm, "messages": [{"role": "user", "content": "Is 2+2 = 4?"}]})
+        check(False, "json_object without JSON in the messages", "accepted")
+    except openai.APIError as e:
+        check_error(e, openai.BadRequestError, 400, "invalid_request_error", None,
+                    "json_object without JSON in the messages", param="messages")
+
     # The async client.
     async def acreate():
         async with openai.AsyncOpenAI(api_key=KEY, base_url=f"{URL}/v1", organization=ORG, project=PROJECT,
