@@ -37,7 +37,8 @@ type nodeReport struct {
 // in testdata/openai-node/package.json) through a judge workflow against
 // the simulator: models, a completion, the same streamed with usage, the
 // SDK's stream helper, an error event mid-stream (thrown as APIError), n
-// choices, a reasoning model, a 400, a 401, 404s (a model, a file, a
+// choices, a reasoning model, JSON mode (its answer JSON; refused without
+// JSON in the messages), a 400, a 401, 404s (a model, a file, a
 // batch), a 500 and a 429 it retries through, a 429 whose retry-after-ms
 // it waits (1.2 s, not its own backoff nor the retry-after of 2 s), the
 // quota 429 with and without retries, and the batch lifecycle with its

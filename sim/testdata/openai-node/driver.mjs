@@ -245,6 +245,29 @@ async function main() {
   if (!(cr.usage.completion_tokens_details.reasoning_tokens > 0)) fail('no reasoning tokens');
   usage(cr.model, cr.usage, false);
 
+  // JSON mode answers JSON whatever else the prompt asks, and is refused
+  // when no message names JSON.
+  {
+    const jm = { model: 'gpt-4.1-mini', max_completion_tokens: 300, response_format: { type: 'json_object' },
+      messages: [{ role: 'user', content: 'Is 2+2 = 4? Answer in JSON, with a field correct.' }] };
+    const cj = await client.chat.completions.create(jm);
+    report.calls++;
+    check('json_object', 'ChatCompletion', cj);
+    usage(cj.model, cj.usage, false);
+    try {
+      JSON.parse(cj.choices[0].message.content);
+    } catch {
+      fail(`json_object: not JSON: ${cj.choices[0].message.content}`);
+    }
+    try {
+      await client.chat.completions.create({ ...jm, messages: [{ role: 'user', content: 'Is 2+2 = 4?' }] });
+      fail('json_object accepted without JSON in the messages');
+    } catch (e) {
+      errorIs('json_object without JSON', e, OpenAI.BadRequestError, 400, 'invalid_request_error', null, 'messages');
+    }
+    report.calls++;
+  }
+
   // Errors: a 400; a 500 and a 429 retried through; the quota 429.
   try {
     await client.chat.completions.create(judge(4, { temperature: 3 }));
