@@ -54,6 +54,10 @@ func TestOpenAIPythonSDK(t *testing.T) {
 	// 21 requests take 315 API seconds (1.6 s here): long enough for a
 	// loaded machine's polls to see the batch in progress.
 	cfg.Orgs[1].Batch.PerMinute = 4
+	// o4-mini's bucket holds one request of 1,000 completion tokens and
+	// refills it in a quarter of a second here: a loaded machine's
+	// requests still drain it.
+	cfg.Orgs[1].ModelLimits["o4-mini"] = OpenAILimits{RPM: 600, TPM: 1200}
 	run := startSim(t, cfg)
 	oa := run.Server.OpenAIOrgs()[0]
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
