@@ -20,6 +20,9 @@ type nodeReport struct {
 	Differ   []string `json:"differ"`
 	Failures []string `json:"failures"`
 	Calls    int      `json:"calls"`
+	// Objects is how many objects (nested ones included) were checked
+	// against the SDK's declarations.
+	Objects int `json:"objects"`
 	// RetryAfterMsWait is how long the SDK waited before retrying a 429
 	// whose retry-after-ms was 1.2 s, in seconds.
 	RetryAfterMsWait float64 `json:"retryAfterMsWait"`
@@ -114,5 +117,5 @@ func TestOpenAINodeSDK(t *testing.T) {
 	if ledger != int64(priced) || priced == 0 {
 		t.Errorf("ledger %d n$, the npm SDK's %d usages priced %d n$", ledger, len(rep.Usages), priced)
 	}
-	t.Logf("%d calls, %d usages, 0 differ, a 429's retry-after-ms (1.2 s) waited %.3f s, ledger = usage priced = %d n$", rep.Calls, len(rep.Usages), rep.RetryAfterMsWait, ledger)
+	t.Logf("%d calls, %d objects checked, %d usages, 0 differ, a 429's retry-after-ms (1.2 s) waited %.3f s, ledger = usage priced = %d n$", rep.Calls, rep.Objects, len(rep.Usages), rep.RetryAfterMsWait, ledger)
 }

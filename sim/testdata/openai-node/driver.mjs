@@ -16,7 +16,7 @@ import OpenAI, { toFile } from 'openai';
 const sdkDir = path.join(path.dirname(fileURLToPath(import.meta.url)), 'node_modules', 'openai');
 const { SIM_URL, SIM_KEY, SIM_ORG, SIM_PROJECT } = process.env;
 
-const report = { differ: [], failures: [], usages: [], calls: 0 };
+const report = { differ: [], failures: [], usages: [], calls: 0, objects: 0 };
 const fail = (msg) => report.failures.push(msg);
 
 // --- the SDK's declared shapes -------------------------------------------------
@@ -75,6 +75,7 @@ const children = {
 
 // check records how obj departs from the declared type name.
 function check(where, name, obj) {
+  report.objects++;
   if (obj === null || typeof obj !== 'object') {
     report.differ.push(`${where}: not an object`);
     return;
@@ -102,6 +103,7 @@ for (const [n, d] of Object.entries(types)) {
 check('selftest', 'Model', { id: 'm', object: 'model', owned_by: 'system', extra: 1 });
 if (report.differ.length !== 2) fail(`the shape check missed a differ: ${report.differ}`);
 report.differ = [];
+report.objects = 0;
 
 function usage(model, u, batch) {
   report.usages.push({
