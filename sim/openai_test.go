@@ -138,6 +138,8 @@ func TestOpenAIValidation(t *testing.T) {
 func FuzzParseOpenAIChat(f *testing.F) {
 	f.Add([]byte(`{"model":"gpt-4.1-mini","messages":[{"role":"user","content":[{"type":"text","text":"x"}]}]}`))
 	f.Add([]byte(`{"model":"o3","messages":[{"role":"assistant","content":null,"tool_calls":[]}]}`))
+	f.Add([]byte(`{"model":"gpt-4.1-mini","response_format":{"type":"json_object"},"messages":[{"role":"user","content":"JSON"}]}`))
+	f.Add([]byte(`{"model":"gpt-4.1-mini","response_format":{"type":"json_schema","json_schema":{"name":"v"}},"messages":[{"role":"user","content":"x"}]}`))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		r, e := parseOpenAIChat(b)
 		if e == nil && (r.model == nil || r.prompt <= 0 || r.n < 1) {
@@ -248,7 +250,7 @@ func TestOpenAIBatchFailsAndExpires(t *testing.T) {
 // JSON; a response_format of another type, or a json_schema without its
 // name, is refused. The Python SDK's driver found the simulator answering
 // prose in JSON mode and accepting it without JSON in the messages.
-func TestOpenAIJSONMode(t *testing.T) {
+func TestOpenAIJSONModeAnswersJSON(t *testing.T) {
 	t.Parallel()
 	run := startSim(t, oaTestConfig())
 	const ask = `"messages":[{"role":"user","content":"Is 2+2 = 4? Answer in JSON, with a field correct."}]`
