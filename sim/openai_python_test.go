@@ -34,9 +34,14 @@ import (
 // usages priced by package cost.
 //
 // CI cannot install the SDK (no PyPI), so it builds only with the tag,
-// and fails, not skips, when python3 cannot import openai (PYTHONPATH may
-// name a directory holding the SDK's sources and its pure-Python
-// dependencies):
+// and fails, not skips, when python3 cannot import openai. PYTHONPATH may
+// name a directory holding the SDK's sources and their pure-Python
+// dependencies: openai, httpx, httpcore, h11, anyio, sniffio, idna,
+// certifi, distro (2.x) and, for openai 3.x, httpx2 (pydantic's fork of
+// httpx; httpx itself under that name serves the SDK's calls), with a
+// jiter whose from_json parses with json.loads (the SDK uses it only on
+// streamed tool-call arguments); pydantic and typing_extensions installed
+// or there too:
 //
 //	PYTHONPATH=/path/to/site go test -tags sdkexamples -run TestOpenAIPythonSDK -v ./sim
 func TestOpenAIPythonSDK(t *testing.T) {
