@@ -39,9 +39,9 @@ import (
 // dependencies: openai, httpx, httpcore, h11, anyio, sniffio, idna,
 // certifi, distro (2.x) and, for openai 3.x, httpx2 (pydantic's fork of
 // httpx; httpx itself under that name serves the SDK's calls), with a
-// jiter whose from_json parses with json.loads (the SDK uses it only on
-// streamed tool-call arguments); pydantic and typing_extensions installed
-// or there too:
+// jiter whose from_json parses with json.loads (the SDK uses it only in its
+// stream helper, on partial structured output and strict tool-call
+// arguments); pydantic and typing_extensions installed or there too:
 //
 //	PYTHONPATH=/path/to/site go test -tags sdkexamples -run TestOpenAIPythonSDK -v ./sim
 func TestOpenAIPythonSDK(t *testing.T) {
