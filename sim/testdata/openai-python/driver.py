@@ -333,6 +333,41 @@ def main():
         check_error(e, openai.BadRequestError, 400, "invalid_request_error", None,
                     "json_object without JSON in the messages", param="messages")
 
+    # Structured outputs: the SDK's parse() sends its pydantic model as a
+    # strict json_schema (a nested model under $defs) and validates the
+    # answer into it; its stream helper does the same at the stream's end.
+    class Verdict(pydantic.BaseModel):
+        correct: bool
+        score: int
+        reasoning: str
+
+    class Review(pydantic.BaseModel):
+        verdict: Verdict
+        flags: list[str]
+
+    ask = [{"role": "system", "content": "You are an impartial judge."},
+           {"role": "user", "content": "Question: what is 2+2? Answer: 4. Review the answer."}]
+    try:
+        p = cl.chat.completions.parse(model=MODEL, messages=ask, max_completion_tokens=300, response_format=Review)
+        usage(p.model, p.usage)
+        check(isinstance(p.choices[0].message.parsed, Review) and p.choices[0].finish_reason == "stop",
+              f"chat.completions.parse: the answer is the schema's Review: {p.choices[0].message.content[:80]}",
+              repr(p.choices[0]))
+    except (pydantic.ValidationError, openai.OpenAIError, ValueError) as e:
+        check(False, "chat.completions.parse: the answer is the schema's Review", f"{type(e).__name__}: {e}"[:300])
+    try:
+        with cl.chat.completions.stream(model=MODEL, messages=ask, max_completion_tokens=300, response_format=Review,
+                                        stream_options={"include_usage": True}) as s:
+            for _ in s:
+                pass
+            fp = s.get_final_completion()
+        usage(fp.model, fp.usage)
+        check(isinstance(fp.choices[0].message.parsed, Review),
+              "chat.completions.stream with a response_format: get_final_completion's parsed is a Review",
+              repr(fp.choices[0]))
+    except (pydantic.ValidationError, openai.OpenAIError, ValueError) as e:
+        check(False, "chat.completions.stream with a response_format: a Review", f"{type(e).__name__}: {e}"[:300])
+
     # The async client.
     async def acreate():
         async with openai.AsyncOpenAI(api_key=KEY, base_url=f"{URL}/v1", organization=ORG, project=PROJECT,
