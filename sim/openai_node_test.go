@@ -41,7 +41,8 @@ type nodeReport struct {
 // the simulator: models, a completion, the same streamed with usage, the
 // SDK's stream helper, an error event mid-stream (thrown as APIError), n
 // choices, a reasoning model, JSON mode (its answer JSON; refused without
-// JSON in the messages), a 400, a 401, 404s (a model, a file, a
+// JSON in the messages), structured outputs through parse() (the answer
+// fits the json_schema), a 400, a 401, 404s (a model, a file, a
 // batch), a 500 and a 429 it retries through, a 429 whose retry-after-ms
 // it waits (1.2 s, not its own backoff nor the retry-after of 2 s), the
 // quota 429 with and without retries, and the batch lifecycle with its

@@ -270,6 +270,30 @@ async function main() {
     report.calls++;
   }
 
+  // Structured outputs: the SDK's parse() parses a json_schema answer;
+  // it fits the schema (a nested object under $defs, an enum, a bounded
+  // integer).
+  {
+    const schema = {
+      type: 'object', additionalProperties: false, required: ['verdict', 'flags', 'label'],
+      properties: { verdict: { $ref: '#/$defs/Verdict' }, flags: { type: 'array', items: { type: 'string' } }, label: { type: 'string', enum: ['good', 'bad'] } },
+      $defs: { Verdict: { type: 'object', additionalProperties: false, required: ['correct', 'score'], properties: { correct: { type: 'boolean' }, score: { type: 'integer', minimum: 1, maximum: 5 } } } },
+    };
+    const p = await client.chat.completions.parse({
+      model: 'gpt-4.1-mini', max_completion_tokens: 300, messages: [{ role: 'system', content: 'You are an impartial judge.' }, { role: 'user', content: 'Is 2+2 = 4?' }],
+      response_format: { type: 'json_schema', json_schema: { name: 'Review', strict: true, schema } },
+    });
+    report.calls++;
+    usage(p.model, p.usage, false);
+    const v = p.choices[0].message.parsed;
+    const keys = (o) => Object.keys(o || {}).sort().join();
+    if (!v || keys(v) !== 'flags,label,verdict' || keys(v.verdict) !== 'correct,score' || typeof v.verdict.correct !== 'boolean' ||
+        !Number.isInteger(v.verdict.score) || v.verdict.score < 1 || v.verdict.score > 5 || !['good', 'bad'].includes(v.label) ||
+        !Array.isArray(v.flags) || p.choices[0].finish_reason !== 'stop') {
+      fail(`structured output: ${p.choices[0].message.content}`);
+    }
+  }
+
   // Errors: a 400; a 500 and a 429 retried through; the quota 429.
   try {
     await client.chat.completions.create(judge(4, { temperature: 3 }));
