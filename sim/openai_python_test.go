@@ -22,16 +22,17 @@ import (
 // models, a completion with its headers, the same streamed with usage (raw
 // events and the SDK's Stream: accumulated = unstreamed; obfuscation on
 // and off), the SDK's stream helper, an error event mid-stream, n choices,
-// a reasoning model, the async client, the errors (401, 404 for a model, a
-// file and a batch, 400, a 500 and a rate-limit 429 retried through, the
-// 429 waiting retry-after-ms, a drained TPM bucket's 429 and the retries
-// that wait it out, the quota 429 raised as RateLimitError
-// insufficient_quota with and without retries), and the batch lifecycle
-// (upload, retrieve, create, cancel, poll, list, the output and error
-// files, the files list and delete). Every
-// answer's body validates strictly against the SDK's own pydantic types
-// with no field they do not declare, and the ledger equals the SDK's
-// usages priced by package cost.
+// a reasoning model, JSON mode, structured outputs through parse() and the
+// stream helper (a pydantic model with a nested one), the async client,
+// the errors (401, 404 for a model, a file and a batch, 400, a 500 and a
+// rate-limit 429 retried through, the 429 waiting retry-after-ms, a
+// drained TPM bucket's 429 and the retries that wait it out, the quota 429
+// raised as RateLimitError insufficient_quota with and without retries),
+// and the batch lifecycle (upload, retrieve, create, cancel, poll, list,
+// the output and error files, the files list and delete). Every answer's
+// body validates strictly against the SDK's own pydantic types with no
+// field they do not declare, and the ledger equals the SDK's usages priced
+// by package cost.
 //
 // CI cannot install the SDK (no PyPI), so it builds only with the tag,
 // and fails, not skips, when python3 cannot import openai. PYTHONPATH may

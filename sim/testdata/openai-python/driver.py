@@ -3,7 +3,9 @@ apidispatch simulator (run by sim's TestOpenAIPythonSDK, built with -tags
 sdkexamples).
 
 Environment: SIM_URL (the simulator's base URL), SIM_KEY (an OpenAI org's
-key), SIM_ORG and SIM_PROJECT (its organization and a project of it).
+key), SIM_ORG and SIM_PROJECT (its organization and a project of it). It
+sets and clears the simulator's faults (POST/DELETE /sim/faults) for the
+500s, 429s and the error event mid-stream.
 
 It prints one line per check, "ok     what" or "differ what: how", then
 "usages [...]" (every usage the SDK saw, for the Go test to price against
