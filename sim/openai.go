@@ -390,6 +390,7 @@ type oaRequest struct {
 	includeUsage bool
 	obfuscate    bool // stream_options.include_obfuscation (default true)
 	judge, long  bool
+	schema       any   // response_format's json_schema.schema: the answer fits it
 	prefix       int64 // tokens of every message but the last (the cacheable prefix)
 	prefixKey    [16]byte
 	tier         string
@@ -494,6 +495,15 @@ func parseOpenAIChat(body []byte) (oaRequest, *oaError) {
 		r.includeUsage = w.StreamOptions.IncludeUsage != nil && *w.StreamOptions.IncludeUsage
 	}
 	r.obfuscate = r.stream && (w.StreamOptions == nil || w.StreamOptions.IncludeObfuscation == nil || *w.StreamOptions.IncludeObfuscation)
+	format, schema, e := oaResponseFormat(w.ResponseFormat)
+	if e != nil {
+		return oaRequest{}, e
+	}
+	// JSON mode answers a JSON object, as a judge's verdict is; a
+	// json_schema without a schema too.
+	r.judge = format == "json_object" || format == "json_schema"
+	r.schema = schema
+	mentionsJSON := false
 	r.prompt = oaTokensPerRequest
 	h := sha256.New()
 	h.Write([]byte(m.id))
@@ -535,7 +545,11 @@ func parseOpenAIChat(body []byte) (oaRequest, *oaError) {
 		}
 		r.prompt += n + oaTokensPerMessage
 		r.judge = r.judge || judge
+		mentionsJSON = mentionsJSON || containsFold(content, jsonWord)
 		r.long = r.long || long
+	}
+	if format == "json_object" && !mentionsJSON {
+		return oaRequest{}, oaInvalid("messages", "", "'messages' must contain the word 'json' in some form, to use 'response_format' of type 'json_object'.")
 	}
 	copy(r.prefixKey[:], h.Sum(nil))
 	need := r.prompt
@@ -546,6 +560,110 @@ func parseOpenAIChat(body []byte) (oaRequest, *oaError) {
 		return oaRequest{}, oaInvalid("messages", "context_length_exceeded", "This model's maximum context length is %d tokens. However, your messages resulted in %d tokens. Please reduce the length of the messages.", m.context, r.prompt)
 	}
 	return r, nil
+}
+
+var jsonWord = [][]byte{[]byte("json")}
+
+// oaResponseFormat validates response_format and returns its type: "" when
+// absent, else "text", "json_object" or "json_schema" (whose json_schema
+// must be an object with a name), and a json_schema's schema, its $refs
+// into $defs resolved (nil when it has none).
+func oaResponseFormat(raw json.RawMessage) (string, any, *oaError) {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 || bytes.Equal(raw, []byte("null")) {
+		return "", nil, nil
+	}
+	if raw[0] != '{' {
+		return "", nil, oaInvalid("response_format", "invalid_type", "Invalid type for 'response_format': expected an object, but got %s instead.", jsonTypeName(raw))
+	}
+	var rf struct {
+		Type       *string         `json:"type"`
+		JSONSchema json.RawMessage `json:"json_schema"`
+	}
+	if json.Unmarshal(raw, &rf) != nil {
+		return "", nil, oaInvalid("response_format", "invalid_type", "Invalid type for 'response_format': expected an object.")
+	}
+	switch {
+	case rf.Type == nil:
+		return "", nil, oaInvalid("response_format.type", "missing_required_parameter", "Missing required parameter: 'response_format.type'.")
+	case *rf.Type == "text", *rf.Type == "json_object":
+		return *rf.Type, nil, nil
+	case *rf.Type != "json_schema":
+		return "", nil, oaInvalid("response_format.type", "invalid_value", "Invalid value: '%s'. Supported values are: 'text', 'json_object' and 'json_schema'.", *rf.Type)
+	}
+	js := bytes.TrimSpace(rf.JSONSchema)
+	if len(js) == 0 || bytes.Equal(js, []byte("null")) {
+		return "", nil, oaInvalid("response_format.json_schema", "missing_required_parameter", "Missing required parameter: 'response_format.json_schema'.")
+	}
+	var w struct {
+		Name   *string         `json:"name"`
+		Schema json.RawMessage `json:"schema"`
+	}
+	if js[0] != '{' || json.Unmarshal(js, &w) != nil {
+		return "", nil, oaInvalid("response_format.json_schema", "invalid_type", "Invalid type for 'response_format.json_schema': expected an object, but got %s instead.", jsonTypeName(js))
+	}
+	if w.Name == nil {
+		return "", nil, oaInvalid("response_format.json_schema.name", "missing_required_parameter", "Missing required parameter: 'response_format.json_schema.name'.")
+	}
+	var schema map[string]any
+	if sc := bytes.TrimSpace(w.Schema); len(sc) > 0 && !bytes.Equal(sc, []byte("null")) {
+		if sc[0] != '{' || json.Unmarshal(sc, &schema) != nil {
+			return "", nil, oaInvalid("response_format.json_schema.schema", "invalid_type", "Invalid type for 'response_format.json_schema.schema': expected an object, but got %s instead.", jsonTypeName(sc))
+		}
+	}
+	if schema == nil {
+		return "json_schema", nil, nil
+	}
+	defs, _ := schema["$defs"].(map[string]any)
+	if defs == nil {
+		defs, _ = schema["definitions"].(map[string]any)
+	}
+	budget := maxResolvedNodes
+	return "json_schema", resolveRefs(schema, defs, 0, &budget), nil
+}
+
+// maxResolvedNodes bounds the schema resolveRefs builds: definitions that
+// refer to each other many times would otherwise multiply.
+const maxResolvedNodes = 10_000
+
+// resolveRefs returns v with each {"$ref": "#/$defs/Name"} (or
+// "#/definitions/Name") replaced by that definition, to a depth of 8 (a
+// recursive model ends there) and within budget nodes (an empty schema
+// beyond); the schema's own maps are not changed.
+func resolveRefs(v any, defs map[string]any, depth int, budget *int) any {
+	switch x := v.(type) {
+	case map[string]any:
+		if *budget--; *budget < 0 {
+			return map[string]any{}
+		}
+		if ref, ok := x["$ref"].(string); ok {
+			name, found := strings.CutPrefix(ref, "#/$defs/")
+			if !found {
+				name, found = strings.CutPrefix(ref, "#/definitions/")
+			}
+			if d, ok := defs[name]; found && ok && depth < 8 {
+				return resolveRefs(d, defs, depth+1, budget)
+			}
+			return map[string]any{}
+		}
+		out := make(map[string]any, len(x))
+		for k, e := range x {
+			if k != "$defs" && k != "definitions" {
+				out[k] = resolveRefs(e, defs, depth, budget)
+			}
+		}
+		return out
+	case []any:
+		if *budget--; *budget < 0 {
+			return []any{}
+		}
+		out := make([]any, len(x))
+		for i, e := range x {
+			out[i] = resolveRefs(e, defs, depth, budget)
+		}
+		return out
+	}
+	return v
 }
 
 // oaScanContent measures a message's content: a string or an array of
@@ -606,6 +724,10 @@ func jsonTypeName(raw []byte) string {
 	switch raw[0] {
 	case '{':
 		return "an object"
+	case '"':
+		return "a string"
+	case '[':
+		return "an array"
 	case 't', 'f':
 		return "a boolean"
 	case 'n':
@@ -642,9 +764,40 @@ func oaDecodeError(body []byte, err error) *oaError {
 // oaChoice is one planned choice.
 type oaChoice struct {
 	out       output
+	text      []byte // when not nil, the content (JSON-escaped) instead of out's
 	reasoning int64
 	tokens    int64 // completion tokens: reasoning + visible
 	finish    string
+}
+
+// schemaChoice is a structured output's choice: JSON that fits schema,
+// derived from the choice's hash, cut at limit tokens (finish "length").
+func schemaChoice(sum [32]byte, schema any, limit int64) oaChoice {
+	r := rng{s: binary.LittleEndian.Uint64(sum[:8]) ^ 0x7f4a7c159e3779b9}
+	js := appendToolInput(nil, schema, &r, 0)
+	c := oaChoice{tokens: textTokens(len(js)), finish: "stop"}
+	if c.tokens > limit {
+		// textTokens is about 3.6 bytes a token: keep what limit tokens hold.
+		keep := min(len(js), int(limit*18/5))
+		for keep > 0 && textTokens(keep) > limit {
+			keep--
+		}
+		js, c.tokens, c.finish = js[:keep], limit, "length"
+	}
+	esc := appendJSONString(nil, string(js))
+	c.text = esc[1 : len(esc)-1]
+	return c
+}
+
+// appendText appends the choice's content, JSON-escaped, to b.
+func (c *oaChoice) appendText(b []byte) []byte {
+	switch {
+	case c.text != nil:
+		return append(b, c.text...)
+	case c.out.empty:
+		return b
+	}
+	return c.out.appendText(b)
 }
 
 // choiceSum is the hash choice i's answer derives from.
@@ -671,11 +824,17 @@ func planChoices(sum [32]byte, r *oaRequest) (cs []oaChoice, completion, reasoni
 		if r.model.reasoning {
 			think = min(limit, oaReasonMin+int64(mix64(binary.LittleEndian.Uint64(s[8:16]))%(oaReasonMax-oaReasonMin+1)))
 		}
-		out := plan(s, request{judge: r.judge, long: r.long, maxTokens: limit - think})
-		c := oaChoice{out: out, reasoning: think, tokens: think + out.tokens, finish: "stop"}
-		if out.cut {
-			c.finish = "length"
+		var c oaChoice
+		if r.schema != nil {
+			c = schemaChoice(s, r.schema, limit-think)
+		} else {
+			out := plan(s, request{judge: r.judge, long: r.long, maxTokens: limit - think})
+			c = oaChoice{out: out, tokens: out.tokens, finish: "stop"}
+			if out.cut {
+				c.finish = "length"
+			}
 		}
+		c.reasoning, c.tokens = think, think+c.tokens
 		cs[i] = c
 		completion += c.tokens
 		reasoning += think
@@ -722,9 +881,7 @@ func appendCompletion(b []byte, id string, created int64, r *oaRequest, cs []oaC
 		b = append(b, `{"index":`...)
 		b = strconv.AppendInt(b, int64(i), 10)
 		b = append(b, `,"message":{"role":"assistant","content":"`...)
-		if !c.out.empty {
-			b = c.out.appendText(b)
-		}
+		b = c.appendText(b)
 		b = append(b, `","refusal":null,"annotations":[]},"logprobs":null,"finish_reason":"`...)
 		b = append(b, c.finish...)
 		b = append(b, `"}`...)
@@ -1123,10 +1280,7 @@ func (s *Server) oaStream(c *oaCall, r *oaRequest, lim *poolLimiter, sum [32]byt
 	overload := s.faults.Load().match(FaultStreamOverloaded, o.idx, m.pool(), ks.fp, api, &c.rng) != nil
 	var pieces [][]byte
 	for i, ch := range cs {
-		text := []byte(nil)
-		if !ch.out.empty {
-			text = ch.out.appendText(nil)
-		}
+		text := ch.appendText(nil)
 		pieces = pieces[:0]
 		for len(text) > 0 { // split on spaces: never inside an escape
 			k := min(len(text), deltaBytes)

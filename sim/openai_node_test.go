@@ -20,7 +20,13 @@ type nodeReport struct {
 	Differ   []string `json:"differ"`
 	Failures []string `json:"failures"`
 	Calls    int      `json:"calls"`
-	Usages   []struct {
+	// Objects is how many objects (nested ones included) were checked
+	// against the SDK's declarations.
+	Objects int `json:"objects"`
+	// RetryAfterMsWait is how long the SDK waited before retrying a 429
+	// whose retry-after-ms was 1.2 s, in seconds.
+	RetryAfterMsWait float64 `json:"retryAfterMsWait"`
+	Usages           []struct {
 		Model            string `json:"model"`
 		Batch            bool   `json:"batch"`
 		PromptTokens     int64  `json:"prompt_tokens"`
@@ -33,11 +39,18 @@ type nodeReport struct {
 // TestOpenAINodeSDK runs the official openai npm SDK (the version pinned
 // in testdata/openai-node/package.json) through a judge workflow against
 // the simulator: models, a completion, the same streamed with usage, the
-// SDK's stream helper, n choices, a reasoning model, a 400, a 500 and a
-// 429 it retries through, the quota 429, and the batch lifecycle. Every
-// object it returns matches the SDK's own type declarations (0 differ)
-// and the ledger equals its usages priced by package cost. Without node
-// it is skipped, except under CI=true, where it fails.
+// SDK's stream helper, an error event mid-stream (thrown as APIError), n
+// choices, a reasoning model, JSON mode (its answer JSON; refused without
+// JSON in the messages), structured outputs through parse() (the answer
+// fits the json_schema), a 400, a 401, 404s (a model, a file, a
+// batch), a 500 and a 429 it retries through, a 429 whose retry-after-ms
+// it waits (1.2 s, not its own backoff nor the retry-after of 2 s), the
+// quota 429 with and without retries, and the batch lifecycle with its
+// output and error files (a line refused with 400, a cancelled batch's
+// batch_cancelled lines). Every object it returns matches the SDK's own
+// type declarations (0 differ) and the ledger equals its usages priced by
+// package cost. Without node it is skipped, except under CI=true, where it
+// fails.
 func TestOpenAINodeSDK(t *testing.T) {
 	node, err := exec.LookPath("node")
 	if err != nil {
@@ -105,5 +118,5 @@ func TestOpenAINodeSDK(t *testing.T) {
 	if ledger != int64(priced) || priced == 0 {
 		t.Errorf("ledger %d n$, the npm SDK's %d usages priced %d n$", ledger, len(rep.Usages), priced)
 	}
-	t.Logf("%d calls, %d usages, 0 differ, ledger = usage priced = %d n$", rep.Calls, len(rep.Usages), ledger)
+	t.Logf("%d calls, %d objects checked, %d usages, 0 differ, a 429's retry-after-ms (1.2 s) waited %.3f s, ledger = usage priced = %d n$", rep.Calls, rep.Objects, len(rep.Usages), rep.RetryAfterMsWait, ledger)
 }

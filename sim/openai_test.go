@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"mime/multipart"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -138,6 +139,9 @@ func TestOpenAIValidation(t *testing.T) {
 func FuzzParseOpenAIChat(f *testing.F) {
 	f.Add([]byte(`{"model":"gpt-4.1-mini","messages":[{"role":"user","content":[{"type":"text","text":"x"}]}]}`))
 	f.Add([]byte(`{"model":"o3","messages":[{"role":"assistant","content":null,"tool_calls":[]}]}`))
+	f.Add([]byte(`{"model":"gpt-4.1-mini","response_format":{"type":"json_object"},"messages":[{"role":"user","content":"JSON"}]}`))
+	f.Add([]byte(`{"model":"gpt-4.1-mini","response_format":{"type":"json_schema","json_schema":{"name":"v"}},"messages":[{"role":"user","content":"x"}]}`))
+	f.Add([]byte(`{"model":"gpt-4.1-mini","response_format":{"type":"json_schema","json_schema":{"name":"v","schema":{"type":"object","properties":{"a":{"$ref":"#/$defs/A"}},"$defs":{"A":{"type":"array","items":{"$ref":"#/$defs/A"}}}}}},"messages":[{"role":"user","content":"x"}]}`))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		r, e := parseOpenAIChat(b)
 		if e == nil && (r.model == nil || r.prompt <= 0 || r.n < 1) {
@@ -240,5 +244,176 @@ func TestOpenAIBatchFailsAndExpires(t *testing.T) {
 				t.Errorf("batch entry %d n$, the same sync %d n$", e.CostNanos, full)
 			}
 		}
+	}
+}
+
+// JSON mode (response_format json_object) answers valid JSON whatever the
+// prompt's words, streamed or not, and is refused when no message names
+// JSON; a response_format of another type, or a json_schema without its
+// name, is refused. The Python SDK's driver found the simulator answering
+// prose in JSON mode and accepting it without JSON in the messages.
+func TestOpenAIJSONModeAnswersJSON(t *testing.T) {
+	t.Parallel()
+	run := startSim(t, oaTestConfig())
+	const ask = `"messages":[{"role":"user","content":"Is 2+2 = 4? Answer in JSON, with a field correct."}]`
+	body := []byte(`{"model":"gpt-4.1-mini","max_completion_tokens":300,"response_format":{"type":"json_object"},` + ask + `}`)
+	r := oaDo(t, run, "POST", "/v1/chat/completions", oaKey, body)
+	var c openai.ChatCompletion
+	if r.status != 200 || json.Unmarshal(r.body, &c) != nil || len(c.Choices) != 1 || c.Choices[0].Message.Content == nil {
+		t.Fatalf("json_object: %d %s", r.status, r.body)
+	}
+	content := *c.Choices[0].Message.Content
+	if !json.Valid([]byte(content)) || c.Choices[0].FinishReason != "stop" {
+		t.Errorf("json_object answered %s: %q", c.Choices[0].FinishReason, content)
+	}
+	// Streamed, the deltas add up to the same JSON.
+	body = []byte(`{"model":"gpt-4.1-mini","max_completion_tokens":300,"stream":true,"response_format":{"type":"json_object"},` + ask + `}`)
+	r = oaDo(t, run, "POST", "/v1/chat/completions", oaKey, body)
+	var streamed strings.Builder
+	for l := range strings.Lines(string(r.body)) {
+		data, ok := strings.CutPrefix(strings.TrimSpace(l), "data: {")
+		if !ok {
+			continue
+		}
+		var ch openai.Chunk
+		if err := json.Unmarshal([]byte("{"+data), &ch); err != nil {
+			t.Fatalf("chunk %q: %v", l, err)
+		}
+		for _, x := range ch.Choices {
+			if x.Delta.Content != nil {
+				streamed.WriteString(*x.Delta.Content)
+			}
+		}
+	}
+	if r.status != 200 || streamed.String() != content {
+		t.Errorf("json_object streamed: %d %q, unstreamed %q", r.status, streamed.String(), content)
+	}
+	for _, c := range []struct{ body, param, want string }{
+		{`{"model":"gpt-4.1-mini","response_format":{"type":"json_object"},"messages":[{"role":"user","content":"Is 2+2 = 4?"}]}`,
+			"messages", "'messages' must contain the word 'json' in some form, to use 'response_format' of type 'json_object'."},
+		{`{"model":"gpt-4.1-mini","response_format":{"type":"xml"},` + ask + `}`,
+			"response_format.type", "Invalid value: 'xml'. Supported values are: 'text', 'json_object' and 'json_schema'."},
+		{`{"model":"gpt-4.1-mini","response_format":{"type":"json_schema"},` + ask + `}`,
+			"response_format.json_schema", "Missing required parameter: 'response_format.json_schema'."},
+		{`{"model":"gpt-4.1-mini","response_format":{"type":"json_schema","json_schema":{"schema":{"type":"object"}}},` + ask + `}`,
+			"response_format.json_schema.name", "Missing required parameter: 'response_format.json_schema.name'."},
+		{`{"model":"gpt-4.1-mini","response_format":"json",` + ask + `}`,
+			"response_format", "Invalid type for 'response_format': expected an object, but got a string instead."},
+	} {
+		r := oaDo(t, run, "POST", "/v1/chat/completions", oaKey, []byte(c.body))
+		var e struct{ Error openai.ErrorDetail }
+		if r.status != 400 || json.Unmarshal(r.body, &e) != nil || e.Error.Param == nil || *e.Error.Param != c.param || e.Error.Message != c.want {
+			t.Errorf("%s: %d %s, want 400 %s %q", c.body, r.status, r.body, c.param, c.want)
+		}
+	}
+	// text, and a json_schema with its name, are accepted.
+	for _, rf := range []string{`{"type":"text"}`, `{"type":"json_schema","json_schema":{"name":"verdict","strict":true,"schema":{"type":"object"}}}`} {
+		if r := oaDo(t, run, "POST", "/v1/chat/completions", oaKey, []byte(`{"model":"gpt-4.1-mini","response_format":`+rf+`,`+ask+`}`)); r.status != 200 {
+			t.Errorf("%s: %d %s", rf, r.status, r.body)
+		}
+	}
+}
+
+// Structured outputs (response_format json_schema) answer JSON that fits
+// the schema, nested models under $defs included, streamed or not; cut by
+// max_completion_tokens it stops with finish_reason "length". The Python
+// SDK's driver found chat.completions.parse failing: the simulator
+// answered a judge's verdict of its own shape whatever the schema.
+func TestOpenAIStructuredOutputsFollowTheSchema(t *testing.T) {
+	t.Parallel()
+	run := startSim(t, oaTestConfig())
+	const schema = `{"name":"Review","strict":true,"schema":{"type":"object","additionalProperties":false,
+		"required":["verdict","flags","label"],
+		"properties":{"verdict":{"$ref":"#/$defs/Verdict"},"flags":{"type":"array","items":{"type":"string"}},
+			"label":{"type":"string","enum":["good","bad"]}},
+		"$defs":{"Verdict":{"type":"object","additionalProperties":false,"required":["correct","score"],
+			"properties":{"correct":{"type":"boolean"},"score":{"type":"integer","minimum":1,"maximum":5}}}}}}`
+	ask := `"messages":[{"role":"system","content":"You are an impartial judge."},{"role":"user","content":"Is 2+2 = 4?"}]`
+	type review struct {
+		Verdict *struct {
+			Correct *bool `json:"correct"`
+			Score   *int  `json:"score"`
+		} `json:"verdict"`
+		Flags []string `json:"flags"`
+		Label string   `json:"label"`
+	}
+	fits := func(content string) bool {
+		var v review
+		d := json.NewDecoder(strings.NewReader(content))
+		d.DisallowUnknownFields()
+		return d.Decode(&v) == nil && v.Verdict != nil && v.Verdict.Correct != nil && v.Verdict.Score != nil &&
+			*v.Verdict.Score >= 1 && *v.Verdict.Score <= 5 && v.Flags != nil && (v.Label == "good" || v.Label == "bad")
+	}
+	body := `{"model":"gpt-4.1-mini","max_completion_tokens":300,"response_format":{"type":"json_schema","json_schema":` + schema + `},` + ask
+	r := oaDo(t, run, "POST", "/v1/chat/completions", oaKey, []byte(body+`}`))
+	var c openai.ChatCompletion
+	if r.status != 200 || json.Unmarshal(r.body, &c) != nil || len(c.Choices) != 1 || c.Choices[0].Message.Content == nil {
+		t.Fatalf("json_schema: %d %s", r.status, r.body)
+	}
+	content := *c.Choices[0].Message.Content
+	if !fits(content) || c.Choices[0].FinishReason != "stop" {
+		t.Errorf("json_schema answered %s: %s", c.Choices[0].FinishReason, content)
+	}
+	r = oaDo(t, run, "POST", "/v1/chat/completions", oaKey, []byte(body+`,"stream":true}`))
+	var streamed strings.Builder
+	for l := range strings.Lines(string(r.body)) {
+		data, ok := strings.CutPrefix(strings.TrimSpace(l), "data: {")
+		if !ok {
+			continue
+		}
+		var ch openai.Chunk
+		if err := json.Unmarshal([]byte("{"+data), &ch); err != nil {
+			t.Fatalf("chunk %q: %v", l, err)
+		}
+		for _, x := range ch.Choices {
+			if x.Delta.Content != nil {
+				streamed.WriteString(*x.Delta.Content)
+			}
+		}
+	}
+	if streamed.String() != content {
+		t.Errorf("streamed %q, unstreamed %q", streamed.String(), content)
+	}
+	// Cut short: a prefix of the same JSON, finish_reason length.
+	body = strings.Replace(body, `"max_completion_tokens":300`, `"max_completion_tokens":3`, 1)
+	r = oaDo(t, run, "POST", "/v1/chat/completions", oaKey, []byte(body+`}`))
+	var cut openai.ChatCompletion
+	if r.status != 200 || json.Unmarshal(r.body, &cut) != nil || cut.Choices[0].Message.Content == nil {
+		t.Fatalf("json_schema cut: %d %s", r.status, r.body)
+	}
+	if got := *cut.Choices[0].Message.Content; cut.Choices[0].FinishReason != "length" || cut.Usage.CompletionTokens != 3 ||
+		got == "" || !strings.HasPrefix(content, got) || json.Valid([]byte(got)) {
+		t.Errorf("cut at 3 tokens: %s %d %q of %q", cut.Choices[0].FinishReason, cut.Usage.CompletionTokens, got, content)
+	}
+}
+
+// A schema whose definitions refer to each other many times resolves
+// within its node budget instead of multiplying.
+func TestOpenAIResolveRefsIsBounded(t *testing.T) {
+	t.Parallel()
+	props := map[string]any{}
+	for i := range 10 {
+		props[strconv.Itoa(i)] = map[string]any{"$ref": "#/$defs/A"}
+	}
+	defs := map[string]any{"A": map[string]any{"type": "object", "properties": props}}
+	var count func(v any) int
+	count = func(v any) int {
+		n := 1
+		switch x := v.(type) {
+		case map[string]any:
+			for _, e := range x {
+				n += count(e)
+			}
+		case []any:
+			for _, e := range x {
+				n += count(e)
+			}
+		}
+		return n
+	}
+	budget := maxResolvedNodes
+	got := resolveRefs(map[string]any{"$ref": "#/$defs/A"}, defs, 0, &budget)
+	if n := count(got); n > 4*maxResolvedNodes {
+		t.Errorf("resolved %d nodes, budget %d", n, maxResolvedNodes)
 	}
 }

@@ -16,7 +16,7 @@ import OpenAI, { toFile } from 'openai';
 const sdkDir = path.join(path.dirname(fileURLToPath(import.meta.url)), 'node_modules', 'openai');
 const { SIM_URL, SIM_KEY, SIM_ORG, SIM_PROJECT } = process.env;
 
-const report = { differ: [], failures: [], usages: [], calls: 0 };
+const report = { differ: [], failures: [], usages: [], calls: 0, objects: 0 };
 const fail = (msg) => report.failures.push(msg);
 
 // --- the SDK's declared shapes -------------------------------------------------
@@ -75,6 +75,7 @@ const children = {
 
 // check records how obj departs from the declared type name.
 function check(where, name, obj) {
+  report.objects++;
   if (obj === null || typeof obj !== 'object') {
     report.differ.push(`${where}: not an object`);
     return;
@@ -102,6 +103,7 @@ for (const [n, d] of Object.entries(types)) {
 check('selftest', 'Model', { id: 'm', object: 'model', owned_by: 'system', extra: 1 });
 if (report.differ.length !== 2) fail(`the shape check missed a differ: ${report.differ}`);
 report.differ = [];
+report.objects = 0;
 
 function usage(model, u, batch) {
   report.usages.push({
@@ -110,6 +112,34 @@ function usage(model, u, batch) {
     cached_tokens: u.prompt_tokens_details?.cached_tokens ?? 0,
     reasoning_tokens: u.completion_tokens_details?.reasoning_tokens ?? 0,
   });
+}
+
+// errorIs records how e, the SDK's error for an answer, departs from the
+// API's: its class, status, error type, code and param, and the body's
+// {"error": {...}} envelope with the request id.
+function errorIs(what, e, cls, status, type, code, param = null) {
+  if (!(e instanceof cls) || e.status !== status || e.type !== type || e.code !== code || e.param !== param) {
+    fail(`${what}: ${e && e.constructor && e.constructor.name} ${e && e.status} ${e && e.type}/${e && e.code} param ${e && e.param}`);
+  }
+  if (!e || !e.error || typeof e.error.message !== 'string' || !e.headers || !e.headers.get('x-request-id')) {
+    fail(`${what}: no error message or x-request-id`);
+  }
+}
+
+// attempts records each request the SDK sends (its x-stainless-retry-count)
+// and each answer's status, with their times, through the client's fetch;
+// onAnswer runs on every answer.
+function attempts() {
+  const log = { sent: [], answers: [], onAnswer: null };
+  log.fetch = async (url, init) => {
+    const h = new Headers(init?.headers);
+    log.sent.push({ t: performance.now(), retry: h.get('x-stainless-retry-count') });
+    const r = await fetch(url, init);
+    log.answers.push({ t: performance.now(), status: r.status, headers: r.headers });
+    if (log.onAnswer) await log.onAnswer(r);
+    return r;
+  };
+  return log;
 }
 
 async function fault(f) {
@@ -184,6 +214,27 @@ async function main() {
   usage(fc.model, fc.usage, false);
   if (!fc.choices[0].message.content) fail('finalChatCompletion has no content');
 
+  // An error after the 200 (the API's overloaded, as a data event): the
+  // SDK throws APIError with the event's error object, after the chunks
+  // before it.
+  await fault({ id: 'node-cut', kind: 'stream_overloaded', org: 'oa' });
+  {
+    let got = 0;
+    try {
+      for await (const ch of await client.chat.completions.create(judge(8, { stream: true }))) {
+        check('chunk before the error', 'ChatCompletionChunk', ch);
+        got++;
+      }
+      fail('an error event mid-stream: the stream ended without throwing');
+    } catch (e) {
+      if (e.constructor !== OpenAI.APIError || got === 0 || e.error?.message !== 'The server is overloaded or not ready yet.' || e.type !== 'server_error') {
+        fail(`an error event mid-stream: ${e && e.constructor && e.constructor.name} ${e && e.message} after ${got} chunks`);
+      }
+    }
+    report.calls++;
+  }
+  await clearFault('node-cut');
+
   // n choices and a reasoning model.
   const c3 = await client.chat.completions.create(judge(3, { n: 2 }));
   report.calls++;
@@ -196,6 +247,53 @@ async function main() {
   if (!(cr.usage.completion_tokens_details.reasoning_tokens > 0)) fail('no reasoning tokens');
   usage(cr.model, cr.usage, false);
 
+  // JSON mode answers JSON whatever else the prompt asks, and is refused
+  // when no message names JSON.
+  {
+    const jm = { model: 'gpt-4.1-mini', max_completion_tokens: 300, response_format: { type: 'json_object' },
+      messages: [{ role: 'user', content: 'Is 2+2 = 4? Answer in JSON, with a field correct.' }] };
+    const cj = await client.chat.completions.create(jm);
+    report.calls++;
+    check('json_object', 'ChatCompletion', cj);
+    usage(cj.model, cj.usage, false);
+    try {
+      JSON.parse(cj.choices[0].message.content);
+    } catch {
+      fail(`json_object: not JSON: ${cj.choices[0].message.content}`);
+    }
+    try {
+      await client.chat.completions.create({ ...jm, messages: [{ role: 'user', content: 'Is 2+2 = 4?' }] });
+      fail('json_object accepted without JSON in the messages');
+    } catch (e) {
+      errorIs('json_object without JSON', e, OpenAI.BadRequestError, 400, 'invalid_request_error', null, 'messages');
+    }
+    report.calls++;
+  }
+
+  // Structured outputs: the SDK's parse() parses a json_schema answer;
+  // it fits the schema (a nested object under $defs, an enum, a bounded
+  // integer).
+  {
+    const schema = {
+      type: 'object', additionalProperties: false, required: ['verdict', 'flags', 'label'],
+      properties: { verdict: { $ref: '#/$defs/Verdict' }, flags: { type: 'array', items: { type: 'string' } }, label: { type: 'string', enum: ['good', 'bad'] } },
+      $defs: { Verdict: { type: 'object', additionalProperties: false, required: ['correct', 'score'], properties: { correct: { type: 'boolean' }, score: { type: 'integer', minimum: 1, maximum: 5 } } } },
+    };
+    const p = await client.chat.completions.parse({
+      model: 'gpt-4.1-mini', max_completion_tokens: 300, messages: [{ role: 'system', content: 'You are an impartial judge.' }, { role: 'user', content: 'Is 2+2 = 4?' }],
+      response_format: { type: 'json_schema', json_schema: { name: 'Review', strict: true, schema } },
+    });
+    report.calls++;
+    usage(p.model, p.usage, false);
+    const v = p.choices[0].message.parsed;
+    const keys = (o) => Object.keys(o || {}).sort().join();
+    if (!v || keys(v) !== 'flags,label,verdict' || keys(v.verdict) !== 'correct,score' || typeof v.verdict.correct !== 'boolean' ||
+        !Number.isInteger(v.verdict.score) || v.verdict.score < 1 || v.verdict.score > 5 || !['good', 'bad'].includes(v.label) ||
+        !Array.isArray(v.flags) || p.choices[0].finish_reason !== 'stop') {
+      fail(`structured output: ${p.choices[0].message.content}`);
+    }
+  }
+
   // Errors: a 400; a 500 and a 429 retried through; the quota 429.
   try {
     await client.chat.completions.create(judge(4, { temperature: 3 }));
@@ -204,6 +302,52 @@ async function main() {
     if (!(e instanceof OpenAI.BadRequestError) || e.param !== 'temperature' || e.type !== 'invalid_request_error') fail(`400: ${e}`);
   }
   report.calls++;
+  const wrongKey = new OpenAI({ apiKey: 'sk-proj-not-a-key', baseURL: `${SIM_URL}/v1`, maxRetries: 0 });
+  try {
+    await wrongKey.chat.completions.create(judge(4));
+    fail('a wrong key accepted');
+  } catch (e) {
+    errorIs('401', e, OpenAI.AuthenticationError, 401, 'invalid_request_error', 'invalid_api_key');
+  }
+  try {
+    await client.chat.completions.create(judge(4, { model: 'gpt-no-such-model' }));
+    fail('an unknown model accepted');
+  } catch (e) {
+    errorIs('404 model', e, OpenAI.NotFoundError, 404, 'invalid_request_error', 'model_not_found');
+  }
+  try {
+    await client.files.retrieve('file-NoSuchFile0000000000');
+    fail('an unknown file found');
+  } catch (e) {
+    errorIs('404 file', e, OpenAI.NotFoundError, 404, 'invalid_request_error', null, 'id');
+  }
+  try {
+    await client.batches.retrieve('batch_no_such_batch');
+    fail('an unknown batch found');
+  } catch (e) {
+    errorIs('404 batch', e, OpenAI.NotFoundError, 404, 'invalid_request_error', null, 'batch_id');
+  }
+  report.calls += 4;
+  // A 429 the SDK retries when its headers say: retry-after-ms (1.2 s)
+  // before retry-after (2 s, whole seconds) and its own backoff (at most
+  // 0.5 s for a first retry). The storm ends when its 429 is answered.
+  {
+    const log = attempts();
+    await fault({ id: 'node-429ms', kind: 'storm_429', org: 'oa', retry_after: '240s' }); // 1.2 s at K = 200
+    log.onAnswer = async (r) => { if (r.status === 429) await clearFault('node-429ms'); };
+    const c = await new OpenAI({ apiKey: SIM_KEY, baseURL: `${SIM_URL}/v1`, maxRetries: 2, fetch: log.fetch }).chat.completions.create(judge(5));
+    report.calls += 2;
+    usage(c.model, c.usage, false);
+    const st = log.answers.map((a) => a.status), rc = log.sent.map((x) => x.retry);
+    const h = log.answers[0].headers;
+    if (st.join() !== '429,200' || rc.join() !== '0,1') fail(`retry-after-ms: answers ${st}, retry counts ${rc}`);
+    if (h.get('retry-after') !== '2' || h.get('retry-after-ms') !== '1200' || !h.get('x-ratelimit-limit-requests')) {
+      fail(`the 429's headers: retry-after ${h.get('retry-after')}, retry-after-ms ${h.get('retry-after-ms')}`);
+    }
+    const gap = log.sent.length === 2 ? (log.sent[1].t - log.answers[0].t) / 1000 : 0;
+    if (!(gap >= 1.15 && gap < 1.95)) fail(`the SDK waited ${gap.toFixed(3)} s, not retry-after-ms's 1.2 s`);
+    report.retryAfterMsWait = gap;
+  }
   for (const kind of ['server_error_500', 'storm_429']) {
     const id = `node-${kind}`;
     await fault({ id, kind, org: 'oa', from_now: true, duration: '2s', retry_after: '1s' });
@@ -217,9 +361,22 @@ async function main() {
     await client.chat.completions.create(judge(6));
     fail('quota not refused');
   } catch (e) {
-    if (!(e instanceof OpenAI.RateLimitError) || e.code !== 'insufficient_quota' || e.type !== 'insufficient_quota') fail(`quota 429: ${e}`);
+    errorIs('quota 429', e, OpenAI.RateLimitError, 429, 'insufficient_quota', 'insufficient_quota');
+    if (e.headers?.get('retry-after') || e.headers?.get('retry-after-ms')) fail('the quota 429 has a retry-after');
   }
   report.calls++;
+  {
+    // With retries the SDK retries it (the API gives no retry-after nor
+    // x-should-retry for it) and raises the same error at the end.
+    const log = attempts();
+    try {
+      await new OpenAI({ apiKey: SIM_KEY, baseURL: `${SIM_URL}/v1`, maxRetries: 2, fetch: log.fetch }).chat.completions.create(judge(6));
+      fail('quota not refused with retries');
+    } catch (e) {
+      errorIs('quota 429 with retries', e, OpenAI.RateLimitError, 429, 'insufficient_quota', 'insufficient_quota');
+    }
+    report.calls += log.sent.length;
+  }
   await clearFault('node-quota');
 
   // The batch lifecycle.
@@ -227,6 +384,8 @@ async function main() {
   for (let i = 0; i < 20; i++) {
     lines.push(JSON.stringify({ custom_id: `node-${i}`, method: 'POST', url: '/v1/chat/completions', body: judge(100 + i) }));
   }
+  // One line the API refuses when it runs it: a 400 in the error file.
+  lines.push(JSON.stringify({ custom_id: 'node-bad', method: 'POST', url: '/v1/chat/completions', body: judge(200, { temperature: 3 }) }));
   const file = await client.files.create({ file: await toFile(Buffer.from(lines.join('\n') + '\n'), 'judge.jsonl'), purpose: 'batch' });
   report.calls++;
   check('file', 'FileObject', file);
@@ -265,8 +424,20 @@ async function main() {
     ids.add(o.custom_id);
   }
   if (ids.size !== 20) fail(`${ids.size} custom_ids in the output`);
-  const errs = await (await client.files.content(b2.error_file_id)).text();
-  if ((errs.match(/"batch_cancelled"/g) || []).length !== 20) fail('cancelled lines');
+  const rc = b.request_counts;
+  if (rc.total !== 21 || rc.completed !== 20 || rc.failed !== 1 || !b.error_file_id) fail(`request_counts ${JSON.stringify(rc)}`);
+  const bad = (await (await client.files.content(b.error_file_id)).text()).trim().split('\n').map((l) => JSON.parse(l));
+  report.calls++;
+  if (bad.length !== 1 || bad[0].custom_id !== 'node-bad' || bad[0].error !== null || bad[0].response?.status_code !== 400 ||
+      bad[0].response.body?.error?.param !== 'temperature' || !bad[0].response.request_id) {
+    fail(`the error file: ${JSON.stringify(bad)}`);
+  }
+  const errs = (await (await client.files.content(b2.error_file_id)).text()).trim().split('\n').map((l) => JSON.parse(l));
+  report.calls++;
+  if (errs.length !== 21 || !errs.every((x) => x.response === null && x.error?.code === 'batch_cancelled' && x.error.message) ||
+      new Set(errs.map((x) => x.custom_id)).size !== 21) {
+    fail(`cancelled lines: ${JSON.stringify(errs.slice(0, 2))}`);
+  }
 }
 
 main()
