@@ -109,3 +109,20 @@ func TestOpenAILineProblems(t *testing.T) {
 		})
 	}
 }
+
+// The OpenAI judge workload validates, and each line is an OpenAI item.
+func TestGenerateOpenAIJudge(t *testing.T) {
+	t.Parallel()
+	var b strings.Builder
+	if err := GenerateOpenAIJudge(&b, 50, 3, GenOptions{MaxTokens: 40}); err != nil {
+		t.Fatal(err)
+	}
+	path := writeTemp(t, b.String())
+	sum, err := Validate(path, ValidateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sum.N != 50 || sum.OpenAI != 50 || sum.OpenAIModels[DefaultOpenAIModel].MaxTokens != 50*40 || sum.OpenAIModels[DefaultOpenAIModel].EstInput < 50*100 {
+		t.Fatalf("summary %+v %+v", sum, sum.OpenAIModels)
+	}
+}
