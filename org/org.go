@@ -73,9 +73,9 @@ func Fingerprint(secret string) string {
 
 // keyLike matches text that looks like an API key: Anthropic's
 // ("sk-ant-…") and OpenAI's ("sk-proj-…", "sk-svcacct-…", "sk-admin-…" and
-// the older bare "sk-…"), with at least 8 characters after "sk-" so that
-// words such as "sk-learn" stay.
-var keyLike = regexp.MustCompile(`sk-[A-Za-z0-9_\-]{8,}`)
+// the older bare "sk-…"), with at least 8 characters after "sk-" and not
+// inside a word, so that "sk-learn" and "disk-usage-report" stay.
+var keyLike = regexp.MustCompile(`\bsk-[A-Za-z0-9_\-]{8,}`)
 
 // Scrub returns s with any text that looks like an API key (Anthropic's
 // or OpenAI's) replaced by "[redacted]". It is a second line of defence

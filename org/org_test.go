@@ -162,7 +162,7 @@ func TestScrubOpenAIKeys(t *testing.T) {
 			t.Errorf("Scrub left %q in %q", k, s)
 		}
 	}
-	if s := Scrub("uses sk-learn"); s != "uses sk-learn" {
+	if s := Scrub("uses sk-learn and disk-usage-report"); s != "uses sk-learn and disk-usage-report" {
 		t.Errorf("Scrub changed plain text: %q", s)
 	}
 }
