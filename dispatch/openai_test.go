@@ -307,3 +307,47 @@ func BenchmarkOpenAILimitBound(b *testing.B) {
 		}
 	}
 }
+
+// Two keys of one OpenAI organisation add no capacity: the engine learns
+// the organisation of each (openai-organization) and the later org's
+// lanes stop, its work going through the earlier's.
+func TestOpenAITwoKeysOfOneOrganisation(t *testing.T) {
+	t.Parallel()
+	const n = 120
+	h := oaHarness(t, 50, n, 0, func(c *sim.Config) {
+		for i := range c.Orgs {
+			if c.Orgs[i].Name == "gpt_a" {
+				c.Orgs[i].Keys = []string{"sk-proj-sim-gpt-a-one", "sk-proj-sim-gpt-a-two"}
+			}
+		}
+	})
+	var orgs []org.Org
+	for _, o := range h.orgs {
+		if o.ProviderName() == org.OpenAI {
+			orgs = append(orgs, o)
+		}
+		if o.Name == "gpt_a" {
+			orgs = append(orgs, org.Org{Name: "gpt_a_second", Key: org.NewKey("sk-proj-sim-gpt-a-two"), Provider: org.OpenAI})
+		}
+	}
+	h.orgs = orgs
+	res, err := h.run(t.Context(), nil)
+	if err != nil || !res.Complete {
+		t.Fatalf("run: %v", err)
+	}
+	h.requireEachOnce(n)
+	for _, l := range h.lines() {
+		if l.Dispatch.Org == "gpt_a_second" {
+			t.Fatalf("item %s served by the second key of gpt_a's organisation", l.CustomID)
+		}
+	}
+	stopped := false
+	for _, l := range res.Summary.Lanes {
+		if l.Org == "gpt_a_second" && strings.Contains(l.Disabled, "same organisation") {
+			stopped = true
+		}
+	}
+	if !stopped {
+		t.Fatalf("gpt_a_second's lanes did not stop: %+v", res.Summary.Lanes)
+	}
+}
