@@ -353,3 +353,31 @@ func TestOpenAITwoKeysOfOneOrganisation(t *testing.T) {
 		t.Fatalf("gpt_a_second's lanes did not stop: %+v", res.Summary.Lanes)
 	}
 }
+
+// The result cache answers OpenAI items too: a second run of a GPT judge
+// file sends nothing, and its lines are the OpenAI output lines of the
+// first run's answers, marked cached.
+func TestCacheAnswersOpenAIItems(t *testing.T) {
+	t.Parallel()
+	const n = 60
+	h := oaHarness(t, 50, n, 0, nil)
+	c := openCache(t, filepath.Join(t.TempDir(), "cache.db"))
+	first := h.runInto(h.input, "one", c, nil)
+	one := h.lines()
+	sent := h.sim.Server.LedgerTotals().Requests
+	second := h.runInto(h.input, "two", c, nil)
+	two := h.lines()
+	if d := h.sim.Server.LedgerTotals().Requests - sent; d != 0 || second.Cache == nil || second.Cache.Hits != n || second.Cost.TotalNanos != 0 {
+		t.Fatalf("second run sent %d requests; cache %+v; cost %d n$ (first %d n$)", d, second.Cache, second.Cost.TotalNanos, first.Cost.TotalNanos)
+	}
+	h.checkProviders(two)
+	body := map[string]string{}
+	for _, l := range one {
+		body[l.CustomID] = string(l.Response.Body)
+	}
+	for _, l := range two {
+		if string(l.Response.Body) != body[l.CustomID] {
+			t.Fatalf("%s: the cached answer differs from the first run's", l.CustomID)
+		}
+	}
+}
