@@ -2,6 +2,7 @@ package runner_test
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -10,6 +11,7 @@ import (
 	"github.com/apidispatch/apidispatch/cost"
 	"github.com/apidispatch/apidispatch/dispatch"
 	"github.com/apidispatch/apidispatch/internal/simtest"
+	"github.com/apidispatch/apidispatch/internal/testredis"
 	"github.com/apidispatch/apidispatch/org"
 	"github.com/apidispatch/apidispatch/runner"
 	"github.com/apidispatch/apidispatch/sim"
@@ -93,5 +95,54 @@ func TestRunOpenAIOnlyFile(t *testing.T) {
 	})
 	if out.Code() != runner.ExitOK || out.Summary == nil || out.Summary.Succeeded != 8 || out.Summary.Cost.TotalNanos != r.Server.LedgerTotals().CostNanos {
 		t.Fatalf("exit %d, err %v, log:\n%s", out.Code(), out.Err, log.String())
+	}
+}
+
+// Two runs of GPT items on the same OpenAI keys at once, sharing their
+// budget in Redis (--shared): both complete, each item once, and the
+// organisation's requests in flight never pass its one cap between them.
+func TestRunOpenAISharedBudget(t *testing.T) {
+	t.Parallel()
+	url := testredis.URL(t)
+	r, _ := simtest.Start(t, sim.PresetOrigin3Org, 50, func(c *sim.Config) {
+		c.Orgs = append(c.Orgs, sim.OrgConfig{Name: "gpt", Provider: sim.ProviderOpenAI,
+			ModelLimits: map[string]sim.OpenAILimits{"*": {RPM: 30000, TPM: 100_000_000}}})
+	})
+	var gptOrgs []org.Org
+	for _, o := range r.Server.AllOrgs() {
+		if o.ProviderName() == org.OpenAI {
+			gptOrgs = append(gptOrgs, o)
+		}
+	}
+	const n, capN = 80, 6
+	outs := make(chan runner.Outcome, 2)
+	for i := range 2 {
+		input := filepath.Join(t.TempDir(), "gpt.jsonl")
+		var gpt bytes.Buffer
+		if err := workload.GenerateOpenAIJudge(&gpt, n, int64(10+i), workload.GenOptions{Prefix: fmt.Sprintf("p%d_", i)}); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(input, gpt.Bytes(), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		go func() {
+			outs <- runner.Run(t.Context(), runner.Config{
+				Input: input, RunDir: filepath.Join(t.TempDir(), "run"), Prices: cost.Default(), Shared: runner.Shared{URL: url},
+				Sync: dispatch.Config{Orgs: gptOrgs, BaseURL: r.URL, Speed: 50, Prices: cost.Default(), SampleEvery: -1,
+					Caps: map[string]int{"gpt-mini": capN}},
+			})
+		}()
+	}
+	for range 2 {
+		out := <-outs
+		if out.Code() != runner.ExitOK || out.Summary == nil || out.Summary.Succeeded != n {
+			t.Fatalf("exit %d, err %v", out.Code(), out.Err)
+		}
+	}
+	if led := r.Server.LedgerTotals(); led.Requests != 2*n || led.Duplicates != 0 {
+		t.Fatalf("ledger %+v", led)
+	}
+	if st := r.Server.Stats().Org("gpt"); st.MaxInFlight > capN || st.MaxInFlight == 0 {
+		t.Fatalf("%d requests in flight on the one key between two processes, cap %d", st.MaxInFlight, capN)
 	}
 }
