@@ -39,10 +39,14 @@ type OpenAIRates struct {
 // OpenAIPrice is the price of one OpenAI model: standard and Batch API
 // rates (the standard ones × the batch multiplier, exact).
 type OpenAIPrice struct {
-	Model    string
-	Aliases  []string
-	Standard OpenAIRates
-	Batch    OpenAIRates
+	Model   string
+	Aliases []string
+	// MaxOutput is the most completion tokens one choice may take: what a
+	// request that sets no max_completion_tokens (nor max_tokens) may
+	// draw, per choice.
+	MaxOutput int64
+	Standard  OpenAIRates
+	Batch     OpenAIRates
 }
 
 // OpenAITable is a set of OpenAI prices by model id and alias. It is
@@ -145,6 +149,7 @@ type openaiFileModel struct {
 	CachedInput     usdTenths  `toml:"cached_input"`
 	Output          usdTenths  `toml:"output"`
 	BatchMultiplier multiplier `toml:"batch_multiplier"`
+	MaxOutput       int64      `toml:"max_output"`
 }
 
 // usdTenths is a price in USD per million tokens decoded exactly into
@@ -197,7 +202,10 @@ func parseOpenAIPrices(name string, data []byte) (*OpenAITable, error) {
 		if fm.BatchMultiplier.set {
 			permille = fm.BatchMultiplier.permille
 		}
-		p := &OpenAIPrice{Model: id, Aliases: fm.Aliases,
+		if fm.MaxOutput < 1 || fm.MaxOutput > maxTokens/128 {
+			return nil, fmt.Errorf("%s: max_output must be set, from 1 to %d", where, maxTokens/128)
+		}
+		p := &OpenAIPrice{Model: id, Aliases: fm.Aliases, MaxOutput: fm.MaxOutput,
 			Standard: OpenAIRates{Input: fm.Input.n, CachedInput: fm.CachedInput.n, Output: fm.Output.n}}
 		for _, r := range []struct {
 			what     string

@@ -85,11 +85,12 @@ func TestOpenAICostRefusesBadUsage(t *testing.T) {
 func TestParseOpenAIPricesErrors(t *testing.T) {
 	t.Parallel()
 	for name, src := range map[string]string{
-		"missing cached": "[models.\"m\"]\ninput = 1\noutput = 2\n",
-		"five decimals":  "[models.\"m\"]\ninput = 0.00001\ncached_input = 0\noutput = 2\n",
-		"inexact batch":  "[models.\"m\"]\ninput = 0.0001\ncached_input = 0\noutput = 2\n",
-		"unknown key":    "[models.\"m\"]\ninput = 1\ncached_input = 0.5\noutput = 2\ncache_write = 3\n",
-		"duplicate name": "[models.\"m\"]\ninput = 1\ncached_input = 0.5\noutput = 2\n[models.\"n\"]\naliases=[\"m\"]\ninput = 1\ncached_input = 0.5\noutput = 2\n",
+		"missing cached": "[models.\"m\"]\nmax_output = 10\ninput = 1\noutput = 2\n",
+		"no max_output":  "[models.\"m\"]\ninput = 1\ncached_input = 0.5\noutput = 2\n",
+		"five decimals":  "[models.\"m\"]\nmax_output = 10\ninput = 0.00001\ncached_input = 0\noutput = 2\n",
+		"inexact batch":  "[models.\"m\"]\nmax_output = 10\ninput = 0.0001\ncached_input = 0\noutput = 2\n",
+		"unknown key":    "[models.\"m\"]\nmax_output = 10\ninput = 1\ncached_input = 0.5\noutput = 2\ncache_write = 3\n",
+		"duplicate name": "[models.\"m\"]\nmax_output = 10\ninput = 1\ncached_input = 0.5\noutput = 2\n[models.\"n\"]\nmax_output = 10\naliases=[\"m\"]\ninput = 1\ncached_input = 0.5\noutput = 2\n",
 	} {
 		if _, err := parseOpenAIPrices(name, []byte(src)); err == nil {
 			t.Errorf("%s: no error", name)

@@ -165,6 +165,6 @@ func (e *Engine) prefixSent(now time.Time, a *attempt) {
 
 func (e *Engine) prefixAnswered(now time.Time, a *attempt, success bool) {
 	if a.w.hasPre {
-		e.places.Answered(now, a.w.pre, a.lane.org.Name, success, a.usage.CacheReadInputTokens+a.usage.CacheCreationInputTokens)
+		e.places.Answered(now, a.w.pre, a.lane.org.Name, success, a.usage.CacheRead+a.usage.CacheWrite)
 	}
 }

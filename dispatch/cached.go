@@ -3,19 +3,22 @@ package dispatch
 import (
 	"cmp"
 	"context"
+	"crypto/sha256"
 	"fmt"
 	"maps"
+	"net/http"
 	"slices"
 	"strings"
 	"sync"
 	"time"
 
-	"github.com/apidispatch/apidispatch/anthropic"
 	"github.com/apidispatch/apidispatch/cache"
 	"github.com/apidispatch/apidispatch/cost"
 	"github.com/apidispatch/apidispatch/promptcache"
 	"github.com/apidispatch/apidispatch/rundir"
 	"github.com/apidispatch/apidispatch/store"
+	"github.com/apidispatch/apidispatch/upstream"
+	"github.com/apidispatch/apidispatch/workload"
 )
 
 // The cache seam. The feeder keys every pending item it streams (when the
@@ -135,6 +138,11 @@ func (e *Engine) keyItems(ctx context.Context, items []store.Item, com *committe
 		if err != nil || sampled && !e.cfg.CacheSampled {
 			continue // not shared; an unkeyable item (validation passed it) is simply sent
 		}
+		if it.Provider == workload.ProviderOpenAI {
+			// An OpenAI request's answer is a chat completion, never a
+			// Message: its key is of a domain of its own.
+			k = openaiKey(k)
+		}
 		out[i].key, out[i].keyed = k, true
 		keys = append(keys, k)
 	}
@@ -228,8 +236,8 @@ func (e *Engine) releaseClaim(k cache.Key) {
 func (e *Engine) cacheEntry(a *attempt, now time.Time) *cache.Entry {
 	return &cache.Entry{
 		Key: a.w.key, Model: a.w.it.Model, Body: a.body, CostNanos: int64(a.costN),
-		InputTok: a.usage.InputTokens, OutputTok: a.usage.OutputTokens,
-		CacheRead: a.usage.CacheReadInputTokens, CacheWrite: a.usage.CacheCreationInputTokens,
+		InputTok: a.usage.Input, OutputTok: a.usage.Output,
+		CacheRead: a.usage.CacheRead, CacheWrite: a.usage.CacheWrite,
 		Org: a.lane.org.Name, RequestID: a.reqID, CreatedAt: now,
 		Origin: e.origin(), Simulated: a.simulated,
 	}
@@ -245,16 +253,30 @@ const RouteCache = "cache"
 // latency percentiles and of every org's figures).
 func hitOutcome(it store.Item, a answer) store.Outcome {
 	out := store.Outcome{Seq: it.Seq, State: store.Succeeded, Route: RouteCache}
-	out.Line = rundir.ResultLine(it.CustomID, rundir.SucceededResult(a.body), rundir.Dispatch{Org: a.org, Route: store.RouteSync,
-		Cost: a.costN, RequestID: a.requestID, Cached: true})
+	d := rundir.Dispatch{Org: a.org, Route: store.RouteSync, Cost: a.costN, RequestID: a.requestID, Cached: true}
+	if it.Provider == workload.ProviderOpenAI {
+		out.Line = rundir.OpenAIResultLine(it.CustomID, http.StatusOK, a.body, "", "", d)
+		return out
+	}
+	out.Line = rundir.ResultLine(it.CustomID, rundir.SucceededResult(a.body), d)
 	return out
+}
+
+// openaiKey is the result cache's key of an OpenAI request whose body has
+// the key k as a Messages request's params would: hashed again in a domain
+// of its own, so that no answer of one API answers a request of the other.
+func openaiKey(k cache.Key) cache.Key {
+	return cache.Key(sha256.Sum256(append([]byte("apidispatch openai chat.completions\x00"), k[:]...)))
 }
 
 // enqueue puts a fed item in its pool's queue, or behind the leader of its
 // key. It runs on the scheduler goroutine.
 func (e *Engine) enqueue(f fed) {
-	w := &work{it: f.it, pool: anthropic.PoolOf(f.it.Model), key: f.key, keyed: f.keyed, pre: f.pre, hasPre: f.hasPre, worst: f.worst}
-	e.lanesFor(w.pool, f.it.Model)
+	prov := upstream.Named(f.it.Provider)
+	w := &work{it: f.it, prov: prov, pool: prov.PoolOf(f.it.Model), key: f.key, keyed: f.keyed, pre: f.pre, hasPre: f.hasPre, worst: f.worst}
+	if ls := e.lanesFor(w.pool, f.it.Model, prov); len(ls) == 0 && e.noOrgs == "" {
+		e.noOrgs = fmt.Sprintf("no %s org for item %s (line %d, model %s): its provider's orgs are needed", prov.Name(), f.it.CustomID, f.it.Line, f.it.Model)
+	}
 	e.held++
 	if w.keyed {
 		if _, ok := e.leaders[w.key]; ok {

@@ -37,7 +37,6 @@ import (
 	"github.com/apidispatch/apidispatch/spend"
 	"github.com/apidispatch/apidispatch/store"
 	"github.com/apidispatch/apidispatch/upstream"
-	"github.com/apidispatch/apidispatch/workload"
 )
 
 // Errors callers can branch on.
@@ -151,6 +150,9 @@ const DefaultGiveUpAfter = 10 * time.Minute
 // CapFor returns the cap for model's family (upstream.CapFor of Caps).
 func (c *Config) CapFor(model string) int { return upstream.CapFor(c.Caps, model) }
 
+// capOf returns the cap of model, of provider p, from Caps.
+func (c *Config) capOf(p *upstream.Provider, model string) int { return p.CapFor(c.Caps, model) }
+
 // NewTransport returns the tuned transport the engine uses: enough idle
 // connections for every in-flight request, TLS verification always on. It
 // is apihttp.NewTransport.
@@ -187,6 +189,7 @@ type orgState struct {
 // work is one item while the engine holds it in memory.
 type work struct {
 	it        store.Item
+	prov      *upstream.Provider // the item's API
 	pool      anthropic.Pool
 	attempts  int64
 	transient int // consecutive transient failures (for back-off)
@@ -202,16 +205,18 @@ type work struct {
 }
 
 type attempt struct {
-	w        *work
-	lane     *laneRef
-	permit   gate.Permit
-	outcome  anthropic.Outcome
-	latency  time.Duration
-	body     []byte
-	reqID    string
-	costN    cost.Nanos
-	res      *spend.Reservation // its worst case, in the spend gate
-	usage    anthropic.Usage
+	w       *work
+	lane    *laneRef
+	permit  gate.Permit
+	outcome anthropic.Outcome
+	latency time.Duration
+	body    []byte
+	reqID   string
+	costN   cost.Nanos
+	res     *spend.Reservation // its worst case, in the spend gate
+	// usage is a success's usage (hasUsage), as its provider reported it.
+	usage    upstream.Usage
+	hasUsage bool
 	readErr  error
 	orgIDHdr string
 	// maybeBilled: the request was sent and may have been processed, but
@@ -264,6 +269,9 @@ type Engine struct {
 	// claims holds, in the cache file, the keys this run sends, against
 	// the other processes on it (readwrite; during sendAll).
 	claims *cache.Claimer
+	// noOrgs says why items of a provider without orgs wait (enqueue):
+	// they stay pending, and the run ends with it once nothing else can go.
+	noOrgs string
 
 	inflight    int
 	inflightPub atomic.Int64
@@ -390,17 +398,21 @@ func New(cfg Config) (*Engine, error) {
 }
 
 // lanesFor returns (creating on first use) the lanes of a pool, one per org.
-func (e *Engine) lanesFor(pool anthropic.Pool, model string) []*laneRef {
+// The lanes of a pool are those of the orgs of its provider (p).
+func (e *Engine) lanesFor(pool anthropic.Pool, model string, p *upstream.Provider) []*laneRef {
 	if ls, ok := e.lanes[pool]; ok {
 		return ls
 	}
 	var ls []*laneRef
 	byOrg := map[string]*upstream.Lane{}
-	for _, u := range e.up.Pool(pool, e.cfg.CapFor(model)) {
+	for _, u := range e.up.Pool(pool, e.cfg.capOf(p, model)) {
 		byOrg[u.Org] = u
 	}
 	for _, o := range e.orgs {
 		u := byOrg[o.Name] // New checked that Config.Lanes has every org
+		if u == nil {
+			continue // an org of another provider
+		}
 		// Every lane probes first (see LaneConfig.ProbeFirst), whoever
 		// makes its gate: the shared gate, the metrics wrapper's lane.
 		l := &laneRef{Gate: u, cap: u.Cap, org: o, pool: pool, key: o.Name + "/" + string(pool)}
@@ -915,6 +927,9 @@ func (e *Engine) schedule(ctx context.Context, feed chan []fed, com *committer, 
 			// Work, nothing in flight, and no lane will ever admit: every lane
 			// of these pools is disabled.
 			e.stopReason = "no usable lane: " + e.laneReasons()
+			if e.noOrgs != "" {
+				e.stopReason = e.noOrgs
+			}
 			stopping = true
 			e.dropQueued()
 			continue
@@ -1088,7 +1103,7 @@ func (e *Engine) admit(now time.Time, workers *sync.WaitGroup) time.Duration {
 					e.ready[pool] = q
 					return next
 				}
-				p, wait, ok := l.TryAdmit(now, gate.Demand{EstInput: w.it.EstInput, MaxTokens: w.it.MaxTokens})
+				p, wait, ok := l.TryAdmit(now, w.prov.Demand(upItem(w.it)))
 				if !ok {
 					res.Release()
 					blocked[i] = true
@@ -1151,17 +1166,16 @@ func (e *Engine) stopReasonCost(err error) {
 // it at every multiplier). It runs on the feeder goroutine, which reads the
 // body.
 func (e *Engine) worstCase(it store.Item, body []byte) cost.Nanos {
-	// Tokens never outnumber bytes, so the line's length bounds the input.
-	b := cost.Bound{Model: it.Model, Input: max(it.EstInput, it.Length), MaxTokens: it.MaxTokens, CacheWrite: cost.CacheWrite1h, GeoUS: true}
-	if body != nil {
-		b = workload.BoundOf(it.Model, body, it.MaxTokens, false)
-		b.Input = max(b.Input, it.EstInput)
-	}
-	n, err := e.cfg.Prices.WorstCase(b)
+	n, err := upstream.Named(it.Provider).WorstCase(e.cfg.Prices, upItem(it), body, false)
 	if err != nil {
 		return cost.Unpriceable
 	}
 	return n
+}
+
+// upItem is what the upstream layer needs of it.
+func upItem(it store.Item) upstream.Item {
+	return upstream.Item{Model: it.Model, EstInput: it.EstInput, Length: it.Length, MaxTokens: it.MaxTokens, Choices: it.Choices}
 }
 
 func (e *Engine) start1(w *work, l *laneRef, p gate.Permit, res *spend.Reservation, workers *sync.WaitGroup) {
@@ -1189,13 +1203,14 @@ func (e *Engine) send(a *attempt) {
 	}
 	ctx, cancel := apihttp.AttemptContext(e.abortCtx, e.cfg.Timeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, e.base.JoinPath("v1", "messages").String(), bytes.NewReader(body))
+	prov := a.w.prov
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, e.base.JoinPath(prov.Endpoint()).String(), bytes.NewReader(body))
 	if err != nil {
 		a.readErr = err
 		a.lane.Done(time.Now(), a.permit, gate.Feedback{Outcome: anthropic.Outcome{Kind: anthropic.Retryable}})
 		return
 	}
-	anthropic.SetHeaders(req.Header, a.lane.org.Key, true)
+	prov.SetHeaders(req.Header, a.lane.org.Org, true)
 	req.Header.Set("x-stainless-retry-count", strconv.FormatInt(a.w.attempts-1, 10))
 	t0 := time.Now()
 	if a.permit.Lapsed(t0) {
@@ -1206,7 +1221,7 @@ func (e *Engine) send(a *attempt) {
 		a.lane.Done(t0, a.permit, gate.Feedback{Outcome: a.outcome})
 		return
 	}
-	r := upstream.Send(e.client, req, 64<<20, func() {
+	r := prov.Send(e.client, req, 64<<20, func() {
 		e.jr.Sent(a.w.it.Seq, a.w.attempts, a.res.Worst())
 	})
 	now, hdr := r.At, r.Header
@@ -1230,16 +1245,14 @@ func (e *Engine) send(a *attempt) {
 			e.c.maybeBilled.Add(1)
 		}
 	}
-	var usage *anthropic.Usage
-	if m := a.outcome.Message; m != nil {
-		a.usage = m.Usage
-		usage = &a.usage
+	if r.Usage != nil {
+		a.usage, a.hasUsage = *r.Usage, true
 		// Priced as the requested model, which validation checked has a price.
-		a.costN, _ = e.cfg.Prices.Cost(a.w.it.Model, m.Usage, false)
+		a.costN, _ = prov.Cost(e.cfg.Prices, a.w.it.Model, r.Usage, false)
 	}
-	fb := upstream.Feedback(a.outcome, hdr, usage, a.costN)
+	fb := prov.Feedback(a.outcome, hdr, now, r.Usage, upItem(a.w.it), a.costN)
 	if hdr != nil {
-		a.reqID = hdr.Get(anthropic.HeaderRequestID)
+		a.reqID = prov.RequestID(hdr)
 		a.simulated = hdr.Get(cache.SimulatorHeader) != ""
 		a.orgIDHdr = fb.Limits.OrganizationID
 	}
@@ -1348,6 +1361,10 @@ func (e *Engine) settle(a *attempt) {
 	switch {
 	case a.readErr != nil:
 		a.res.Release()
+	case a.outcome.Kind == anthropic.Success && !a.hasUsage:
+		// A success that reported no usage: its cost cannot be known, so
+		// its worst case stays counted.
+		a.res.Keep()
 	case a.outcome.Kind == anthropic.Success:
 		a.res.Settle(a.costN)
 	case a.maybeBilled:
@@ -1398,19 +1415,28 @@ func (e *Engine) outcome(a *attempt, st store.State) store.Outcome {
 	out := store.Outcome{
 		Seq: a.w.it.Seq, State: st, Org: a.lane.org.Name, Route: store.RouteSync, Attempts: a.w.attempts,
 		LatencyMs: a.latency.Milliseconds(), CostNanos: int64(a.costN),
-		InputTok: a.usage.InputTokens, OutputTok: a.usage.OutputTokens,
-		CacheRead: a.usage.CacheReadInputTokens, CacheWrite: a.usage.CacheCreationInputTokens,
+		InputTok: a.usage.Input, OutputTok: a.usage.Output,
+		CacheRead: a.usage.CacheRead, CacheWrite: a.usage.CacheWrite,
+	}
+	if st == store.Errored {
+		out.ErrorType = a.outcome.ErrorType
+	}
+	d := rundir.Dispatch{Org: a.lane.org.Name, Route: store.RouteSync,
+		Attempts: a.w.attempts, LatencyMs: out.LatencyMs, Cost: a.costN, RequestID: a.reqID}
+	if a.w.prov == upstream.OpenAI {
+		// The OpenAI batch output line: the API's answer as it came (a
+		// completion, or its error envelope), or the local cause.
+		out.Line = rundir.OpenAIResultLine(a.w.it.CustomID, a.outcome.Status, a.body, a.outcome.ErrorType, a.outcome.Reason, d)
+		return out
 	}
 	var res []byte
 	if st == store.Succeeded {
 		// Classify parsed the body, so it is valid JSON.
 		res = rundir.SucceededResult(a.body)
 	} else {
-		out.ErrorType = a.outcome.ErrorType
 		res = rundir.ErroredResult(a.outcome)
 	}
-	out.Line = rundir.ResultLine(a.w.it.CustomID, res, rundir.Dispatch{Org: a.lane.org.Name, Route: store.RouteSync,
-		Attempts: a.w.attempts, LatencyMs: out.LatencyMs, Cost: a.costN, RequestID: a.reqID})
+	out.Line = rundir.ResultLine(a.w.it.CustomID, res, d)
 	return out
 }
 

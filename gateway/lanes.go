@@ -284,10 +284,15 @@ func (s *laneSet) queueLocked(model string) *poolQueue {
 // capN unless an engine made them first). s.mu is held.
 func (s *laneSet) poolLocked(pool anthropic.Pool, capN int) *poolQueue {
 	q := &poolQueue{pool: pool}
-	ups := s.up.Pool(pool, capN)
-	for i, u := range s.orgs {
-		l := &lane{Lane: ups[i], up: u, pool: pool, q: q}
-		q.lanes = append(q.lanes, l)
+	// The pool's lanes are its provider's orgs' (upstream.Lanes.Pool).
+	byOrg := map[string]*upstreampkg.Lane{}
+	for _, l := range s.up.Pool(pool, capN) {
+		byOrg[l.Org] = l
+	}
+	for _, u := range s.orgs {
+		if ul := byOrg[u.Name]; ul != nil {
+			q.lanes = append(q.lanes, &lane{Lane: ul, up: u, pool: pool, q: q})
+		}
 	}
 	s.pools[pool] = q
 	qs := []*poolQueue{q}

@@ -71,28 +71,53 @@ func Fingerprint(secret string) string {
 	return hex.EncodeToString(sum[:4])
 }
 
-// keyLike matches text that looks like an Anthropic API key.
-var keyLike = regexp.MustCompile(`sk-ant-[A-Za-z0-9_\-]{4,}`)
+// keyLike matches text that looks like an API key: Anthropic's
+// ("sk-ant-…") and OpenAI's ("sk-proj-…", "sk-svcacct-…", "sk-admin-…" and
+// the older bare "sk-…"), with at least 8 characters after "sk-" and not
+// inside a word, so that "sk-learn" and "disk-usage-report" stay.
+var keyLike = regexp.MustCompile(`\bsk-[A-Za-z0-9_\-]{8,}`)
 
-// Scrub returns s with any text that looks like an Anthropic API key
-// replaced by "[redacted]". It is a second line of defence for text that
-// comes from outside (inputs, headers, error texts); keys held in a Key
-// never need it.
+// Scrub returns s with any text that looks like an API key (Anthropic's
+// or OpenAI's) replaced by "[redacted]". It is a second line of defence
+// for text that comes from outside (inputs, headers, error texts); keys
+// held in a Key never need it.
 func Scrub(s string) string {
-	if !strings.Contains(s, "sk-ant-") {
+	if !strings.Contains(s, "sk-") {
 		return s
 	}
 	return keyLike.ReplaceAllString(s, "[redacted]")
 }
 
+// Providers an org may belong to (Org.Provider).
+const (
+	Anthropic = "anthropic"
+	OpenAI    = "openai"
+)
+
 // Org is one organisation: a name and the key that reaches it.
 type Org struct {
 	Name string `json:"name"`
 	Key  Key    `json:"key_fingerprint"`
+	// Provider is the API the key is for: Anthropic ("" means Anthropic
+	// too) or OpenAI.
+	Provider string `json:"provider,omitempty"`
+	// Organization and Project are an OpenAI key's organisation and
+	// project ids, sent as OpenAI-Organization and OpenAI-Project when
+	// set ("" for an Anthropic org).
+	Organization string `json:"organization,omitempty"`
+	Project      string `json:"project,omitempty"`
 	// Source says where the key came from ("env ANTHROPIC_API_KEY", "file k.txt").
 	Source string `json:"source"`
 	// Rotated is when the key was last rotated (zero when unknown).
 	Rotated time.Time `json:"rotated,omitzero"`
+}
+
+// ProviderName is o's provider, Anthropic when unset.
+func (o Org) ProviderName() string {
+	if o.Provider == "" {
+		return Anthropic
+	}
+	return o.Provider
 }
 
 // RotationAge is the key age after which a rotation reminder is due.
@@ -105,11 +130,13 @@ func (o Org) NeedsRotation(now time.Time) bool {
 
 // Errors.
 var (
-	ErrNoOrgs = errors.New("org: no API keys configured (set ANTHROPIC_API_KEY or ANTHROPIC_API_KEY_<NAME>, or pass --orgs FILE)")
+	ErrNoOrgs = errors.New("org: no API keys configured (set ANTHROPIC_API_KEY or ANTHROPIC_API_KEY_<NAME>, OPENAI_API_KEY or OPENAI_API_KEY_<NAME>, or pass --orgs FILE)")
 )
 
 var (
-	nameRE   = regexp.MustCompile(`^[a-z0-9_-]{1,64}$`)
+	nameRE = regexp.MustCompile(`^[a-z0-9_-]{1,64}$`)
+	// idRE is an OpenAI organisation or project id: "org-…", "proj_…".
+	idRE     = regexp.MustCompile(`^[A-Za-z0-9_-]{1,128}$`)
 	envVarRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,127}$`)
 )
 
@@ -121,17 +148,27 @@ func looksLikeKey(v string) bool {
 
 // FromEnv reads orgs from environment entries ("NAME=value"):
 // ANTHROPIC_API_KEY is org "default", ANTHROPIC_API_KEY_<NAME> is org
-// "<name>" (lower-cased), ANTHROPIC_BATCH_KEY is org "batch". Blank values
-// are absent. The result is sorted with "default" first, then by name.
+// "<name>" (lower-cased), ANTHROPIC_BATCH_KEY is org "batch";
+// OPENAI_API_KEY is the OpenAI org "openai" (with OPENAI_ORG_ID and
+// OPENAI_PROJECT_ID, as the official SDKs read them) and
+// OPENAI_API_KEY_<NAME> the OpenAI org "openai-<name>": the prefix keeps
+// org names unique across providers. Blank values are absent. The result
+// is sorted with "default" first, then by name.
 func FromEnv(environ []string) ([]Org, error) {
 	var orgs []Org
 	seen := map[string]bool{}
+	env := map[string]string{}
+	for _, kv := range environ {
+		if k, v, ok := strings.Cut(kv, "="); ok {
+			env[k] = strings.TrimSpace(v)
+		}
+	}
 	for _, kv := range environ {
 		name, val, ok := strings.Cut(kv, "=")
 		if !ok || strings.TrimSpace(val) == "" {
 			continue
 		}
-		var on string
+		var on, provider string
 		switch {
 		case name == "ANTHROPIC_API_KEY":
 			on = "default"
@@ -139,6 +176,10 @@ func FromEnv(environ []string) ([]Org, error) {
 			on = "batch"
 		case strings.HasPrefix(name, "ANTHROPIC_API_KEY_"):
 			on = strings.ToLower(strings.TrimPrefix(name, "ANTHROPIC_API_KEY_"))
+		case name == "OPENAI_API_KEY":
+			on, provider = "openai", OpenAI
+		case strings.HasPrefix(name, "OPENAI_API_KEY_"):
+			on, provider = "openai-"+strings.ToLower(strings.TrimPrefix(name, "OPENAI_API_KEY_")), OpenAI
 		default:
 			continue
 		}
@@ -153,7 +194,16 @@ func FromEnv(environ []string) ([]Org, error) {
 		if err := checkKey(secret, "environment variable "+name); err != nil {
 			return nil, err
 		}
-		orgs = append(orgs, Org{Name: on, Key: NewKey(secret), Source: "env " + name})
+		o := Org{Name: on, Key: NewKey(secret), Source: "env " + name, Provider: provider}
+		if name == "OPENAI_API_KEY" {
+			o.Organization, o.Project = env["OPENAI_ORG_ID"], env["OPENAI_PROJECT_ID"]
+			for v, id := range map[string]string{"OPENAI_ORG_ID": o.Organization, "OPENAI_PROJECT_ID": o.Project} {
+				if id != "" && (looksLikeKey(id) || !idRE.MatchString(id)) {
+					return nil, fmt.Errorf("org: environment variable %s is not an OpenAI id (letters, digits, _ or -)", v)
+				}
+			}
+		}
+		orgs = append(orgs, o)
 	}
 	sort.SliceStable(orgs, func(i, j int) bool {
 		if (orgs[i].Name == "default") != (orgs[j].Name == "default") {
@@ -168,11 +218,14 @@ func FromEnv(environ []string) ([]Org, error) {
 }
 
 type fileOrg struct {
-	Name    string    `toml:"name"`
-	KeyEnv  string    `toml:"key_env"`
-	KeyFile string    `toml:"key_file"`
-	Key     string    `toml:"key"`
-	Rotated time.Time `toml:"rotated"`
+	Name         string    `toml:"name"`
+	Provider     string    `toml:"provider"`
+	Organization string    `toml:"organization"`
+	Project      string    `toml:"project"`
+	KeyEnv       string    `toml:"key_env"`
+	KeyFile      string    `toml:"key_file"`
+	Key          string    `toml:"key"`
+	Rotated      time.Time `toml:"rotated"`
 }
 
 type fileDoc struct {
@@ -190,7 +243,15 @@ type Warning string
 //	key_env = "ANTHROPIC_API_KEY"   # or key_file = "path" (mode 0600)
 //	rotated = 2026-06-27            # optional
 //
+//	[[org]]
+//	name = "gpt_lab"
+//	provider = "openai"             # default "anthropic"
+//	key_env = "OPENAI_API_KEY"
+//	organization = "org-…"          # optional: sent as OpenAI-Organization
+//	project = "proj_…"              # optional: sent as OpenAI-Project
+//
 // getenv resolves key_env. A key written into the file itself is refused.
+// Names are unique across providers.
 func FromFile(path string, getenv func(string) string) ([]Org, []Warning, error) {
 	var doc fileDoc
 	md, err := toml.DecodeFile(path, &doc)
@@ -216,6 +277,21 @@ func FromFile(path string, getenv func(string) string) ([]Org, []Warning, error)
 		}
 		seen[fo.Name] = true
 		o := Org{Name: fo.Name}
+		switch fo.Provider {
+		case "", Anthropic:
+			if fo.Organization != "" || fo.Project != "" {
+				return nil, nil, fmt.Errorf("%s (%s): organization and project are for provider %q orgs", where, fo.Name, OpenAI)
+			}
+		case OpenAI:
+			o.Provider, o.Organization, o.Project = OpenAI, fo.Organization, fo.Project
+			for what, id := range map[string]string{"organization": fo.Organization, "project": fo.Project} {
+				if id != "" && (looksLikeKey(id) || !idRE.MatchString(id)) {
+					return nil, nil, fmt.Errorf("%s (%s): %s must be an OpenAI id (letters, digits, _ or -, as org-… or proj_…)", where, fo.Name, what)
+				}
+			}
+		default:
+			return nil, nil, fmt.Errorf("%s (%s): provider %q: use %q or %q", where, fo.Name, fo.Provider, Anthropic, OpenAI)
+		}
 		switch {
 		case fo.KeyEnv != "" && fo.KeyFile != "":
 			return nil, nil, fmt.Errorf("%s (%s): give key_env or key_file, not both", where, fo.Name)

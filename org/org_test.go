@@ -83,3 +83,86 @@ func TestFromFile(t *testing.T) {
 		t.Fatalf("inline key: %v", err)
 	}
 }
+
+// OpenAI keys come from OPENAI_API_KEY (org "openai", with the SDKs'
+// OPENAI_ORG_ID and OPENAI_PROJECT_ID) and OPENAI_API_KEY_<NAME> (org
+// "openai-<name>"), beside the Anthropic ones.
+func TestFromEnvOpenAI(t *testing.T) {
+	t.Parallel()
+	orgs, err := FromEnv([]string{"ANTHROPIC_API_KEY=a", "OPENAI_API_KEY=sk-proj-aaaaaaaaaaaa", "OPENAI_ORG_ID=org-abc",
+		"OPENAI_PROJECT_ID=proj_x", "OPENAI_API_KEY_LAB=sk-proj-bbbbbbbbbbbb", "ANTHROPIC_API_KEY_LAB=c"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]Org{}
+	for _, o := range orgs {
+		got[o.Name] = o
+	}
+	if len(got) != 4 || got["default"].ProviderName() != Anthropic || got["lab"].ProviderName() != Anthropic {
+		t.Fatalf("orgs %+v", orgs)
+	}
+	if o := got["openai"]; o.Provider != OpenAI || o.Organization != "org-abc" || o.Project != "proj_x" || o.Key.Reveal() != "sk-proj-aaaaaaaaaaaa" {
+		t.Fatalf("openai org %+v", o)
+	}
+	if o := got["openai-lab"]; o.Provider != OpenAI || o.Organization != "" || o.Key.Reveal() != "sk-proj-bbbbbbbbbbbb" {
+		t.Fatalf("openai-lab org %+v", o)
+	}
+	if _, err := FromEnv([]string{"OPENAI_API_KEY=k", "OPENAI_ORG_ID=sk-proj-pastedkey"}); err == nil || strings.Contains(err.Error(), "pastedkey") {
+		t.Fatalf("a key pasted as the organisation id: %v", err)
+	}
+}
+
+func TestFromFileOpenAI(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	write := func(body string) string {
+		p := filepath.Join(dir, fmt.Sprintf("orgs%d.toml", len(body)))
+		if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	env := func(string) string { return "sk-proj-0123456789abcdef" }
+	orgs, _, err := FromFile(write(`
+[[org]]
+name = "claude"
+key_env = "A"
+
+[[org]]
+name = "gpt"
+provider = "openai"
+key_env = "B"
+organization = "org-AbC123"
+project = "proj_judge"
+`), env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if orgs[0].ProviderName() != Anthropic || orgs[1].Provider != OpenAI || orgs[1].Organization != "org-AbC123" || orgs[1].Project != "proj_judge" {
+		t.Fatalf("orgs %+v", orgs)
+	}
+	for _, c := range []struct{ body, want string }{
+		{"[[org]]\nname = \"x\"\nprovider = \"gemini\"\nkey_env = \"A\"\n", `provider "gemini"`},
+		{"[[org]]\nname = \"x\"\nkey_env = \"A\"\norganization = \"org-1\"\n", "organization and project are for provider"},
+		{"[[org]]\nname = \"x\"\nprovider = \"openai\"\nkey_env = \"A\"\nproject = \"proj x\"\n", "project must be an OpenAI id"},
+		{"[[org]]\nname = \"x\"\nkey_env = \"A\"\n[[org]]\nname = \"x\"\nprovider = \"openai\"\nkey_env = \"B\"\n", `org "x" appears twice`},
+	} {
+		if _, _, err := FromFile(write(c.body), env); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%q: error %v, want %q", c.body, err, c.want)
+		}
+	}
+}
+
+// Scrub redacts OpenAI keys as well as Anthropic ones.
+func TestScrubOpenAIKeys(t *testing.T) {
+	t.Parallel()
+	for _, k := range []string{"sk-proj-AbCdEf0123456789_xyz", "sk-svcacct-0123456789abcdef", "sk-0123456789abcdefABCDEF", secret} {
+		s := Scrub("header Bearer " + k + " refused")
+		if strings.Contains(s, k) || !strings.Contains(s, "[redacted]") {
+			t.Errorf("Scrub left %q in %q", k, s)
+		}
+	}
+	if s := Scrub("uses sk-learn and disk-usage-report"); s != "uses sk-learn and disk-usage-report" {
+		t.Errorf("Scrub changed plain text: %q", s)
+	}
+}

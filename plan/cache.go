@@ -123,6 +123,9 @@ func ProjectCache(ctx context.Context, path string, ws *workload.Summary, c *cac
 		defer close(batches)
 		batch := make([]store.Item, 0, 1024)
 		scanErr = workload.Scan(path, func(it store.Item) error {
+			if it.Provider != "" {
+				return nil // the projection is of the Anthropic items (Models)
+			}
 			batch = append(batch, it)
 			if len(batch) < cap(batch) {
 				return nil

@@ -66,11 +66,12 @@ func JudgeSummary(n int, seed int64, opts workload.GenOptions) (*workload.Summar
 	total := tot.ms.N
 	sum := &workload.Summary{
 		N: total, Lines: total, Bytes: s.bytes, Hash: hex.EncodeToString(s.h.Sum(nil)),
-		LongestLine: tot.longest, Models: map[string]workload.ModelSummary{},
+		LongestLine: tot.longest, Models: map[string]workload.ModelSummary{}, OpenAIModels: map[string]workload.ModelSummary{},
 	}
 	if total > 0 {
 		tot.ms.MaxTokens = total * maxTok
 		sum.Models[model] = tot.ms
+		sum.FirstAnthropicLine = 1 // every line is an Anthropic request
 	}
 	return sum, nil
 }

@@ -2,6 +2,8 @@ package rundir
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 
 	"github.com/apidispatch/apidispatch/anthropic"
@@ -102,4 +104,58 @@ func ErroredResult(o anthropic.Outcome) []byte {
 	}
 	e, _ := json.Marshal(env)
 	return append(append([]byte(`{"type":"errored","error":`), e...), '}')
+}
+
+// OpenAIResultLine is the results.jsonl line of an OpenAI item, without
+// its newline: the OpenAI Batch API's output line, so that a reader of
+// OpenAI batch results reads it as it is,
+//
+//	{"id": "batch_req_…", "custom_id": …,
+//	 "response": {"status_code": …, "request_id": …, "body": {…}},
+//	 "error": null, "dispatch": {…}}
+//
+// with the API's answer body (a chat completion, or its error envelope)
+// when status is not 0, and otherwise no response and an error object
+// {"code", "message"} naming the local cause. The dispatch object is
+// apidispatch's, as on every line. The id is derived from the custom_id
+// and the request id, so a rebuilt line is the same line.
+func OpenAIResultLine(customID string, status int, body []byte, errCode, errMsg string, d Dispatch) []byte {
+	type response struct {
+		StatusCode int             `json:"status_code"`
+		RequestID  string          `json:"request_id"`
+		Body       json.RawMessage `json:"body"`
+	}
+	type lineError struct {
+		Code    string `json:"code"`
+		Message string `json:"message"`
+	}
+	w := dispatchJSON{Org: d.Org, Route: d.Route, Attempts: d.Attempts, LatencyMs: d.LatencyMs,
+		CostUSD: d.Cost.USD(), RequestID: d.RequestID, Cached: d.Cached}
+	if d.Route == store.RouteBatch {
+		w.BatchID = &d.BatchID
+	}
+	if d.Cached {
+		w.ChargedUSD = new(float64)
+	}
+	sum := sha256.Sum256([]byte(customID + "\x00" + d.RequestID))
+	v := struct {
+		ID       string       `json:"id"`
+		CustomID string       `json:"custom_id"`
+		Response *response    `json:"response"`
+		Error    *lineError   `json:"error"`
+		Dispatch dispatchJSON `json:"dispatch"`
+	}{ID: "batch_req_" + hex.EncodeToString(sum[:16]), CustomID: customID, Dispatch: w}
+	if status != 0 {
+		b := bytes.TrimSpace(body)
+		if !json.Valid(b) {
+			// Not JSON (a proxy's page): kept as a string, so the line
+			// stays one JSON value.
+			b, _ = json.Marshal(string(b))
+		}
+		v.Response = &response{StatusCode: status, RequestID: d.RequestID, Body: b}
+	} else {
+		v.Error = &lineError{Code: errCode, Message: errMsg}
+	}
+	line, _ := json.Marshal(v) // compacts the body: one line
+	return line
 }

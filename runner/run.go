@@ -154,7 +154,13 @@ func Run(ctx context.Context, cfg Config) Outcome {
 	for _, e := range estimates {
 		fmt.Fprintf(w, "warning: model %s has no price in the price table: its cost is an estimate, at the prices of %s (its pool's most expensive known model); add it with --prices FILE for exact costs\n", e.Model, e.As)
 	}
-	pin := plan.Input{Workload: ws, Prices: cfg.Prices, Orgs: orgNames(cfg.Sync.Orgs), Caps: cfg.Sync.Caps, Limits: cfg.Limits,
+	if err := cfg.checkProviders(ws); err != nil {
+		return failf(Usage, "%s: %w", cfg.Input, err)
+	}
+	if ws.OpenAI > 0 {
+		fmt.Fprintf(w, "note: %d OpenAI items go by the sync route to the OpenAI orgs; the projection and the budget gate cover the Anthropic items only, and --max-cost holds for both\n", ws.OpenAI)
+	}
+	pin := plan.Input{Workload: ws, Prices: cfg.Prices, Orgs: orgNames(anthropicOrgs(cfg.Sync.Orgs)), Caps: cfg.Sync.Caps, Limits: cfg.Limits,
 		ExpectOutput: cfg.ExpectOutput, Speed: cfg.Sync.Speed}
 	if err := ProjectCache(ctx, cfg.Input, &pin, cfg.Sync.Cache, cfg.Sync.CacheMode, cfg.Sync.CacheSampled, cfg.Sync.BaseURL); err != nil {
 		return fail(Usage, err)
@@ -200,6 +206,38 @@ func Run(ctx context.Context, cfg Config) Outcome {
 	}
 	r := &run{cfg: &cfg, job: job, ws: ws, pin: pin, pr: pr, gcfg: gcfg, svc: svc, w: w, out: out}
 	return r.send(ctx)
+}
+
+// checkProviders refuses, before anything is sent, a request file with
+// items of a provider that no configured org serves (naming the first such
+// line), and OpenAI items on a route that cannot carry them yet.
+func (cfg *Config) checkProviders(ws *workload.Summary) error {
+	has := map[string]bool{}
+	for _, o := range cfg.Sync.Orgs {
+		has[o.ProviderName()] = true
+	}
+	switch {
+	case ws.FirstOpenAILine > 0 && !has[org.OpenAI]:
+		return fmt.Errorf("line %d is an OpenAI request (url %s), and no OpenAI org is configured: set OPENAI_API_KEY or OPENAI_API_KEY_<NAME>, or add an org with provider = \"openai\" to the orgs file", ws.FirstOpenAILine, workload.OpenAIEndpoint)
+	case ws.FirstAnthropicLine > 0 && !has[org.Anthropic]:
+		return fmt.Errorf("line %d is an Anthropic request (params), and no Anthropic org is configured: set ANTHROPIC_API_KEY or ANTHROPIC_API_KEY_<NAME>, or add an org to the orgs file", ws.FirstAnthropicLine)
+	case ws.OpenAI > 0 && cfg.Route != "" && cfg.Route != RouteSync:
+		return fmt.Errorf("line %d is an OpenAI request: OpenAI items go by --route sync only for now (the OpenAI Batch API route is not built yet)", ws.FirstOpenAILine)
+	case ws.OpenAI > 0 && cfg.Pilot > 0:
+		return fmt.Errorf("line %d is an OpenAI request: --pilot re-projects Anthropic models only; run without --pilot", ws.FirstOpenAILine)
+	}
+	return nil
+}
+
+// anthropicOrgs are the Anthropic orgs of orgs (the ones plan projects).
+func anthropicOrgs(orgs []org.Org) []org.Org {
+	var out []org.Org
+	for _, o := range orgs {
+		if o.ProviderName() == org.Anthropic {
+			out = append(out, o)
+		}
+	}
+	return out
 }
 
 // startServices starts the shared budget and the metrics the run asks for.

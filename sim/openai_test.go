@@ -40,6 +40,9 @@ func TestOpenAIPricesMatchPackageCost(t *testing.T) {
 			t.Errorf("%s: %v", m.id, err)
 			continue
 		}
+		if p.MaxOutput != m.maxOutput {
+			t.Errorf("%s: package cost's max_output %d, the simulator's %d", m.id, p.MaxOutput, m.maxOutput)
+		}
 		if got := (oaPrice{int64(p.Standard.Input), int64(p.Standard.CachedInput), int64(p.Standard.Output)}); got != m.price {
 			t.Errorf("%s: package cost %+v, simulator %+v", m.id, got, m.price)
 		}

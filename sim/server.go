@@ -278,6 +278,25 @@ func (s *Server) Orgs() []org.Org {
 	return out
 }
 
+// AllOrgs returns every org as a client configures it, in config order:
+// the Anthropic orgs as Orgs does, and the OpenAI orgs with their provider
+// (their first key; no OpenAI-Organization or OpenAI-Project, which a key
+// does not need).
+func (s *Server) AllOrgs() []org.Org {
+	var out []org.Org
+	for _, o := range s.orgs {
+		if len(o.keys) == 0 {
+			continue
+		}
+		x := org.Org{Name: o.name, Key: org.NewKey(o.keys[0].secret), Source: "simulator"}
+		if o.oa != nil {
+			x.Provider = org.OpenAI
+		}
+		out = append(out, x)
+	}
+	return out
+}
+
 // EnvLines returns one line per org, ANTHROPIC_API_KEY_<ORG>=<first key>
 // (OPENAI_API_KEY_<ORG> for an OpenAI org), with the org name upper-cased
 // and "-" turned into "_", in config order: the environment form

@@ -62,6 +62,13 @@ type Item struct {
 	Model     string //
 	MaxTokens int64  //
 	EstInput  int64  // local estimate of input tokens
+	// Provider is the API the item is for: "" (Anthropic, the default) or
+	// "openai" (org.OpenAI). An item goes only to its provider's orgs.
+	Provider string
+	// Choices is an OpenAI item's n (0: one). MaxTokens is then its
+	// max_completion_tokens (else max_tokens) per choice, 0 when it sets
+	// neither.
+	Choices int64
 }
 
 // Outcome is the terminal result of one item.

@@ -31,6 +31,9 @@ type Result struct {
 	// happened, and it may have been billed.
 	Err     error
 	Outcome anthropic.Outcome
+	// Usage is a success's usage, as its provider reported it (nil: none
+	// reported, or no success).
+	Usage *Usage
 	// Wrote: the whole request went out (net/http/httptrace's
 	// WroteRequest without an error).
 	Wrote bool
@@ -53,6 +56,7 @@ type Call struct {
 	Err   error
 	start time.Time
 	wrote atomic.Bool
+	p     *Provider // whose classifier reads the answer (nil: Anthropic)
 }
 
 // Begin sends req with client and returns once the answer's head came,
@@ -62,7 +66,13 @@ type Call struct {
 // the transport's goroutine), before Wrote reports it: a route journals
 // there that the request went out.
 func Begin(client *http.Client, req *http.Request, onWrote func()) *Call {
-	c := &Call{}
+	return Anthropic.Begin(client, req, onWrote)
+}
+
+// Begin is the package's Begin for a request to p's API: Finish
+// classifies its answer with p's classifier.
+func (p *Provider) Begin(client *http.Client, req *http.Request, onWrote func()) *Call {
+	c := &Call{p: p}
 	ctx := httptrace.WithClientTrace(req.Context(), &httptrace.ClientTrace{WroteRequest: func(i httptrace.WroteRequestInfo) {
 		if i.Err != nil || c.wrote.Load() {
 			return
@@ -105,7 +115,11 @@ func (c *Call) Finish(limit int64) Result {
 		// transport error, so the reason says what happened.
 		classifyErr = nil
 	}
-	r.Outcome = anthropic.Classify(r.Status, r.Header, r.Body, classifyErr, r.At)
+	p := c.p
+	if p == nil {
+		p = Anthropic
+	}
+	r.Outcome, r.Usage = p.Classify(r.Status, r.Header, r.Body, classifyErr, r.At)
 	r.Wrote = c.Wrote()
 	r.MayHaveBilled = MayHaveBilled(r.Outcome, r.Wrote)
 	return r
@@ -114,6 +128,11 @@ func (c *Call) Finish(limit int64) Result {
 // Send is one attempt whole: Begin, then Finish with limit.
 func Send(client *http.Client, req *http.Request, limit int64, onWrote func()) Result {
 	return Begin(client, req, onWrote).Finish(limit)
+}
+
+// Send is the package's Send for a request to p's API.
+func (p *Provider) Send(client *http.Client, req *http.Request, limit int64, onWrote func()) Result {
+	return p.Begin(client, req, onWrote).Finish(limit)
 }
 
 // NotSent is an attempt that failed before it went out, err saying why:

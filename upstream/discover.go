@@ -46,8 +46,9 @@ type organisationLearner interface {
 
 // Discover learns, in the background, which organisation each key of
 // d.Orgs reaches, from a free request of its own: GET /v1/models?limit=1,
-// whose answer names the organisation (anthropic-organization-id) like
-// every answer of the API. Until a key's organisation is known its lanes
+// whose answer names the organisation (anthropic-organization-id, or
+// OpenAI's openai-organization, each key asked in its provider's way)
+// like every answer of the API. Until a key's organisation is known its lanes
 // send one request at a time and count against every organisation's cap;
 // learning it from the key's first message would hold that for as long as
 // the message takes, which an API that is slow for a while makes minutes.
@@ -101,9 +102,9 @@ func (o *Orgs) discover(ctx context.Context, d Discovery, url string, x org.Org)
 		if _, known := o.ID(x.Name); known {
 			return
 		}
-		status, hdr, err := discoverOnce(ctx, d, url, x.Key)
+		status, hdr, err := discoverOnce(ctx, d, url, x)
 		if err == nil {
-			lim := anthropic.ParseRateLimits(hdr)
+			lim := For(x).Limits(hdr, time.Now())
 			if lim.OrganizationID != "" || (status >= 200 && status <= 299) {
 				o.learnFrom(x.Name, gate.Feedback{Outcome: anthropic.Outcome{Status: status}, Limits: lim})
 				return
@@ -124,14 +125,14 @@ func (o *Orgs) discover(ctx context.Context, d Discovery, url string, x org.Org)
 }
 
 // discoverOnce sends one discovery request with key.
-func discoverOnce(ctx context.Context, d Discovery, url string, key org.Key) (int, http.Header, error) {
+func discoverOnce(ctx context.Context, d Discovery, url string, x org.Org) (int, http.Header, error) {
 	ctx, cancel := context.WithTimeout(ctx, d.Timeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return 0, nil, err
 	}
-	anthropic.SetHeaders(req.Header, key, false)
+	For(x).SetHeaders(req.Header, x, false)
 	resp, err := d.Client.Do(req)
 	if err != nil {
 		return 0, nil, err

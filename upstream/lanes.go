@@ -82,7 +82,9 @@ func (s *Lanes) SameOrg() *Orgs { return s.sameOrg }
 func (s *Lanes) Orgs() []org.Org { return s.cfg.Orgs }
 
 // Pool returns (making on first use, with the cap capN) the lanes of
-// pool, one per org in the configured order.
+// pool, one per org of the pool's provider (OfPool) in the configured
+// order: an OpenAI model's lanes are the OpenAI orgs', a Claude model's
+// the Anthropic orgs'.
 func (s *Lanes) Pool(pool anthropic.Pool, capN int) []*Lane {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -90,7 +92,11 @@ func (s *Lanes) Pool(pool anthropic.Pool, capN int) []*Lane {
 		return ls
 	}
 	ls := make([]*Lane, 0, len(s.cfg.Orgs))
+	prov := OfPool(pool)
 	for _, o := range s.cfg.Orgs {
+		if For(o) != prov {
+			continue
+		}
 		lc := s.cfg.Lane
 		lc.Org, lc.Pool, lc.Cap, lc.Speed = o.Name, pool, capN, s.cfg.Speed
 		// One request until the first answer: the buckets are unknown

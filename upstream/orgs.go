@@ -1,7 +1,9 @@
-// Package upstream is what every route knows of the API's side: which
-// organisation each key reaches, the one rule that two keys of one
-// organisation hold one cap between them, and the lanes under it that
-// a process's routes share (Lanes).
+// Package upstream is what every route knows of the APIs' side: each
+// API as a Provider (provider.go: addressing, the classifier, rate
+// limits, usage and cost, the worst case, pools and caps), the one
+// attempt (attempt.go), which organisation each key reaches, the one rule
+// that two keys of one organisation hold one cap between them, and the
+// lanes under it that a process's routes share (Lanes).
 package upstream
 
 import (
@@ -19,7 +21,8 @@ import (
 //
 // The API's limits are per organisation, and an organisation may have
 // several keys: two orgs of a configuration whose keys reach one
-// organisation (the anthropic-organization-id of their answers) add no
+// organisation (the anthropic-organization-id of their answers, or
+// OpenAI's openai-organization, as each org's Provider reads it) add no
 // capacity. Orgs learns each key's organisation from its first answer
 // and, until then, lets each of its lanes send one request at a time.
 // Counted per model pool, the requests in flight of every organisation

@@ -19,7 +19,10 @@ type checker struct {
 	id          string // decoded custom_id when it had escapes
 	maxTokensOK bool
 	maxTokens   int64
-	models      map[string]string
+	// openai: the line is an OpenAI request; choices its n (0: unset).
+	openai  bool
+	choices int64
+	models  map[string]string
 }
 
 func newChecker() *checker {
@@ -31,7 +34,7 @@ func newChecker() *checker {
 func (c *checker) check(b []byte) {
 	c.b = b
 	c.probs = c.probs[:0]
-	c.idOK, c.id, c.maxTokensOK, c.maxTokens = false, "", false, 0
+	c.idOK, c.id, c.maxTokensOK, c.maxTokens, c.openai, c.choices = false, "", false, 0, false, 0
 	c.r = request{}
 
 	if !utf8.Valid(b) {
@@ -59,6 +62,15 @@ func (c *checker) check(b []byte) {
 		c.problem("custom_id must be a string, found %s", r.customIDKind)
 	}
 
+	if r.openAI() {
+		if r.paramsKind != kindMissing {
+			c.problem("the line has params (an Anthropic request) and body, url or method (an OpenAI request): give one")
+			return
+		}
+		c.checkOpenAI()
+		return
+	}
+
 	switch r.paramsKind {
 	case kindMissing:
 		c.problem("missing params")
@@ -84,7 +96,7 @@ func (c *checker) check(b []byte) {
 	case kindMissing:
 		c.problem("params.max_tokens is missing")
 	case kindNumber:
-		c.checkMaxTokens()
+		c.maxTokens, c.maxTokensOK = c.positive("params.max_tokens", r.maxTokens, maxMaxTokens)
 	default:
 		c.problem("params.max_tokens must be a positive integer, found %s", r.maxTokensKind)
 	}
@@ -161,22 +173,116 @@ func (c *checker) customID() string {
 	return string(c.b[c.r.customID.s:c.r.customID.e])
 }
 
-func (c *checker) checkMaxTokens() {
-	lit := c.b[c.r.maxTokens.s:c.r.maxTokens.e]
+// positive reads the number literal sp of field name as an integer from 1
+// to most; a problem when it is not one.
+func (c *checker) positive(name string, sp span, most int64) (int64, bool) {
+	lit := c.b[sp.s:sp.e]
 	for _, ch := range lit {
 		if ch < '0' || ch > '9' {
-			c.problem("params.max_tokens must be a positive integer, found %s", lit)
-			return
+			c.problem("%s must be a positive integer, found %s", name, lit)
+			return 0, false
 		}
 	}
 	n, err := strconv.ParseInt(string(lit), 10, 64)
 	switch {
-	case err != nil || n > maxMaxTokens:
-		c.problem("params.max_tokens %s is too large (at most %d)", lit, maxMaxTokens)
+	case err != nil || n > most:
+		c.problem("%s %s is too large (at most %d)", name, lit, most)
 	case n <= 0:
-		c.problem("params.max_tokens must be a positive integer, found %s", lit)
+		c.problem("%s must be a positive integer, found %s", name, lit)
 	default:
-		c.maxTokensOK, c.maxTokens = true, n
+		return n, true
+	}
+	return 0, false
+}
+
+// maxChoices bounds an OpenAI request's n (the API's own limit).
+const maxChoices = 128
+
+// OpenAIEndpoint is the one url an OpenAI line may name: the chat
+// completions endpoint, which the sync route sends it to as it is.
+const OpenAIEndpoint = "/v1/chat/completions"
+
+// checkOpenAI applies the rules of an OpenAI batch-input line:
+// method "POST", url /v1/chat/completions, and a body with a model, a
+// non-empty messages array, an optional positive max_completion_tokens
+// (else max_tokens) and n, and no stream. c.maxTokens is then the
+// completion limit per choice (0: none set) and c.choices n (0: unset).
+func (c *checker) checkOpenAI() {
+	r := &c.r
+	c.openai, c.choices = true, 0
+	switch {
+	case r.methodKind == kindMissing:
+		c.problem("method is missing (an OpenAI request line has \"method\": \"POST\")")
+	case r.methodKind != kindString:
+		c.problem("method must be a string, found %s", r.methodKind)
+	case spanString(c.b, r.method) != "POST":
+		c.problem("method is %s: an OpenAI request line is sent with POST", quoteID(decodeString(c.b, r.method)))
+	}
+	switch {
+	case r.urlKind == kindMissing:
+		c.problem("url is missing (an OpenAI request line names its endpoint, %s)", OpenAIEndpoint)
+	case r.urlKind != kindString:
+		c.problem("url must be a string, found %s", r.urlKind)
+	case decodeString(c.b, r.url) != OpenAIEndpoint:
+		c.problem("url is %s: only %s is supported", quoteID(decodeString(c.b, r.url)), OpenAIEndpoint)
+	}
+	switch r.bodyKind {
+	case kindMissing:
+		c.problem("missing body")
+		return
+	case kindObject:
+	default:
+		c.problem("body must be an object, found %s", r.bodyKind)
+		return
+	}
+	switch r.modelKind {
+	case kindMissing:
+		c.problem("body.model is missing")
+	case kindString:
+		if r.model.e == r.model.s {
+			c.problem("body.model is empty")
+		}
+	default:
+		c.problem("body.model must be a string, found %s", r.modelKind)
+	}
+	c.maxTokensOK = true
+	switch r.maxCompletionKind {
+	case kindMissing:
+		switch r.maxTokensKind {
+		case kindMissing:
+		case kindNumber:
+			c.maxTokens, c.maxTokensOK = c.positive("body.max_tokens", r.maxTokens, maxMaxTokens)
+		default:
+			c.maxTokensOK = false
+			c.problem("body.max_tokens must be a positive integer, found %s", r.maxTokensKind)
+		}
+	case kindNumber:
+		c.maxTokens, c.maxTokensOK = c.positive("body.max_completion_tokens", r.maxCompletion, maxMaxTokens)
+	default:
+		c.maxTokensOK = false
+		c.problem("body.max_completion_tokens must be a positive integer, found %s", r.maxCompletionKind)
+	}
+	switch r.nKind {
+	case kindMissing:
+	case kindNumber:
+		c.choices, _ = c.positive("body.n", r.n, maxChoices)
+	default:
+		c.problem("body.n must be a positive integer, found %s", r.nKind)
+	}
+	switch {
+	case r.messagesKind == kindMissing:
+		c.problem("body.messages is missing")
+	case r.messagesKind != kindArray:
+		c.problem("body.messages must be a non-empty array, found %s", r.messagesKind)
+	case r.messages == 0:
+		c.problem("body.messages is empty")
+	}
+	switch r.streamKind {
+	case kindMissing, kindFalse:
+	case kindTrue:
+		c.problem("body.stream is true; requests are sent without streaming")
+	default:
+		c.problem("body.stream must be a boolean, found %s", r.streamKind)
 	}
 }
 

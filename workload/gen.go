@@ -106,6 +106,57 @@ func GenerateJudge(w io.Writer, n int, seed int64, opts GenOptions) error {
 	return g.flush()
 }
 
+// DefaultOpenAIModel is GenerateOpenAIJudge's model by default.
+const DefaultOpenAIModel = "gpt-4.1-mini"
+
+// GenerateOpenAIJudge writes n judge requests as GenerateJudge does, in
+// the OpenAI batch-input format: {"custom_id", "method": "POST", "url":
+// "/v1/chat/completions", "body"} whose body asks opts.Model (default
+// DefaultOpenAIModel) at temperature 0 with max_completion_tokens
+// opts.MaxTokens, the rubric as a system message and the same user
+// message. Ids are Prefix (default "gpt_judge_") plus a six-digit index.
+func GenerateOpenAIJudge(w io.Writer, n int, seed int64, opts GenOptions) error {
+	if opts.Model == "" {
+		opts.Model = DefaultOpenAIModel
+	}
+	if opts.Prefix == "" {
+		opts.Prefix = "gpt_judge_"
+	}
+	g, err := newGen(w, n, opts, "")
+	if err != nil {
+		return err
+	}
+	m, _ := json.Marshal(opts.Model)
+	maxTok := opts.MaxTokens
+	if maxTok == 0 {
+		maxTok = DefaultMaxTokens
+	}
+	head := `","method":"POST","url":"` + OpenAIEndpoint + `","body":{"model":` + string(m) + `,"max_completion_tokens":` + strconv.Itoa(maxTok) +
+		`,"temperature":0,"messages":[{"role":"system","content":"` + jsonEscape(JudgeRubric) + `"},{"role":"user","content":"`
+	qs, rs, ops := escapeAll(judgeQuestions), escapeAll(judgeResponses), escapeAll(judgeOpeners)
+	q1 := jsonEscape("Question asked to the AI: ")
+	r1 := jsonEscape("\n\nAI's response: ")
+	tail := jsonEscape("\n\nProvide your evaluation as a JSON object.") + `"}]}}` + "\n"
+	for i := 0; i < n; i++ {
+		x := mix(uint64(seed), uint64(i))
+		b := g.start(i, head)
+		k := x % uint64(len(qs))
+		b = append(b, q1...)
+		b = append(b, qs[k]...)
+		b = append(b, r1...)
+		b = append(b, ops[(x>>20)%uint64(len(ops))]...)
+		b = append(b, rs[k]...)
+		b = append(b, " Item "...)
+		b = strconv.AppendInt(b, int64(i), 10)
+		b = append(b, '.')
+		b = append(b, tail...)
+		if err := g.write(b); err != nil {
+			return err
+		}
+	}
+	return g.flush()
+}
+
 // GenerateChat writes n short chat requests to w: a single user message of
 // one to eight sentences (roughly 40 to 700 characters) built from the seed
 // and the index, and a plain-string system prompt on about a third of them.

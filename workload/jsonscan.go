@@ -71,6 +71,21 @@ type request struct {
 	paramsKind kind
 	params     span // the params object, braces included
 
+	// An OpenAI batch-input line: {"custom_id", "method", "url", "body"}.
+	// body is read as params are (parseParams); method and url are kept.
+	bodyKind   kind
+	body       span // the body object, braces included
+	methodKind kind
+	method     span
+	urlKind    kind
+	url        span
+
+	// OpenAI's max_completion_tokens and n (number literals).
+	maxCompletionKind kind
+	maxCompletion     span
+	nKind             kind
+	n                 span
+
 	modelKind kind
 	model     span
 
@@ -551,6 +566,12 @@ func (p *parser) array(count countMode) (int, bool) {
 	}
 }
 
+// openAI reports whether r is an OpenAI batch-input line (it has a body,
+// a url or a method).
+func (r *request) openAI() bool {
+	return r.bodyKind != kindMissing || r.urlKind != kindMissing || r.methodKind != kindMissing
+}
+
 // parseRequest scans a whole line into r. It returns false on a syntax
 // error (p.err says which); r is then incomplete.
 func parseRequest(p *parser, r *request) bool {
@@ -570,7 +591,11 @@ func parseRequest(p *parser, r *request) bool {
 				k, ok := p.value(countNone)
 				r.customIDKind = k
 				return ok
-			case "params":
+			case "params", "body":
+				kp, sp := &r.paramsKind, &r.params
+				if keyString(p.b, key) == "body" {
+					kp, sp = &r.bodyKind, &r.body
+				}
 				if p.i < len(p.b) && p.b[p.i] == '{' {
 					start := p.i
 					var ok bool
@@ -579,11 +604,24 @@ func parseRequest(p *parser, r *request) bool {
 					} else {
 						ok = parseParams(p, r)
 					}
-					r.paramsKind, r.params = kindObject, span{s: start, e: p.i}
+					*kp, *sp = kindObject, span{s: start, e: p.i}
 					return ok
 				}
 				k, ok := p.value(countNone)
-				r.paramsKind = k
+				*kp = k
+				return ok
+			case "method", "url":
+				kp, sp := &r.methodKind, &r.method
+				if keyString(p.b, key) == "url" {
+					kp, sp = &r.urlKind, &r.url
+				}
+				if p.i < len(p.b) && p.b[p.i] == '"' {
+					v, _, _, ok := p.str()
+					*kp, *sp = kindString, v
+					return ok
+				}
+				k, ok := p.value(countNone)
+				*kp = k
 				return ok
 			}
 			_, ok := p.value(countNone)
@@ -630,6 +668,19 @@ func parseParams(p *parser, r *request) bool {
 			}
 			k, ok := p.value(countNone)
 			r.maxTokensKind = k
+			return ok
+		case "max_completion_tokens", "n":
+			kp, sp := &r.maxCompletionKind, &r.maxCompletion
+			if keyString(p.b, key) == "n" {
+				kp, sp = &r.nKind, &r.n
+			}
+			if c := p.b[p.i]; c == '-' || '0' <= c && c <= '9' {
+				v, ok := p.number()
+				*kp, *sp = kindNumber, v
+				return ok
+			}
+			k, ok := p.value(countNone)
+			*kp = k
 			return ok
 		case "messages":
 			if p.b[p.i] == '[' {

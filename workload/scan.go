@@ -58,6 +58,9 @@ func Scan(path string, fn func(it store.Item) error) error {
 			MaxTokens: c.maxTokens,
 			EstInput:  c.r.estimate(),
 		}
+		if c.openai {
+			it.Provider, it.Choices = ProviderOpenAI, c.choices
+		}
 		if err := fn(it); err != nil {
 			return err
 		}
@@ -68,9 +71,13 @@ func scanError(path string, line int64, msg string) error {
 	return fmt.Errorf("workload: %s: %w", path, &ValidationError{Problems: []Problem{{Line: line, Msg: msg}}})
 }
 
+// ProviderOpenAI is store.Item.Provider of an OpenAI request line (the
+// org package's name for the provider).
+const ProviderOpenAI = "openai"
+
 // ReadAt reads item it back from the request file by its byte range (one
 // positioned read, so concurrent calls on one *os.File are safe) and returns
-// its params object exactly as the file holds it. If the bytes there are not
+// its params object (an OpenAI line's body) exactly as the file holds it. If the bytes there are not
 // a request with it.CustomID, the file changed since it was scanned: the
 // error wraps ErrChanged.
 func ReadAt(r io.ReaderAt, it store.Item) (json.RawMessage, error) {
@@ -99,6 +106,15 @@ func ReadAt(r io.ReaderAt, it store.Item) (json.RawMessage, error) {
 	}
 	if string(id) != it.CustomID {
 		return nil, fmt.Errorf("line %d: custom_id is %s, want %s: %w", it.Line, quoteID(string(id)), quoteID(it.CustomID), ErrChanged)
+	}
+	if req.openAI() != (it.Provider == ProviderOpenAI) {
+		return nil, fmt.Errorf("line %d: not the provider it was scanned for: %w", it.Line, ErrChanged)
+	}
+	if req.openAI() {
+		if req.bodyKind != kindObject {
+			return nil, fmt.Errorf("line %d: body is %s: %w", it.Line, req.bodyKind, ErrChanged)
+		}
+		return json.RawMessage(buf[req.body.s:req.body.e:req.body.e]), nil
 	}
 	if req.paramsKind != kindObject {
 		return nil, fmt.Errorf("line %d: params is %s: %w", it.Line, req.paramsKind, ErrChanged)

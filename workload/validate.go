@@ -119,7 +119,14 @@ type Summary struct {
 	Bytes       int64                   // size of the file
 	Hash        string                  // hex SHA-256 of the whole file
 	LongestLine int64                   // bytes of the longest line
-	Models      map[string]ModelSummary // per model name as written
+	Models      map[string]ModelSummary // per model name as written (Anthropic requests)
+	// OpenAIModels sums the OpenAI request lines per model name
+	// (MaxTokens: their completion limits × n, 0 for those that set none).
+	OpenAIModels map[string]ModelSummary
+	// OpenAI counts the OpenAI request lines; FirstOpenAILine and
+	// FirstAnthropicLine are the first line of each provider (0: none).
+	OpenAI                              int64
+	FirstOpenAILine, FirstAnthropicLine int64
 }
 
 // Add adds o's items, tokens and multiplied items to ms (not the prefix
@@ -233,8 +240,9 @@ func (v *validator) run(path string) (*Summary, error) {
 	defer hashing.stop()
 
 	lr := newLineReader(f, v.maxLine())
-	sum := &Summary{Models: map[string]ModelSummary{}}
+	sum := &Summary{Models: map[string]ModelSummary{}, OpenAIModels: map[string]ModelSummary{}}
 	models := map[string]*ModelSummary{}
+	oaModels := map[string]*ModelSummary{}
 	known := map[string]error{}
 	c := newChecker()
 	var hashes []uint64
@@ -265,22 +273,52 @@ func (v *validator) run(path string) (*Summary, error) {
 		if c.idOK {
 			hashes = append(hashes, v.hash(c.idBytes()))
 		}
+		if c.openai {
+			sum.OpenAI++
+			if sum.FirstOpenAILine == 0 {
+				sum.FirstOpenAILine = ln.num
+			}
+		} else if sum.FirstAnthropicLine == 0 {
+			sum.FirstAnthropicLine = ln.num
+		}
 		if c.r.modelKind != kindString || c.r.model.e == c.r.model.s {
 			continue
 		}
+		byModel := models
+		if c.openai {
+			byModel = oaModels
+		}
 		var ms *ModelSummary
 		if sp := c.r.model; sp.esc {
-			ms = models[c.model()]
+			ms = byModel[c.model()]
 		} else {
-			ms = models[string(ln.b[sp.s:sp.e])] // no allocation for a lookup
+			ms = byModel[string(ln.b[sp.s:sp.e])] // no allocation for a lookup
 		}
 		if ms == nil {
-			if len(models) >= maxModels {
+			if len(models)+len(oaModels) >= maxModels {
 				v.add(ln.num, fmt.Sprintf("more than %d distinct models in one file", maxModels))
 				continue
 			}
 			ms = &ModelSummary{}
-			models[c.model()] = ms
+			byModel[c.model()] = ms
+		}
+		if c.openai {
+			// An OpenAI model must have a price: its worst case bounds
+			// the spend gate's reservations.
+			if c.maxTokensOK {
+				ms.MaxTokens += c.maxTokens * max(c.choices, 1)
+			}
+			ms.Add(c.r.summary())
+			m := c.model()
+			kerr, seen := known["openai/"+m]
+			if !seen {
+				_, kerr = cost.OpenAI().Lookup(m)
+				known["openai/"+m] = kerr
+			}
+			if kerr != nil {
+				v.add(ln.num, fmt.Sprintf("body.model %s: no price in the OpenAI price table (an OpenAI request line)", quoteID(m)))
+			}
+			continue
 		}
 		if c.maxTokensOK {
 			ms.MaxTokens += c.maxTokens
@@ -321,6 +359,9 @@ func (v *validator) run(path string) (*Summary, error) {
 	}
 	for m, ms := range models {
 		sum.Models[m] = *ms
+	}
+	for m, ms := range oaModels {
+		sum.OpenAIModels[m] = *ms
 	}
 
 	if sum.N == 0 {

@@ -17,6 +17,7 @@ import (
 	"github.com/apidispatch/apidispatch/internal/wirelog"
 	"github.com/apidispatch/apidispatch/org"
 	"github.com/apidispatch/apidispatch/plan"
+	"github.com/apidispatch/apidispatch/upstream"
 )
 
 // sendFlags are the flags every sending command understands (docs/design.md §2).
@@ -152,7 +153,8 @@ func (s *sendFlags) loadOrgs(stderr io.Writer) ([]org.Org, error) {
 	return orgs, nil
 }
 
-// capsFlag parses "sonnet=100,haiku=120".
+// capsFlag parses "sonnet=100,haiku=120,gpt=80" (the families of
+// upstream.DefaultCaps).
 type capsFlag map[string]int
 
 func (c *capsFlag) String() string {
@@ -176,10 +178,8 @@ func (c *capsFlag) Set(v string) error {
 			return fmt.Errorf("cap %q: want FAMILY=N", part)
 		}
 		k = strings.ToLower(strings.TrimSpace(k))
-		switch k {
-		case "sonnet", "haiku", "opus", "other":
-		default:
-			return fmt.Errorf("cap %q: family must be sonnet, haiku, opus or other", part)
+		if _, ok := upstream.DefaultCaps[k]; !ok {
+			return fmt.Errorf("cap %q: family must be sonnet, haiku, opus or other (Anthropic), or gpt, gpt-mini, o-series or openai-other (OpenAI)", part)
 		}
 		i, err := strconv.Atoi(strings.TrimSpace(n))
 		if err != nil || i < 1 || i > 10000 {

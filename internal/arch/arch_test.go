@@ -122,10 +122,43 @@ func TestGatewayImportsTheEngineOnlyForItsBatches(t *testing.T) {
 // classifies it is a second copy of it.
 func TestOneAttemptImplementation(t *testing.T) {
 	routeSources(t, func(pkg, f, s string) {
-		if strings.Contains(s, "io.LimitReader(") && strings.Contains(s, "anthropic.Classify(") {
+		if strings.Contains(s, "io.LimitReader(") && (strings.Contains(s, "anthropic.Classify(") || strings.Contains(s, "openai.Classify(")) {
 			t.Errorf("%s/%s reads an answer (io.LimitReader) and classifies it (anthropic.Classify): a second attempt; use upstream.Send or upstream.Begin/Finish", pkg, f)
 		}
 	})
+}
+
+// A provider is a seam of the upstream layer: its classifier is called
+// by upstream (the Provider of each org) and nowhere else, so every route
+// acts on one outcome through the one attempt. A non-test file of another
+// package that calls openai.Classify is a second classification.
+func TestOpenAIClassifiedOnlyByTheUpstreamSeam(t *testing.T) {
+	lines := goList(t, "-f", `{{.Dir}}:{{.ImportPath}}:{{join .GoFiles ","}}`, "./...")
+	seen := false
+	for _, l := range lines {
+		parts := strings.SplitN(l, ":", 3)
+		if len(parts) != 3 || parts[2] == "" {
+			continue
+		}
+		dir, pkg := parts[0], parts[1]
+		for _, f := range strings.Split(parts[2], ",") {
+			src, err := os.ReadFile(filepath.Join(dir, f))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !strings.Contains(string(src), "openai.Classify(") {
+				continue
+			}
+			if pkg == module+"/upstream" {
+				seen = true
+				continue
+			}
+			t.Errorf("%s/%s calls openai.Classify: classify through upstream.OpenAI (the provider seam)", pkg, f)
+		}
+	}
+	if !seen {
+		t.Error("upstream does not call openai.Classify: the check would pass on anything")
+	}
 }
 
 // routeSources calls check with each non-test source file of the routes

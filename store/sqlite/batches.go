@@ -203,7 +203,7 @@ func (s *Store) BatchItems(ctx context.Context, local int64) ([]store.BatchItem,
 		return nil, err
 	}
 	rows, err := s.r.QueryContext(ctx, `SELECT i.seq, i.line, i.custom_id, i.byte_offset, i.byte_length, i.model,
-		i.max_tokens, i.est_input, (SELECT count(*) FROM batch_items o WHERE o.seq = i.seq)
+		i.max_tokens, i.est_input, i.provider, i.choices, (SELECT count(*) FROM batch_items o WHERE o.seq = i.seq)
 		FROM batch_items bi JOIN items i ON i.seq = bi.seq WHERE bi.batch = ? ORDER BY i.seq`, local)
 	if err != nil {
 		return nil, fmt.Errorf("sqlite: items of batch %d: %w", local, err)
@@ -214,7 +214,7 @@ func (s *Store) BatchItems(ctx context.Context, local int64) ([]store.BatchItem,
 		var b store.BatchItem
 		it := &b.Item
 		if err := rows.Scan(&it.Seq, &it.Line, &it.CustomID, &it.Offset, &it.Length, &it.Model,
-			&it.MaxTokens, &it.EstInput, &b.Batches); err != nil {
+			&it.MaxTokens, &it.EstInput, &it.Provider, &it.Choices, &b.Batches); err != nil {
 			return nil, fmt.Errorf("sqlite: items of batch %d: %w", local, err)
 		}
 		out = append(out, b)

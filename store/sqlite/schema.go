@@ -14,10 +14,10 @@ import (
 // brought up to it when opened; a database recording a newer version is
 // refused with store.ErrUnsupportedSchema: a newer program wrote it, whose
 // meaning this one cannot know.
-const schemaVersion = 3
+const schemaVersion = 4
 
 // schema creates version 1; with batchSchema it is version 2, with
-// prefixSchema version 3. Design notes for maintainers:
+// prefixSchema version 3, with providerSchema version 4. Design notes for maintainers:
 //
 //   - items holds the input, one row per request located by byte range in
 //     the input file, and is never updated after the import.
@@ -164,6 +164,14 @@ var prefixSchema = []string{
 	`ALTER TABLE batches ADD COLUMN prefix TEXT NOT NULL DEFAULT ''`,
 }
 
+// providerSchema is what version 4 adds: each item's provider (” is
+// Anthropic, the only provider before it, so a store of an earlier version
+// reads as all Anthropic) and its number of choices (OpenAI's n; 0 is one).
+var providerSchema = []string{
+	`ALTER TABLE items ADD COLUMN provider TEXT NOT NULL DEFAULT ''`,
+	`ALTER TABLE items ADD COLUMN choices INTEGER NOT NULL DEFAULT 0`,
+}
+
 // migrate creates the schema in an empty database, or checks the version of
 // an existing one. It runs in one write transaction, so two processes
 // opening the same new file cannot both create it, and it changes nothing in
@@ -187,7 +195,7 @@ func migrate(ctx context.Context, db *sql.DB, path string) error {
 			return fmt.Errorf("%w: %s is a SQLite database but not an apidispatch store (no meta table)",
 				store.ErrUnsupportedSchema, path)
 		}
-		for _, stmt := range slices.Concat(schema, batchSchema, prefixSchema) {
+		for _, stmt := range slices.Concat(schema, batchSchema, prefixSchema, providerSchema) {
 			if _, err := tx.ExecContext(ctx, stmt); err != nil {
 				return fmt.Errorf("sqlite: open %s: create schema: %w", path, err)
 			}
@@ -231,6 +239,14 @@ func migrate(ctx context.Context, db *sql.DB, path string) error {
 		for _, stmt := range prefixSchema {
 			if _, err := tx.ExecContext(ctx, stmt); err != nil {
 				return fmt.Errorf("sqlite: open %s: upgrade schema 2 to 3: %w", path, err)
+			}
+		}
+		v = "3"
+	}
+	if v == "3" {
+		for _, stmt := range providerSchema {
+			if _, err := tx.ExecContext(ctx, stmt); err != nil {
+				return fmt.Errorf("sqlite: open %s: upgrade schema 3 to 4: %w", path, err)
 			}
 		}
 		if _, err := tx.ExecContext(ctx, `UPDATE meta SET value = ? WHERE key = 'schema_version'`, strconv.Itoa(schemaVersion)); err != nil {

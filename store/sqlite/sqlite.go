@@ -87,7 +87,7 @@ const (
 	// statements per item is most of the import speed.
 	itemsPerInsert = 128
 	// itemColumns is the number of parameters per item in an INSERT.
-	itemColumns = 8
+	itemColumns = 10
 	// pendingPerInsert is how many seqs one INSERT INTO pending carries.
 	pendingPerInsert = 256
 	// resultsPerInsert is how many results one INSERT statement carries in
@@ -243,7 +243,7 @@ const (
 	// pendingQuery walks pending by seq and looks each item up by rowid.
 	// CROSS JOIN keeps pending the outer loop, so the walk never steps over
 	// done items, however many there are.
-	pendingQuery = `SELECT i.seq, i.line, i.custom_id, i.byte_offset, i.byte_length, i.model, i.max_tokens, i.est_input
+	pendingQuery = `SELECT i.seq, i.line, i.custom_id, i.byte_offset, i.byte_length, i.model, i.max_tokens, i.est_input, i.provider, i.choices
 		FROM pending AS p CROSS JOIN items AS i
 		WHERE p.seq > ? AND i.seq = p.seq ORDER BY p.seq LIMIT ?`
 	// unpendQuery is Commit's guard.
@@ -255,7 +255,7 @@ const (
 )
 
 func (s *Store) prepare(ctx context.Context) error {
-	const itemCols = `INSERT INTO items (seq, line, custom_id, byte_offset, byte_length, model, max_tokens, est_input) VALUES `
+	const itemCols = `INSERT INTO items (seq, line, custom_id, byte_offset, byte_length, model, max_tokens, est_input, provider, choices) VALUES `
 	row := "(" + strings.TrimSuffix(strings.Repeat("?,", itemColumns), ",") + ")"
 	var err error
 	prep := func(db *sql.DB, q string) *sql.Stmt {
@@ -453,7 +453,7 @@ func (s *Store) AddItems(ctx context.Context, items []store.Item) error {
 		}
 		args = args[:0]
 		for _, it := range fresh[from : from+n] {
-			args = append(args, it.Seq, it.Line, it.CustomID, it.Offset, it.Length, it.Model, it.MaxTokens, it.EstInput)
+			args = append(args, it.Seq, it.Line, it.CustomID, it.Offset, it.Length, it.Model, it.MaxTokens, it.EstInput, it.Provider, it.Choices)
 		}
 		if _, err := st.ExecContext(ctx, args...); err != nil {
 			return fmt.Errorf("sqlite: add items (seq %d..%d): %w", fresh[from].Seq, fresh[from+n-1].Seq, err)
@@ -591,7 +591,7 @@ func (s *Store) Pending(ctx context.Context, after int64, limit int) ([]store.It
 	for rows.Next() {
 		var it store.Item
 		if err := rows.Scan(&it.Seq, &it.Line, &it.CustomID, &it.Offset, &it.Length,
-			&it.Model, &it.MaxTokens, &it.EstInput); err != nil {
+			&it.Model, &it.MaxTokens, &it.EstInput, &it.Provider, &it.Choices); err != nil {
 			return nil, fmt.Errorf("sqlite: pending after %d: %w", after, err)
 		}
 		items = append(items, it)

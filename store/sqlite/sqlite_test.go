@@ -439,6 +439,7 @@ func TestOpenUpgradesVersion1(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, q := range []string{`DROP TABLE batches`, `DROP TABLE batch_items`, `DROP TABLE route_totals`,
+		`ALTER TABLE items DROP COLUMN provider`, `ALTER TABLE items DROP COLUMN choices`,
 		`UPDATE meta SET value = '1' WHERE key = 'schema_version'`} {
 		if _, err := raw.Exec(q); err != nil {
 			t.Fatal(err)
@@ -462,5 +463,55 @@ func TestOpenUpgradesVersion1(t *testing.T) {
 	}
 	if _, err := s.AddBatch(ctx, store.BatchRecord{Org: "o"}, []int64{2}); err != nil {
 		t.Fatalf("AddBatch after the upgrade: %v", err)
+	}
+}
+
+// TestOpenUpgradesVersion3 opens a store written before items had a
+// provider: its items read as Anthropic's (provider "", one choice), and
+// an OpenAI item added after the upgrade keeps its provider and n.
+func TestOpenUpgradesVersion3(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	path := filepath.Join(t.TempDir(), "state.db")
+	s, err := Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	meta := store.Meta{InputPath: "/x.jsonl", InputHash: "abc", N: 2}
+	if _, err := s.Init(ctx, meta); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.AddItems(ctx, []store.Item{{Seq: 1, CustomID: "a", Model: "claude-sonnet-4-5", MaxTokens: 9}}); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	raw, err := sql.Open("sqlite", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range []string{`ALTER TABLE items DROP COLUMN provider`, `ALTER TABLE items DROP COLUMN choices`,
+		`UPDATE meta SET value = '3' WHERE key = 'schema_version'`} {
+		if _, err := raw.Exec(q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	raw.Close()
+	if s, err = Open(path); err != nil {
+		t.Fatalf("Open of a version 3 store: %v", err)
+	}
+	defer s.Close()
+	if _, err := s.Init(ctx, meta); err != nil {
+		t.Fatal(err)
+	}
+	oa := store.Item{Seq: 2, CustomID: "b", Model: "gpt-4.1-mini", MaxTokens: 50, Provider: "openai", Choices: 3}
+	if err := s.AddItems(ctx, []store.Item{oa}); err != nil {
+		t.Fatal(err)
+	}
+	its, err := s.Pending(ctx, 0, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(its) != 2 || its[0].Provider != "" || its[0].Choices != 0 || its[0].MaxTokens != 9 || its[1] != oa {
+		t.Fatalf("pending after the upgrade: %+v", its)
 	}
 }
