@@ -159,7 +159,7 @@ func checkLiveness(w *world, ledger []sim.LedgerEntry) []string {
 // second, on average) or admits as much of what its binding bucket
 // refills, in requests (the RPM, or the token limits at the run's own
 // tokens per request, from the ledger's entries outside the batch tier),
-// give or take one request.
+// give or take one request at each edge of the window (pacedShare).
 // busy, when set, keeps only the seconds it reports true for.
 func orgsLive(logf func(string, ...any), st sim.Stats, cfg sim.Config, ledger []sim.LedgerEntry, k float64, cap int, from, to int64, end time.Duration, busy func(sec int64) bool) []string {
 	// Each org's binding limit in requests per real second, at its own
@@ -218,10 +218,7 @@ func orgsLive(logf func(string, ...any), st sim.Stats, cfg sim.Config, ledger []
 			continue
 		}
 		held := inFlight / float64(n) / float64(cap)
-		// One request of slack: a window's edges cut an org's regular
-		// admissions anywhere (at 50 requests a minute and speed 10, a
-		// request is 3 % of a four-second window).
-		paced := (admitted + 1) / float64(n) / perReal
+		paced := pacedShare(admitted, n, perReal)
 		logf("liveness: org %s at %.2f of --cap %d in flight, %.2f of %.1f requests per API minute, %d real seconds of %d-%d", o.Name, held, cap, paced, rate, n, from, to)
 		if max(held, paced) < livenessFloor() {
 			v = append(v, fmt.Sprintf("liveness: org %s was at %.2f of --cap %d in flight and %.2f of its binding limit (%.1f requests per API minute) in %d real seconds from %s to %s (API) after the last fault ended at %s, want ≥ %.2f of one within %s (or %s of real time after a disturbance)",
@@ -229,6 +226,20 @@ func orgsLive(logf func(string, ...any), st sim.Stats, cfg sim.Config, ledger []
 		}
 	}
 	return v
+}
+
+// pacedShare is the share of what its binding bucket refills that an org
+// admitted in n real seconds (perReal requests a second), with one request
+// of slack at each edge of the window: a bucket that refills evenly does
+// not admit evenly (a lane at its cap waits for an answer, a refill comes
+// just after the window opens), so each edge may cut one admission off. At
+// 50 requests a minute and speed 15, a request is 4 % of a two-second
+// window: the 500-seed run of 2026-12-05 judged seed 479 at 0.8999 of its
+// limit with one request of slack, on a machine loaded by two seeds at a
+// time; alone it ran at 1.08 (2 of 2). The defect the check exists for
+// left an org at 0.05.
+func pacedShare(admitted float64, n int, perReal float64) float64 {
+	return (admitted + 2) / float64(n) / perReal
 }
 
 // livenessFloor is the share of what the limits allow the liveness check
