@@ -1,0 +1,349 @@
+package openaiconform
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	oai "github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+
+	"github.com/apidispatch/apidispatch/cost"
+	"github.com/apidispatch/apidispatch/gateway"
+	"github.com/apidispatch/apidispatch/internal/simtest"
+	"github.com/apidispatch/apidispatch/openai"
+	"github.com/apidispatch/apidispatch/sim"
+)
+
+// The official openai Go SDK through 'apidispatch serve': the gateway in
+// front of a simulator with Anthropic and OpenAI orgs, the SDK given only
+// the gateway's base URL and a gateway token.
+
+const (
+	tokA = "sk-gw-test-openai-client-alpha-01"
+	tokB = "sk-gw-test-openai-client-bravo-02"
+)
+
+// serve starts a gateway over every org of run (its OpenAI orgs too) with
+// clients a and b, changed by mutate, until the test ends.
+func serve(t testing.TB, run *sim.Running, mutate func(*gateway.Config)) (*gateway.Gateway, string, string) {
+	t.Helper()
+	cfg := gateway.Config{Orgs: run.Server.AllOrgs(), BaseURL: run.URL, Speed: run.Server.Speed(), Prices: cost.Default(),
+		Clients:  []gateway.Client{{Name: "a", Token: tokA}, {Name: "b", Token: tokB}},
+		StateDir: t.TempDir(), RetryFor: time.Minute}
+	if mutate != nil {
+		mutate(&cfg)
+	}
+	g, err := gateway.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(g.Handler())
+	t.Cleanup(func() {
+		srv.Close()
+		g.Close()
+	})
+	return g, srv.URL, cfg.StateDir
+}
+
+// gwClient is the SDK as a gateway client configures it.
+func gwClient(url, tok string) oai.Client {
+	return oai.NewClient(option.WithBaseURL(url+"/v1/"), option.WithAPIKey(tok), option.WithMaxRetries(0), option.WithHTTPClient(testClient))
+}
+
+// priceOf is the cost of an SDK usage at the OpenAI price table.
+func priceOf(t testing.TB, model string, u oai.CompletionUsage) cost.Nanos {
+	t.Helper()
+	n, err := cost.OpenAI().Cost(model, openai.Usage{PromptTokens: u.PromptTokens, CompletionTokens: u.CompletionTokens,
+		PromptTokensDetails:     openai.PromptTokensDetails{CachedTokens: u.PromptTokensDetails.CachedTokens},
+		CompletionTokensDetails: openai.CompletionTokensDetails{ReasoningTokens: u.CompletionTokensDetails.ReasoningTokens}}, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// openAIBill is what the simulator billed its OpenAI orgs.
+func openAIBill(run *sim.Running, names ...string) cost.Nanos {
+	var n cost.Nanos
+	for _, o := range run.Server.Stats().Orgs {
+		for _, name := range names {
+			if o.Name == name {
+				n += cost.Nanos(o.CostNanos)
+			}
+		}
+	}
+	return n
+}
+
+// spentOn is what g's ledger holds for orgs, once every answer is settled:
+// an openai SDK ends a stream at its "data: [DONE]", before the gateway
+// has settled it, so it waits (up to 10 s) until the ledger agrees with
+// the simulator's bill or stops changing.
+func spentOn(g *gateway.Gateway, run *sim.Running, orgs ...string) cost.Nanos {
+	sum := func() cost.Nanos {
+		var n cost.Nanos
+		by := g.Ledger().ByOrg()
+		for _, o := range orgs {
+			n += by[o]
+		}
+		return n
+	}
+	last, since := sum(), time.Now()
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		n := sum()
+		if n != last {
+			last, since = n, time.Now()
+		}
+		if n == openAIBill(run, orgs...) || time.Since(since) > 2*time.Second {
+			return n
+		}
+	}
+	return last
+}
+
+// TestOpenAISDKThroughServe: every call of a judge workflow through the
+// gateway 0 differ from the SDK's declared shapes, as against the API:
+// the models list (of the OpenAI orgs, for an OpenAI client), a
+// completion, the same streamed with the usage (accumulated = the
+// completion) and without it (the client gets no usage chunk, the gateway
+// still settles it exactly), n choices, a 400 passed on as the API's, a
+// bad gateway token's 401 in OpenAI's envelope; the ledger is the
+// simulator's bill to the nano-dollar.
+func TestOpenAISDKThroughServe(t *testing.T) {
+	cfg := oaTestConfig()
+	cfg.Speed = 200
+	run := startSim(t, cfg)
+	g, url, _ := serve(t, run, nil)
+	cl := gwClient(url, tokA)
+	ctx := context.Background()
+	var billed cost.Nanos
+
+	models, err := cl.Models.List(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(models.Data) != 4 || models.Data[0].ID != "gpt-4.1-mini" || models.Data[0].Object != "model" {
+		t.Errorf("models through serve: %s", models.RawJSON())
+	}
+	noDiffer(t, "models", models)
+	if m, err := cl.Models.Get(ctx, "o4-mini"); err != nil || m.ID != "o4-mini" {
+		t.Errorf("model through serve: %+v, %v", m, err)
+	}
+
+	var raw *http.Response
+	c1, err := cl.Chat.Completions.New(ctx, judgeParams(1), option.WithResponseInto(&raw))
+	if err != nil {
+		t.Fatal(err)
+	}
+	noDiffer(t, "completion", c1)
+	if c1.Object != "chat.completion" || len(c1.Choices) != 1 || c1.Choices[0].FinishReason != "stop" || c1.Usage.CompletionTokens == 0 {
+		t.Errorf("completion: %s", c1.RawJSON())
+	}
+	n1 := priceOf(t, c1.Model, c1.Usage)
+	billed += n1
+	if got := raw.Header.Get("x-apidispatch-cost-usd"); got != strconv.FormatFloat(n1.USD(), 'f', -1, 64) {
+		t.Errorf("cost header %s, want %v", got, n1.USD())
+	}
+	if raw.Header.Get("x-request-id") == "" || raw.Header.Get("openai-organization") != "" {
+		t.Errorf("headers: x-request-id %q, openai-organization %q (the upstream org's id must not reach a client)",
+			raw.Header.Get("x-request-id"), raw.Header.Get("openai-organization"))
+	}
+
+	for _, withUsage := range []bool{true, false} {
+		sp := judgeParams(1)
+		if withUsage {
+			sp.StreamOptions = oai.ChatCompletionStreamOptionsParam{IncludeUsage: oai.Bool(true)}
+		}
+		stream := cl.Chat.Completions.NewStreaming(ctx, sp)
+		acc := oai.ChatCompletionAccumulator{}
+		chunks, usageChunks := 0, 0
+		for stream.Next() {
+			ch := stream.Current()
+			chunks++
+			noDiffer(t, "chunk", ch)
+			acc.AddChunk(ch)
+			if ch.JSON.Usage.Raw() != "" {
+				usageChunks++
+			}
+		}
+		if err := stream.Err(); err != nil {
+			t.Fatal(err)
+		}
+		if withUsage && usageChunks != chunks || !withUsage && usageChunks != 0 || chunks < 4 {
+			t.Errorf("include_usage %v: %d chunks, %d with a usage field", withUsage, chunks, usageChunks)
+		}
+		if acc.Choices[0].Message.Content != c1.Choices[0].Message.Content || acc.Choices[0].FinishReason != "stop" {
+			t.Errorf("include_usage %v: stream %q differs from %q", withUsage, acc.Choices[0].Message.Content, c1.Choices[0].Message.Content)
+		}
+		if withUsage && (acc.Usage.CompletionTokens != c1.Usage.CompletionTokens || acc.Usage.PromptTokens != c1.Usage.PromptTokens) {
+			t.Errorf("stream usage %+v, completion's %+v", acc.Usage, c1.Usage)
+		}
+		billed += n1 // the same request: the same answer and bill
+	}
+
+	np := judgeParams(2)
+	np.N = oai.Int(3)
+	c3, err := cl.Chat.Completions.New(ctx, np)
+	if err != nil || len(c3.Choices) != 3 {
+		t.Fatalf("n=3: %v %v", c3, err)
+	}
+	noDiffer(t, "n=3", c3)
+	billed += priceOf(t, c3.Model, c3.Usage)
+
+	bad := judgeParams(3)
+	bad.Temperature = oai.Float(3)
+	_, err = cl.Chat.Completions.New(ctx, bad)
+	var apiErr *oai.Error
+	if !errors.As(err, &apiErr) || apiErr.StatusCode != 400 || apiErr.Type != "invalid_request_error" || apiErr.Param != "temperature" {
+		t.Errorf("400 through serve: %v", err)
+	} else {
+		noDiffer(t, "error", apiErr)
+	}
+
+	stranger := gwClient(url, "sk-gw-not-a-token-of-this-gateway")
+	_, err = stranger.Chat.Completions.New(ctx, judgeParams(1))
+	if !errors.As(err, &apiErr) || apiErr.StatusCode != 401 || apiErr.Type != "invalid_request_error" || apiErr.Code != "invalid_api_key" || apiErr.Message == "" {
+		t.Errorf("401 of a bad gateway token: %v", err)
+	} else {
+		noDiffer(t, "401", apiErr)
+	}
+	if _, err = stranger.Models.List(ctx); !errors.As(err, &apiErr) || apiErr.StatusCode != 401 || apiErr.Code != "invalid_api_key" {
+		t.Errorf("401 of models: %v", err)
+	}
+
+	sim := openAIBill(run, "oa")
+	if got := spentOn(g, run, "oa"); got != billed || got != sim {
+		t.Errorf("ledger %d, the SDK's usage priced %d, the simulator billed %d (nano-dollars)", got, billed, sim)
+	}
+}
+
+// oaOrgs adds two OpenAI orgs (gpt_a, gpt_b) with roomy limits to a
+// preset's Anthropic orgs.
+func oaOrgs(c *sim.Config) {
+	for _, n := range []string{"gpt_a", "gpt_b"} {
+		c.Orgs = append(c.Orgs, sim.OrgConfig{Name: n, Provider: sim.ProviderOpenAI, ServiceCapacity: 120,
+			ModelLimits: map[string]sim.OpenAILimits{"*": {RPM: 100_000, TPM: 100_000_000}}})
+	}
+}
+
+// The cap per key holds for OpenAI lanes: with a cap of 2 for the
+// gpt-mini family, 24 requests at once never have more than 2 in flight
+// on either org (the simulator's count), and do reach 2.
+func TestOpenAIServeCapPerKeyHeld(t *testing.T) {
+	run, _ := simtest.Start(t, sim.PresetOrigin3Org, 100, oaOrgs)
+	_, url, _ := serve(t, run, func(c *gateway.Config) { c.Caps = map[string]int{"gpt-mini": 2} })
+	cl := gwClient(url, tokA)
+	var wg sync.WaitGroup
+	errs := make(chan error, 24)
+	for i := range 24 {
+		wg.Go(func() {
+			p := judgeParams(i)
+			if i%2 == 1 {
+				_, err := cl.Chat.Completions.New(context.Background(), p)
+				errs <- err
+				return
+			}
+			s := cl.Chat.Completions.NewStreaming(context.Background(), p)
+			for s.Next() {
+			}
+			errs <- s.Err()
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	top := int64(0)
+	for _, o := range run.Server.Stats().Orgs {
+		if o.Name == "gpt_a" || o.Name == "gpt_b" {
+			if o.MaxInFlight > 2 {
+				t.Errorf("org %s had %d requests in flight, above the cap of 2", o.Name, o.MaxInFlight)
+			}
+			top = max(top, o.MaxInFlight)
+		}
+	}
+	if top < 2 {
+		t.Errorf("no org reached the cap (at most %d in flight): the load proves nothing", top)
+	}
+}
+
+// A client's max_cost holds for chat completions whose answers are cut:
+// non-streamed answers reset or truncated after the API billed them, and
+// streams ended by an error event after they began, are each counted at
+// their worst case, so what the simulator billed never passes what the
+// ledger holds, which never passes max_cost.
+func TestOpenAIServeMaxCostHeldWithCutAnswers(t *testing.T) {
+	run, _ := simtest.Start(t, sim.PresetOrigin3Org, 100, oaOrgs)
+	worst, err := cost.OpenAI().WorstCase("gpt-4.1-mini", 400, 200, 1, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	maxCost := worst * 30
+	g, url, _ := serve(t, run, func(c *gateway.Config) {
+		c.Clients[0].MaxCost = maxCost
+		c.RetryFor = 5 * time.Second
+	})
+	for _, k := range []sim.FaultKind{sim.FaultTruncatedBody, sim.FaultConnectionReset, sim.FaultStreamOverloaded} {
+		if _, err := run.Server.AddFault(sim.Fault{Kind: k, Probability: 0.25}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cl := gwClient(url, tokA)
+	// Four workers, each sending until the cap refuses it: most requests
+	// are settled before the cap is reached, so undercounted cuts would
+	// let more through.
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	refused, ok, sent := 0, 0, 0
+	for w := range 4 {
+		wg.Go(func() {
+			for i := w; i < 400; i += 4 {
+				var err error
+				if i%2 == 0 {
+					_, err = cl.Chat.Completions.New(context.Background(), judgeParams(i))
+				} else {
+					s := cl.Chat.Completions.NewStreaming(context.Background(), judgeParams(i))
+					for s.Next() {
+					}
+					err = s.Err()
+				}
+				mu.Lock()
+				sent++
+				var apiErr *oai.Error
+				stop := false
+				switch {
+				case err == nil:
+					ok++
+				case errors.As(err, &apiErr) && apiErr.StatusCode == 429 && apiErr.Code == "insufficient_quota":
+					refused++
+					stop = true
+				}
+				mu.Unlock()
+				if stop {
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	spent, bill := spentOn(g, run, "gpt_a", "gpt_b"), openAIBill(run, "gpt_a", "gpt_b")
+	t.Logf("max_cost %d, ledger %d, simulator bill %d (nano-dollars); %d sent, %d answered, %d refused by the cap", maxCost, spent, bill, sent, ok, refused)
+	if bill > spent {
+		t.Errorf("the simulator billed %d, the ledger holds %d: cut answers were undercounted", bill, spent)
+	}
+	if spent > maxCost {
+		t.Errorf("ledger %d passes max_cost %d", spent, maxCost)
+	}
+	if refused == 0 || ok == 0 {
+		t.Errorf("%d answered, %d refused by max_cost: the cap was not reached, the test proves nothing", ok, refused)
+	}
+}
