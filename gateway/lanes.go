@@ -181,7 +181,7 @@ func (s *laneSet) holdDead(tags []spendTag, last time.Time, timeout time.Duratio
 		if !until.After(now) {
 			continue
 		}
-		k := deadKey{t.Org, anthropic.PoolOf(t.Model)}
+		k := deadKey{t.Org, s.providerOf(t.Org).PoolOf(t.Model)}
 		if dead[k] == nil {
 			dead[k] = &deadHold{}
 		}
@@ -191,6 +191,17 @@ func (s *laneSet) holdDead(tags []spendTag, last time.Time, timeout time.Duratio
 		slices.SortFunc(h.until, func(a, b time.Time) int { return a.Compare(b) })
 	}
 	s.dead = dead
+}
+
+// providerOf is the provider of the org named name (Anthropic when the
+// set has no such org).
+func (s *laneSet) providerOf(name string) *upstreampkg.Provider {
+	for _, u := range s.orgs {
+		if u.Name == name {
+			return upstreampkg.For(u.Org)
+		}
+	}
+	return upstreampkg.Anthropic
 }
 
 // heldGate is a lane's gate while slots are held for a dead gateway's

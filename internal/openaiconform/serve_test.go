@@ -347,3 +347,54 @@ func TestOpenAIServeMaxCostHeldWithCutAnswers(t *testing.T) {
 		t.Errorf("%d answered, %d refused by max_cost: the cap was not reached, the test proves nothing", ok, refused)
 	}
 }
+
+// Two clients share the OpenAI lanes fairly: b, with 4 requests at a time
+// against a's 20, gets about half of the 4 slots (2 orgs × a cap of 2)
+// while both wait, not the fifth that arrival order would give it.
+func TestOpenAIServeFairShares(t *testing.T) {
+	run, _ := simtest.Start(t, sim.PresetOrigin3Org, 100, oaOrgs)
+	_, url, _ := serve(t, run, func(c *gateway.Config) { c.Caps = map[string]int{"gpt-mini": 2} })
+	var mu sync.Mutex
+	done := map[string]int{}
+	total := 0
+	stop := make(chan struct{})
+	var once sync.Once
+	var wg sync.WaitGroup
+	var failed []error
+	worker := func(tok string, w int) {
+		cl := gwClient(url, tok)
+		for i := w; ; i += 24 {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			_, err := cl.Chat.Completions.New(context.Background(), judgeParams(i))
+			mu.Lock()
+			if err != nil {
+				failed = append(failed, err)
+			} else if total++; total > 40 { // the first 40 warm up
+				done[tok]++
+			}
+			if total >= 240 {
+				once.Do(func() { close(stop) })
+			}
+			mu.Unlock()
+		}
+	}
+	for w := range 20 {
+		wg.Go(func() { worker(tokA, w) })
+	}
+	for w := range 4 {
+		wg.Go(func() { worker(tokB, 20+w) })
+	}
+	wg.Wait()
+	if len(failed) > 0 {
+		t.Fatalf("%d failed, first: %v", len(failed), failed[0])
+	}
+	share := float64(done[tokB]) / float64(done[tokA]+done[tokB])
+	t.Logf("b's share of the answers: %.3f (a %d, b %d)", share, done[tokA], done[tokB])
+	if share < 0.35 {
+		t.Errorf("b got %.3f of the answers with 4 requests against a's 20 at equal weight; a fair share is 0.5", share)
+	}
+}
