@@ -398,3 +398,112 @@ func TestOpenAIServeFairShares(t *testing.T) {
 		t.Errorf("b got %.3f of the answers with 4 requests against a's 20 at equal weight; a fair share is 0.5", share)
 	}
 }
+
+// The gateway's own answers to an OpenAI client are OpenAI's: its 429 when
+// no lane admitted a request within --retry-for (type requests, code
+// rate_limit_exceeded, retry-after, x-should-retry true: the SDKs retry
+// it), and a stopping gateway's 503 (retried too), each with every field
+// the SDK declares.
+func TestOpenAIServeOwnErrorsInOpenAIsForm(t *testing.T) {
+	run, _ := simtest.Start(t, sim.PresetOrigin3Org, 100, oaOrgs)
+	if _, err := run.Server.AddFault(sim.Fault{Kind: sim.FaultSlow, ExtraLatency: 200 * time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	g, url, _ := serve(t, run, func(c *gateway.Config) {
+		c.Caps = map[string]int{"gpt-mini": 1}
+		c.RetryFor = 300 * time.Millisecond
+	})
+	cl := gwClient(url, tokA)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var own []*oai.Error
+	var heads []http.Header
+	for i := range 6 {
+		wg.Go(func() {
+			var raw *http.Response
+			_, err := cl.Chat.Completions.New(context.Background(), judgeParams(i), option.WithResponseInto(&raw))
+			var apiErr *oai.Error
+			if errors.As(err, &apiErr) {
+				mu.Lock()
+				own = append(own, apiErr)
+				heads = append(heads, apiErr.Response.Header)
+				mu.Unlock()
+			} else if err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	if len(own) < 3 {
+		t.Fatalf("%d of 6 requests refused on 2 slots held 2 s each with --retry-for 300 ms", len(own))
+	}
+	for i, e := range own {
+		h := heads[i]
+		if e.StatusCode != 429 || e.Type != "requests" || e.Code != "rate_limit_exceeded" || h.Get("retry-after") == "" || h.Get("x-should-retry") != "true" {
+			t.Errorf("the gateway's 429: %d %q %q, retry-after %q, x-should-retry %q: %s", e.StatusCode, e.Type, e.Code, h.Get("retry-after"), h.Get("x-should-retry"), e.RawJSON())
+		}
+		noDiffer(t, "429", e)
+	}
+
+	g.Drain()
+	_, err := cl.Chat.Completions.New(context.Background(), judgeParams(1))
+	var apiErr *oai.Error
+	if !errors.As(err, &apiErr) || apiErr.StatusCode != 503 || apiErr.Type != "server_error" || apiErr.Response.Header.Get("x-should-retry") != "true" {
+		t.Errorf("a stopping gateway's answer: %v", err)
+	} else {
+		noDiffer(t, "503", apiErr)
+	}
+}
+
+// BenchmarkOpenAIServeOverhead compares chat completions sent by the SDK
+// straight to the simulator (answering at once) with the same sent
+// through the gateway, in one run: 8 at a time, streamed every other one.
+// It reports each route's wall time per request and their ratio.
+func BenchmarkOpenAIServeOverhead(b *testing.B) {
+	cfg := oaTestConfig()
+	cfg.Speed = 1000
+	run, err := sim.Start(cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { run.Close() })
+	_, url, _ := serve(b, run, nil)
+	direct := oaClient(run, 0)
+	through := gwClient(url, tokA)
+	drive := func(cl oai.Client, n int) time.Duration {
+		t0 := time.Now()
+		var wg sync.WaitGroup
+		for w := range 8 {
+			wg.Go(func() {
+				for i := w; i < n; i += 8 {
+					if i%2 == 0 {
+						if _, err := cl.Chat.Completions.New(context.Background(), judgeParams(i)); err != nil {
+							b.Error(err)
+						}
+						continue
+					}
+					s := cl.Chat.Completions.NewStreaming(context.Background(), judgeParams(i))
+					for s.Next() {
+					}
+					if s.Err() != nil {
+						b.Error(s.Err())
+					}
+				}
+			})
+		}
+		wg.Wait()
+		return time.Since(t0)
+	}
+	drive(direct, 64) // warm both
+	drive(through, 64)
+	b.ResetTimer()
+	var d, s time.Duration
+	for b.Loop() {
+		d += drive(direct, 400)
+		s += drive(through, 400)
+	}
+	n := float64(b.N * 400)
+	b.ReportMetric(float64(d.Microseconds())/n, "direct-µs/req")
+	b.ReportMetric(float64(s.Microseconds())/n, "serve-µs/req")
+	b.ReportMetric(float64(s)/float64(d), "serve/direct")
+}
