@@ -501,12 +501,12 @@ func (x *exchange) writeHead(a *answer, l *lane, c cost.Nanos) {
 		h.Set("content-type", "application/json")
 	}
 	if l != nil {
-		x.g.rl.write(h, l.pool)
+		x.writeLimits(h, l.pool)
 		h.Set(headerOrg, l.up.Name)
 	} else {
 		// An answer passed on after the last attempt: the pool's
 		// aggregate, not the last org's own headers.
-		x.g.rl.write(h, x.prov.PoolOf(x.p.Model))
+		x.writeLimits(h, x.prov.PoolOf(x.p.Model))
 	}
 	h.Set(headerAttempts, strconv.Itoa(x.attempts))
 	h.Set(headerCost, strconv.FormatFloat(c.USD(), 'f', -1, 64))

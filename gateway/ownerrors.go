@@ -21,7 +21,7 @@ func (x *exchange) rateLimited() {
 	g := x.g
 	h := x.w.Header()
 	pool := x.prov.PoolOf(x.p.Model)
-	g.rl.write(h, pool)
+	x.writeLimits(h, pool)
 	h.Set(anthropic.HeaderRetryAfter, strconv.Itoa(retryAfterSeconds(g.lanes.admitIn(pool, time.Now()))))
 	h.Set(anthropic.HeaderShouldRetry, "true")
 	h.Set(headerAttempts, strconv.Itoa(x.attempts))

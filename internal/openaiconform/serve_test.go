@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -506,4 +507,29 @@ func BenchmarkOpenAIServeOverhead(b *testing.B) {
 	b.ReportMetric(float64(d.Microseconds())/n, "direct-µs/req")
 	b.ReportMetric(float64(s.Microseconds())/n, "serve-µs/req")
 	b.ReportMetric(float64(s)/float64(d), "serve/direct")
+}
+
+// An OpenAI client through the gateway reads OpenAI's rate-limit headers
+// summed over the OpenAI orgs in rotation (here two of 100,000 RPM, at
+// speed 100), not the headers of the one org that answered, and no
+// Anthropic ones.
+func TestOpenAIServeRateLimitHeadersAreTheGatewaysWhole(t *testing.T) {
+	run, _ := simtest.Start(t, sim.PresetOrigin3Org, 100, oaOrgs)
+	_, url, _ := serve(t, run, nil)
+	cl := gwClient(url, tokA)
+	var raw *http.Response
+	for i := range 4 { // the orgs take turns: both answer
+		if _, err := cl.Chat.Completions.New(context.Background(), judgeParams(i), option.WithResponseInto(&raw)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rl := openai.ParseRateLimits(raw.Header, time.Now())
+	if !rl.Requests.Present || rl.Requests.Limit != 2*100_000*100 || !rl.Tokens.Present || rl.Tokens.Limit != 2*100_000_000*100 || rl.Requests.Reset.IsZero() {
+		t.Errorf("rate limits through serve %+v; want the two orgs' sum", rl)
+	}
+	for k := range raw.Header {
+		if strings.HasPrefix(strings.ToLower(k), "anthropic-") {
+			t.Errorf("an Anthropic header to an OpenAI client: %s", k)
+		}
+	}
 }
