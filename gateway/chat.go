@@ -144,6 +144,11 @@ func (g *Gateway) chatCompletions(w http.ResponseWriter, r *http.Request, client
 		return
 	}
 	prov := upstreampkg.OpenAI
+	if !g.serves(prov) {
+		writeOAError(w, http.StatusBadRequest, openai.ErrInvalidRequest,
+			`apidispatch gateway: no OpenAI org is configured (an org with provider = "openai" in the orgs file, or OPENAI_API_KEY), so chat completions cannot be served`)
+		return
+	}
 	price, err := cost.OpenAI().Lookup(cp.Model)
 	if err != nil {
 		writeOAErrorParam(w, http.StatusBadRequest, openai.ErrInvalidRequest, openai.CodeModelNotFound, "model",
@@ -184,6 +189,16 @@ func (g *Gateway) chatCompletions(w http.ResponseWriter, r *http.Request, client
 	x.run()
 }
 
+// serves reports whether the gateway has an org of provider p.
+func (g *Gateway) serves(p *upstreampkg.Provider) bool {
+	for _, u := range g.orgs {
+		if upstreampkg.For(u.Org) == p {
+			return true
+		}
+	}
+	return false
+}
+
 // isOpenAIClient reports whether r comes from an OpenAI client: one that
 // sends its token as Authorization: Bearer, with neither x-api-key nor
 // anthropic-version (which every Anthropic SDK sends), to a gateway that
@@ -194,12 +209,7 @@ func (g *Gateway) isOpenAIClient(r *http.Request) bool {
 	if h.Get(anthropic.HeaderAPIKey) != "" || h.Get(anthropic.HeaderVersion) != "" || h.Get("Authorization") == "" {
 		return false
 	}
-	for _, u := range g.orgs {
-		if u.ProviderName() == upstreampkg.OpenAI.Name() {
-			return true
-		}
-	}
-	return false
+	return g.serves(upstreampkg.OpenAI)
 }
 
 // --- the exchange's answers, in its provider's form --------------------------

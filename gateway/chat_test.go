@@ -2,12 +2,17 @@ package gateway
 
 import (
 	"encoding/json"
+	"io"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/apidispatch/apidispatch/gate"
+	"github.com/apidispatch/apidispatch/internal/simtest"
+	"github.com/apidispatch/apidispatch/openai"
 	"github.com/apidispatch/apidispatch/org"
+	"github.com/apidispatch/apidispatch/sim"
 	upstreampkg "github.com/apidispatch/apidispatch/upstream"
 )
 
@@ -55,5 +60,40 @@ func TestWithUsageAsksForTheUsageChunk(t *testing.T) {
 		if p.clientUsage && string(got) != body {
 			t.Errorf("%s changed to %s", body, got)
 		}
+	}
+}
+
+// A gateway without an OpenAI org answers a chat completion at once, in
+// OpenAI's envelope, naming what is missing (not a 503 the SDKs would
+// retry for nothing), and its Anthropic clients' models list stays
+// Anthropic's whatever header they authenticate with.
+func TestChatCompletionWithoutOpenAIOrgs(t *testing.T) {
+	run, _ := simtest.Start(t, sim.PresetOrigin3Org, 200, nil)
+	_, srv := startGW(t, run, nil)
+	req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/chat/completions",
+		strings.NewReader(`{"model":"gpt-4.1-mini","messages":[{"role":"user","content":"hi"}]}`))
+	req.Header.Set("Authorization", "Bearer "+tokA)
+	req.Header.Set("content-type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	e := openai.ParseEnvelope(b)
+	if resp.StatusCode != http.StatusBadRequest || e == nil || e.Error.Type != openai.ErrInvalidRequest || !strings.Contains(e.Error.Message, "no OpenAI org") ||
+		resp.Header.Get("x-should-retry") != "false" {
+		t.Errorf("%d %s", resp.StatusCode, b)
+	}
+	req, _ = http.NewRequest(http.MethodGet, srv.URL+"/v1/models", nil)
+	req.Header.Set("Authorization", "Bearer "+tokA)
+	resp, err = http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(b), `"claude-`) {
+		t.Errorf("models of a Bearer client of an Anthropic-only gateway: %d %s", resp.StatusCode, b)
 	}
 }
