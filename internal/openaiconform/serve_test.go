@@ -207,6 +207,13 @@ func TestOpenAISDKThroughServe(t *testing.T) {
 		noDiffer(t, "error", apiErr)
 	}
 
+	unpriced := judgeParams(3)
+	unpriced.Model = "gpt-not-in-the-price-table"
+	_, err = cl.Chat.Completions.New(ctx, unpriced)
+	if !errors.As(err, &apiErr) || apiErr.StatusCode != 400 || apiErr.Param != "model" || !strings.Contains(apiErr.Message, "no price") {
+		t.Errorf("a model without a price: %v", err)
+	}
+
 	stranger := gwClient(url, "sk-gw-not-a-token-of-this-gateway")
 	_, err = stranger.Chat.Completions.New(ctx, judgeParams(1))
 	if !errors.As(err, &apiErr) || apiErr.StatusCode != 401 || apiErr.Type != "invalid_request_error" || apiErr.Code != "invalid_api_key" || apiErr.Message == "" {
@@ -531,5 +538,32 @@ func TestOpenAIServeRateLimitHeadersAreTheGatewaysWhole(t *testing.T) {
 		if strings.HasPrefix(strings.ToLower(k), "anthropic-") {
 			t.Errorf("an Anthropic header to an OpenAI client: %s", k)
 		}
+	}
+}
+
+// A stream cut after it began (an error event mid-stream, no usage chunk,
+// no [DONE]) reaches the client as an error and is counted at its worst
+// case, all of it unread: the gateway cannot know what the API billed.
+func TestOpenAIServeCutStreamCountedAtWorstCase(t *testing.T) {
+	run, _ := simtest.Start(t, sim.PresetOrigin3Org, 100, oaOrgs)
+	if _, err := run.Server.AddFault(sim.Fault{Kind: sim.FaultStreamOverloaded}); err != nil {
+		t.Fatal(err)
+	}
+	g, url, _ := serve(t, run, nil)
+	cl := gwClient(url, tokA)
+	s := cl.Chat.Completions.NewStreaming(context.Background(), judgeParams(1))
+	n := 0
+	for s.Next() {
+		n++
+	}
+	if n == 0 || s.Err() == nil {
+		t.Fatalf("%d chunks, error %v: want chunks, then the cut's error", n, s.Err())
+	}
+	spent := spentOn(g, run, "gpt_a", "gpt_b")
+	cs, _ := g.Ledger().Totals()
+	// The worst case of the request: at least its 200 completion tokens.
+	floor, _ := cost.OpenAI().WorstCase("gpt-4.1-mini", 1, 200, 1, false)
+	if spent < floor || len(cs) == 0 || cs[0].UnreadUSD != cs[0].SpentUSD {
+		t.Errorf("a cut stream counted %d nano-dollars (unread %v of %v USD); want its worst case (≥ %d), all unread", spent, cs[0].UnreadUSD, cs[0].SpentUSD, floor)
 	}
 }
