@@ -277,6 +277,7 @@ func TestOpenAIServeCapPerKeyHeld(t *testing.T) {
 				t.Errorf("org %s had %d requests in flight, above the cap of 2", o.Name, o.MaxInFlight)
 			}
 			top = max(top, o.MaxInFlight)
+			t.Logf("org %s: at most %d in flight (cap 2)", o.Name, o.MaxInFlight)
 		}
 	}
 	if top < 2 {
