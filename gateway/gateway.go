@@ -33,6 +33,7 @@ import (
 	"github.com/apidispatch/apidispatch/cache"
 	"github.com/apidispatch/apidispatch/cost"
 	"github.com/apidispatch/apidispatch/gate"
+	"github.com/apidispatch/apidispatch/openai"
 	"github.com/apidispatch/apidispatch/org"
 	"github.com/apidispatch/apidispatch/plan"
 	"github.com/apidispatch/apidispatch/rundir"
@@ -263,7 +264,7 @@ func New(cfg Config) (*Gateway, error) {
 	for _, o := range cfg.Orgs {
 		g.orgs = append(g.orgs, &upstream{Org: o})
 	}
-	capFor := func(model string) int { return upstreampkg.CapFor(cfg.Caps, model) }
+	capFor := func(p *upstreampkg.Provider, model string) int { return p.CapFor(cfg.Caps, model) }
 	sameOrg := upstreampkg.NewOrgs(cfg.Orgs, func(drop, keep, id, reason string) {
 		g.log.Warn("two keys reach one organisation: the later org's lanes stop", "org", drop, "same_as", keep, "organization_id", id)
 	})
@@ -431,7 +432,7 @@ func (g *Gateway) routes() {
 		g.mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
 			client, ok := g.authenticate(r)
 			if !ok {
-				writeError(w, http.StatusUnauthorized, anthropic.ErrAuthentication, "invalid x-api-key")
+				g.unauthorized(w, r)
 				return
 			}
 			if g.refuseDraining(w, r) {
@@ -444,6 +445,7 @@ func (g *Gateway) routes() {
 	h("POST /v1/messages/count_tokens", g.countTokens)
 	h("GET /v1/models", g.passthrough)
 	h("GET /v1/models/{id}", g.passthrough)
+	h("POST /v1/chat/completions", g.chatCompletions)
 	h("POST /v1/messages/batches", g.createBatch)
 	h("GET /v1/messages/batches", g.listBatches)
 	h("GET /v1/messages/batches/{id}", g.retrieveBatch)
@@ -453,11 +455,35 @@ func (g *Gateway) routes() {
 	h("GET /apidispatch/status", g.status)
 	g.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		if _, ok := g.authenticate(r); !ok {
-			writeError(w, http.StatusUnauthorized, anthropic.ErrAuthentication, "invalid x-api-key")
+			g.unauthorized(w, r)
 			return
 		}
-		writeError(w, http.StatusNotFound, anthropic.ErrNotFound, "Not Found")
+		g.errWriterFor(r)(w, http.StatusNotFound, anthropic.ErrNotFound, "Not Found")
 	})
+}
+
+// isOpenAIRequest reports whether r is of the OpenAI API: its route, or
+// a path both APIs share asked by an OpenAI client (isOpenAIClient).
+func (g *Gateway) isOpenAIRequest(r *http.Request) bool {
+	return r.URL.Path == openai.PathChatCompletions || g.isOpenAIClient(r)
+}
+
+// errWriterFor is the error writer of r's API.
+func (g *Gateway) errWriterFor(r *http.Request) errWriter {
+	if g.isOpenAIRequest(r) {
+		return writeOAError
+	}
+	return writeError
+}
+
+// unauthorized answers a request without a known token, in its API's form.
+func (g *Gateway) unauthorized(w http.ResponseWriter, r *http.Request) {
+	if g.isOpenAIRequest(r) {
+		writeOAErrorParam(w, http.StatusUnauthorized, openai.ErrInvalidRequest, openai.CodeInvalidAPIKey, "",
+			"Incorrect API key provided. Use a token of this apidispatch gateway.")
+		return
+	}
+	writeError(w, http.StatusUnauthorized, anthropic.ErrAuthentication, "invalid x-api-key")
 }
 
 // authenticate finds the client of the request's token (x-api-key, or
@@ -508,13 +534,14 @@ func randomHex(n int) string {
 // NewToken returns a fresh random gateway token.
 func NewToken() string { return "sk-gw-" + randomHex(24) }
 
-// usableOrg returns the next org not out of rotation (round robin).
-func (g *Gateway) usableOrg() *upstream {
+// usableOrg returns the next org of provider p not out of rotation (round
+// robin).
+func (g *Gateway) usableOrg(p *upstreampkg.Provider) *upstream {
 	n := uint64(len(g.orgs))
 	start := g.rr.Add(1)
 	for i := range n {
 		u := g.orgs[(start+i)%n]
-		if u.Disabled() == "" {
+		if u.Disabled() == "" && upstreampkg.For(u.Org) == p {
 			return u
 		}
 	}

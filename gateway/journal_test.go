@@ -14,6 +14,7 @@ import (
 	"github.com/apidispatch/apidispatch/internal/simtest"
 	"github.com/apidispatch/apidispatch/rundir"
 	"github.com/apidispatch/apidispatch/sim"
+	upstreampkg "github.com/apidispatch/apidispatch/upstream"
 )
 
 // A gateway that starts on the state directory of one that died counts
@@ -141,7 +142,7 @@ func TestRestartHoldsTheSlotsOfTheDeadGatewaysAttempts(t *testing.T) {
 // seed 11: held the full 10 API minutes, every request of a minute got
 // the gateway's own 429).
 func TestDeadAttemptsHeldAsLongAsTheAPIMayRunThem(t *testing.T) {
-	s := newLaneSet(nil, gate.LaneConfig{}, func(string) int { return 2 }, 10, nil, nil)
+	s := newLaneSet(nil, gate.LaneConfig{}, func(*upstreampkg.Provider, string) int { return 2 }, 10, nil, nil)
 	last := time.Now()
 	s.holdDead([]spendTag{
 		{Org: "o", Model: "claude-sonnet-4-5", MaxTokens: 64},     // 10 API s (the floor): 1 s

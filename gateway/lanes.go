@@ -110,7 +110,7 @@ type poolQueue struct {
 type laneSet struct {
 	orgs   []*upstream
 	up     *upstreampkg.Lanes
-	capFor func(model string) int
+	capFor func(p *upstreampkg.Provider, model string) int
 	speed  float64
 	places *promptcache.Places // where cached prefixes are warm
 
@@ -181,7 +181,7 @@ func (s *laneSet) holdDead(tags []spendTag, last time.Time, timeout time.Duratio
 		if !until.After(now) {
 			continue
 		}
-		k := deadKey{t.Org, anthropic.PoolOf(t.Model)}
+		k := deadKey{t.Org, s.providerOf(t.Org).PoolOf(t.Model)}
 		if dead[k] == nil {
 			dead[k] = &deadHold{}
 		}
@@ -191,6 +191,17 @@ func (s *laneSet) holdDead(tags []spendTag, last time.Time, timeout time.Duratio
 		slices.SortFunc(h.until, func(a, b time.Time) int { return a.Compare(b) })
 	}
 	s.dead = dead
+}
+
+// providerOf is the provider of the org named name (Anthropic when the
+// set has no such org).
+func (s *laneSet) providerOf(name string) *upstreampkg.Provider {
+	for _, u := range s.orgs {
+		if u.Name == name {
+			return upstreampkg.For(u.Org)
+		}
+	}
+	return upstreampkg.Anthropic
 }
 
 // heldGate is a lane's gate while slots are held for a dead gateway's
@@ -220,7 +231,7 @@ func (g *heldGate) SetWake(f func()) {
 
 // newLaneSet returns the set of orgs' lanes: newGate (nil: gate.NewLane)
 // makes each gate, under sameOrg.
-func newLaneSet(orgs []*upstream, lc gate.LaneConfig, capFor func(string) int, speed float64, newGate func(gate.LaneConfig) gate.Gate, sameOrg *upstreampkg.Orgs) *laneSet {
+func newLaneSet(orgs []*upstream, lc gate.LaneConfig, capFor func(*upstreampkg.Provider, string) int, speed float64, newGate func(gate.LaneConfig) gate.Gate, sameOrg *upstreampkg.Orgs) *laneSet {
 	if newGate == nil {
 		newGate = func(c gate.LaneConfig) gate.Gate { return gate.NewLane(c) }
 	}
@@ -271,13 +282,14 @@ func (s *laneSet) classOf(client string) Class {
 	return s.shareLocked(client).class
 }
 
-// queueLocked returns (creating on first use) the pool of model. s.mu is held.
-func (s *laneSet) queueLocked(model string) *poolQueue {
-	pool := anthropic.PoolOf(model)
+// queueLocked returns (creating on first use) the pool of p's model. s.mu
+// is held.
+func (s *laneSet) queueLocked(p *upstreampkg.Provider, model string) *poolQueue {
+	pool := p.PoolOf(model)
 	if q, ok := s.pools[pool]; ok {
 		return q
 	}
-	return s.poolLocked(pool, s.capFor(model))
+	return s.poolLocked(pool, s.capFor(p, model))
 }
 
 // poolLocked creates the queue of pool over its lanes (made with the cap
@@ -379,17 +391,18 @@ func (s *laneSet) pumpLocked(q *poolQueue, now time.Time) {
 	}
 }
 
-// admit waits until a lane of model's pool admits a request of demand d
-// for client in class c, ctx ends (the client went away) or deadline
-// passes. pre is the request's cached prefix (nil: none), for placement.
-func (s *laneSet) admit(ctx context.Context, deadline time.Time, model string, d gate.Demand, pre *promptcache.Prefix, client string, c Class) (grant, error) {
+// admit waits until a lane of the pool of p's model admits a request of
+// demand d for client in class c, ctx ends (the client went away) or
+// deadline passes. pre is the request's cached prefix (nil: none), for
+// placement.
+func (s *laneSet) admit(ctx context.Context, deadline time.Time, p *upstreampkg.Provider, model string, d gate.Demand, pre *promptcache.Prefix, client string, c Class) (grant, error) {
 	w := &waiter{d: d, pre: pre, ch: make(chan grant, 1), class: c}
 	s.mu.Lock()
 	if err := s.shutErr; err != nil {
 		s.mu.Unlock()
 		return grant{}, err
 	}
-	q := s.queueLocked(model)
+	q := s.queueLocked(p, model)
 	now := time.Now()
 	w.share, w.since = s.shareLocked(client), now
 	q.fq.push(w)

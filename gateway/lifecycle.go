@@ -10,6 +10,7 @@ import (
 
 	"github.com/apidispatch/apidispatch/anthropic"
 	"github.com/apidispatch/apidispatch/gate"
+	"github.com/apidispatch/apidispatch/openai"
 	"github.com/apidispatch/apidispatch/runner"
 )
 
@@ -184,8 +185,13 @@ func (g *Gateway) refuseDraining(w http.ResponseWriter, r *http.Request) bool {
 	switch {
 	case r.URL.Path == "/v1/messages", r.URL.Path == "/v1/messages/count_tokens",
 		r.URL.Path == "/v1/models", strings.HasPrefix(r.URL.Path, "/v1/models/"),
+		r.URL.Path == openai.PathChatCompletions,
 		r.Method == http.MethodPost && r.URL.Path == "/v1/messages/batches":
-		writeDraining(w, msgStopping)
+		if g.isOpenAIRequest(r) {
+			writeOADraining(w, msgStopping)
+		} else {
+			writeDraining(w, msgStopping)
+		}
 		return true
 	}
 	return false
@@ -200,7 +206,7 @@ func (x *exchange) cutAtExit(gr grant, o anthropic.Outcome, hdr http.Header) (an
 	if x.mayHaveBilled(o) {
 		e := Entry{Cost: x.worst, Unread: x.worst, Org: gr.lane.up.Name, Abandoned: true}
 		if hdr != nil {
-			e.RequestID = hdr.Get(anthropic.HeaderRequestID)
+			e.RequestID = x.prov.RequestID(hdr)
 		}
 		x.settle(e)
 		g.stats.abandoned.Add(1)
@@ -209,6 +215,6 @@ func (x *exchange) cutAtExit(gr grant, o anthropic.Outcome, hdr http.Header) (an
 		g.lanes.release(gr, gate.Feedback{})
 		x.settle(Entry{})
 	}
-	writeDraining(x.w, msgCut)
+	x.draining(msgCut)
 	return o, nil, true
 }

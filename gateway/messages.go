@@ -34,6 +34,11 @@ type answer struct {
 // readBody reads at most limit bytes of r's body, answering 413 (the API's
 // request_too_large) above it.
 func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, bool) {
+	return readBodyAs(w, r, limit, writeError)
+}
+
+// readBodyAs is readBody answering its errors with writeError.
+func readBodyAs(w http.ResponseWriter, r *http.Request, limit int64, writeError errWriter) ([]byte, bool) {
 	if r.ContentLength > limit {
 		writeError(w, http.StatusRequestEntityTooLarge, anthropic.ErrRequestTooLarge, "Request exceeds the maximum allowed number of bytes.")
 		return nil, false
@@ -126,6 +131,7 @@ func (g *Gateway) messages(w http.ResponseWriter, r *http.Request, client string
 	}
 	g.discover() // the first work to send: learn the keys' organisations
 	x := &exchange{g: g, w: w, r: r, client: client, class: class, body: body, p: p, price: price, estimated: estimated, hold: hold, worst: worst,
+		prov: upstreampkg.Anthropic, item: upstreampkg.Item{Model: p.Model, EstInput: est, Length: int64(len(body)), MaxTokens: *p.MaxTokens},
 		demand: gate.Demand{EstInput: est, MaxTokens: *p.MaxTokens}, pre: prefixOf(p.Model, body)}
 	x.run()
 	success = x.success
@@ -137,6 +143,11 @@ func (g *Gateway) messages(w http.ResponseWriter, r *http.Request, client string
 // would otherwise be admitted before every bulk client by saying
 // interactive. A header that names no class is answered 400 (false).
 func (g *Gateway) classOf(w http.ResponseWriter, r *http.Request, client string) (Class, bool) {
+	return g.classOfAs(w, r, client, writeError)
+}
+
+// classOfAs is classOf answering its error with writeError.
+func (g *Gateway) classOfAs(w http.ResponseWriter, r *http.Request, client string, writeError errWriter) (Class, bool) {
 	own := g.lanes.classOf(client)
 	v := r.Header.Get(headerPriority)
 	if v == "" {
@@ -166,9 +177,17 @@ func writeCapError(w http.ResponseWriter, err error) {
 		anthropic.SpendLimitMessagePrefix+" API usage limits on this gateway: "+err.Error())
 }
 
-// exchange is one client request through the gateway.
+// exchange is one client request through the gateway: a Messages
+// request, or a chat completion of an OpenAI client (chat.go). What is
+// the API's own (the endpoint and its headers, the classifier, usage and
+// cost, the pool, the stream's events, the error envelope) comes from
+// prov; everything else (admission, reservation, the journal, the
+// attempts, settling) is one.
 type exchange struct {
 	g      *Gateway
+	prov   *upstreampkg.Provider
+	item   upstreampkg.Item // what the upstream layer reads of it
+	chat   *chatParams      // an OpenAI request's own (nil: Anthropic)
 	w      http.ResponseWriter
 	r      *http.Request
 	client string
@@ -213,18 +232,18 @@ func (x *exchange) run() {
 	var last *answer
 	transient := 0
 	for {
-		gr, err := g.lanes.admit(ctx, deadline, x.p.Model, x.demand, x.pre, x.client, x.class)
+		gr, err := g.lanes.admit(ctx, deadline, x.prov, x.p.Model, x.demand, x.pre, x.client, x.class)
 		x.note = gr.note
 		if err != nil {
 			switch {
 			case ctx.Err() != nil:
 				return // the client went away before anything was sent
 			case errors.Is(err, ErrDraining):
-				writeDraining(x.w, msgStopping)
+				x.draining(msgStopping)
 			case last != nil:
 				x.passOn(last, nil, 0)
 			case errors.Is(err, ErrNoUsableOrg):
-				writeError(x.w, http.StatusServiceUnavailable, anthropic.ErrAPI, "apidispatch gateway: no org can serve model "+x.p.Model+" now (every key is out of rotation)")
+				x.fail(http.StatusServiceUnavailable, anthropic.ErrAPI, "apidispatch gateway: no org can serve model "+x.p.Model+" now (every key is out of rotation)")
 			default:
 				x.rateLimited()
 			}
@@ -255,7 +274,7 @@ func (x *exchange) run() {
 			return
 		}
 		if o.Kind == anthropic.LaneFatal {
-			if fault := g.refusalOf(gr.lane.up, x.p.Model, o); fault != keyRefused {
+			if fault := x.refusal(gr.lane.up, o); fault != keyRefused {
 				// Not the key's fault: the org stays in rotation.
 				if fault == clientRefused {
 					x.passOn(a, gr.lane, 0)
@@ -278,7 +297,7 @@ func (x *exchange) run() {
 				hold, err := g.reserve(x.client, x.worst)
 				if err != nil {
 					g.stats.refusedCap.Add(1)
-					writeCapError(x.w, err)
+					x.capError(err)
 					return
 				}
 				x.hold, x.settled = hold, false
@@ -308,7 +327,7 @@ func (x *exchange) run() {
 					return
 				case <-g.life.draining:
 					t.Stop()
-					writeDraining(x.w, msgStopping)
+					x.draining(msgStopping)
 					return
 				case <-t.C:
 				}
@@ -332,7 +351,7 @@ func (x *exchange) journalSent(gr grant) bool {
 	}
 	g.lanes.release(gr, gate.Feedback{})
 	g.log.Error("not sent: the spend journal cannot be written", "error", err)
-	writeError(x.w, http.StatusServiceUnavailable, anthropic.ErrAPI, "apidispatch gateway: the request was not sent: its spend could not be journaled ("+err.Error()+")")
+	x.fail(http.StatusServiceUnavailable, anthropic.ErrAPI, "apidispatch gateway: the request was not sent: its spend could not be journaled ("+err.Error()+")")
 	return false
 }
 
@@ -357,12 +376,14 @@ func (x *exchange) newUpstream(ctx context.Context, gr grant) (*http.Request, er
 	if x.g.life.isDraining() {
 		return nil, errDraining
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, x.g.base+"/v1/messages", bytes.NewReader(x.body))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, x.g.base+x.prov.Endpoint(), bytes.NewReader(x.body))
 	if err != nil {
 		return nil, err
 	}
-	copyClientHeaders(req.Header, x.r.Header)
-	anthropic.SetHeaders(req.Header, l.up.Key, true)
+	if x.prov == upstreampkg.Anthropic {
+		copyClientHeaders(req.Header, x.r.Header)
+	}
+	x.prov.SetHeaders(req.Header, l.up.Org, true)
 	return req, nil
 }
 
@@ -379,15 +400,24 @@ func copyClientHeaders(dst, src http.Header) {
 	}
 }
 
-// feedback is what an attempt teaches its lane (upstream.Feedback), and
-// its cost.
-func (x *exchange) feedback(o anthropic.Outcome, h http.Header, u *anthropic.Usage) (gate.Feedback, cost.Nanos) {
-	x.noteCache(o, u)
-	var c cost.Nanos
+// feedback is what an attempt with usage u (nil: none known) teaches its
+// lane (upstream.Provider.Feedback), and its cost: a Messages answer's at
+// x.price (which may be an estimate, unknown.go), another's at its
+// provider's price.
+func (x *exchange) feedback(o anthropic.Outcome, h http.Header, u *upstreampkg.Usage) (gate.Feedback, cost.Nanos) {
+	var au *anthropic.Usage
 	if u != nil {
-		c, _ = x.price.Cost(*u, false)
+		au = u.Anthropic
 	}
-	return upstreampkg.Feedback(o, h, u, c), c
+	x.noteCache(o, au)
+	var c cost.Nanos
+	switch {
+	case au != nil:
+		c, _ = x.price.Cost(*au, false)
+	case u != nil:
+		c, _ = x.prov.Cost(x.g.cfg.Prices, x.p.Model, u, false)
+	}
+	return x.prov.Feedback(o, h, time.Now(), u, x.item, c), c
 }
 
 // send sends req, built by newUpstream (err: why it was not), as the
@@ -396,7 +426,7 @@ func (x *exchange) send(req *http.Request, err error) *upstreampkg.Call {
 	if err != nil {
 		x.call = upstreampkg.NotSent(err)
 	} else {
-		x.call = upstreampkg.Begin(x.g.client, req, nil)
+		x.call = x.prov.Begin(x.g.client, req, nil)
 	}
 	return x.call
 }
@@ -412,10 +442,7 @@ func (x *exchange) sync(gr grant) (anthropic.Outcome, *answer, bool) {
 	if o.Kind == anthropic.Retryable && g.life.cutting() {
 		return x.cutAtExit(gr, o, hdr)
 	}
-	var usage *anthropic.Usage
-	if o.Message != nil {
-		usage = &o.Message.Usage
-	}
+	usage := r.Usage
 	fb, c := x.feedback(o, hdr, usage)
 	g.lanes.release(gr, fb)
 	if hdr != nil {
@@ -423,15 +450,15 @@ func (x *exchange) sync(gr grant) (anthropic.Outcome, *answer, bool) {
 	}
 	a := &answer{status: status, header: hdr, body: rb}
 	if status == 0 {
-		a = &answer{status: http.StatusBadGateway, body: errorBody(anthropic.ErrAPI, "apidispatch gateway: upstream "+o.Reason)}
+		a = &answer{status: http.StatusBadGateway, body: x.errorBody(anthropic.ErrAPI, "apidispatch gateway: upstream "+o.Reason)}
 	}
 	gone := x.r.Context().Err() != nil
 	switch o.Kind {
 	case anthropic.Success:
-		if usage != nil {
-			x.success = &won{body: rb, cost: c, usage: *usage, org: gr.lane.up.Name, requestID: hdr.Get(anthropic.HeaderRequestID), simulated: simulated(hdr)}
+		if usage != nil && usage.Anthropic != nil {
+			x.success = &won{body: rb, cost: c, usage: *usage.Anthropic, org: gr.lane.up.Name, requestID: x.prov.RequestID(hdr), simulated: simulated(hdr)}
 		}
-		x.settle(Entry{Cost: c, Org: gr.lane.up.Name, RequestID: hdr.Get(anthropic.HeaderRequestID), Abandoned: gone})
+		x.settle(Entry{Cost: c, Org: gr.lane.up.Name, RequestID: x.prov.RequestID(hdr), Abandoned: gone})
 		if gone {
 			g.stats.abandoned.Add(1)
 			return o, nil, true
@@ -457,7 +484,7 @@ func errorBody(typ, msg string) []byte {
 // hopHeaders are not passed on from upstream.
 var hopHeaders = map[string]bool{
 	"Content-Length": true, "Connection": true, "Keep-Alive": true, "Transfer-Encoding": true,
-	"Anthropic-Organization-Id": true, "Trailer": true, "Upgrade": true, "Proxy-Connection": true,
+	"Anthropic-Organization-Id": true, "Openai-Organization": true, "Openai-Project": true, "Trailer": true, "Upgrade": true, "Proxy-Connection": true,
 }
 
 // writeHead writes the headers of an answer passed on: upstream's (the
@@ -474,12 +501,12 @@ func (x *exchange) writeHead(a *answer, l *lane, c cost.Nanos) {
 		h.Set("content-type", "application/json")
 	}
 	if l != nil {
-		x.g.rl.write(h, l.pool)
+		x.writeLimits(h, l.pool)
 		h.Set(headerOrg, l.up.Name)
 	} else {
 		// An answer passed on after the last attempt: the pool's
 		// aggregate, not the last org's own headers.
-		x.g.rl.write(h, anthropic.PoolOf(x.p.Model))
+		x.writeLimits(h, x.prov.PoolOf(x.p.Model))
 	}
 	h.Set(headerAttempts, strconv.Itoa(x.attempts))
 	h.Set(headerCost, strconv.FormatFloat(c.USD(), 'f', -1, 64))
@@ -489,7 +516,7 @@ func (x *exchange) writeHead(a *answer, l *lane, c cost.Nanos) {
 func (x *exchange) passOn(a *answer, l *lane, c cost.Nanos) {
 	x.writeHead(a, l, c)
 	if a.header == nil {
-		x.w.Header().Set(anthropic.HeaderRequestID, newRequestID())
+		x.w.Header().Set(x.requestIDHeader(), newRequestID())
 	}
 	x.w.Header().Set("Content-Length", strconv.Itoa(len(a.body)))
 	x.w.WriteHeader(a.status)
@@ -514,10 +541,9 @@ func (x *exchange) stream(gr grant) (anthropic.Outcome, *answer, bool) {
 		}
 		if o.Kind == anthropic.Success {
 			// A 200 JSON message to a stream request: pass it on as is.
-			u := o.Message.Usage
-			fb, c := x.feedback(o, hdr, &u)
+			fb, c := x.feedback(o, hdr, r.Usage)
 			g.lanes.release(gr, fb)
-			x.settle(Entry{Cost: c, Org: gr.lane.up.Name, RequestID: hdr.Get(anthropic.HeaderRequestID), Abandoned: x.r.Context().Err() != nil})
+			x.settle(Entry{Cost: c, Org: gr.lane.up.Name, RequestID: x.prov.RequestID(hdr), Abandoned: x.r.Context().Err() != nil})
 			x.passOn(&answer{status: status, header: hdr, body: rb}, gr.lane, c)
 			return o, nil, true
 		}
@@ -525,7 +551,7 @@ func (x *exchange) stream(gr grant) (anthropic.Outcome, *answer, bool) {
 		g.lanes.release(gr, fb)
 		a := &answer{status: status, header: hdr, body: rb}
 		if status == 0 {
-			a = &answer{status: http.StatusBadGateway, body: errorBody(anthropic.ErrAPI, "apidispatch gateway: upstream "+o.Reason)}
+			a = &answer{status: http.StatusBadGateway, body: x.errorBody(anthropic.ErrAPI, "apidispatch gateway: upstream "+o.Reason)}
 		}
 		if o.Kind == anthropic.Terminal {
 			x.passOn(a, gr.lane, 0)
@@ -544,9 +570,9 @@ func (x *exchange) stream(gr grant) (anthropic.Outcome, *answer, bool) {
 		}
 		fb, _ := x.feedback(o, resp.Header, nil)
 		g.lanes.release(gr, fb)
-		return o, &answer{status: http.StatusBadGateway, body: errorBody(anthropic.ErrAPI, "apidispatch gateway: upstream stream ended before its first event")}, x.r.Context().Err() != nil
+		return o, &answer{status: http.StatusBadGateway, body: x.errorBody(anthropic.ErrAPI, "apidispatch gateway: upstream stream ended before its first event")}, x.r.Context().Err() != nil
 	}
-	g.rl.note(gr.lane.pool, gr.lane.up, anthropic.ParseRateLimits(resp.Header))
+	g.rl.note(gr.lane.pool, gr.lane.up, x.prov.Limits(resp.Header, time.Now()))
 	x.writeHead(&answer{header: resp.Header}, gr.lane, 0)
 	h := x.w.Header()
 	h.Del(headerCost)
@@ -556,11 +582,12 @@ func (x *exchange) stream(gr grant) (anthropic.Outcome, *answer, bool) {
 	// to its end, and its lane freed, whatever the client reads.
 	cw := newClientWriter(x.w)
 	write := cw.write
-	var sc sseState
+	sc := x.newStreamState()
 	line := first
 	for {
-		sc.line(line)
-		write(line)
+		if out, ok := sc.pass(line); ok {
+			write(out)
+		}
 		if len(bytes.TrimRight(line, "\r\n")) == 0 {
 			cw.flush()
 		}
@@ -574,34 +601,35 @@ func (x *exchange) stream(gr grant) (anthropic.Outcome, *answer, bool) {
 			}
 		}
 		if rerr != nil {
-			if len(line) > 0 {
-				sc.line(line)
-				write(line)
+			if out, ok := sc.pass(line); len(line) > 0 && ok {
+				write(out)
 			}
 			break
 		}
 	}
+	st := sc.end()
 	var o anthropic.Outcome
-	var usage *anthropic.Usage
+	var usage *upstreampkg.Usage
 	atExit := false
 	switch {
-	case sc.stopped:
+	case st.done:
 		o = anthropic.Outcome{Kind: anthropic.Success, Status: 200}
-		usage = &sc.usage
-	case sc.errType != "":
-		o = anthropic.Outcome{Kind: anthropic.Retryable, Status: 200, ErrorType: sc.errType, RateLimited: sc.errType == anthropic.ErrRateLimit, Overloaded: sc.errType == anthropic.ErrOverloaded, Reason: "error event mid-stream"}
+		usage = st.usage
+	case st.errType != "":
+		o = anthropic.Outcome{Kind: anthropic.Retryable, Status: 200, ErrorType: st.errType, RateLimited: st.rateLimited, Overloaded: st.overloaded, Reason: "error event mid-stream"}
 	case g.life.cutting():
 		// Cut by Abort: ended with the API's retryable error event.
 		o = anthropic.Outcome{Kind: anthropic.Retryable, Status: 200, ErrorType: anthropic.ErrTypeTruncated, Reason: "stream cut at the gateway's exit"}
-		write([]byte("event: error\ndata: " + string(errorBody(anthropic.ErrOverloaded, "apidispatch gateway: "+msgCut)) + "\n\n"))
+		write(x.streamError(anthropic.ErrOverloaded, "apidispatch gateway: "+msgCut))
 		atExit = true
 	default:
-		o = anthropic.Outcome{Kind: anthropic.Retryable, Status: 200, ErrorType: anthropic.ErrTypeTruncated, Reason: "stream cut before message_stop"}
-		write([]byte("event: error\ndata: " + string(errorBody(anthropic.ErrAPI, "apidispatch gateway: the upstream stream was cut before message_stop")) + "\n\n"))
+		o = anthropic.Outcome{Kind: anthropic.Retryable, Status: 200, ErrorType: anthropic.ErrTypeTruncated, Reason: "stream cut before its end"}
+		write(x.streamError(anthropic.ErrAPI, "apidispatch gateway: the upstream stream was cut before its end ("+sc.endName()+")"))
 	}
 	cw.flush()
+	rid := x.prov.RequestID(resp.Header)
 	if atExit {
-		x.settle(Entry{Cost: x.worst, Unread: x.worst, Org: gr.lane.up.Name, RequestID: resp.Header.Get(anthropic.HeaderRequestID), Abandoned: true})
+		x.settle(Entry{Cost: x.worst, Unread: x.worst, Org: gr.lane.up.Name, RequestID: rid, Abandoned: true})
 		g.stats.abandoned.Add(1)
 		cw.finish() // the permit is kept, not released: see Abort
 		h.Set(headerCost, strconv.FormatFloat(x.worst.USD(), 'f', -1, 64))
@@ -614,15 +642,15 @@ func (x *exchange) stream(gr grant) (anthropic.Outcome, *answer, bool) {
 	}
 	switch {
 	case usage != nil:
-		x.settle(Entry{Cost: c, Org: gr.lane.up.Name, RequestID: resp.Header.Get(anthropic.HeaderRequestID), Abandoned: gone})
-	case sc.begun:
+		x.settle(Entry{Cost: c, Org: gr.lane.up.Name, RequestID: rid, Abandoned: gone})
+	case st.begun:
 		// Ended after message_start without message_stop (cut, reset, or
 		// an error event): the API may have billed the whole answer, and
 		// what message_start said is only its start. Counted at its worst
 		// case, as a non-streaming answer cut after its headers is. (Cut
 		// before it, the attempt is unread all the same: run counts it.)
 		c = x.worst
-		x.settle(Entry{Cost: c, Unread: c, Org: gr.lane.up.Name, RequestID: resp.Header.Get(anthropic.HeaderRequestID), Abandoned: gone})
+		x.settle(Entry{Cost: c, Unread: c, Org: gr.lane.up.Name, RequestID: rid, Abandoned: gone})
 	}
 	// An error event before message_start ends a stream the API did not
 	// start: nothing to price.
@@ -637,6 +665,38 @@ func isEventStream(h http.Header) bool {
 	return len(ct) >= 17 && ct[:17] == "text/event-stream"
 }
 
+// streamState follows an upstream stream, line by line, for its usage and
+// its end: sseState a Messages stream, oaStreamState a chat completion's.
+type streamState interface {
+	// pass reads one whole line (or the last piece of a long one) and
+	// returns what of it is passed on to the client (false: nothing).
+	pass(b []byte) ([]byte, bool)
+	// partial reads a piece of a long line (always passed on).
+	partial(b []byte)
+	end() streamEnd
+	// endName names the event that ends the stream whole.
+	endName() string
+}
+
+// streamEnd is how a stream ended.
+type streamEnd struct {
+	done  bool               // it ended whole, with its usage
+	usage *upstreampkg.Usage // when done
+	// begun: the API started the answer (it may have billed it).
+	begun bool
+	// errType is the type of an error event ("": none); rateLimited and
+	// overloaded classify it.
+	errType                 string
+	rateLimited, overloaded bool
+}
+
+func (x *exchange) newStreamState() streamState {
+	if x.chat != nil {
+		return &oaStreamState{strip: !x.chat.clientUsage}
+	}
+	return &sseState{}
+}
+
 // sseState follows a Messages stream for its usage and its end.
 type sseState struct {
 	event            string
@@ -649,10 +709,26 @@ type sseState struct {
 
 func (s *sseState) partial([]byte) { s.skip = true }
 
-func (s *sseState) line(b []byte) {
+func (s *sseState) endName() string { return "message_stop" }
+
+func (s *sseState) pass(b []byte) ([]byte, bool) { return b, s.line(b) }
+
+func (s *sseState) end() streamEnd {
+	e := streamEnd{done: s.stopped, begun: s.begun, errType: s.errType,
+		rateLimited: s.errType == anthropic.ErrRateLimit, overloaded: s.errType == anthropic.ErrOverloaded}
+	if s.stopped {
+		u := s.usage
+		e.usage = &upstreampkg.Usage{Input: u.InputTokens, CacheRead: u.CacheReadInputTokens, CacheWrite: u.CacheCreationInputTokens,
+			Output: u.OutputTokens, Anthropic: &u}
+	}
+	return e
+}
+
+// line reads one line of the stream; every line is passed on.
+func (s *sseState) line(b []byte) bool {
 	if s.skip {
 		s.skip = false
-		return
+		return true
 	}
 	b = bytes.TrimRight(b, "\r\n")
 	switch {
@@ -705,6 +781,7 @@ func (s *sseState) line(b []byte) {
 			}
 		}
 	}
+	return true
 }
 
 // mayHaveBilled reports whether a failed attempt may have been billed

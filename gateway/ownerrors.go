@@ -20,12 +20,12 @@ import (
 func (x *exchange) rateLimited() {
 	g := x.g
 	h := x.w.Header()
-	pool := anthropic.PoolOf(x.p.Model)
-	g.rl.write(h, pool)
+	pool := x.prov.PoolOf(x.p.Model)
+	x.writeLimits(h, pool)
 	h.Set(anthropic.HeaderRetryAfter, strconv.Itoa(retryAfterSeconds(g.lanes.admitIn(pool, time.Now()))))
 	h.Set(anthropic.HeaderShouldRetry, "true")
 	h.Set(headerAttempts, strconv.Itoa(x.attempts))
-	writeError(x.w, http.StatusTooManyRequests, anthropic.ErrRateLimit, fmt.Sprintf("apidispatch gateway: no lane admitted the request within --retry-for %s", g.cfg.RetryFor))
+	x.fail(http.StatusTooManyRequests, anthropic.ErrRateLimit, fmt.Sprintf("apidispatch gateway: no lane admitted the request within --retry-for %s", g.cfg.RetryFor))
 }
 
 // retryAfterSeconds is d as a retry-after value: whole seconds, at least 1.

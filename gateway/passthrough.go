@@ -27,7 +27,7 @@ func (g *Gateway) countTokens(w http.ResponseWriter, r *http.Request, client str
 		writeError(w, http.StatusBadRequest, anthropic.ErrInvalidRequest, bad)
 		return
 	}
-	g.forward(w, r, body, p.Model)
+	g.forward(w, r, upstreampkg.Anthropic, body, p.Model)
 }
 
 // passthrough serves GET /v1/models and /v1/models/{id} from any usable org.
@@ -35,12 +35,28 @@ func (g *Gateway) countTokens(w http.ResponseWriter, r *http.Request, client str
 // "?") is the API's 404 and goes nowhere, so no client can steer the org's
 // key to another endpoint (GET /v1/models/..%2Fmessages%2Fbatches would
 // list the org's upstream batches behind a proxy that cleans paths).
+//
+// An OpenAI client's (isOpenAIClient) is served from the OpenAI orgs, in
+// OpenAI's list format; an Anthropic client's from the Anthropic orgs.
+// Either list is the upstream org's, the same for every client.
 func (g *Gateway) passthrough(w http.ResponseWriter, r *http.Request, client string) {
+	prov := upstreampkg.Anthropic
+	if g.isOpenAIClient(r) {
+		prov = upstreampkg.OpenAI
+	}
 	if id := r.PathValue("id"); id != "" && !validModelID(id) {
-		writeError(w, http.StatusNotFound, anthropic.ErrNotFound, "model: "+id)
+		errWriterOf(prov)(w, http.StatusNotFound, anthropic.ErrNotFound, "model: "+id)
 		return
 	}
-	g.forward(w, r, nil, "")
+	g.forward(w, r, prov, nil, "")
+}
+
+// errWriterOf is the error writer of p's API.
+func errWriterOf(p *upstreampkg.Provider) errWriter {
+	if p == upstreampkg.OpenAI {
+		return writeOAError
+	}
+	return writeError
 }
 
 // validModelID reports whether id can be a model's id or alias: letters,
@@ -65,7 +81,15 @@ func validModelID(id string) bool {
 // the client gets the answer), anything else is passed on byte for byte.
 // These endpoints are free and have their own limits, so they go through
 // no lane. Nothing is sent once the gateway stops.
-func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, body []byte, model string) {
+//
+// prov is the API r is of: only its orgs are asked, with its headers, and
+// its errors are answered in its envelope.
+func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, prov *upstreampkg.Provider, body []byte, model string) {
+	writeError := errWriterOf(prov)
+	writeDraining := writeDraining
+	if prov == upstreampkg.OpenAI {
+		writeDraining = writeOADraining
+	}
 	ctx := r.Context()
 	deadline := time.Now().Add(g.cfg.RetryFor)
 	var last *answer
@@ -74,7 +98,7 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, body []byte, m
 			writeDraining(w, msgStopping)
 			return
 		}
-		u := g.usableOrg()
+		u := g.usableOrg(prov)
 		if u == nil {
 			if last != nil {
 				passOnPlain(w, last, n-1)
@@ -93,9 +117,11 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, body []byte, m
 			return
 		}
 		req.URL.RawQuery = r.URL.RawQuery
-		copyClientHeaders(req.Header, r.Header)
-		anthropic.SetHeaders(req.Header, u.Key, body != nil)
-		res := upstreampkg.Send(g.client, req, maxUpstreamAnswer, nil)
+		if prov == upstreampkg.Anthropic {
+			copyClientHeaders(req.Header, r.Header)
+		}
+		prov.SetHeaders(req.Header, u.Org, body != nil)
+		res := prov.Send(g.client, req, maxUpstreamAnswer, nil)
 		stop()
 		cancel()
 		if ctx.Err() != nil {
@@ -111,8 +137,15 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, body []byte, m
 			// Sending failed, or the answer broke off (a cut 2xx too:
 			// these answers are not messages, so only the error tells).
 			a = answer{status: http.StatusBadGateway, body: errorBody(anthropic.ErrAPI, "apidispatch gateway: upstream "+o.Reason)}
+			if prov == upstreampkg.OpenAI {
+				a.body = oaErrorBody(anthropic.ErrAPI, "", "", "apidispatch gateway: upstream "+o.Reason)
+			}
 		case o.Kind == anthropic.LaneFatal || a.status == http.StatusUnauthorized || a.status == http.StatusForbidden:
-			switch g.refusalOf(u, model, o) {
+			fault := keyRefused // an OpenAI client chooses nothing its key may be refused for
+			if prov == upstreampkg.Anthropic {
+				fault = g.refusalOf(u, model, o)
+			}
+			switch fault {
 			case keyRefused:
 				g.disableOrg(u, o.Reason)
 				continue

@@ -23,8 +23,9 @@ type rateAgg struct {
 
 // aggHeaders is one pool's aggregate, ready to write.
 type aggHeaders struct {
-	vals [4][3][]string // by rateHeaders; nil: absent
-	ups  []*upstream    // the orgs summed (in rotation when computed)
+	vals [4][3][]string     // by rateHeaders; nil: absent
+	sums [4]anthropic.Limit // requests, tokens, input, output
+	ups  []*upstream        // the orgs summed (in rotation when computed)
 }
 
 func newRateAgg() *rateAgg {
@@ -78,6 +79,7 @@ func (a *rateAgg) computeLocked(pool anthropic.Pool) *aggHeaders {
 			ag.vals[i][2] = []string{s.Reset.UTC().Format(time.RFC3339)}
 		}
 	}
+	ag.sums = sums
 	a.agg.Store(pool, ag)
 	return ag
 }
@@ -90,9 +92,25 @@ func (a *rateAgg) write(h http.Header, pool anthropic.Pool) {
 		delete(h, k[1])
 		delete(h, k[2])
 	}
+	ag := a.current(pool)
+	if ag == nil {
+		return
+	}
+	for i := range ag.vals {
+		for j, vs := range ag.vals[i] {
+			if vs != nil {
+				// The slices are shared by every answer and never changed.
+				h[rateHeaders[i][j]] = vs
+			}
+		}
+	}
+}
+
+// current is pool's aggregate over the orgs in rotation now (nil: none).
+func (a *rateAgg) current(pool anthropic.Pool) *aggHeaders {
 	v, ok := a.agg.Load(pool)
 	if !ok {
-		return
+		return nil
 	}
 	ag := v.(*aggHeaders)
 	for _, u := range ag.ups {
@@ -104,14 +122,7 @@ func (a *rateAgg) write(h http.Header, pool anthropic.Pool) {
 			break
 		}
 	}
-	for i := range ag.vals {
-		for j, vs := range ag.vals[i] {
-			if vs != nil {
-				// The slices are shared by every answer and never changed.
-				h[rateHeaders[i][j]] = vs
-			}
-		}
-	}
+	return ag
 }
 
 // rateHeaders are the canonical names of (limit, remaining, reset) for
