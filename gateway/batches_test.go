@@ -257,15 +257,7 @@ func TestRestartedGatewayResumesBatchOnce(t *testing.T) {
 	// Batches whose create the stop cut off may be made again by the
 	// resumed run (runner's adoption rules); what must hold is the billing.
 	t.Logf("upstream batches: %d before the stop, %d in all", createdBefore, created())
-	for end := time.Now().Add(20 * time.Second); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
-		open := 0
-		for _, st := range run.Server.BatchStats() {
-			open += st.InProgress
-		}
-		if open == 0 {
-			break
-		}
-	}
+	waitUpstreamBatchesEnded(t, run.Server, 20*time.Second)
 	_, billed, twice := sim.BatchBilling(run.Server.Ledger())
 	if billed != 40 || twice != 0 {
 		t.Errorf("simulator billed %d, %d twice", billed, twice)
@@ -453,5 +445,23 @@ func TestSyncRouteBatchEndsThroughResets(t *testing.T) {
 	_, tot := g.Ledger().Totals()
 	if billed := cost.Nanos(run.Server.LedgerTotals().CostNanos).USD(); tot.SpentUSD < billed || run.Server.LedgerTotals().Requests <= 40 {
 		t.Errorf("ledger $%v, simulator billed $%v for %d requests: want resets re-sent and every one counted", tot.SpentUSD, billed, run.Server.LedgerTotals().Requests)
+	}
+}
+
+// waitUpstreamBatchesEnded waits until srv has no batch in progress, for
+// at most within.
+func waitUpstreamBatchesEnded(t *testing.T, srv *sim.Server, within time.Duration) {
+	t.Helper()
+	for deadline := time.Now().Add(within); ; time.Sleep(20 * time.Millisecond) {
+		open := 0
+		for _, st := range srv.BatchStats() {
+			open += st.InProgress
+		}
+		if open == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("upstream batches still open after %s", within)
+		}
 	}
 }

@@ -58,18 +58,7 @@ func TestAttackBatchCanceledRightAfterARestartIsCountedWhole(t *testing.T) {
 	}
 	e := waitEnded(t, &c2, b.ID)
 	waitIdle(t, g2)
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		open := 0
-		for _, st := range run.Server.BatchStats() {
-			open += st.InProgress
-		}
-		if open == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("upstream batches still open 30 s after the gateway batch ended")
-		}
-	}
+	waitUpstreamBatchesEnded(t, run.Server, 30*time.Second)
 	recorded := g2.ledger.spent("a")
 	s2.Close()
 	g2.Close()

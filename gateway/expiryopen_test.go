@@ -51,11 +51,7 @@ func TestExpiredBatchLedgerCountsItsOpenUpstreamBatch(t *testing.T) {
 	g := mk()
 	s := httptest.NewServer(g.Handler())
 	c := sdkClient(s.URL, tokA)
-	var reqs []sdk.MessageBatchNewParamsRequest
-	for i := range 150 {
-		reqs = append(reqs, sdk.MessageBatchNewParamsRequest{CustomID: fmt.Sprintf("r-%d", i), Params: sdk.MessageBatchNewParamsRequestParams{
-			Model: "claude-sonnet-4-5", MaxTokens: 256, Messages: []sdk.MessageParam{sdk.NewUserMessage(sdk.NewTextBlock(fmt.Sprintf("Item %d: explain at length.", i)))}}})
-	}
+	reqs := explainAtLength(150)
 	b, err := c.Messages.Batches.New(context.Background(), sdk.MessageBatchNewParams{Requests: reqs})
 	if err != nil {
 		t.Fatal(err)
@@ -70,18 +66,7 @@ func TestExpiredBatchLedgerCountsItsOpenUpstreamBatch(t *testing.T) {
 	seeded := g2.gates["a"].Committed()
 	g2.Close()
 	// The upstream batches run on to their own expiry.
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		open := 0
-		for _, st := range run.Server.BatchStats() {
-			open += st.InProgress
-		}
-		if open == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("upstream batches still open 30 s after the gateway batch ended")
-		}
-	}
+	waitUpstreamBatchesEnded(t, run.Server, 30*time.Second)
 	billed := cost.Nanos(run.Server.LedgerTotals().CostNanos)
 	batchN, batchItems, _ := sim.BatchBilling(run.Server.Ledger())
 	t.Logf("gateway batch ended %s (counts %s); ledger records %s for client a, a restarted gateway holds %s; the API billed %s (batch: %d items, %s)",
@@ -129,11 +114,7 @@ func TestExpiredBatchCancelsItsOpenUpstreamBatches(t *testing.T) {
 	g1 := mk("http://" + cut.Addr)
 	s1 := httptest.NewServer(g1.Handler())
 	c1 := sdkClient(s1.URL, tokA)
-	var reqs []sdk.MessageBatchNewParamsRequest
-	for i := range 150 {
-		reqs = append(reqs, sdk.MessageBatchNewParamsRequest{CustomID: fmt.Sprintf("r-%d", i), Params: sdk.MessageBatchNewParamsRequestParams{
-			Model: "claude-sonnet-4-5", MaxTokens: 256, Messages: []sdk.MessageParam{sdk.NewUserMessage(sdk.NewTextBlock(fmt.Sprintf("Item %d: explain at length.", i)))}}})
-	}
+	reqs := explainAtLength(150)
 	b, err := c1.Messages.Batches.New(context.Background(), sdk.MessageBatchNewParams{Requests: reqs})
 	if err != nil {
 		t.Fatal(err)
@@ -154,18 +135,7 @@ func TestExpiredBatchCancelsItsOpenUpstreamBatches(t *testing.T) {
 	}
 	// The upstream batches would process from 105,000 API s to their
 	// expiry at 106,400: wait past it.
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		open := 0
-		for _, st := range run.Server.BatchStats() {
-			open += st.InProgress
-		}
-		if open == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("upstream batches still open 30 s after the gateway batch ended")
-		}
-	}
+	waitUpstreamBatchesEnded(t, run.Server, 30*time.Second)
 	_, batchItems, _ := sim.BatchBilling(run.Server.Ledger())
 	t.Logf("gateway batch ended %s (counts %s); the API billed %d batch items after it", e.ProcessingStatus, e.RequestCounts.RawJSON(), batchItems)
 	if e.RequestCounts.Expired != 150 {
@@ -202,4 +172,14 @@ func refuseCancels(t *testing.T, target string) string {
 	}))
 	t.Cleanup(s.Close)
 	return s.URL
+}
+
+// explainAtLength is a batch of n Sonnet requests for long answers.
+func explainAtLength(n int) []sdk.MessageBatchNewParamsRequest {
+	var reqs []sdk.MessageBatchNewParamsRequest
+	for i := range n {
+		reqs = append(reqs, sdk.MessageBatchNewParamsRequest{CustomID: fmt.Sprintf("r-%d", i), Params: sdk.MessageBatchNewParamsRequestParams{
+			Model: "claude-sonnet-4-5", MaxTokens: 256, Messages: []sdk.MessageParam{sdk.NewUserMessage(sdk.NewTextBlock(fmt.Sprintf("Item %d: explain at length.", i)))}}})
+	}
+	return reqs
 }

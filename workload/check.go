@@ -71,25 +71,8 @@ func (c *checker) check(b []byte) {
 		return
 	}
 
-	switch r.paramsKind {
-	case kindMissing:
-		c.problem("missing params")
+	if !c.requestAndModel("params", r.paramsKind) {
 		return
-	case kindObject:
-	default:
-		c.problem("params must be an object, found %s", r.paramsKind)
-		return
-	}
-
-	switch r.modelKind {
-	case kindMissing:
-		c.problem("params.model is missing")
-	case kindString:
-		if r.model.e == r.model.s {
-			c.problem("params.model is empty")
-		}
-	default:
-		c.problem("params.model must be a string, found %s", r.modelKind)
 	}
 
 	switch r.maxTokensKind {
@@ -226,24 +209,8 @@ func (c *checker) checkOpenAI() {
 	case decodeString(c.b, r.url) != OpenAIEndpoint:
 		c.problem("url is %s: only %s is supported", quoteID(decodeString(c.b, r.url)), OpenAIEndpoint)
 	}
-	switch r.bodyKind {
-	case kindMissing:
-		c.problem("missing body")
+	if !c.requestAndModel("body", r.bodyKind) {
 		return
-	case kindObject:
-	default:
-		c.problem("body must be an object, found %s", r.bodyKind)
-		return
-	}
-	switch r.modelKind {
-	case kindMissing:
-		c.problem("body.model is missing")
-	case kindString:
-		if r.model.e == r.model.s {
-			c.problem("body.model is empty")
-		}
-	default:
-		c.problem("body.model must be a string, found %s", r.modelKind)
 	}
 	c.maxTokensOK = true
 	switch r.maxCompletionKind {
@@ -314,4 +281,31 @@ func invalidUTF8At(b []byte) int {
 		i += size
 	}
 	return len(b)
+}
+
+// requestAndModel checks the line's request object, named name ("params"
+// of an Anthropic line, "body" of an OpenAI one), of kind k, and its
+// model; false when there is no object to check further.
+func (c *checker) requestAndModel(name string, k kind) bool {
+	r := &c.r
+	switch k {
+	case kindMissing:
+		c.problem("missing %s", name)
+		return false
+	case kindObject:
+	default:
+		c.problem("%s must be an object, found %s", name, k)
+		return false
+	}
+	switch r.modelKind {
+	case kindMissing:
+		c.problem("%s.model is missing", name)
+	case kindString:
+		if r.model.e == r.model.s {
+			c.problem("%s.model is empty", name)
+		}
+	default:
+		c.problem("%s.model must be a string, found %s", name, r.modelKind)
+	}
+	return true
 }

@@ -82,28 +82,7 @@ func GenerateJudge(w io.Writer, n int, seed int64, opts GenOptions) error {
 	// Temperature 0: a judge's verdict should not be a sample, and a
 	// request at temperature 0 is what the result cache keeps by default.
 	head := g.head(`,"temperature":0,"system":` + string(sys) + `,"messages":[{"role":"user","content":"`)
-	qs, rs, ops := escapeAll(judgeQuestions), escapeAll(judgeResponses), escapeAll(judgeOpeners)
-	q1 := jsonEscape("Question asked to the AI: ")
-	r1 := jsonEscape("\n\nAI's response: ")
-	tail := jsonEscape("\n\nProvide your evaluation as a JSON object.") + `"}]}}` + "\n"
-	for i := 0; i < n; i++ {
-		x := mix(uint64(seed), uint64(i))
-		b := g.start(i, head)
-		k := x % uint64(len(qs))
-		b = append(b, q1...)
-		b = append(b, qs[k]...)
-		b = append(b, r1...)
-		b = append(b, ops[(x>>20)%uint64(len(ops))]...)
-		b = append(b, rs[k]...)
-		b = append(b, " Item "...)
-		b = strconv.AppendInt(b, int64(i), 10)
-		b = append(b, '.')
-		b = append(b, tail...)
-		if err := g.write(b); err != nil {
-			return err
-		}
-	}
-	return g.flush()
+	return g.judges(n, seed, head)
 }
 
 // DefaultOpenAIModel is GenerateOpenAIJudge's model by default.
@@ -133,28 +112,7 @@ func GenerateOpenAIJudge(w io.Writer, n int, seed int64, opts GenOptions) error 
 	}
 	head := `","method":"POST","url":"` + OpenAIEndpoint + `","body":{"model":` + string(m) + `,"max_completion_tokens":` + strconv.Itoa(maxTok) +
 		`,"temperature":0,"messages":[{"role":"system","content":"` + jsonEscape(JudgeRubric) + `"},{"role":"user","content":"`
-	qs, rs, ops := escapeAll(judgeQuestions), escapeAll(judgeResponses), escapeAll(judgeOpeners)
-	q1 := jsonEscape("Question asked to the AI: ")
-	r1 := jsonEscape("\n\nAI's response: ")
-	tail := jsonEscape("\n\nProvide your evaluation as a JSON object.") + `"}]}}` + "\n"
-	for i := 0; i < n; i++ {
-		x := mix(uint64(seed), uint64(i))
-		b := g.start(i, head)
-		k := x % uint64(len(qs))
-		b = append(b, q1...)
-		b = append(b, qs[k]...)
-		b = append(b, r1...)
-		b = append(b, ops[(x>>20)%uint64(len(ops))]...)
-		b = append(b, rs[k]...)
-		b = append(b, " Item "...)
-		b = strconv.AppendInt(b, int64(i), 10)
-		b = append(b, '.')
-		b = append(b, tail...)
-		if err := g.write(b); err != nil {
-			return err
-		}
-	}
-	return g.flush()
+	return g.judges(n, seed, head)
 }
 
 // GenerateChat writes n short chat requests to w: a single user message of
@@ -340,4 +298,34 @@ var chatFacts = []string{
 	"I have an interview next week for a data analyst position.",
 	"Our cat has started waking everyone up at five in the morning.",
 	"The conference talk I am preparing is twenty minutes long.",
+}
+
+// judges writes n judge requests after head (which ends inside the user
+// message's string): the question and the response drawn by seed, the
+// item's number, and the request for a JSON verdict, closing the body.
+// GenerateJudge and GenerateOpenAIJudge share it, so that both providers'
+// judge jobs ask the same things.
+func (g *gen) judges(n int, seed int64, head string) error {
+	qs, rs, ops := escapeAll(judgeQuestions), escapeAll(judgeResponses), escapeAll(judgeOpeners)
+	q1 := jsonEscape("Question asked to the AI: ")
+	r1 := jsonEscape("\n\nAI's response: ")
+	tail := jsonEscape("\n\nProvide your evaluation as a JSON object.") + `"}]}}` + "\n"
+	for i := 0; i < n; i++ {
+		x := mix(uint64(seed), uint64(i))
+		b := g.start(i, head)
+		k := x % uint64(len(qs))
+		b = append(b, q1...)
+		b = append(b, qs[k]...)
+		b = append(b, r1...)
+		b = append(b, ops[(x>>20)%uint64(len(ops))]...)
+		b = append(b, rs[k]...)
+		b = append(b, " Item "...)
+		b = strconv.AppendInt(b, int64(i), 10)
+		b = append(b, '.')
+		b = append(b, tail...)
+		if err := g.write(b); err != nil {
+			return err
+		}
+	}
+	return g.flush()
 }
