@@ -55,14 +55,7 @@ type dispatchJSON struct {
 // item's custom_id, its result object (JSON on one line: SucceededResult,
 // ErroredResult, or the batch API's own) and the dispatch object.
 func ResultLine(customID string, result []byte, d Dispatch) []byte {
-	w := dispatchJSON{Org: d.Org, Route: d.Route, Attempts: d.Attempts, LatencyMs: d.LatencyMs,
-		CostUSD: d.Cost.USD(), RequestID: d.RequestID, Cached: d.Cached}
-	if d.Route == store.RouteBatch {
-		w.BatchID = &d.BatchID
-	}
-	if d.Cached {
-		w.ChargedUSD = new(float64)
-	}
+	w := d.json()
 	dj, _ := json.Marshal(w) // strings, integers and finite floats: never fails
 	id, _ := json.Marshal(customID)
 	line := make([]byte, 0, len(result)+len(dj)+len(id)+40)
@@ -129,14 +122,7 @@ func OpenAIResultLine(customID string, status int, body []byte, errCode, errMsg 
 		Code    string `json:"code"`
 		Message string `json:"message"`
 	}
-	w := dispatchJSON{Org: d.Org, Route: d.Route, Attempts: d.Attempts, LatencyMs: d.LatencyMs,
-		CostUSD: d.Cost.USD(), RequestID: d.RequestID, Cached: d.Cached}
-	if d.Route == store.RouteBatch {
-		w.BatchID = &d.BatchID
-	}
-	if d.Cached {
-		w.ChargedUSD = new(float64)
-	}
+	w := d.json()
 	sum := sha256.Sum256([]byte(customID + "\x00" + d.RequestID))
 	v := struct {
 		ID       string       `json:"id"`
@@ -158,4 +144,18 @@ func OpenAIResultLine(customID string, status int, body []byte, errCode, errMsg 
 	}
 	line, _ := json.Marshal(v) // compacts the body: one line
 	return line
+}
+
+// json is d as a result line writes it: the batch id only for the batch
+// route, charged_usd 0 for an answer the cache gave.
+func (d Dispatch) json() dispatchJSON {
+	w := dispatchJSON{Org: d.Org, Route: d.Route, Attempts: d.Attempts, LatencyMs: d.LatencyMs,
+		CostUSD: d.Cost.USD(), RequestID: d.RequestID, Cached: d.Cached}
+	if d.Route == store.RouteBatch {
+		w.BatchID = &d.BatchID
+	}
+	if d.Cached {
+		w.ChargedUSD = new(float64)
+	}
+	return w
 }
