@@ -21,9 +21,10 @@ import (
 
 // A gateway restarted after one of its batches expired (stopped or killed
 // while the batch ran, started again past its expiry) ends it as expired.
-// Its expiry timer fires at once, while the executor is still learning
-// the keys' organisations: the executor must not read its expired flag
-// while the timer's watcher writes it (go test -race reported that race).
+// Its expiry timer fires at once, as the executor starts its run: the
+// executor must not read its expired flag while the timer's watcher
+// writes it (go test -race reported that race). The first gateway's link
+// is cut, so its run sends nothing before it is stopped.
 func TestBatchResumedPastItsExpiryEndsExpired(t *testing.T) {
 	const speed = 100000 // a gateway batch expires in 0.864 s
 	run, _ := simtest.Start(t, sim.PresetOrigin3Org, speed, nil)
@@ -53,9 +54,7 @@ func TestBatchResumedPastItsExpiryEndsExpired(t *testing.T) {
 	s1.Close()
 	g1.Close()
 	time.Sleep(1500 * time.Millisecond) // past the batch's expiry
-	// The second gateway's link is cut too, so that learning the keys'
-	// organisations takes its time while the expiry fires.
-	g2 := mk("http://" + cut.Addr)
+	g2 := mk(run.URL)
 	s2 := httptest.NewServer(g2.Handler())
 	defer func() { s2.Close(); g2.Close() }()
 	c2 := sdkClient(s2.URL, tokA)
