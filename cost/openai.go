@@ -49,6 +49,20 @@ type OpenAIPrice struct {
 	Batch     OpenAIRates
 }
 
+// MaxImageTokens is the most prompt tokens one image part of a chat
+// completion may be billed at by this model, whatever its URL's length:
+// an image is billed by its size in the model's tiles or patches, not by
+// the bytes that name it. gpt-4o-mini bills an image's base and tiles at
+// many times the tokens of the others (up to 48,169 for a large image at
+// high detail); every other model stays within 3,840 (1,536 patches at
+// the largest multiplier, above the 1,445 of eight tiles).
+func (p *OpenAIPrice) MaxImageTokens() int64 {
+	if strings.HasPrefix(strings.ToLower(p.Model), "gpt-4o-mini") {
+		return 2833 + 8*5667
+	}
+	return 3840
+}
+
 // OpenAITable is a set of OpenAI prices by model id and alias. It is
 // immutable and safe for concurrent use; the zero value prices nothing.
 type OpenAITable struct {

@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/apidispatch/apidispatch/anthropic"
@@ -380,7 +381,11 @@ func (s *batchStore) execute(gb *gwBatch) {
 	gb.mu.Unlock()
 	expiry := time.NewTimer(time.Until(m.ExpiresAt))
 	defer expiry.Stop()
-	expired := false
+	// expired is set by the expiry's watcher below while the run goes on
+	// (and read by the run's loop before the watcher has ended), so it is
+	// atomic. A batch resumed past its expiry starts with its cancel run.
+	var expired atomic.Bool
+	expired.Store(!time.Now().Before(m.ExpiresAt))
 	for attempt := 0; ; attempt++ {
 		canceling := false
 		select {
@@ -400,12 +405,12 @@ func (s *batchStore) execute(gb *gwBatch) {
 					cancel()
 				}
 			case <-expiry.C:
-				expired = true
+				expired.Store(true)
 				cancel()
 			}
 		}()
 		g.discover()
-		cancelOpen := canceling || expired
+		cancelOpen := canceling || expired.Load()
 		out := s.runOnce(ctx, gb, cancelOpen)
 		close(stopWatch)
 		<-watchDone
@@ -413,15 +418,15 @@ func (s *batchStore) execute(gb *gwBatch) {
 		if g.life.batchCtx.Err() != nil {
 			return // the gateway is stopping: resume next time
 		}
-		if expired && !cancelOpen && out.Stop.Kind != runner.Complete {
+		if expired.Load() && !cancelOpen && out.Stop.Kind != runner.Complete {
 			// Expired during the run, which was cut: the upstream batches
 			// it left open would run on and bill what they process, which
 			// no one would read. Run once more to cancel them (as a
 			// cancel does), then end it.
 			continue
 		}
-		if out.Stop.Kind == runner.Complete || canceling || expired {
-			s.finalize(gb, canceling, expired, out)
+		if out.Stop.Kind == runner.Complete || canceling || expired.Load() {
+			s.finalize(gb, canceling, expired.Load(), out)
 			return
 		}
 		select {
@@ -457,7 +462,7 @@ func (s *batchStore) execute(gb *gwBatch) {
 		case <-gb.cancelReq:
 			t.Stop()
 		case <-expiry.C:
-			expired = true
+			expired.Store(true)
 		case <-t.C:
 		}
 	}
@@ -645,6 +650,13 @@ func runSpent(dir string) (spent, unread cost.Nanos, err error) {
 	defer st.Close()
 	ctx := context.Background()
 	agg, err := st.Aggregate(ctx)
+	if errors.Is(err, store.ErrNotInitialized) {
+		// A run stopped between creating the store and initialising it
+		// (its context ended first: a cancel, the expiry, a stop) sent
+		// nothing: nothing is sent before the store holds the items.
+		// Refused, the batch could never end.
+		return 0, 0, nil
+	}
 	if err != nil {
 		return 0, 0, err
 	}

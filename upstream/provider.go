@@ -1,6 +1,8 @@
 package upstream
 
 import (
+	"bytes"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"strings"
@@ -366,12 +368,45 @@ func (openaiProvider) worstCase(_ *cost.Table, it Item, body []byte, batch bool)
 	if err != nil {
 		return 0, err
 	}
-	in := max(it.EstInput, it.Length, int64(len(body)))
+	in := max(it.EstInput, it.Length, int64(len(body))) + imageParts(body)*p.MaxImageTokens()
 	out := it.MaxTokens
 	if out <= 0 {
 		out = p.MaxOutput
 	}
 	return cost.OpenAI().WorstCase(it.Model, in, out, max(it.Choices, 1), batch)
+}
+
+// imageParts is how many image parts the messages of a chat completion's
+// body hold (0 for a body that is not one). Each is billed as an image,
+// hundreds of tokens or more, however few bytes its URL takes, so the
+// body's length alone does not bound its prompt.
+func imageParts(body []byte) int64 {
+	if !bytes.Contains(body, []byte("image_url")) {
+		return 0
+	}
+	var b struct {
+		Messages []struct {
+			Content json.RawMessage `json:"content"`
+		} `json:"messages"`
+	}
+	if json.Unmarshal(body, &b) != nil {
+		return 0
+	}
+	var n int64
+	for _, m := range b.Messages {
+		var parts []struct {
+			Type string `json:"type"`
+		}
+		if len(m.Content) == 0 || m.Content[0] != '[' || json.Unmarshal(m.Content, &parts) != nil {
+			continue
+		}
+		for _, p := range parts {
+			if p.Type == "image_url" {
+				n++
+			}
+		}
+	}
+	return n
 }
 
 func (openaiProvider) pool(model string) anthropic.Pool {

@@ -1,6 +1,7 @@
 package workload
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -184,10 +185,50 @@ func ItemSummary(params json.RawMessage) ModelSummary {
 func BoundOf(model string, params json.RawMessage, maxTokens int64, batch bool) cost.Bound {
 	b := cost.Bound{Model: model, MaxTokens: maxTokens, Batch: batch, Input: int64(len(params))}
 	if r, ok := scanParams(params); ok {
-		b.Input = max(b.Input, r.estimate())
+		b.Input = max(b.Input, r.estimate()) + linkedImages(params)*MaxImageTokens
 		b.CacheWrite, b.GeoUS = r.cacheWrite, r.geoUS
 		return b
 	}
 	b.CacheWrite, b.GeoUS = cost.CacheWrite1h, true
 	return b
+}
+
+// MaxImageTokens bounds the input tokens one image block is billed at:
+// the API scales an image down to about 1.15 megapixels before it reads
+// it, about 1,600 tokens at most.
+const MaxImageTokens = 1600
+
+// linkedImages is how many image blocks of params name their image (a
+// URL, a file) rather than carry it in base64: each is billed as an image
+// however few bytes name it, so neither the body's length nor its text
+// bounds it. (A base64 image's data is in the body and counted there.)
+func linkedImages(params []byte) int64 {
+	if !bytes.Contains(params, []byte(`"image"`)) {
+		return 0
+	}
+	var v any
+	if json.Unmarshal(params, &v) != nil {
+		return 0
+	}
+	var n int64
+	var walk func(any)
+	walk = func(v any) {
+		switch x := v.(type) {
+		case map[string]any:
+			if x["type"] == "image" {
+				if src, ok := x["source"].(map[string]any); ok && src["type"] != "base64" {
+					n++
+				}
+			}
+			for _, c := range x {
+				walk(c)
+			}
+		case []any:
+			for _, c := range x {
+				walk(c)
+			}
+		}
+	}
+	walk(v)
+	return n
 }
