@@ -185,7 +185,13 @@ func ItemSummary(params json.RawMessage) ModelSummary {
 func BoundOf(model string, params json.RawMessage, maxTokens int64, batch bool) cost.Bound {
 	b := cost.Bound{Model: model, MaxTokens: maxTokens, Batch: batch, Input: int64(len(params))}
 	if r, ok := scanParams(params); ok {
-		b.Input = max(b.Input, r.estimate()) + linkedImages(params)*MaxImageTokens
+		images, docs := linkedMedia(params)
+		b.Input = max(b.Input, r.estimate()) + images*MaxImageTokens
+		if docs > 0 {
+			// A document named by a URL or a file may hold any number of
+			// pages: only the largest context window bounds it.
+			b.Input = max(b.Input, MaxContextTokens)
+		}
 		b.CacheWrite, b.GeoUS = r.cacheWrite, r.geoUS
 		return b
 	}
@@ -198,26 +204,33 @@ func BoundOf(model string, params json.RawMessage, maxTokens int64, batch bool) 
 // it, about 1,600 tokens at most.
 const MaxImageTokens = 1600
 
-// linkedImages is how many image blocks of params name their image (a
-// URL, a file) rather than carry it in base64: each is billed as an image
-// however few bytes name it, so neither the body's length nor its text
-// bounds it. (A base64 image's data is in the body and counted there.)
-func linkedImages(params []byte) int64 {
-	if !bytes.Contains(params, []byte(`"image"`)) {
-		return 0
+// MaxContextTokens is the largest context window of any model (with the
+// long-context beta): the most input tokens one request can be billed.
+const MaxContextTokens = 1_000_000
+
+// linkedMedia is how many image blocks and document blocks of params name
+// their content (a URL, a file) rather than carry it in the body: each is
+// billed for what it names however few bytes name it, so neither the
+// body's length nor its text bounds it. (Base64 data and a plain-text
+// document are in the body and counted there.)
+func linkedMedia(params []byte) (images, docs int64) {
+	if !bytes.Contains(params, []byte(`"image"`)) && !bytes.Contains(params, []byte(`"document"`)) {
+		return 0, 0
 	}
 	var v any
 	if json.Unmarshal(params, &v) != nil {
-		return 0
+		return 0, 0
 	}
-	var n int64
 	var walk func(any)
 	walk = func(v any) {
 		switch x := v.(type) {
 		case map[string]any:
-			if x["type"] == "image" {
-				if src, ok := x["source"].(map[string]any); ok && src["type"] != "base64" {
-					n++
+			if src, ok := x["source"].(map[string]any); ok {
+				switch st := src["type"]; {
+				case x["type"] == "image" && st != "base64":
+					images++
+				case x["type"] == "document" && st != "base64" && st != "text" && st != "content":
+					docs++
 				}
 			}
 			for _, c := range x {
@@ -230,5 +243,5 @@ func linkedImages(params []byte) int64 {
 		}
 	}
 	walk(v)
-	return n
+	return images, docs
 }
