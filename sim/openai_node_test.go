@@ -10,9 +10,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/apidispatch/apidispatch/cost"
-	"github.com/apidispatch/apidispatch/openai"
 )
 
 // nodeReport is what testdata/openai-node/driver.mjs prints.
@@ -25,15 +22,8 @@ type nodeReport struct {
 	Objects int `json:"objects"`
 	// RetryAfterMsWait is how long the SDK waited before retrying a 429
 	// whose retry-after-ms was 1.2 s, in seconds.
-	RetryAfterMsWait float64 `json:"retryAfterMsWait"`
-	Usages           []struct {
-		Model            string `json:"model"`
-		Batch            bool   `json:"batch"`
-		PromptTokens     int64  `json:"prompt_tokens"`
-		CompletionTokens int64  `json:"completion_tokens"`
-		CachedTokens     int64  `json:"cached_tokens"`
-		ReasoningTokens  int64  `json:"reasoning_tokens"`
-	} `json:"usages"`
+	RetryAfterMsWait float64    `json:"retryAfterMsWait"`
+	Usages           []sdkUsage `json:"usages"`
 }
 
 // TestOpenAINodeSDK runs the official openai npm SDK (the version pinned
@@ -99,24 +89,6 @@ func TestOpenAINodeSDK(t *testing.T) {
 	if len(rep.Differ) > 0 {
 		t.Errorf("%d differ:\n  %s", len(rep.Differ), strings.Join(rep.Differ, "\n  "))
 	}
-	var priced cost.Nanos
-	for _, u := range rep.Usages {
-		n, err := cost.OpenAI().Cost(u.Model, openai.Usage{PromptTokens: u.PromptTokens, CompletionTokens: u.CompletionTokens,
-			PromptTokensDetails:     openai.PromptTokensDetails{CachedTokens: u.CachedTokens},
-			CompletionTokensDetails: openai.CompletionTokensDetails{ReasoningTokens: u.ReasoningTokens}}, u.Batch)
-		if err != nil {
-			t.Fatal(err)
-		}
-		priced += n
-	}
-	var ledger int64
-	for _, e := range run.Server.Ledger() {
-		if e.Org == "oa" {
-			ledger += e.CostNanos
-		}
-	}
-	if ledger != int64(priced) || priced == 0 {
-		t.Errorf("ledger %d n$, the npm SDK's %d usages priced %d n$", ledger, len(rep.Usages), priced)
-	}
+	ledger := ledgerIsUsagesPriced(t, run, "oa", "npm SDK", rep.Usages)
 	t.Logf("%d calls, %d objects checked, %d usages, 0 differ, a 429's retry-after-ms (1.2 s) waited %.3f s, ledger = usage priced = %d n$", rep.Calls, rep.Objects, len(rep.Usages), rep.RetryAfterMsWait, ledger)
 }

@@ -12,9 +12,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/apidispatch/apidispatch/cost"
-	"github.com/apidispatch/apidispatch/openai"
 )
 
 // TestOpenAIPythonSDK runs the official openai Python SDK through a judge
@@ -77,14 +74,7 @@ func TestOpenAIPythonSDK(t *testing.T) {
 	if err != nil {
 		t.Fatalf("python3 driver.py: %v\n%s\n%s", err, out, stderr.String())
 	}
-	var usages []struct {
-		Model            string `json:"model"`
-		Batch            bool   `json:"batch"`
-		PromptTokens     int64  `json:"prompt_tokens"`
-		CompletionTokens int64  `json:"completion_tokens"`
-		CachedTokens     int64  `json:"cached_tokens"`
-		ReasoningTokens  int64  `json:"reasoning_tokens"`
-	}
+	var usages []sdkUsage
 	var oks, differs int
 	for l := range strings.Lines(string(out)) {
 		switch {
@@ -102,24 +92,6 @@ func TestOpenAIPythonSDK(t *testing.T) {
 	if differs > 0 || oks < 70 {
 		t.Fatalf("%d ok, %d differ:\n%s", oks, differs, out)
 	}
-	var priced cost.Nanos
-	for _, u := range usages {
-		n, err := cost.OpenAI().Cost(u.Model, openai.Usage{PromptTokens: u.PromptTokens, CompletionTokens: u.CompletionTokens,
-			PromptTokensDetails:     openai.PromptTokensDetails{CachedTokens: u.CachedTokens},
-			CompletionTokensDetails: openai.CompletionTokensDetails{ReasoningTokens: u.ReasoningTokens}}, u.Batch)
-		if err != nil {
-			t.Fatal(err)
-		}
-		priced += n
-	}
-	var ledger int64
-	for _, e := range run.Server.Ledger() {
-		if e.Org == "oa" {
-			ledger += e.CostNanos
-		}
-	}
-	if ledger != int64(priced) || priced == 0 {
-		t.Errorf("ledger %d n$, the Python SDK's %d usages priced %d n$", ledger, len(usages), priced)
-	}
+	ledger := ledgerIsUsagesPriced(t, run, "oa", "Python SDK", usages)
 	t.Logf("%s%d usages, ledger = usages priced = %d n$", out, len(usages), ledger)
 }
