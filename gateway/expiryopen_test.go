@@ -40,14 +40,7 @@ func TestExpiredBatchLedgerCountsItsOpenUpstreamBatch(t *testing.T) {
 	})
 	base := refuseCancels(t, run.URL)
 	dir := t.TempDir()
-	mk := func() *Gateway {
-		g, err := New(Config{Orgs: run.Server.Orgs(), BaseURL: base, Speed: speed, Prices: cost.Default(),
-			Clients: []Client{{Name: "a", Token: tokA, MaxCost: 1_000_000_000}}, StateDir: dir, RetryFor: time.Minute})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return g
-	}
+	mk := func() *Gateway { return batchGateway(t, run, base, dir, speed) }
 	g := mk()
 	s := httptest.NewServer(g.Handler())
 	c := sdkClient(s.URL, tokA)
@@ -103,14 +96,7 @@ func TestExpiredBatchCancelsItsOpenUpstreamBatches(t *testing.T) {
 	cut := netproxy.Start(t, strings.TrimPrefix(run.URL, "http://"))
 	cut.BlackHole(true)
 	dir := t.TempDir()
-	mk := func(base string) *Gateway {
-		g, err := New(Config{Orgs: run.Server.Orgs(), BaseURL: base, Speed: speed, Prices: cost.Default(),
-			Clients: []Client{{Name: "a", Token: tokA, MaxCost: 1_000_000_000}}, StateDir: dir, RetryFor: time.Minute})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return g
-	}
+	mk := func(base string) *Gateway { return batchGateway(t, run, base, dir, speed) }
 	g1 := mk("http://" + cut.Addr)
 	s1 := httptest.NewServer(g1.Handler())
 	c1 := sdkClient(s1.URL, tokA)

@@ -31,14 +31,7 @@ func TestBatchResumedPastItsExpiryEndsExpired(t *testing.T) {
 	cut := netproxy.Start(t, strings.TrimPrefix(run.URL, "http://"))
 	cut.BlackHole(true)
 	dir := t.TempDir()
-	mk := func(base string) *Gateway {
-		g, err := New(Config{Orgs: run.Server.Orgs(), BaseURL: base, Speed: speed, Prices: cost.Default(),
-			Clients: []Client{{Name: "a", Token: tokA, MaxCost: 1_000_000_000}}, StateDir: dir, RetryFor: time.Minute})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return g
-	}
+	mk := func(base string) *Gateway { return batchGateway(t, run, base, dir, speed) }
 	g1 := mk("http://" + cut.Addr)
 	s1 := httptest.NewServer(g1.Handler())
 	c1 := sdkClient(s1.URL, tokA)
@@ -80,4 +73,17 @@ func TestRunSpentOfAnUninitialisedStore(t *testing.T) {
 	if err != nil || spent != 0 || unread != 0 {
 		t.Fatalf("runSpent of a store never initialised: %s, %s unread, %v; want 0, 0, nil", spent, unread, err)
 	}
+}
+
+// batchGateway is a gateway on state directory dir sending to base (run's
+// simulator, or a proxy to it) at speed, with one client, "a", whose
+// max_cost ($1) no batch of these tests reaches.
+func batchGateway(t *testing.T, run *sim.Running, base, dir string, speed float64) *Gateway {
+	t.Helper()
+	g, err := New(Config{Orgs: run.Server.Orgs(), BaseURL: base, Speed: speed, Prices: cost.Default(),
+		Clients: []Client{{Name: "a", Token: tokA, MaxCost: 1_000_000_000}}, StateDir: dir, RetryFor: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return g
 }
