@@ -84,22 +84,7 @@ func (c *checker) check(b []byte) {
 		c.problem("params.max_tokens must be a positive integer, found %s", r.maxTokensKind)
 	}
 
-	switch {
-	case r.messagesKind == kindMissing:
-		c.problem("params.messages is missing")
-	case r.messagesKind != kindArray:
-		c.problem("params.messages must be a non-empty array, found %s", r.messagesKind)
-	case r.messages == 0:
-		c.problem("params.messages is empty")
-	}
-
-	switch r.streamKind {
-	case kindMissing, kindFalse:
-	case kindTrue:
-		c.problem("params.stream is true; requests are sent without streaming")
-	default:
-		c.problem("params.stream must be a boolean, found %s", r.streamKind)
-	}
+	c.messagesAndStream("params")
 }
 
 func (c *checker) problem(format string, args ...any) {
@@ -236,21 +221,7 @@ func (c *checker) checkOpenAI() {
 	default:
 		c.problem("body.n must be a positive integer, found %s", r.nKind)
 	}
-	switch {
-	case r.messagesKind == kindMissing:
-		c.problem("body.messages is missing")
-	case r.messagesKind != kindArray:
-		c.problem("body.messages must be a non-empty array, found %s", r.messagesKind)
-	case r.messages == 0:
-		c.problem("body.messages is empty")
-	}
-	switch r.streamKind {
-	case kindMissing, kindFalse:
-	case kindTrue:
-		c.problem("body.stream is true; requests are sent without streaming")
-	default:
-		c.problem("body.stream must be a boolean, found %s", r.streamKind)
-	}
+	c.messagesAndStream("body")
 }
 
 // model returns the model name, interned: lines with the same model share
@@ -308,4 +279,26 @@ func (c *checker) requestAndModel(name string, k kind) bool {
 		c.problem("%s.model must be a string, found %s", name, r.modelKind)
 	}
 	return true
+}
+
+// messagesAndStream checks the messages and stream of the line's request
+// object, named name ("params" or "body"): a non-empty array, and no
+// streaming (requests are sent whole).
+func (c *checker) messagesAndStream(name string) {
+	r := &c.r
+	switch {
+	case r.messagesKind == kindMissing:
+		c.problem("%s.messages is missing", name)
+	case r.messagesKind != kindArray:
+		c.problem("%s.messages must be a non-empty array, found %s", name, r.messagesKind)
+	case r.messages == 0:
+		c.problem("%s.messages is empty", name)
+	}
+	switch r.streamKind {
+	case kindMissing, kindFalse:
+	case kindTrue:
+		c.problem("%s.stream is true; requests are sent without streaming", name)
+	default:
+		c.problem("%s.stream must be a boolean, found %s", name, r.streamKind)
+	}
 }
