@@ -87,11 +87,7 @@ func (a *rateAgg) computeLocked(pool anthropic.Pool) *aggHeaders {
 // write replaces the anthropic-ratelimit-* headers of h by the aggregate
 // of pool.
 func (a *rateAgg) write(h http.Header, pool anthropic.Pool) {
-	for _, k := range rateHeaders {
-		delete(h, k[0])
-		delete(h, k[1])
-		delete(h, k[2])
-	}
+	dropHeaders(h, rateHeaders[:])
 	ag := a.current(pool)
 	if ag == nil {
 		return
@@ -132,4 +128,13 @@ var rateHeaders = [4][3]string{
 	{http.CanonicalHeaderKey(anthropic.HeaderTokensLimit), http.CanonicalHeaderKey(anthropic.HeaderTokensRemaining), http.CanonicalHeaderKey(anthropic.HeaderTokensReset)},
 	{http.CanonicalHeaderKey(anthropic.HeaderInputLimit), http.CanonicalHeaderKey(anthropic.HeaderInputRemaining), http.CanonicalHeaderKey(anthropic.HeaderInputReset)},
 	{http.CanonicalHeaderKey(anthropic.HeaderOutputLimit), http.CanonicalHeaderKey(anthropic.HeaderOutputRemaining), http.CanonicalHeaderKey(anthropic.HeaderOutputReset)},
+}
+
+// dropHeaders deletes every header named in names from h.
+func dropHeaders(h http.Header, names [][3]string) {
+	for _, k := range names {
+		for _, n := range k {
+			delete(h, n)
+		}
+	}
 }

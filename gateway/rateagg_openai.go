@@ -22,16 +22,8 @@ var oaRateHeaders = [2][3]string{
 // the reset a duration from now ("6m0s"). A client that paces by them
 // paces to the whole gateway, not to the one org that answered.
 func (a *rateAgg) writeOpenAI(h http.Header, pool anthropic.Pool, now time.Time) {
-	for _, k := range oaRateHeaders {
-		delete(h, k[0])
-		delete(h, k[1])
-		delete(h, k[2])
-	}
-	for _, k := range rateHeaders {
-		delete(h, k[0])
-		delete(h, k[1])
-		delete(h, k[2])
-	}
+	dropHeaders(h, oaRateHeaders[:])
+	dropHeaders(h, rateHeaders[:])
 	ag := a.current(pool)
 	if ag == nil {
 		return
