@@ -47,6 +47,7 @@ import (
 	"github.com/apidispatch/apidispatch/rundir"
 	"github.com/apidispatch/apidispatch/spend"
 	"github.com/apidispatch/apidispatch/store"
+	"github.com/apidispatch/apidispatch/upstream"
 )
 
 // Limits of the Message Batches API (docs/design.md §19).
@@ -137,7 +138,22 @@ type Config struct {
 	// (missing: DefaultRPM, the lowest tier's). The route paces its calls
 	// to 90 % of it, and slower after a 429.
 	RPM map[string]float64
+	// QueueTokens is each OpenAI org's enqueued-token limit per model, by
+	// org name (missing: DefaultQueueTokens): the prompt tokens its
+	// unfinished batches of one model may hold. The route places at most
+	// 90 % of it (its token counts are estimates); a batch that fails for
+	// the limit lowers what it places there.
+	QueueTokens map[string]int64
 }
+
+// DefaultQueueTokens is the enqueued-token limit per model assumed for an
+// OpenAI org whose limit is not known. It is low on purpose: a limit too
+// low only makes smaller batches, one too high fails them.
+const DefaultQueueTokens = 2_000_000
+
+// queueShare is the part of an OpenAI org's enqueued-token limit the
+// route fills: its token counts are local estimates.
+const queueShare = 0.9
 
 // Result is what Run returns.
 type Result struct {
@@ -170,10 +186,14 @@ type Result struct {
 // orgState is one org as the route sees it.
 type orgState struct {
 	org.Org
-	cl        *client
+	cl        api
+	openai    bool // an OpenAI org: one model per batch, a token queue per model
 	holdUntil time.Time
 	disabled  string
 	capSeen   int64 // 0: none observed
+	// tokSeen is, per model, the enqueued tokens of ours a batch failed
+	// beyond (OpenAI).
+	tokSeen map[string]int64
 }
 
 // rec is a batch record with what the route keeps about it in memory.
@@ -194,6 +214,12 @@ type rec struct {
 	waitNoted bool
 	// hold is the batch's worst case in the spend gate.
 	hold *spend.Reservation
+	// last is the batch as last seen on the API (nil: not seen yet).
+	last *apiBatch
+	// model and tokens: an OpenAI batch's one model and the prompt tokens
+	// it enqueues there (estimated).
+	model  string
+	tokens int64
 }
 
 // Route runs the batch route of one run. Use New, then Run once.
@@ -267,7 +293,12 @@ func New(cfg Config) (*Route, error) {
 	}
 	r := &Route{cfg: cfg, log: cfg.Log, held: map[int64]int64{}, known: map[string]int64{}, changed: make(chan struct{}, 1), submitDone: make(chan struct{})}
 	for _, o := range cfg.Orgs {
-		r.orgs = append(r.orgs, &orgState{Org: o, cl: &client{http: hc, base: base, key: o.Key, pace: newPacer(cfg.RPM[o.Name], cfg.Speed)}})
+		c := newConn(hc, base, o, newPacer(cfg.RPM[o.Name], cfg.Speed))
+		st := &orgState{Org: o, cl: messagesAPI{c}}
+		if c.prov == upstream.OpenAI {
+			st.cl, st.openai, st.tokSeen = openaiAPI{c}, true, map[string]int64{}
+		}
+		r.orgs = append(r.orgs, st)
 	}
 	if cfg.NoSubmit || cfg.Cancel {
 		r.closeSubmit("")
@@ -380,7 +411,14 @@ func (r *Route) load(ctx context.Context) error {
 		r.mu.Unlock()
 		// Created by an earlier process: its worst case is held whatever
 		// the cap says, since it may be billed.
-		r.recs = append(r.recs, &rec{BatchRecord: b, org: o, next: now, wait: r.api(pollMin), hold: r.gate.Hold(cost.Nanos(b.WorstNanos))})
+		rc := &rec{BatchRecord: b, org: o, next: now, wait: r.api(pollMin), hold: r.gate.Hold(cost.Nanos(b.WorstNanos))}
+		if o.openai && len(its) > 0 {
+			rc.model = its[0].Model
+			for _, it := range its {
+				rc.tokens += it.EstInput
+			}
+		}
+		r.recs = append(r.recs, rc)
 		r.emit(fmt.Sprintf("batch %d (%s, org %s, %d requests, %s): re-attached", b.Local, cmp.Or(b.ID, "id not known yet"), b.Org, b.N, b.Status), recData(&b))
 	}
 	return nil
@@ -607,7 +645,8 @@ func (r *Route) poll(ctx context.Context, b *rec) error {
 		return nil
 	}
 	b.lost404 = time.Time{}
-	if ab.ended() {
+	b.last = ab
+	if ab.Ended {
 		b.ended = true
 		b.EndedAt = cmp.Or(derefTime(ab.EndedAt), now)
 		b.next = now
@@ -632,7 +671,7 @@ func (r *Route) poll(ctx context.Context, b *rec) error {
 	b.wait = min(max(age/8, r.api(min(pollMin, r.cfg.PollMax))), r.api(r.cfg.PollMax))
 	// Polls of the org's open batches together take at most half its
 	// batch-endpoint budget, however many small batches it holds.
-	b.wait = max(b.wait, time.Duration(2*r.openOn(b.org))*b.org.cl.pace.base)
+	b.wait = max(b.wait, time.Duration(2*r.openOn(b.org))*b.org.cl.pacer().base)
 	if b.CancelRequested {
 		b.wait = min(b.wait, r.api(time.Second))
 	}
@@ -768,6 +807,32 @@ func (r *Route) queued(o *orgState) int64 {
 		}
 	}
 	return q
+}
+
+// queuedTokens is what the route has in OpenAI org o's queue of model:
+// the prompt tokens of its open batches of the model not seen ended.
+func (r *Route) queuedTokens(o *orgState, model string) int64 {
+	var q int64
+	for _, b := range r.recs {
+		if b.org == o && b.model == model && b.Status.Open() && !b.ended {
+			q += b.tokens
+		}
+	}
+	return q
+}
+
+// tokCapOf is the enqueued tokens the route places in OpenAI org o's
+// queue of model.
+func (r *Route) tokCapOf(o *orgState, model string) int64 {
+	c := int64(DefaultQueueTokens)
+	if v, ok := r.cfg.QueueTokens[o.Name]; ok && v > 0 {
+		c = v
+	}
+	c = int64(float64(c) * queueShare)
+	if s := o.tokSeen[model]; s > 0 {
+		c = min(c, s)
+	}
+	return c
 }
 
 func (r *Route) capOf(o *orgState) int64 {

@@ -297,9 +297,8 @@ func (ex *execution) batchConfig() batch.Config {
 	c := ex.x.Batch
 	s := ex.x.Sync
 	c.Orgs, c.BaseURL, c.Speed, c.Prices, c.MaxCost, c.Log, c.Deadline = s.Orgs, s.BaseURL, s.Speed, s.Prices, s.MaxCost, s.Log, s.Deadline
-	// The Message Batches route is Anthropic's: OpenAI orgs have no batch
-	// of its kind to run (checkProviders keeps OpenAI items off it).
-	c.Orgs = anthropicOrgs(c.Orgs)
+	// Every org: Anthropic items go to the Anthropic orgs' Message
+	// Batches, OpenAI items to the OpenAI orgs' Batch API.
 	c.WrapTransport = s.WrapTransport
 	c.Spend = s.Spend // one gate for every route of the run
 	if c.Client == nil {

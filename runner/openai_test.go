@@ -2,6 +2,7 @@ package runner_test
 
 import (
 	"bytes"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
@@ -19,8 +20,8 @@ import (
 // 'run' of a mixed file (Claude and GPT judge items): each item goes to
 // its provider's orgs and the run completes, its cost the simulator's
 // ledger; without an OpenAI org the file is refused before anything is
-// sent, naming its first OpenAI line; and OpenAI items on the batch route
-// are refused the same way.
+// sent, naming its first OpenAI line; and OpenAI items on the auto route
+// are refused the same way (TestRunMixedFileByBatch sends them by batch).
 func TestRunMixedFile(t *testing.T) {
 	t.Parallel()
 	r, _ := simtest.Start(t, sim.PresetOrigin3Org, 50, func(c *sim.Config) {
@@ -55,9 +56,9 @@ func TestRunMixedFile(t *testing.T) {
 	if got := r.Server.LedgerTotals().Requests; got != 0 {
 		t.Fatalf("%d requests sent before the refusal", got)
 	}
-	out, _ = run(r.Server.AllOrgs(), runner.RouteBatch)
-	if out.Code() != runner.ExitUsage || out.Err == nil || !strings.Contains(out.Err.Error(), "line 6") || !strings.Contains(out.Err.Error(), "--route sync") {
-		t.Fatalf("OpenAI items by batch: exit %d, err %v", out.Code(), out.Err)
+	out, _ = run(r.Server.AllOrgs(), runner.RouteAuto)
+	if out.Code() != runner.ExitUsage || out.Err == nil || !strings.Contains(out.Err.Error(), "line 6") || !strings.Contains(out.Err.Error(), "--route sync or --route batch") {
+		t.Fatalf("OpenAI items by auto: exit %d, err %v", out.Code(), out.Err)
 	}
 	out, log = run(r.Server.AllOrgs(), "")
 	if out.Code() != runner.ExitOK || out.Summary == nil || out.Summary.Succeeded != 10 {
@@ -93,5 +94,82 @@ func TestRunOpenAIOnlyFile(t *testing.T) {
 	})
 	if out.Code() != runner.ExitOK || out.Summary == nil || out.Summary.Succeeded != 8 || out.Summary.Cost.TotalNanos != r.Server.LedgerTotals().CostNanos {
 		t.Fatalf("exit %d, err %v, log:\n%s", out.Code(), out.Err, log.String())
+	}
+}
+
+// TestRunMixedFileByBatch: 'run --route batch' of a mixed file sends its
+// Claude items in Message Batches on the Anthropic orgs and its GPT items
+// in OpenAI batches on the OpenAI org, each once at the batch price; the
+// summary's cost is the ledger's, and each results line is its
+// provider's.
+func TestRunMixedFileByBatch(t *testing.T) {
+	t.Parallel()
+	r, _ := simtest.Start(t, sim.PresetOrigin3Org, 2000, func(c *sim.Config) {
+		c.Orgs = append(c.Orgs, sim.OrgConfig{Name: "gpt", Provider: sim.ProviderOpenAI,
+			ModelLimits: map[string]sim.OpenAILimits{"*": {RPM: 3000, TPM: 1_000_000}}})
+	})
+	dir := t.TempDir()
+	var claude, gpt bytes.Buffer
+	if err := workload.GenerateJudge(&claude, 60, 1, workload.GenOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := workload.GenerateOpenAIJudge(&gpt, 40, 1, workload.GenOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	input := filepath.Join(dir, "mixed.jsonl")
+	if err := os.WriteFile(input, append(claude.Bytes(), gpt.Bytes()...), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var log bytes.Buffer
+	runDir := filepath.Join(t.TempDir(), "run")
+	out := runner.Run(t.Context(), runner.Config{
+		Input: input, RunDir: runDir, Prices: cost.Default(), Stderr: &log, Route: runner.RouteBatch,
+		Sync: dispatch.Config{Orgs: r.Server.AllOrgs(), BaseURL: r.URL, Speed: 2000, Prices: cost.Default(), SampleEvery: -1, MaxCost: cost.NanosPerUSD},
+	})
+	if out.Code() != runner.ExitOK || out.Summary == nil || out.Summary.Succeeded != 100 {
+		t.Fatalf("mixed run by batch: exit %d, err %v, log:\n%s", out.Code(), out.Err, log.String())
+	}
+	nanos, billed, twice := sim.BatchBilling(r.Server.Ledger())
+	if billed != 100 || twice != 0 || out.Summary.Cost.TotalNanos != nanos {
+		t.Fatalf("ledger: %d batch requests billed (%d twice), %d n$; summary %d n$", billed, twice, nanos, out.Summary.Cost.TotalNanos)
+	}
+	byOrg := map[string]int{}
+	for _, e := range r.Server.Ledger() {
+		if e.ServiceTier != "batch" {
+			t.Fatalf("a request billed outside a batch: %+v", e)
+		}
+		byOrg[e.Org]++
+	}
+	if byOrg["gpt"] != 40 || len(byOrg) < 2 {
+		t.Fatalf("billed by org %v: want the 40 GPT items on gpt, the 60 Claude items on the Anthropic orgs", byOrg)
+	}
+	data, err := os.ReadFile(filepath.Join(runDir, "results.jsonl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var oaLines, anLines int
+	for _, l := range bytes.Split(bytes.TrimSpace(data), []byte("\n")) {
+		var v struct {
+			CustomID string          `json:"custom_id"`
+			Response json.RawMessage `json:"response"`
+			Result   json.RawMessage `json:"result"`
+			Dispatch struct {
+				Org, Route string
+			} `json:"dispatch"`
+		}
+		if err := json.Unmarshal(l, &v); err != nil || v.Dispatch.Route != "batch" {
+			t.Fatalf("line %s: %v", l, err)
+		}
+		switch {
+		case strings.HasPrefix(v.CustomID, "gpt_judge_") && v.Response != nil && v.Result == nil && v.Dispatch.Org == "gpt":
+			oaLines++
+		case !strings.HasPrefix(v.CustomID, "gpt_judge_") && v.Result != nil && v.Response == nil && v.Dispatch.Org != "gpt":
+			anLines++
+		default:
+			t.Fatalf("line of the wrong provider's shape or org: %s", l)
+		}
+	}
+	if oaLines != 40 || anLines != 60 {
+		t.Fatalf("%d OpenAI lines, %d Anthropic lines; want 40 and 60", oaLines, anLines)
 	}
 }

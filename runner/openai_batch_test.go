@@ -1,0 +1,302 @@
+package runner_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"mime/multipart"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/apidispatch/apidispatch/batch"
+	"github.com/apidispatch/apidispatch/cost"
+	"github.com/apidispatch/apidispatch/internal/simtest"
+	"github.com/apidispatch/apidispatch/org"
+	"github.com/apidispatch/apidispatch/runner"
+	"github.com/apidispatch/apidispatch/sim"
+	"github.com/apidispatch/apidispatch/store"
+	"github.com/apidispatch/apidispatch/workload"
+)
+
+// gptOrgs adds three OpenAI orgs (gpt_a, gpt_b, gpt_c) to a simulator
+// config, each with room for a judge job's gpt-4.1-mini requests and
+// batches, and the batch faults given.
+func gptOrgs(faults ...sim.Fault) func(*sim.Config) {
+	return func(c *sim.Config) {
+		for _, name := range []string{"gpt_a", "gpt_b", "gpt_c"} {
+			c.Orgs = append(c.Orgs, sim.OrgConfig{Name: name, Provider: sim.ProviderOpenAI,
+				ModelLimits: map[string]sim.OpenAILimits{"*": {RPM: 30_000, TPM: 50_000_000}}})
+		}
+		c.Faults = faults
+	}
+}
+
+// gptBench is a simulator with three OpenAI orgs (and the preset's
+// Anthropic ones) and a GPT judge file of n items; orgs are the OpenAI
+// orgs only.
+func gptBench(t *testing.T, n int, speed float64, faults ...sim.Fault) *bench {
+	t.Helper()
+	r, _ := simtest.Start(t, sim.PresetOrigin3Org, speed, gptOrgs(faults...))
+	input := filepath.Join(t.TempDir(), "gpt.jsonl")
+	var buf bytes.Buffer
+	if err := workload.GenerateOpenAIJudge(&buf, n, 3, workload.GenOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(input, buf.Bytes(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var orgs []org.Org
+	for _, o := range r.Server.AllOrgs() {
+		if o.Provider == org.OpenAI {
+			orgs = append(orgs, o)
+		}
+	}
+	return &bench{t: t, sim: r, input: input, orgs: orgs, speed: speed, n: n}
+}
+
+// TestOpenAIBatchRouteHalfPrice: a GPT judge job over three OpenAI orgs by
+// the batch route (the OpenAI Files and Batch APIs) completes each
+// custom_id once, spread over every org; its cost is the simulator's
+// ledger to the nano-dollar, and half what the same items cost by sync
+// (to each request's rounding to a whole nano-dollar).
+func TestOpenAIBatchRouteHalfPrice(t *testing.T) {
+	t.Parallel()
+	const n = 1500
+	b := gptBench(t, n, 2000)
+	ctx := t.Context()
+	res, err, dir := b.exec(ctx, "", runner.Exec{Route: runner.RouteBatch})
+	if err != nil {
+		t.Fatalf("batch route: %v", err)
+	}
+	s := res.Summary
+	if !res.Complete || s.Succeeded != n || !s.DataLoss.Passed {
+		t.Fatalf("batch route: complete %v, %d succeeded, data loss %+v", res.Complete, s.Succeeded, s.DataLoss)
+	}
+	b.audit(dir)
+	mark := b.sim.Server.Mark()
+	total, billed, twice := batchLedger(b.sim.Server.Ledger())
+	if billed != n || twice != 0 {
+		t.Fatalf("the simulator billed %d batch requests (%d twice); want %d, none twice", billed, twice, n)
+	}
+	if s.Cost.TotalNanos != total {
+		t.Fatalf("summary cost %d n$, simulator ledger %d n$", s.Cost.TotalNanos, total)
+	}
+	if s.Batches == nil || s.Batches.Created != 3 || len(s.ByOrg) != 3 {
+		t.Fatalf("batches %+v over orgs %v; want 3, one per OpenAI org", s.Batches, s.ByOrg)
+	}
+	br := s.ByRoute[store.RouteBatch]
+	if br == nil || br.Items != n || br.CostNanos != total {
+		t.Fatalf("by_route batch = %+v", br)
+	}
+	// Every line is an OpenAI batch output line (as the sync route writes).
+	checkOpenAILines(t, dir, n, store.RouteBatch)
+
+	sres, err, sdir := b.exec(ctx, "", runner.Exec{Route: runner.RouteSync})
+	if err != nil || !sres.Complete {
+		t.Fatalf("sync route: %v", err)
+	}
+	checkOpenAILines(t, sdir, n, store.RouteSync)
+	var syncTotal int64
+	seen := map[sim.BodyHash]bool{}
+	for _, e := range b.sim.Server.LedgerSince(mark) {
+		if e.ServiceTier != "batch" && !seen[e.BodySHA256] {
+			seen[e.BodySHA256] = true
+			syncTotal += e.CostNanos
+		}
+	}
+	if len(seen) != n || sres.Summary.Cost.TotalNanos != syncTotal {
+		t.Fatalf("sync: %d bodies billed, summary %d n$, ledger %d n$", len(seen), sres.Summary.Cost.TotalNanos, syncTotal)
+	}
+	// Each request's cost is rounded to a whole nano-dollar on each route,
+	// so 2 × batch may differ from sync by up to a nano-dollar a request.
+	if d := 2*total - syncTotal; d < -n || d > n {
+		t.Fatalf("sync %d n$, batch %d n$: 2 × batch - sync = %d, more than the %d requests' rounding", syncTotal, total, d, n)
+	}
+	t.Logf("N=%d GPT judge items over 3 OpenAI orgs: batch %d n$ = ledger, sync %d n$ = ledger; batch/sync = %.6f (2 × batch - sync = %d n$ of rounding)",
+		n, total, syncTotal, float64(total)/float64(syncTotal), 2*total-syncTotal)
+	if got := cost.Nanos(syncTotal).USD(); br.SyncPriceUSD < got*0.999 || br.SyncPriceUSD > got*1.001 {
+		t.Errorf("by_route batch sync_price_usd = %v, the sync route cost %v", br.SyncPriceUSD, got)
+	}
+}
+
+// checkOpenAILines: every results line of dir is an OpenAI batch output
+// line with a 200 response, carried by route.
+func checkOpenAILines(t *testing.T, dir string, n int, route string) {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(dir, "results.jsonl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := bytes.Split(bytes.TrimSpace(data), []byte("\n"))
+	if len(lines) != n {
+		t.Fatalf("%d results lines, want %d", len(lines), n)
+	}
+	for _, l := range lines {
+		var v struct {
+			ID       string `json:"id"`
+			CustomID string `json:"custom_id"`
+			Response *struct {
+				StatusCode int            `json:"status_code"`
+				RequestID  string         `json:"request_id"`
+				Body       map[string]any `json:"body"`
+			} `json:"response"`
+			Error    any `json:"error"`
+			Dispatch struct {
+				Route string `json:"route"`
+			} `json:"dispatch"`
+		}
+		if err := jsonUnmarshal(l, &v); err != nil || v.Response == nil || v.Response.StatusCode != 200 || v.Response.Body["object"] != "chat.completion" ||
+			v.Error != nil || v.Dispatch.Route != route || v.Response.RequestID == "" {
+			t.Fatalf("not an OpenAI batch output line of route %s (%v): %s", route, err, l)
+		}
+	}
+}
+
+// TestOpenAIBatchLostCreateAdopted: every create's answer is lost (a 500
+// after the batch exists, then resets), and the batches stay invisible
+// for a while; the route finds each batch in its org's list, proves it
+// its own from its input file, and adopts it: nothing is created twice.
+func TestOpenAIBatchLostCreateAdopted(t *testing.T) {
+	t.Parallel()
+	for _, kind := range []sim.FaultKind{sim.FaultBatchCreateLost500, sim.FaultBatchCreateLostReset} {
+		t.Run(string(kind), func(t *testing.T) {
+			t.Parallel()
+			b := gptBench(t, 900, 2000, sim.Fault{Kind: kind}, sim.Fault{Kind: sim.FaultBatchNotFound, Window: 30 * time.Second})
+			res, err, dir := b.exec(t.Context(), "", runner.Exec{Route: runner.RouteBatch})
+			if err != nil || !res.Complete {
+				t.Fatalf("batch route: %v", err)
+			}
+			b.audit(dir)
+			total, billed, twice := batchLedger(b.sim.Server.Ledger())
+			bs := res.Summary.Batches
+			if billed != 900 || twice != 0 || bs.Adopted != 3 || bs.Created != 3 || res.Summary.Cost.TotalNanos != total {
+				t.Fatalf("billed %d (%d twice), %d n$ (summary %d); summary %+v: want 900, 0, 3 adopted", billed, twice, total, res.Summary.Cost.TotalNanos, bs)
+			}
+		})
+	}
+}
+
+var _ = batch.MetadataPrefix
+
+func jsonUnmarshal(b []byte, v any) error { return json.Unmarshal(b, v) }
+
+// colleagueOpenAIBatch uploads the request file path (a colleague's job:
+// OpenAI batch input lines) with key and creates a batch of it, with
+// metadata when not nil, and returns its id.
+func colleagueOpenAIBatch(t *testing.T, base, key, path string, metadata map[string]string) string {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var form bytes.Buffer
+	mw := multipart.NewWriter(&form)
+	mw.WriteField("purpose", "batch")
+	fw, _ := mw.CreateFormFile("file", "theirs.jsonl")
+	fw.Write(data)
+	mw.Close()
+	post := func(path, ctype string, body []byte) map[string]any {
+		req, _ := http.NewRequest(http.MethodPost, base+path, bytes.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+key)
+		req.Header.Set("Content-Type", ctype)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var v map[string]any
+		if err := json.NewDecoder(resp.Body).Decode(&v); err != nil || resp.StatusCode != 200 {
+			t.Fatalf("%s: %d %v %v", path, resp.StatusCode, v, err)
+		}
+		return v
+	}
+	f := post("/v1/files", mw.FormDataContentType(), form.Bytes())
+	req := map[string]any{"input_file_id": f["id"], "endpoint": "/v1/chat/completions", "completion_window": "24h"}
+	if metadata != nil {
+		req["metadata"] = metadata
+	}
+	body, _ := json.Marshal(req)
+	return post("/v1/batches", "application/json", body)["id"].(string)
+}
+
+func isOpenAICreate(req *http.Request) bool {
+	return req.Method == http.MethodPost && strings.TrimSuffix(req.URL.Path, "/") == "/v1/batches"
+}
+
+// TestOpenAILostCreateAdoptsOursNotColleagues: on one OpenAI org, just
+// before our create, colleagues create two batches of the same size with
+// the same requests (one without metadata, one naming another prefix);
+// ours is created and its answer lost. We adopt our own batch, proven by
+// its input file, never theirs: every result line comes from ours, and
+// each of our items is billed once. And when our create never reached the
+// API, the look-alike is rejected and the record abandoned after the
+// API's time to show it; the items go in a new batch.
+func TestOpenAILostCreateAdoptsOursNotColleagues(t *testing.T) {
+	t.Parallel()
+	for _, reached := range []bool{true, false} {
+		t.Run(fmt.Sprintf("reached=%v", reached), func(t *testing.T) {
+			t.Parallel()
+			const n = 300
+			b := gptBench(t, n, 200)
+			b.orgs = b.orgs[:1]
+			key := b.sim.Server.Keys()[b.orgs[0].Name][0]
+			var once sync.Once
+			var theirs []string
+			x := runner.Exec{Route: runner.RouteBatch}
+			x.Sync.WrapTransport = hook(func(req *http.Request, next http.RoundTripper) (*http.Response, error) {
+				if !isOpenAICreate(req) {
+					return next.RoundTrip(req)
+				}
+				lost := false
+				once.Do(func() { lost = true })
+				if !lost {
+					return next.RoundTrip(req)
+				}
+				theirs = append(theirs, colleagueOpenAIBatch(t, b.sim.URL, key, b.input, nil),
+					colleagueOpenAIBatch(t, b.sim.URL, key, b.input, map[string]string{batch.MetadataPrefix: "adnotoursatall"}))
+				if !reached {
+					return nil, errors.New("connection reset before the request went out")
+				}
+				resp, err := next.RoundTrip(req)
+				if err != nil {
+					return resp, err
+				}
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				return nil, errors.New("connection reset while reading the answer")
+			})
+			ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
+			defer cancel()
+			res, err, dir := b.exec(ctx, "", x)
+			if err != nil || !res.Complete {
+				t.Fatalf("batch route: %v", err)
+			}
+			b.audit(dir)
+			if len(theirs) != 2 {
+				t.Fatal("the colleagues' batches were never created")
+			}
+			for id, bid := range resultBatchIDs(t, dir) {
+				if slices.Contains(theirs, bid) {
+					t.Fatalf("%s: result from a colleague's batch %s", id, bid)
+				}
+			}
+			want := [2]int{1, 0} // adopted, abandoned
+			if !reached {
+				want = [2]int{0, 1}
+			}
+			if res.Batch.Adopted != want[0] || res.Batch.Abandoned != want[1] {
+				t.Fatalf("batch result %+v: want %d adopted, %d abandoned", res.Batch, want[0], want[1])
+			}
+			billedOncePerItem(t, b.sim, n, theirs...)
+		})
+	}
+}
