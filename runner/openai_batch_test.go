@@ -300,3 +300,40 @@ func TestOpenAILostCreateAdoptsOursNotColleagues(t *testing.T) {
 		})
 	}
 }
+
+// TestOpenAIBatchCancelKeepsPartialResults: OpenAI batches stalled after
+// 30 % of their requests are left open by a run's deadline; --cancel
+// cancels them, harvests what they finished (the output file) and leaves
+// the rest (batch_cancelled in the error file) pending, none open; the
+// next run sends those in new batches. Each custom_id once, each request
+// billed once, cost = ledger.
+func TestOpenAIBatchCancelKeepsPartialResults(t *testing.T) {
+	t.Parallel()
+	const n = 600
+	b := gptBench(t, n, 200, sim.Fault{ID: "stall", Kind: sim.FaultBatchStall, Fraction: 0.3})
+	dir := filepath.Join(t.TempDir(), "run")
+	x := runner.Exec{Route: runner.RouteBatch}
+	x.Sync.Deadline = time.Now().Add(2 * time.Second)
+	res, _, _ := b.exec(t.Context(), dir, x)
+	if res == nil || res.Summary == nil || res.Summary.Batches == nil || res.Summary.Batches.Open != 3 {
+		t.Fatalf("at the deadline: %+v; want 3 batches left open", res)
+	}
+	x = runner.Exec{Route: runner.RouteBatch, Batch: batch.Config{Cancel: true}}
+	res, err, _ := b.exec(t.Context(), dir, x)
+	s := res.Summary
+	if err == nil || s.Succeeded == 0 || s.Unfinished == 0 || s.Succeeded+s.Unfinished != n || s.Batches.Open != 0 || s.Batches.Harvested != 3 {
+		t.Fatalf("after --cancel (%v): %d succeeded, %d unfinished, batches %+v; want partial results, the rest pending, none open", err, s.Succeeded, s.Unfinished, s.Batches)
+	}
+	partial := s.Succeeded
+	b.sim.Server.ClearFaults("stall")
+	res, err, _ = b.exec(t.Context(), dir, runner.Exec{Route: runner.RouteBatch})
+	if err != nil || !res.Complete {
+		t.Fatalf("the run after --cancel: %v", err)
+	}
+	b.audit(dir)
+	nanos, billed, twice := batchLedger(b.sim.Server.Ledger())
+	if billed != n || twice != 0 || res.Summary.Cost.TotalNanos != nanos {
+		t.Fatalf("billed %d batch requests (%d twice), %d n$; summary %d n$: want %d once each, cost = ledger", billed, twice, nanos, res.Summary.Cost.TotalNanos, n)
+	}
+	t.Logf("--cancel kept %d of %d results; the next run sent the other %d", partial, n, n-int(partial))
+}
