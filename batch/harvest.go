@@ -428,10 +428,15 @@ func (r *Route) failed(ctx context.Context, b *rec) error {
 	}
 	o := b.org
 	if b.last.QueueFull {
-		if q := r.queuedTokens(o, b.model); q > 0 {
-			o.tokSeen[b.model] = q
+		// What the queue held of ours beside it is what it holds at most;
+		// with nothing of ours beside it (a colleague's batches, or
+		// estimates below the API's counts) half of it, and the org rests.
+		c := r.queuedTokens(o, b.model)
+		if c <= 0 {
+			c = b.tokens / 2
+			o.holdUntil = now.Add(r.api(orgHoldMin))
 		}
-		o.holdUntil = now.Add(r.api(orgHoldMin))
+		o.tokSeen[b.model] = min(r.tokCapOf(o, b.model), max(c, 1))
 		return nil
 	}
 	return fmt.Errorf("%w: batch %d of this run (%s, org %s, %d requests) failed: %s; its items are pending again, and the same input would fail again: check the requests (or the org's access to model %s)", ErrNeedsPerson, b.Local, b.ID, b.Org, b.N, why, b.model)

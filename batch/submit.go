@@ -231,7 +231,9 @@ func (r *Route) place(ctx context.Context, g *group) (left int, wait bool, err e
 			if bytes+b > maxBytes {
 				break
 			}
-			if g.openai && tokens+it.EstInput > tokRoom {
+			if g.openai && tokens+it.EstInput > tokRoom && (k > 0 || r.queuedTokens(best, g.model) > 0) {
+				// (One item goes on an org that holds nothing of ours in
+				// the queue, whatever the limit learnt: the API judges.)
 				full = k == 0
 				break
 			}

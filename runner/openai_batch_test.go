@@ -19,33 +19,33 @@ import (
 
 	"github.com/apidispatch/apidispatch/batch"
 	"github.com/apidispatch/apidispatch/cost"
+	"github.com/apidispatch/apidispatch/dispatch"
 	"github.com/apidispatch/apidispatch/internal/simtest"
 	"github.com/apidispatch/apidispatch/org"
+	"github.com/apidispatch/apidispatch/rundir"
 	"github.com/apidispatch/apidispatch/runner"
 	"github.com/apidispatch/apidispatch/sim"
+	"github.com/apidispatch/apidispatch/soak"
 	"github.com/apidispatch/apidispatch/store"
 	"github.com/apidispatch/apidispatch/workload"
 )
 
-// gptOrgs adds three OpenAI orgs (gpt_a, gpt_b, gpt_c) to a simulator
-// config, each with room for a judge job's gpt-4.1-mini requests and
-// batches, and the batch faults given.
-func gptOrgs(faults ...sim.Fault) func(*sim.Config) {
-	return func(c *sim.Config) {
+// gptLimits are roomy limits of an OpenAI org for a judge job.
+var gptLimits = sim.OpenAILimits{RPM: 30_000, TPM: 50_000_000}
+
+// gptBench is a simulator with three OpenAI orgs (gpt_a, gpt_b, gpt_c,
+// each with the limits lim for every model; the preset's Anthropic orgs
+// beside them) and the faults given, and a GPT judge file of n items;
+// orgs are the OpenAI orgs only.
+func gptBench(t *testing.T, n int, speed float64, lim sim.OpenAILimits, faults ...sim.Fault) *bench {
+	t.Helper()
+	r, _ := simtest.Start(t, sim.PresetOrigin3Org, speed, func(c *sim.Config) {
 		for _, name := range []string{"gpt_a", "gpt_b", "gpt_c"} {
 			c.Orgs = append(c.Orgs, sim.OrgConfig{Name: name, Provider: sim.ProviderOpenAI,
-				ModelLimits: map[string]sim.OpenAILimits{"*": {RPM: 30_000, TPM: 50_000_000}}})
+				ModelLimits: map[string]sim.OpenAILimits{"*": lim}})
 		}
 		c.Faults = faults
-	}
-}
-
-// gptBench is a simulator with three OpenAI orgs (and the preset's
-// Anthropic ones) and a GPT judge file of n items; orgs are the OpenAI
-// orgs only.
-func gptBench(t *testing.T, n int, speed float64, faults ...sim.Fault) *bench {
-	t.Helper()
-	r, _ := simtest.Start(t, sim.PresetOrigin3Org, speed, gptOrgs(faults...))
+	})
 	input := filepath.Join(t.TempDir(), "gpt.jsonl")
 	var buf bytes.Buffer
 	if err := workload.GenerateOpenAIJudge(&buf, n, 3, workload.GenOptions{}); err != nil {
@@ -71,7 +71,7 @@ func gptBench(t *testing.T, n int, speed float64, faults ...sim.Fault) *bench {
 func TestOpenAIBatchRouteHalfPrice(t *testing.T) {
 	t.Parallel()
 	const n = 1500
-	b := gptBench(t, n, 2000)
+	b := gptBench(t, n, 2000, gptLimits)
 	ctx := t.Context()
 	res, err, dir := b.exec(ctx, "", runner.Exec{Route: runner.RouteBatch})
 	if err != nil {
@@ -170,7 +170,7 @@ func TestOpenAIBatchLostCreateAdopted(t *testing.T) {
 	for _, kind := range []sim.FaultKind{sim.FaultBatchCreateLost500, sim.FaultBatchCreateLostReset} {
 		t.Run(string(kind), func(t *testing.T) {
 			t.Parallel()
-			b := gptBench(t, 900, 2000, sim.Fault{Kind: kind}, sim.Fault{Kind: sim.FaultBatchNotFound, Window: 30 * time.Second})
+			b := gptBench(t, 900, 2000, gptLimits, sim.Fault{Kind: kind}, sim.Fault{Kind: sim.FaultBatchNotFound, Window: 30 * time.Second})
 			res, err, dir := b.exec(t.Context(), "", runner.Exec{Route: runner.RouteBatch})
 			if err != nil || !res.Complete {
 				t.Fatalf("batch route: %v", err)
@@ -246,7 +246,7 @@ func TestOpenAILostCreateAdoptsOursNotColleagues(t *testing.T) {
 		t.Run(fmt.Sprintf("reached=%v", reached), func(t *testing.T) {
 			t.Parallel()
 			const n = 300
-			b := gptBench(t, n, 200)
+			b := gptBench(t, n, 200, gptLimits)
 			b.orgs = b.orgs[:1]
 			key := b.sim.Server.Keys()[b.orgs[0].Name][0]
 			var once sync.Once
@@ -310,7 +310,7 @@ func TestOpenAILostCreateAdoptsOursNotColleagues(t *testing.T) {
 func TestOpenAIBatchCancelKeepsPartialResults(t *testing.T) {
 	t.Parallel()
 	const n = 600
-	b := gptBench(t, n, 200, sim.Fault{ID: "stall", Kind: sim.FaultBatchStall, Fraction: 0.3})
+	b := gptBench(t, n, 200, gptLimits, sim.Fault{ID: "stall", Kind: sim.FaultBatchStall, Fraction: 0.3})
 	dir := filepath.Join(t.TempDir(), "run")
 	x := runner.Exec{Route: runner.RouteBatch}
 	x.Sync.Deadline = time.Now().Add(2 * time.Second)
@@ -336,4 +336,63 @@ func TestOpenAIBatchCancelKeepsPartialResults(t *testing.T) {
 		t.Fatalf("billed %d batch requests (%d twice), %d n$; summary %d n$: want %d once each, cost = ledger", billed, twice, nanos, res.Summary.Cost.TotalNanos, n)
 	}
 	t.Logf("--cancel kept %d of %d results; the next run sent the other %d", partial, n, n-int(partial))
+}
+
+// TestOpenAIBatchMaxCost: under --max-cost the batch route reserves each
+// OpenAI batch's worst case (at the batch rates) in the spend gate before
+// its upload and create, so the ledger never passes the cap; the run stops
+// on --max-cost with what did not fit pending, none open.
+func TestOpenAIBatchMaxCost(t *testing.T) {
+	t.Parallel()
+	b := gptBench(t, 1500, 2000, gptLimits)
+	const capUSD = 0.10 // about half of what the job costs by batch
+	maxCost := cost.Nanos(capUSD * 1e9)
+	res, err, dir := b.exec(t.Context(), "", runner.Exec{Route: runner.RouteBatch, Sync: dispatch.Config{MaxCost: maxCost}})
+	if !errors.Is(err, dispatch.ErrIncomplete) || res == nil || !strings.Contains(res.Stop.Reason, "--max-cost") {
+		t.Fatalf("want an incomplete run stopped by --max-cost; got %v (%+v)", err, res)
+	}
+	s := res.Summary
+	total, billed, twice := batchLedger(b.sim.Server.Ledger())
+	if cost.Nanos(total) > maxCost || s.Cost.TotalNanos != total || s.Unfinished == 0 || s.Succeeded == 0 || s.Batches.Open != 0 || twice != 0 {
+		t.Fatalf("ledger %d n$ (cap %d), summary %d, %d succeeded, %d unfinished, batches %+v", total, maxCost, s.Cost.TotalNanos, s.Succeeded, s.Unfinished, s.Batches)
+	}
+	c, err := soak.CheckResults(b.input, filepath.Join(dir, rundir.ResultsFile))
+	if err != nil || c.Repeated+c.Unknown != 0 || c.Lines != s.Succeeded {
+		t.Fatalf("results %+v, %v", c, err)
+	}
+	t.Logf("cap $%.2f: %d GPT items in %d batches billed $%.6f, %d left pending: %s", capUSD, billed, s.Batches.Created, cost.Nanos(total).USD(), s.Unfinished, res.Stop.Reason)
+}
+
+// TestOpenAIBatchQueueTokens: with each org's enqueued-token limit known
+// (Config.QueueTokens, here the simulator's: less than an org's even share
+// of the job), the route keeps its open batches of the model under it:
+// batches are created as earlier ones end, and none fails with
+// token_limit_exceeded.
+func TestOpenAIBatchQueueTokens(t *testing.T) {
+	t.Parallel()
+	const n, limit = 3000, 200_000
+	lim := gptLimits
+	lim.BatchQueueTokens = limit
+	b := gptBench(t, n, 2000, lim)
+	r := b.sim
+	qt := map[string]int64{}
+	for _, o := range b.orgs {
+		qt[o.Name] = limit
+	}
+	res, err, dir := b.exec(t.Context(), "", runner.Exec{Route: runner.RouteBatch, Batch: batch.Config{QueueTokens: qt}})
+	if err != nil || !res.Complete {
+		t.Fatalf("batch route: %v", err)
+	}
+	b.audit(dir)
+	s := res.Summary
+	nanos, billed, twice := batchLedger(r.Server.Ledger())
+	if billed != n || twice != 0 || s.Cost.TotalNanos != nanos {
+		t.Fatalf("billed %d (%d twice), %d n$; summary %d n$", billed, twice, nanos, s.Cost.TotalNanos)
+	}
+	// An even share is 1,000 items an org, some 286,000 prompt tokens:
+	// more than the limit, so each org's share goes in several batches.
+	if s.Batches.Retried != 0 || s.Batches.Created <= 3 {
+		t.Fatalf("batches %+v: want more than one an org, none failed (nothing sent again)", s.Batches)
+	}
+	t.Logf("%d items in %d batches under an enqueued-token limit of %d an org, none failed", n, s.Batches.Created, limit)
 }
