@@ -22,6 +22,7 @@ import (
 	"github.com/apidispatch/apidispatch/dispatch"
 	"github.com/apidispatch/apidispatch/internal/simtest"
 	"github.com/apidispatch/apidispatch/org"
+	"github.com/apidispatch/apidispatch/plan"
 	"github.com/apidispatch/apidispatch/rundir"
 	"github.com/apidispatch/apidispatch/runner"
 	"github.com/apidispatch/apidispatch/sim"
@@ -395,4 +396,30 @@ func TestOpenAIBatchQueueTokens(t *testing.T) {
 		t.Fatalf("batches %+v: want more than one an org, none failed (nothing sent again)", s.Batches)
 	}
 	t.Logf("%d items in %d batches under an enqueued-token limit of %d an org, none failed", n, s.Batches.Created, limit)
+}
+
+// TestOpenAIBatchQueueTokensFromLimits: 'run --route batch' with a limits
+// file whose batch model says the OpenAI orgs' enqueued-token limit keeps
+// its batches under it as TestOpenAIBatchQueueTokens: none fails.
+func TestOpenAIBatchQueueTokensFromLimits(t *testing.T) {
+	t.Parallel()
+	const n, limit = 3000, 200_000
+	lim := gptLimits
+	lim.BatchQueueTokens = limit
+	b := gptBench(t, n, 2000, lim)
+	var log bytes.Buffer
+	out := runner.Run(t.Context(), runner.Config{
+		Input: b.input, RunDir: filepath.Join(t.TempDir(), "run"), Prices: cost.Default(), Stderr: &log, Route: runner.RouteBatch,
+		Limits: &plan.Limits{Batch: &plan.BatchModel{QueueTokens: limit}},
+		Sync:   dispatch.Config{Orgs: b.orgs, BaseURL: b.sim.URL, Speed: 2000, Prices: cost.Default(), SampleEvery: -1},
+	})
+	if out.Code() != runner.ExitOK || out.Summary == nil || out.Summary.Succeeded != n {
+		t.Fatalf("exit %d, err %v, log:\n%s", out.Code(), out.Err, log.String())
+	}
+	if s := out.Summary.Batches; s.Retried != 0 || s.Created <= 3 {
+		t.Fatalf("batches %+v: want more than one an org, none failed", s)
+	}
+	if nanos, billed, twice := batchLedger(b.sim.Server.Ledger()); billed != n || twice != 0 || out.Summary.Cost.TotalNanos != nanos {
+		t.Fatalf("billed %d (%d twice), %d n$; summary %d n$", billed, twice, nanos, out.Summary.Cost.TotalNanos)
+	}
 }

@@ -306,7 +306,8 @@ func (r *run) send(ctx context.Context) Outcome {
 	}
 	names := orgNames(cfg.Sync.Orgs)
 	x := Exec{Route: cfg.Route, Sync: cfg.Sync, OnEngine: cfg.onEngine(r.w), OnAttach: cfg.OnAttach,
-		Batch: batch.Config{Size: cfg.BatchSize, Cancel: cfg.Cancel, QueueCap: queueCaps(cfg.Limits, names), RPM: batchRPM(cfg.Limits, names)}}
+		Batch: batch.Config{Size: cfg.BatchSize, Cancel: cfg.Cancel, QueueCap: queueCaps(cfg.Limits, names), RPM: batchRPM(cfg.Limits, names),
+			QueueTokens: queueTokens(cfg.Limits, names)}}
 	if cfg.Progress {
 		x.OnBatch = func(rt *batch.Route) func() { return watchBatches(rt, r.w) }
 	}
@@ -423,6 +424,19 @@ func queueCaps(l *plan.Limits, orgs []string) map[string]int64 {
 	out := map[string]int64{}
 	for _, o := range orgs {
 		out[o] = l.Batch.Queue
+	}
+	return out
+}
+
+// queueTokens are the OpenAI orgs' enqueued-token limits per model from a
+// limits file's batch model (nil: the route's default).
+func queueTokens(l *plan.Limits, orgs []string) map[string]int64 {
+	if l == nil || l.Batch == nil || l.Batch.QueueTokens <= 0 {
+		return nil
+	}
+	out := map[string]int64{}
+	for _, o := range orgs {
+		out[o] = l.Batch.QueueTokens
 	}
 	return out
 }
