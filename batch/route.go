@@ -1,6 +1,13 @@
-// Package batch is the Message Batches route of apidispatch: the same request
-// file in, the same results file and store out as the sync route (package
-// dispatch), at half the price and with the latency of a batch.
+// Package batch is the batch route of apidispatch: the same request file in,
+// the same results file and store out as the sync route (package dispatch),
+// at half the price and with the latency of a batch. Anthropic items go in
+// Message Batches on the Anthropic orgs; OpenAI items in OpenAI batches on
+// the OpenAI orgs (an uploaded JSONL input file, purpose batch, and a
+// create naming it, one model a batch; the results are its output and
+// error files, in the OpenAI batch output line the sync route writes too).
+// Each API is an implementation of one seam (api: create, retrieve, list,
+// cancel, results, the custom_ids a batch was created with); everything
+// below is the route's, for both.
 //
 // A run's pending items are cut into batches (at most Config.Size requests
 // and Config.MaxBytes of create body each), placed on the org with the most
@@ -14,15 +21,20 @@
 // custom_id when harvested. When the answer to a create is lost (a 5xx, a
 // reset, a timeout, a stop mid-upload, or the process died) the route lists
 // that org's batches and adopts a candidate (created in the window, with the
-// same request count) only when its results prove it the record's: exactly
-// the custom_ids the record wrote. It waits for candidates that have not
+// same request count, naming no other prefix in its metadata) only when
+// the custom_ids it holds prove it the record's: exactly the custom_ids the
+// record wrote (a message batch's results, once ended; an OpenAI batch's
+// input file, at once). It waits for candidates that have not
 // ended, holding the items, until their expiry plus an hour at most; a
 // record no batch of the org proves, once the API has had time to show it,
 // is abandoned and its items are free again. Harvesting commits each result
 // with the store's guard, so a batch harvested twice (after a crash) writes
 // each line once; a batch whose results are past retention sends its items
 // again. Every call to the batch endpoints is paced per org under the org's
-// batch RPM. Failures every resume would repeat wrap ErrNeedsPerson.
+// batch RPM. An org's queue is kept under its cap: Anthropic's processing
+// queue in requests, OpenAI's enqueued prompt tokens per model (an OpenAI
+// batch that fails for that limit is sent again, smaller). Failures every
+// resume would repeat wrap ErrNeedsPerson.
 //
 // Per request: succeeded is done; errored with a non-retryable type
 // (invalid_request_error) is terminal with its error; errored with a
