@@ -7,11 +7,13 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/apidispatch/apidispatch/cost"
 	"github.com/apidispatch/apidispatch/dispatch"
 	"github.com/apidispatch/apidispatch/internal/simtest"
 	"github.com/apidispatch/apidispatch/org"
+	"github.com/apidispatch/apidispatch/plan"
 	"github.com/apidispatch/apidispatch/runner"
 	"github.com/apidispatch/apidispatch/sim"
 	"github.com/apidispatch/apidispatch/workload"
@@ -20,8 +22,8 @@ import (
 // 'run' of a mixed file (Claude and GPT judge items): each item goes to
 // its provider's orgs and the run completes, its cost the simulator's
 // ledger; without an OpenAI org the file is refused before anything is
-// sent, naming its first OpenAI line; and OpenAI items on the auto route
-// are refused the same way (TestRunMixedFileByBatch sends them by batch).
+// sent, naming its first OpenAI line (TestRunMixedFileByBatch and
+// TestRunMixedFileByAuto send them by the other routes).
 func TestRunMixedFile(t *testing.T) {
 	t.Parallel()
 	r, _ := simtest.Start(t, sim.PresetOrigin3Org, 50, func(c *sim.Config) {
@@ -55,10 +57,6 @@ func TestRunMixedFile(t *testing.T) {
 	}
 	if got := r.Server.LedgerTotals().Requests; got != 0 {
 		t.Fatalf("%d requests sent before the refusal", got)
-	}
-	out, _ = run(r.Server.AllOrgs(), runner.RouteAuto)
-	if out.Code() != runner.ExitUsage || out.Err == nil || !strings.Contains(out.Err.Error(), "line 6") || !strings.Contains(out.Err.Error(), "--route sync or --route batch") {
-		t.Fatalf("OpenAI items by auto: exit %d, err %v", out.Code(), out.Err)
 	}
 	out, log = run(r.Server.AllOrgs(), "")
 	if out.Code() != runner.ExitOK || out.Summary == nil || out.Summary.Succeeded != 10 {
@@ -171,5 +169,63 @@ func TestRunMixedFileByBatch(t *testing.T) {
 	}
 	if oaLines != 40 || anLines != 60 {
 		t.Fatalf("%d OpenAI lines, %d Anthropic lines; want 40 and 60", oaLines, anLines)
+	}
+}
+
+// TestRunMixedFileByAuto: 'run --route auto' of a mixed file sends its GPT
+// items by the OpenAI Batch API (the cheapest; the router's projection
+// covers the Claude items, here by sync under a deadline that batches
+// would miss): every item once, no request billed twice, the summary's
+// cost the ledger's.
+func TestRunMixedFileByAuto(t *testing.T) {
+	t.Parallel()
+	r, _ := simtest.Start(t, sim.PresetOrigin3Org, 2000, func(c *sim.Config) {
+		c.Orgs = append(c.Orgs, sim.OrgConfig{Name: "gpt", Provider: sim.ProviderOpenAI,
+			ModelLimits: map[string]sim.OpenAILimits{"*": {RPM: 3000, TPM: 1_000_000}}})
+	})
+	dir := t.TempDir()
+	var claude, gpt bytes.Buffer
+	if err := workload.GenerateJudge(&claude, 60, 1, workload.GenOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := workload.GenerateOpenAIJudge(&gpt, 40, 1, workload.GenOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	input := filepath.Join(dir, "mixed.jsonl")
+	// GPT items first, then Claude: auto's sync share (the first Claude
+	// items) must not take a GPT item.
+	if err := os.WriteFile(input, append(gpt.Bytes(), claude.Bytes()...), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var log bytes.Buffer
+	runDir := filepath.Join(t.TempDir(), "run")
+	out := runner.Run(t.Context(), runner.Config{
+		Input: input, RunDir: runDir, Prices: cost.Default(), Stderr: &log, Route: runner.RouteAuto,
+		// Batches that the router expects to take four API days: under the
+		// deadline the Claude items go by sync.
+		Deadline: time.Minute, Limits: &plan.Limits{Batch: &plan.BatchModel{QueueWaitS: 400_000}},
+		Sync: dispatch.Config{Orgs: r.Server.AllOrgs(), BaseURL: r.URL, Speed: 2000, Prices: cost.Default(), SampleEvery: -1},
+	})
+	if out.Code() != runner.ExitOK || out.Summary == nil || out.Summary.Succeeded != 100 {
+		t.Fatalf("mixed run by auto: exit %d, err %v, log:\n%s", out.Code(), out.Err, log.String())
+	}
+	led := r.Server.LedgerTotals()
+	if led.DuplicateBodies != 0 || led.CostNanos != out.Summary.Cost.TotalNanos || led.Requests != 100 {
+		t.Fatalf("ledger %d requests, %d bodies twice, %d n$; summary %d n$; log:\n%s", led.Requests, led.DuplicateBodies, led.CostNanos, out.Summary.Cost.TotalNanos, log.String())
+	}
+	var claudeSync int
+	for _, e := range r.Server.Ledger() {
+		if e.Org == "gpt" && e.ServiceTier != "batch" {
+			t.Fatalf("a GPT item went by sync: %+v", e)
+		}
+		if e.Org != "gpt" && e.ServiceTier != "batch" {
+			claudeSync++
+		}
+	}
+	if claudeSync == 0 {
+		t.Fatalf("no Claude item went by sync: the router's sync share was not exercised; log:\n%s", log.String())
+	}
+	if !strings.Contains(log.String(), "40 OpenAI items go by batch first") {
+		t.Errorf("no note on the OpenAI items; log:\n%s", log.String())
 	}
 }

@@ -158,7 +158,11 @@ func Run(ctx context.Context, cfg Config) Outcome {
 		return failf(Usage, "%s: %w", cfg.Input, err)
 	}
 	if ws.OpenAI > 0 {
-		fmt.Fprintf(w, "note: %d OpenAI items go by the %s route to the OpenAI orgs; the projection and the budget gate cover the Anthropic items only, and --max-cost holds for both\n", ws.OpenAI, cfg.Route)
+		how := "by the " + cfg.Route + " route"
+		if cfg.Route == RouteAuto {
+			how = "by batch first (the cheapest; auto's projection covers the Anthropic items only), and by sync what a late batch gives back"
+		}
+		fmt.Fprintf(w, "note: %d OpenAI items go %s to the OpenAI orgs; the projection and the budget gate cover the Anthropic items only, and --max-cost holds for both\n", ws.OpenAI, how)
 	}
 	pin := plan.Input{Workload: ws, Prices: cfg.Prices, Orgs: orgNames(anthropicOrgs(cfg.Sync.Orgs)), Caps: cfg.Sync.Caps, Limits: cfg.Limits,
 		ExpectOutput: cfg.ExpectOutput, Speed: cfg.Sync.Speed}
@@ -221,8 +225,6 @@ func (cfg *Config) checkProviders(ws *workload.Summary) error {
 		return fmt.Errorf("line %d is an OpenAI request (url %s), and no OpenAI org is configured: set OPENAI_API_KEY or OPENAI_API_KEY_<NAME>, or add an org with provider = \"openai\" to the orgs file", ws.FirstOpenAILine, workload.OpenAIEndpoint)
 	case ws.FirstAnthropicLine > 0 && !has[org.Anthropic]:
 		return fmt.Errorf("line %d is an Anthropic request (params), and no Anthropic org is configured: set ANTHROPIC_API_KEY or ANTHROPIC_API_KEY_<NAME>, or add an org to the orgs file", ws.FirstAnthropicLine)
-	case ws.OpenAI > 0 && cfg.Route == RouteAuto:
-		return fmt.Errorf("line %d is an OpenAI request: OpenAI items go by --route sync or --route batch for now (auto's projection does not model the OpenAI Batch API yet)", ws.FirstOpenAILine)
 	case ws.OpenAI > 0 && cfg.Pilot > 0:
 		return fmt.Errorf("line %d is an OpenAI request: --pilot re-projects Anthropic models only; run without --pilot", ws.FirstOpenAILine)
 	}
