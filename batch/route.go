@@ -497,7 +497,7 @@ func (r *Route) Run(ctx context.Context) (*Result, error) {
 		}
 		open := r.openCount()
 		if open == 0 && (r.closedSub || !r.anyTakeable(ctx)) {
-			r.closeSubmit("")
+			r.closeSubmit(r.unserved(ctx))
 			break
 		}
 		if !r.closedSub && r.res.Harvested+r.res.Abandoned+r.res.Archived != settled {
@@ -784,6 +784,34 @@ func (r *Route) anyTakeable(ctx context.Context) bool {
 		return !found
 	})
 	return err == nil && found
+}
+
+// unserved says why pending items the route would carry are left (every
+// org of their provider can no longer create batches), or "".
+func (r *Route) unserved(ctx context.Context) string {
+	var left *store.Item
+	err := store.EachPending(ctx, r.cfg.Store, func(it store.Item) bool {
+		if !r.Holds(it.Seq) && (r.cfg.Take == nil || r.cfg.Take(it)) && !r.serves(it) {
+			left = &it
+		}
+		return left == nil
+	})
+	if err != nil || left == nil {
+		return ""
+	}
+	s := ""
+	for _, o := range r.orgs {
+		if o.serves(*left) && o.disabled != "" {
+			if s != "" {
+				s += "; "
+			}
+			s += o.Name + ": " + o.disabled
+		}
+	}
+	if s == "" {
+		s = "none is configured"
+	}
+	return fmt.Sprintf("no org of line %d's provider can create batches (%s)", left.Line, s)
 }
 
 // ahead is the requests of b's org's open batches made before b and not

@@ -229,3 +229,44 @@ func TestRunMixedFileByAuto(t *testing.T) {
 		t.Errorf("no note on the OpenAI items; log:\n%s", log.String())
 	}
 }
+
+// TestRunMixedFileByBatchOpenAIOrgOut: by --route batch, a mixed file whose
+// only OpenAI org's key is revoked (its upload answered 401): the Claude
+// items complete in Message Batches; the GPT items stay pending, none
+// lost, and the run stops naming the first one's line and why its
+// provider's org cannot create batches.
+func TestRunMixedFileByBatchOpenAIOrgOut(t *testing.T) {
+	t.Parallel()
+	r, _ := simtest.Start(t, sim.PresetOrigin3Org, 2000, func(c *sim.Config) {
+		c.Orgs = append(c.Orgs, sim.OrgConfig{Name: "gpt", Provider: sim.ProviderOpenAI,
+			ModelLimits: map[string]sim.OpenAILimits{"*": {RPM: 3000, TPM: 1_000_000}}})
+		c.Faults = []sim.Fault{{Kind: sim.FaultKeyRevoked, Org: "gpt"}}
+	})
+	dir := t.TempDir()
+	var claude, gpt bytes.Buffer
+	if err := workload.GenerateJudge(&claude, 30, 1, workload.GenOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := workload.GenerateOpenAIJudge(&gpt, 20, 1, workload.GenOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	input := filepath.Join(dir, "mixed.jsonl")
+	if err := os.WriteFile(input, append(claude.Bytes(), gpt.Bytes()...), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var log bytes.Buffer
+	out := runner.Run(t.Context(), runner.Config{
+		Input: input, RunDir: filepath.Join(t.TempDir(), "run"), Prices: cost.Default(), Stderr: &log, Route: runner.RouteBatch,
+		Sync: dispatch.Config{Orgs: r.Server.AllOrgs(), BaseURL: r.URL, Speed: 2000, Prices: cost.Default(), SampleEvery: -1},
+	})
+	s := out.Summary
+	if out.Code() != runner.ExitIncomplete || s == nil || s.Succeeded != 30 || s.Unfinished != 20 || !s.DataLoss.Passed {
+		t.Fatalf("exit %d, err %v, summary %+v", out.Code(), out.Err, s)
+	}
+	if !strings.Contains(s.StopReason, "line 31") || !strings.Contains(s.StopReason, "gpt: ") || !strings.Contains(s.StopReason, "401") {
+		t.Fatalf("stop reason %q: want it to name line 31 and the gpt org's 401", s.StopReason)
+	}
+	if led := r.Server.LedgerTotals(); led.Requests != 30 || led.CostNanos != s.Cost.TotalNanos {
+		t.Fatalf("ledger %+v, summary %d n$", led, s.Cost.TotalNanos)
+	}
+}
