@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -69,9 +70,17 @@ func gptBench(t *testing.T, n int, speed float64, lim sim.OpenAILimits, faults .
 // custom_id once, spread over every org; its cost is the simulator's
 // ledger to the nano-dollar, and half what the same items cost by sync
 // (to each request's rounding to a whole nano-dollar).
+//
+// APIDISPATCH_OPENAI_BATCH_N sets n (the job is 50,000).
 func TestOpenAIBatchRouteHalfPrice(t *testing.T) {
 	t.Parallel()
-	const n = 1500
+	n := 1500
+	if v := os.Getenv("APIDISPATCH_OPENAI_BATCH_N"); v != "" {
+		var err error
+		if n, err = strconv.Atoi(v); err != nil || n < 3 {
+			t.Fatalf("APIDISPATCH_OPENAI_BATCH_N=%q: want a number of items, at least 3", v)
+		}
+	}
 	b := gptBench(t, n, 2000, gptLimits)
 	ctx := t.Context()
 	res, err, dir := b.exec(ctx, "", runner.Exec{Route: runner.RouteBatch})
@@ -79,7 +88,7 @@ func TestOpenAIBatchRouteHalfPrice(t *testing.T) {
 		t.Fatalf("batch route: %v", err)
 	}
 	s := res.Summary
-	if !res.Complete || s.Succeeded != n || !s.DataLoss.Passed {
+	if !res.Complete || s.Succeeded != int64(n) || !s.DataLoss.Passed {
 		t.Fatalf("batch route: complete %v, %d succeeded, data loss %+v", res.Complete, s.Succeeded, s.DataLoss)
 	}
 	b.audit(dir)
@@ -91,11 +100,11 @@ func TestOpenAIBatchRouteHalfPrice(t *testing.T) {
 	if s.Cost.TotalNanos != total {
 		t.Fatalf("summary cost %d n$, simulator ledger %d n$", s.Cost.TotalNanos, total)
 	}
-	if s.Batches == nil || s.Batches.Created != 3 || len(s.ByOrg) != 3 {
-		t.Fatalf("batches %+v over orgs %v; want 3, one per OpenAI org", s.Batches, s.ByOrg)
+	if s.Batches == nil || s.Batches.Created < 3 || s.Batches.Retried != 0 || len(s.ByOrg) != 3 {
+		t.Fatalf("batches %+v over orgs %v; want at least one per OpenAI org, none failed", s.Batches, s.ByOrg)
 	}
 	br := s.ByRoute[store.RouteBatch]
-	if br == nil || br.Items != n || br.CostNanos != total {
+	if br == nil || br.Items != int64(n) || br.CostNanos != total {
 		t.Fatalf("by_route batch = %+v", br)
 	}
 	// Every line is an OpenAI batch output line (as the sync route writes).
@@ -119,7 +128,7 @@ func TestOpenAIBatchRouteHalfPrice(t *testing.T) {
 	}
 	// Each request's cost is rounded to a whole nano-dollar on each route,
 	// so 2 × batch may differ from sync by up to a nano-dollar a request.
-	if d := 2*total - syncTotal; d < -n || d > n {
+	if d := 2*total - syncTotal; d < -int64(n) || d > int64(n) {
 		t.Fatalf("sync %d n$, batch %d n$: 2 × batch - sync = %d, more than the %d requests' rounding", syncTotal, total, d, n)
 	}
 	t.Logf("N=%d GPT judge items over 3 OpenAI orgs: batch %d n$ = ledger, sync %d n$ = ledger; batch/sync = %.6f (2 × batch - sync = %d n$ of rounding)",
