@@ -109,13 +109,19 @@ func TestOpenAIBatchRouteHalfPrice(t *testing.T) {
 		t.Fatalf("by_route batch = %+v", br)
 	}
 	// Every line is an OpenAI batch output line (as the sync route writes).
-	checkOpenAILines(t, dir, n, store.RouteBatch)
+	batchAnswers := checkOpenAILines(t, dir, n, store.RouteBatch)
 
 	sres, err, sdir := b.exec(ctx, "", runner.Exec{Route: runner.RouteSync})
 	if err != nil || !sres.Complete {
 		t.Fatalf("sync route: %v", err)
 	}
-	checkOpenAILines(t, sdir, n, store.RouteSync)
+	// The same request answers the same on both routes (the simulator
+	// derives an answer from its body), and its line holds it the same way.
+	for id, a := range checkOpenAILines(t, sdir, n, store.RouteSync) {
+		if batchAnswers[id] != a {
+			t.Fatalf("%s: by sync %s, by batch %s", id, a, batchAnswers[id])
+		}
+	}
 	var syncTotal int64
 	seen := map[sim.BodyHash]bool{}
 	for _, e := range b.sim.Server.LedgerSince(mark) {
@@ -140,8 +146,9 @@ func TestOpenAIBatchRouteHalfPrice(t *testing.T) {
 }
 
 // checkOpenAILines: every results line of dir is an OpenAI batch output
-// line with a 200 response, carried by route.
-func checkOpenAILines(t *testing.T, dir string, n int, route string) {
+// line with a 200 response, carried by route. It returns each custom_id's
+// answer: the completion's choices and usage, as JSON.
+func checkOpenAILines(t *testing.T, dir string, n int, route string) map[string]string {
 	t.Helper()
 	data, err := os.ReadFile(filepath.Join(dir, "results.jsonl"))
 	if err != nil {
@@ -151,6 +158,7 @@ func checkOpenAILines(t *testing.T, dir string, n int, route string) {
 	if len(lines) != n {
 		t.Fatalf("%d results lines, want %d", len(lines), n)
 	}
+	answers := map[string]string{}
 	for _, l := range lines {
 		var v struct {
 			ID       string `json:"id"`
@@ -169,7 +177,10 @@ func checkOpenAILines(t *testing.T, dir string, n int, route string) {
 			v.Error != nil || v.Dispatch.Route != route || v.Response.RequestID == "" {
 			t.Fatalf("not an OpenAI batch output line of route %s (%v): %s", route, err, l)
 		}
+		a, _ := json.Marshal([]any{v.Response.Body["choices"], v.Response.Body["usage"]})
+		answers[v.CustomID] = string(a)
 	}
+	return answers
 }
 
 // TestOpenAIBatchLostCreateAdopted: every create's answer is lost (a 500
