@@ -606,10 +606,16 @@ func TestOpenAIBatchKillNineThenResume(t *testing.T) {
 		t.Skip("spawns processes")
 	}
 	t.Parallel()
-	const n, size, k = 3000, 250, 100
-	kills := 12
+	const size, k = 250, 100
+	n, kills := 3000, 12
 	if s := os.Getenv("APIDISPATCH_KILLS"); s != "" {
 		kills, _ = strconv.Atoi(s)
+	}
+	if s := os.Getenv("APIDISPATCH_OPENAI_KILL_N"); s != "" {
+		var err error
+		if n, err = strconv.Atoi(s); err != nil || n < 1 {
+			t.Fatalf("APIDISPATCH_OPENAI_KILL_N=%q: want a number of items", s)
+		}
 	}
 	r, _ := simtest.Start(t, sim.PresetOrigin3Org, k, func(c *sim.Config) {
 		c.Faults = []sim.Fault{{Kind: sim.FaultBatchCreateLost500, Probability: 0.3}}
@@ -659,7 +665,7 @@ func TestOpenAIBatchKillNineThenResume(t *testing.T) {
 	nanos, billed, twice := batchLedger(r)
 	t.Logf("%d kills by phase %v; the simulator billed %d batch requests (%d twice), %d n$; summary %d n$; %d batches created, %d adopted after a lost create, %d abandoned, %d results sent again",
 		kills, phases, billed, twice, nanos, s.Cost.TotalNanos, s.Batches.Created, s.Batches.Adopted, s.Batches.Abandoned, s.Batches.Retried)
-	if !s.DataLoss.Passed || s.Succeeded != n {
+	if !s.DataLoss.Passed || s.Succeeded != int64(n) {
 		t.Fatalf("summary: %d succeeded, data loss %+v", s.Succeeded, s.DataLoss)
 	}
 	if billed != n || twice != 0 {
