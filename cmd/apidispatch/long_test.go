@@ -9,6 +9,7 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -635,15 +636,25 @@ func TestOpenAIBatchKillNineThenResume(t *testing.T) {
 	}
 	f.Close()
 	args := []string{"run", input, "--route", "batch", "--batch-size", strconv.Itoa(size), "--run-dir", runDir,
-		"--base-url", r.URL, "--speed", strconv.Itoa(k), "--quiet"}
+		"--base-url", r.URL, "--speed", strconv.Itoa(k), "--quiet", "--confirm"}
 	rng := rand.New(rand.NewPCG(5, 6))
 	phases := map[string]int{}
 	for i := range kills {
+		// The kill comes at a random moment once the process is in its
+		// batches (a big file takes a while to validate).
+		seen := batchEvents(runDir)
 		c, out, exited := startCLI(t, r, args...)
+		for batchEvents(runDir) == seen {
+			select {
+			case <-exited:
+				t.Fatalf("run %d ended before its kill:\n%s", i+1, tail(out.String()))
+			case <-time.After(5 * time.Millisecond):
+			}
+		}
 		select {
 		case <-exited:
 			t.Fatalf("run %d ended before its kill:\n%s", i+1, tail(out.String()))
-		case <-time.After(time.Duration(50+rng.IntN(550)) * time.Millisecond):
+		case <-time.After(time.Duration(rng.IntN(600)) * time.Millisecond):
 		}
 		if err := c.Process.Signal(syscall.SIGKILL); err != nil {
 			t.Fatal(err)
@@ -677,4 +688,23 @@ func TestOpenAIBatchKillNineThenResume(t *testing.T) {
 	if s.Batches.Adopted == 0 {
 		t.Fatal("no lost create was adopted: the fault never struck")
 	}
+}
+
+// batchEvents counts the batch events of a run directory.
+func batchEvents(runDir string) int {
+	f, err := os.Open(filepath.Join(runDir, rundir.EventsFile))
+	if err != nil {
+		return 0
+	}
+	defer f.Close()
+	n := 0
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 1<<20), 1<<24)
+	for sc.Scan() {
+		var e rundir.Event
+		if json.Unmarshal(sc.Bytes(), &e) == nil && e.Kind == rundir.EventBatch {
+			n++
+		}
+	}
+	return n
 }
