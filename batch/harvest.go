@@ -1,7 +1,6 @@
 package batch
 
 import (
-	"bytes"
 	"cmp"
 	"context"
 	"encoding/json"
@@ -14,6 +13,7 @@ import (
 	"github.com/apidispatch/apidispatch/cost"
 	"github.com/apidispatch/apidispatch/rundir"
 	"github.com/apidispatch/apidispatch/store"
+	"github.com/apidispatch/apidispatch/upstream"
 )
 
 // errForeign: a batch's results hold a custom_id its record never sent.
@@ -64,10 +64,12 @@ func (r *Route) reconcile(ctx context.Context, b *rec) error {
 		if ab.CreatedAt.Before(from) {
 			return false // newest first: the rest are older still
 		}
-		if ab.RequestCounts.total() != b.N || r.claimedByOther(b, ab.ID) || b.rejected[ab.ID] {
+		if ab.Total != b.N || r.claimedByOther(b, ab.ID) || b.rejected[ab.ID] || ab.Prefix != "" && ab.Prefix != b.Prefix {
 			return true
 		}
-		if ab.ended() {
+		// ended: its custom_ids can be read now (a message batch's
+		// results; an OpenAI batch's input file, whatever its state).
+		if b.org.cl.ready(ab) || ab.Ended {
 			ended = append(ended, *ab)
 		} else {
 			running = append(running, *ab)
@@ -88,7 +90,7 @@ func (r *Route) reconcile(ctx context.Context, b *rec) error {
 			r.reject(b, c.ID, "its results are past retention (archived)")
 			continue
 		}
-		p, err := r.prove(ctx, b, c.ID)
+		p, err := r.prove(ctx, b, c)
 		if err != nil {
 			var ae *apiError
 			if errors.As(err, &ae) && ae.status == http.StatusNotFound {
@@ -169,7 +171,7 @@ func (r *Route) reject(b *rec, id, why string) {
 // prove reads the results of batch id and says whether they are record
 // b's. It stops at the first custom_id without b's prefix when none with
 // it came before (a colleague's batch costs a line or two).
-func (r *Route) prove(ctx context.Context, b *rec, id string) (proof, error) {
+func (r *Route) prove(ctx context.Context, b *rec, c *apiBatch) (proof, error) {
 	its, err := r.cfg.Store.BatchItems(ctx, b.Local)
 	if err != nil {
 		return proofForeign, err
@@ -179,7 +181,7 @@ func (r *Route) prove(ctx context.Context, b *rec, id string) (proof, error) {
 		want[sentID(b.Prefix, it.Item)] = false
 	}
 	seen, marked, foreign, repeated := 0, false, false, false
-	err = b.org.cl.results(ctx, id, func(line []byte) error {
+	err = b.org.cl.sent(ctx, c, func(line []byte) error {
 		var l struct {
 			CustomID string `json:"custom_id"`
 		}
@@ -230,26 +232,12 @@ func (r *Route) adopt(ctx context.Context, b *rec, ab *apiBatch, why string) err
 	r.count(ctx, map[string]int64{rundir.CounterBatchAdopted: 1, rundir.CounterBatches: 1, rundir.CounterBatchRequests: b.N})
 	r.emit(fmt.Sprintf("batch %d adopted as %s on org %s (%s); not created again", b.Local, ab.ID, b.Org, why), recData(&b.BatchRecord))
 	b.next, b.wait = now, r.api(pollMin)
-	if ab.ended() {
+	b.last = ab
+	if ab.Ended {
 		b.ended = true
 		b.EndedAt = derefTime(ab.EndedAt)
 	}
 	return nil
-}
-
-// resultLine is one line of a batch's results.
-type resultLine struct {
-	CustomID string          `json:"custom_id"`
-	Result   json.RawMessage `json:"result"`
-}
-
-type resultBody struct {
-	Type    string `json:"type"`
-	Message *struct {
-		ID    string          `json:"id"`
-		Usage anthropic.Usage `json:"usage"`
-	} `json:"message"`
-	Error *anthropic.ErrorEnvelope `json:"error"`
 }
 
 // harvestChunk is how many outcomes one commit carries.
@@ -260,6 +248,19 @@ const harvestChunk = 1000
 // crash or a broken stream writes nothing twice.
 func (r *Route) harvest(ctx context.Context, b *rec) error {
 	now := time.Now()
+	if b.last == nil || !b.last.Ended {
+		ab, err := b.org.cl.retrieve(ctx, b.ID)
+		if err != nil {
+			if ctx.Err() == nil {
+				r.backoff(b, now, retryAfter(err))
+			}
+			return nil
+		}
+		b.last = ab
+	}
+	if b.last.Failed != "" {
+		return r.failed(ctx, b)
+	}
 	its, err := r.cfg.Store.BatchItems(ctx, b.Local)
 	if err != nil {
 		return err
@@ -268,6 +269,7 @@ func (r *Route) harvest(ctx context.Context, b *rec) error {
 	for i := range its {
 		byID[sentID(b.Prefix, its[i].Item)] = &its[i]
 	}
+	prov := upstream.For(b.org.Org)
 	seen := make(map[string]bool, len(its))
 	var outs []store.Outcome
 	var retried, errRetry, overloaded, expired, costN int64
@@ -301,64 +303,47 @@ func (r *Route) harvest(ctx context.Context, b *rec) error {
 		outs, syncOf = outs[:0], syncOf[:0]
 		return nil
 	}
-	streamErr := b.org.cl.results(ctx, b.ID, func(line []byte) error {
-		var l resultLine
-		if err := json.Unmarshal(line, &l); err != nil {
-			return fmt.Errorf("batch %d (%s): a results line is not JSON: %w", b.Local, b.ID, err)
+	streamErr := b.org.cl.results(ctx, b.last, func(line []byte) error {
+		l, err := b.org.cl.parse(line)
+		if err != nil {
+			return fmt.Errorf("batch %d (%s): %w", b.Local, b.ID, err)
 		}
-		it := byID[l.CustomID]
+		it := byID[l.customID]
 		if it == nil {
-			return fmt.Errorf("%w: %s in %s", errForeign, l.CustomID, b.ID)
+			return fmt.Errorf("%w: %s in %s", errForeign, l.customID, b.ID)
 		}
-		if seen[l.CustomID] {
+		if seen[l.customID] {
 			return nil
 		}
-		seen[l.CustomID] = true
-		var rb resultBody
-		if err := json.Unmarshal(l.Result, &rb); err != nil {
-			return fmt.Errorf("batch %d (%s): the result of %s is not a result object: %w", b.Local, b.ID, l.CustomID, err)
-		}
-		switch rb.Type {
-		case "succeeded":
-			if rb.Message == nil {
-				retried++ // not a message: sent again
-				return nil
-			}
-			c, err := r.cfg.Prices.Cost(it.Model, rb.Message.Usage, true)
+		seen[l.customID] = true
+		switch l.kind {
+		case resultSucceeded:
+			c, err := prov.Cost(r.cfg.Prices, it.Model, l.usage, true)
 			if err != nil {
 				return fmt.Errorf("pricing %s: %w", it.CustomID, err)
 			}
-			sc, err := r.cfg.Prices.Cost(it.Model, rb.Message.Usage, false)
+			sc, err := prov.Cost(r.cfg.Prices, it.Model, l.usage, false)
 			if err != nil {
 				return fmt.Errorf("pricing %s: %w", it.CustomID, err)
 			}
 			succ++
 			costN += int64(c)
 			syncOf = append(syncOf, int64(sc))
-			outs = append(outs, r.outcome(b, it, store.Succeeded, "", l.Result, c, rb.Message.Usage, latency))
-		case "errored":
-			typ := ""
-			if rb.Error != nil {
-				typ = rb.Error.Error.Type
-			}
-			if typ == "" || anthropic.IsRetryableType(typ) {
-				retried++
-				if typ == anthropic.ErrOverloaded {
-					overloaded++
-				} else {
-					errRetry++
-				}
-				return nil
-			}
+			outs = append(outs, r.outcome(b, it, store.Succeeded, &l, c, latency))
+		case resultErrored:
 			errd++
 			syncOf = append(syncOf, 0)
-			outs = append(outs, r.outcome(b, it, store.Errored, typ, l.Result, 0, anthropic.Usage{}, latency))
-		case "expired":
+			outs = append(outs, r.outcome(b, it, store.Errored, &l, 0, latency))
+		default:
 			retried++
-			expired++
-			return nil
-		default: // canceled: sent again
-			retried++
+			switch {
+			case l.expired:
+				expired++
+			case l.errType == anthropic.ErrOverloaded:
+				overloaded++
+			case l.errType != "" || l.status != 0:
+				errRetry++
+			}
 			return nil
 		}
 		if len(outs) >= harvestChunk {
@@ -393,12 +378,8 @@ func (r *Route) harvest(ctx context.Context, b *rec) error {
 	}
 	missing := int64(len(its) - len(seen))
 	retried += missing
-	b.Status, b.HarvestedAt = store.BatchHarvested, time.Now().UTC()
-	if b.EndedAt.IsZero() {
-		b.EndedAt = now.UTC()
-	}
-	if err := r.cfg.Store.UpdateBatch(context.WithoutCancel(ctx), b.BatchRecord); err != nil {
-		return fmt.Errorf("recording batch %d as harvested: %w", b.Local, err)
+	if err := r.settled(ctx, b, now); err != nil {
+		return err
 	}
 	if retried > 0 {
 		r.count(ctx, map[string]int64{rundir.CounterBatchRetried: retried, rundir.CounterOverloaded: overloaded, rundir.CounterOtherRetries: errRetry})
@@ -412,21 +393,72 @@ func (r *Route) harvest(ctx context.Context, b *rec) error {
 	return r.release(ctx, b)
 }
 
+// settled records b as harvested.
+func (r *Route) settled(ctx context.Context, b *rec, now time.Time) error {
+	b.Status, b.HarvestedAt = store.BatchHarvested, time.Now().UTC()
+	if b.EndedAt.IsZero() {
+		b.EndedAt = now.UTC()
+	}
+	if err := r.cfg.Store.UpdateBatch(context.WithoutCancel(ctx), b.BatchRecord); err != nil {
+		return fmt.Errorf("recording batch %d as harvested: %w", b.Local, err)
+	}
+	return nil
+}
+
+// failed settles an OpenAI batch that failed as a whole: the API refused
+// its input, so nothing of it ran or was billed, and its items are pending
+// again. One that failed for its model's enqueued-token limit lowers what
+// the route places in that queue, and its org rests; any other failure
+// would repeat on every resume: the run stops and names it.
+func (r *Route) failed(ctx context.Context, b *rec) error {
+	now := time.Now()
+	why := b.last.Failed
+	if err := r.settled(ctx, b, now); err != nil {
+		return err
+	}
+	// Its reservation is released by harvestSpend: a failed batch runs
+	// nothing, so nothing is billed.
+	r.count(ctx, map[string]int64{rundir.CounterBatchRetried: b.N})
+	r.res.Harvested++
+	r.res.Retried += b.N
+	r.emit(fmt.Sprintf("batch %d (%s, org %s, %d requests) failed: %s; its items are pending again", b.Local, b.ID, b.Org, b.N, why),
+		map[string]any{"batch": b.Local, "batch_id": b.ID, "org": b.Org, "failed": why})
+	if err := r.release(ctx, b); err != nil {
+		return err
+	}
+	o := b.org
+	if b.last.QueueFull {
+		// What the queue held of ours beside it is what it holds at most;
+		// with nothing of ours beside it (a colleague's batches, or
+		// estimates below the API's counts) half of it, and the org rests.
+		c := r.queuedTokens(o, b.model)
+		if c <= 0 {
+			c = b.tokens / 2
+			o.holdUntil = now.Add(r.api(orgHoldMin))
+		}
+		o.tokSeen[b.model] = min(r.tokCapOf(o, b.model), max(c, 1))
+		return nil
+	}
+	return fmt.Errorf("%w: batch %d of this run (%s, org %s, %d requests) failed: %s; its items are pending again, and the same input would fail again: check the requests (or the org's access to model %s)", ErrNeedsPerson, b.Local, b.ID, b.Org, b.N, why, b.model)
+}
+
 // outcome builds the durable outcome and results.jsonl line of a batch
-// result: the API's result object as it came, and a dispatch object.
-func (r *Route) outcome(b *rec, it *store.BatchItem, st store.State, errType string, result json.RawMessage, c cost.Nanos, u anthropic.Usage, latency time.Duration) store.Outcome {
-	var res bytes.Buffer
-	if json.Compact(&res, result) != nil {
-		res.Reset()
-		res.Write(result)
-	}
-	line := rundir.ResultLine(it.CustomID, res.Bytes(), rundir.Dispatch{Org: b.Org, Route: store.RouteBatch, BatchID: b.ID,
+// result: the API's result as it came (its provider's line), and a
+// dispatch object.
+func (r *Route) outcome(b *rec, it *store.BatchItem, st store.State, l *result, c cost.Nanos, latency time.Duration) store.Outcome {
+	line := b.org.cl.line(it.CustomID, l, rundir.Dispatch{Org: b.Org, Route: store.RouteBatch, BatchID: b.ID,
 		Attempts: it.Batches, LatencyMs: latency.Milliseconds(), Cost: c})
-	return store.Outcome{
-		Seq: it.Seq, State: st, Org: b.Org, Route: store.RouteBatch, ErrorType: errType, Attempts: it.Batches,
-		LatencyMs: latency.Milliseconds(), CostNanos: int64(c), InputTok: u.InputTokens, OutputTok: u.OutputTokens,
-		CacheRead: u.CacheReadInputTokens, CacheWrite: u.CacheCreationInputTokens, Line: line,
+	o := store.Outcome{
+		Seq: it.Seq, State: st, Org: b.Org, Route: store.RouteBatch, Attempts: it.Batches,
+		LatencyMs: latency.Milliseconds(), CostNanos: int64(c), Line: line,
 	}
+	if st == store.Errored {
+		o.ErrorType = l.errType
+	}
+	if u := l.usage; u != nil {
+		o.InputTok, o.OutputTok, o.CacheRead, o.CacheWrite = u.Input, u.Output, u.CacheRead, u.CacheWrite
+	}
+	return o
 }
 
 // pastRetention settles batch b, whose results the API no longer keeps

@@ -4,7 +4,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/apidispatch/apidispatch/anthropic"
 	"github.com/apidispatch/apidispatch/cost"
 	"github.com/apidispatch/apidispatch/store"
 )
@@ -13,7 +12,7 @@ import (
 // §12): the API's result object compacted, and batch_id with no
 // request_id; the same bytes as before the result line had one builder.
 func TestBatchLineShape(t *testing.T) {
-	b := &rec{BatchRecord: store.BatchRecord{Org: "high_prio", ID: "msgbatch_01"}}
+	b := &rec{BatchRecord: store.BatchRecord{Org: "high_prio", ID: "msgbatch_01"}, org: &orgState{cl: messagesAPI{}}}
 	it := &store.BatchItem{Item: store.Item{Seq: 3, CustomID: "item_000003"}, Batches: 1}
 	for _, c := range []struct {
 		name   string
@@ -30,7 +29,7 @@ func TestBatchLineShape(t *testing.T) {
 		if c.st == store.Succeeded {
 			c1 = 1_065_000
 		}
-		o := (&Route{}).outcome(b, it, c.st, "", []byte(c.result), cost.Nanos(c1), anthropic.Usage{}, time.Minute)
+		o := (&Route{}).outcome(b, it, c.st, &result{raw: []byte(c.result)}, cost.Nanos(c1), time.Minute)
 		if got := string(o.Line); got != c.want {
 			t.Errorf("%s:\n got %s\nwant %s", c.name, got, c.want)
 		}

@@ -1,6 +1,13 @@
-// Package batch is the Message Batches route of apidispatch: the same request
-// file in, the same results file and store out as the sync route (package
-// dispatch), at half the price and with the latency of a batch.
+// Package batch is the batch route of apidispatch: the same request file in,
+// the same results file and store out as the sync route (package dispatch),
+// at half the price and with the latency of a batch. Anthropic items go in
+// Message Batches on the Anthropic orgs; OpenAI items in OpenAI batches on
+// the OpenAI orgs (an uploaded JSONL input file, purpose batch, and a
+// create naming it, one model a batch; the results are its output and
+// error files, in the OpenAI batch output line the sync route writes too).
+// Each API is an implementation of one seam (api: create, retrieve, list,
+// cancel, results, the custom_ids a batch was created with); everything
+// below is the route's, for both.
 //
 // A run's pending items are cut into batches (at most Config.Size requests
 // and Config.MaxBytes of create body each), placed on the org with the most
@@ -14,15 +21,20 @@
 // custom_id when harvested. When the answer to a create is lost (a 5xx, a
 // reset, a timeout, a stop mid-upload, or the process died) the route lists
 // that org's batches and adopts a candidate (created in the window, with the
-// same request count) only when its results prove it the record's: exactly
-// the custom_ids the record wrote. It waits for candidates that have not
+// same request count, naming no other prefix in its metadata) only when
+// the custom_ids it holds prove it the record's: exactly the custom_ids the
+// record wrote (a message batch's results, once ended; an OpenAI batch's
+// input file, at once). It waits for candidates that have not
 // ended, holding the items, until their expiry plus an hour at most; a
 // record no batch of the org proves, once the API has had time to show it,
 // is abandoned and its items are free again. Harvesting commits each result
 // with the store's guard, so a batch harvested twice (after a crash) writes
 // each line once; a batch whose results are past retention sends its items
 // again. Every call to the batch endpoints is paced per org under the org's
-// batch RPM. Failures every resume would repeat wrap ErrNeedsPerson.
+// batch RPM. An org's queue is kept under its cap: Anthropic's processing
+// queue in requests, OpenAI's enqueued prompt tokens per model (an OpenAI
+// batch that fails for that limit is sent again, smaller). Failures every
+// resume would repeat wrap ErrNeedsPerson.
 //
 // Per request: succeeded is done; errored with a non-retryable type
 // (invalid_request_error) is terminal with its error; errored with a
@@ -47,6 +59,7 @@ import (
 	"github.com/apidispatch/apidispatch/rundir"
 	"github.com/apidispatch/apidispatch/spend"
 	"github.com/apidispatch/apidispatch/store"
+	"github.com/apidispatch/apidispatch/upstream"
 )
 
 // Limits of the Message Batches API (docs/design.md §19).
@@ -137,7 +150,22 @@ type Config struct {
 	// (missing: DefaultRPM, the lowest tier's). The route paces its calls
 	// to 90 % of it, and slower after a 429.
 	RPM map[string]float64
+	// QueueTokens is each OpenAI org's enqueued-token limit per model, by
+	// org name (missing: DefaultQueueTokens): the prompt tokens its
+	// unfinished batches of one model may hold. The route places at most
+	// 90 % of it (its token counts are estimates); a batch that fails for
+	// the limit lowers what it places there.
+	QueueTokens map[string]int64
 }
+
+// DefaultQueueTokens is the enqueued-token limit per model assumed for an
+// OpenAI org whose limit is not known. It is low on purpose: a limit too
+// low only makes smaller batches, one too high fails them.
+const DefaultQueueTokens = 2_000_000
+
+// queueShare is the part of an OpenAI org's enqueued-token limit the
+// route fills: its token counts are local estimates.
+const queueShare = 0.9
 
 // Result is what Run returns.
 type Result struct {
@@ -170,10 +198,14 @@ type Result struct {
 // orgState is one org as the route sees it.
 type orgState struct {
 	org.Org
-	cl        *client
+	cl        api
+	openai    bool // an OpenAI org: one model per batch, a token queue per model
 	holdUntil time.Time
 	disabled  string
 	capSeen   int64 // 0: none observed
+	// tokSeen is, per model, the enqueued tokens of ours a batch failed
+	// beyond (OpenAI).
+	tokSeen map[string]int64
 }
 
 // rec is a batch record with what the route keeps about it in memory.
@@ -194,6 +226,12 @@ type rec struct {
 	waitNoted bool
 	// hold is the batch's worst case in the spend gate.
 	hold *spend.Reservation
+	// last is the batch as last seen on the API (nil: not seen yet).
+	last *apiBatch
+	// model and tokens: an OpenAI batch's one model and the prompt tokens
+	// it enqueues there (estimated).
+	model  string
+	tokens int64
 }
 
 // Route runs the batch route of one run. Use New, then Run once.
@@ -267,7 +305,12 @@ func New(cfg Config) (*Route, error) {
 	}
 	r := &Route{cfg: cfg, log: cfg.Log, held: map[int64]int64{}, known: map[string]int64{}, changed: make(chan struct{}, 1), submitDone: make(chan struct{})}
 	for _, o := range cfg.Orgs {
-		r.orgs = append(r.orgs, &orgState{Org: o, cl: &client{http: hc, base: base, key: o.Key, pace: newPacer(cfg.RPM[o.Name], cfg.Speed)}})
+		c := newConn(hc, base, o, newPacer(cfg.RPM[o.Name], cfg.Speed))
+		st := &orgState{Org: o, cl: messagesAPI{c}}
+		if c.prov == upstream.OpenAI {
+			st.cl, st.openai, st.tokSeen = openaiAPI{c}, true, map[string]int64{}
+		}
+		r.orgs = append(r.orgs, st)
 	}
 	if cfg.NoSubmit || cfg.Cancel {
 		r.closeSubmit("")
@@ -380,7 +423,14 @@ func (r *Route) load(ctx context.Context) error {
 		r.mu.Unlock()
 		// Created by an earlier process: its worst case is held whatever
 		// the cap says, since it may be billed.
-		r.recs = append(r.recs, &rec{BatchRecord: b, org: o, next: now, wait: r.api(pollMin), hold: r.gate.Hold(cost.Nanos(b.WorstNanos))})
+		rc := &rec{BatchRecord: b, org: o, next: now, wait: r.api(pollMin), hold: r.gate.Hold(cost.Nanos(b.WorstNanos))}
+		if o.openai && len(its) > 0 {
+			rc.model = its[0].Model
+			for _, it := range its {
+				rc.tokens += it.EstInput
+			}
+		}
+		r.recs = append(r.recs, rc)
 		r.emit(fmt.Sprintf("batch %d (%s, org %s, %d requests, %s): re-attached", b.Local, cmp.Or(b.ID, "id not known yet"), b.Org, b.N, b.Status), recData(&b))
 	}
 	return nil
@@ -447,7 +497,7 @@ func (r *Route) Run(ctx context.Context) (*Result, error) {
 		}
 		open := r.openCount()
 		if open == 0 && (r.closedSub || !r.anyTakeable(ctx)) {
-			r.closeSubmit("")
+			r.closeSubmit(r.unserved(ctx))
 			break
 		}
 		if !r.closedSub && r.res.Harvested+r.res.Abandoned+r.res.Archived != settled {
@@ -607,7 +657,8 @@ func (r *Route) poll(ctx context.Context, b *rec) error {
 		return nil
 	}
 	b.lost404 = time.Time{}
-	if ab.ended() {
+	b.last = ab
+	if ab.Ended {
 		b.ended = true
 		b.EndedAt = cmp.Or(derefTime(ab.EndedAt), now)
 		b.next = now
@@ -632,7 +683,7 @@ func (r *Route) poll(ctx context.Context, b *rec) error {
 	b.wait = min(max(age/8, r.api(min(pollMin, r.cfg.PollMax))), r.api(r.cfg.PollMax))
 	// Polls of the org's open batches together take at most half its
 	// batch-endpoint budget, however many small batches it holds.
-	b.wait = max(b.wait, time.Duration(2*r.openOn(b.org))*b.org.cl.pace.base)
+	b.wait = max(b.wait, time.Duration(2*r.openOn(b.org))*b.org.cl.pacer().base)
 	if b.CancelRequested {
 		b.wait = min(b.wait, r.api(time.Second))
 	}
@@ -735,6 +786,34 @@ func (r *Route) anyTakeable(ctx context.Context) bool {
 	return err == nil && found
 }
 
+// unserved says why pending items the route would carry are left (every
+// org of their provider can no longer create batches), or "".
+func (r *Route) unserved(ctx context.Context) string {
+	var left *store.Item
+	err := store.EachPending(ctx, r.cfg.Store, func(it store.Item) bool {
+		if !r.Holds(it.Seq) && (r.cfg.Take == nil || r.cfg.Take(it)) && !r.serves(it) {
+			left = &it
+		}
+		return left == nil
+	})
+	if err != nil || left == nil {
+		return ""
+	}
+	s := ""
+	for _, o := range r.orgs {
+		if o.serves(*left) && o.disabled != "" {
+			if s != "" {
+				s += "; "
+			}
+			s += o.Name + ": " + o.disabled
+		}
+	}
+	if s == "" {
+		s = "none is configured"
+	}
+	return fmt.Sprintf("no org of line %d's provider can create batches (%s)", left.Line, s)
+}
+
 // ahead is the requests of b's org's open batches made before b and not
 // seen ended: the API processes an org's batches one after another.
 func (r *Route) ahead(b *rec) int64 {
@@ -768,6 +847,32 @@ func (r *Route) queued(o *orgState) int64 {
 		}
 	}
 	return q
+}
+
+// queuedTokens is what the route has in OpenAI org o's queue of model:
+// the prompt tokens of its open batches of the model not seen ended.
+func (r *Route) queuedTokens(o *orgState, model string) int64 {
+	var q int64
+	for _, b := range r.recs {
+		if b.org == o && b.model == model && b.Status.Open() && !b.ended {
+			q += b.tokens
+		}
+	}
+	return q
+}
+
+// tokCapOf is the enqueued tokens the route places in OpenAI org o's
+// queue of model.
+func (r *Route) tokCapOf(o *orgState, model string) int64 {
+	c := int64(DefaultQueueTokens)
+	if v, ok := r.cfg.QueueTokens[o.Name]; ok && v > 0 {
+		c = v
+	}
+	c = int64(float64(c) * queueShare)
+	if s := o.tokSeen[model]; s > 0 {
+		c = min(c, s)
+	}
+	return c
 }
 
 func (r *Route) capOf(o *orgState) int64 {

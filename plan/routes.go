@@ -53,6 +53,11 @@ type BatchModel struct {
 	// together; the batch route paces its calls under it (0: the lowest
 	// tier's, batch.DefaultRPM). The projection does not use it.
 	RPM float64 `json:"rpm,omitempty"`
+	// QueueTokens is one OpenAI org's enqueued-token limit per model (the
+	// prompt tokens its unfinished batches of a model may hold); the batch
+	// route keeps its OpenAI batches under it (0: batch.DefaultQueueTokens).
+	// The projection does not use it.
+	QueueTokens int64 `json:"queue_tokens,omitempty"`
 }
 
 // DefaultBatchModel is the simulator's batch model: a 4-minute queue wait,

@@ -10,6 +10,7 @@ import (
 	"github.com/apidispatch/apidispatch/batch"
 	"github.com/apidispatch/apidispatch/dispatch"
 	"github.com/apidispatch/apidispatch/gate"
+	"github.com/apidispatch/apidispatch/org"
 	"github.com/apidispatch/apidispatch/rundir"
 	"github.com/apidispatch/apidispatch/spend"
 	"github.com/apidispatch/apidispatch/store"
@@ -297,9 +298,8 @@ func (ex *execution) batchConfig() batch.Config {
 	c := ex.x.Batch
 	s := ex.x.Sync
 	c.Orgs, c.BaseURL, c.Speed, c.Prices, c.MaxCost, c.Log, c.Deadline = s.Orgs, s.BaseURL, s.Speed, s.Prices, s.MaxCost, s.Log, s.Deadline
-	// The Message Batches route is Anthropic's: OpenAI orgs have no batch
-	// of its kind to run (checkProviders keeps OpenAI items off it).
-	c.Orgs = anthropicOrgs(c.Orgs)
+	// Every org: Anthropic items go to the Anthropic orgs' Message
+	// Batches, OpenAI items to the OpenAI orgs' Batch API.
 	c.WrapTransport = s.WrapTransport
 	c.Spend = s.Spend // one gate for every route of the run
 	if c.Client == nil {
@@ -351,9 +351,19 @@ func (ex *execution) auto(ctx context.Context) error {
 	// The boundary sets the sync share within the free items; the items
 	// of batches still open from an earlier run stay with the batches
 	// (re-attached), never sent by sync as well.
+	//
+	// OpenAI items all go by batch at first (the cheapest; the router's
+	// projection covers the Anthropic items only): the sync share and its
+	// boundary count Anthropic items alone, and the first sync engine
+	// leaves the OpenAI items to the batch route. Those that come back
+	// (late batches cancelled, retryable results) go by sync as the rest.
 	var boundary int64
+	oa, err := ex.openAISeqs(ctx)
+	if err != nil {
+		return err
+	}
 	bc := ex.batchConfig()
-	bc.Take = func(it store.Item) bool { return it.Seq > boundary }
+	bc.Take = func(it store.Item) bool { return it.Seq > boundary || it.Provider == org.OpenAI }
 	bc.SubmitOnce = true
 	bc.LateAt = ex.x.LateAt
 	rt, err := batch.New(bc)
@@ -364,7 +374,7 @@ func (ex *execution) auto(ctx context.Context) error {
 		return err
 	}
 	ex.attached()
-	if boundary, err = ex.boundary(ctx, ex.x.SyncItems, rt); err != nil {
+	if boundary, err = ex.boundary(ctx, ex.x.SyncItems, rt, oa); err != nil {
 		return err
 	}
 	bctx, bstop := context.WithCancel(ctx)
@@ -376,6 +386,9 @@ func (ex *execution) auto(ctx context.Context) error {
 	if boundary > 0 {
 		c := ex.x.Sync
 		c.MaxSeq, c.Skip = boundary, rt.Holds
+		if len(oa) > 0 {
+			c.Skip = func(seq int64) bool { return oa[seq] || rt.Holds(seq) }
+		}
 		syncErr = ex.sync(ctx, c)
 	}
 	// Once the batches are placed, whatever is pending and in no open
@@ -426,16 +439,16 @@ func (ex *execution) auto(ctx context.Context) error {
 	return errors.Join(syncErr, bErr)
 }
 
-// boundary is the seq of the n-th pending item no open batch holds (0 for
-// n = 0; the last one's when there are fewer): auto's sync share is the
-// free pending items up to it.
-func (ex *execution) boundary(ctx context.Context, n int64, rt *batch.Route) (int64, error) {
+// boundary is the seq of the n-th pending item no open batch holds and
+// not in skip (0 for n = 0; the last one's when there are fewer): auto's
+// sync share is the free pending items up to it, less those in skip.
+func (ex *execution) boundary(ctx context.Context, n int64, rt *batch.Route, skip map[int64]bool) (int64, error) {
 	var seen, seq int64
 	if n <= 0 {
 		return 0, nil
 	}
 	err := store.EachPending(ctx, ex.job.Store, func(it store.Item) bool {
-		if rt.Holds(it.Seq) {
+		if rt.Holds(it.Seq) || skip[it.Seq] {
 			return true
 		}
 		seen++
@@ -443,6 +456,21 @@ func (ex *execution) boundary(ctx context.Context, n int64, rt *batch.Route) (in
 		return seen < n
 	})
 	return seq, err
+}
+
+// openAISeqs are the pending OpenAI items (nil when there are none).
+func (ex *execution) openAISeqs(ctx context.Context) (map[int64]bool, error) {
+	var out map[int64]bool
+	err := store.EachPending(ctx, ex.job.Store, func(it store.Item) bool {
+		if it.Provider == org.OpenAI {
+			if out == nil {
+				out = map[int64]bool{}
+			}
+			out[it.Seq] = true
+		}
+		return true
+	})
+	return out, err
 }
 
 // freePending counts pending items no open batch holds.

@@ -21,8 +21,8 @@ import (
 // 'run' of a mixed file (Claude and GPT judge items): each item goes to
 // its provider's orgs and the run completes, its cost the simulator's
 // ledger; without an OpenAI org the file is refused before anything is
-// sent, naming its first OpenAI line; and OpenAI items on the batch route
-// are refused the same way.
+// sent, naming its first OpenAI line (TestRunMixedFileByBatch and
+// TestRunMixedFileByAuto send them by the other routes).
 func TestRunMixedFile(t *testing.T) {
 	t.Parallel()
 	r, _ := simtest.Start(t, sim.PresetOrigin3Org, 50, func(c *sim.Config) {
@@ -56,10 +56,6 @@ func TestRunMixedFile(t *testing.T) {
 	}
 	if got := r.Server.LedgerTotals().Requests; got != 0 {
 		t.Fatalf("%d requests sent before the refusal", got)
-	}
-	out, _ = run(r.Server.AllOrgs(), runner.RouteBatch)
-	if out.Code() != runner.ExitUsage || out.Err == nil || !strings.Contains(out.Err.Error(), "line 6") || !strings.Contains(out.Err.Error(), "--route sync") {
-		t.Fatalf("OpenAI items by batch: exit %d, err %v", out.Code(), out.Err)
 	}
 	out, log = run(r.Server.AllOrgs(), "")
 	if out.Code() != runner.ExitOK || out.Summary == nil || out.Summary.Succeeded != 10 {

@@ -158,7 +158,11 @@ func Run(ctx context.Context, cfg Config) Outcome {
 		return failf(Usage, "%s: %w", cfg.Input, err)
 	}
 	if ws.OpenAI > 0 {
-		fmt.Fprintf(w, "note: %d OpenAI items go by the sync route to the OpenAI orgs; the projection and the budget gate cover the Anthropic items only, and --max-cost holds for both\n", ws.OpenAI)
+		how := "by the " + cfg.Route + " route"
+		if cfg.Route == RouteAuto {
+			how = "by batch first (the cheapest; auto's projection covers the Anthropic items only), and by sync what a late batch gives back"
+		}
+		fmt.Fprintf(w, "note: %d OpenAI items go %s to the OpenAI orgs; the projection and the budget gate cover the Anthropic items only, and --max-cost holds for both\n", ws.OpenAI, how)
 	}
 	pin := plan.Input{Workload: ws, Prices: cfg.Prices, Orgs: orgNames(anthropicOrgs(cfg.Sync.Orgs)), Caps: cfg.Sync.Caps, Limits: cfg.Limits,
 		ExpectOutput: cfg.ExpectOutput, Speed: cfg.Sync.Speed}
@@ -221,8 +225,6 @@ func (cfg *Config) checkProviders(ws *workload.Summary) error {
 		return fmt.Errorf("line %d is an OpenAI request (url %s), and no OpenAI org is configured: set OPENAI_API_KEY or OPENAI_API_KEY_<NAME>, or add an org with provider = \"openai\" to the orgs file", ws.FirstOpenAILine, workload.OpenAIEndpoint)
 	case ws.FirstAnthropicLine > 0 && !has[org.Anthropic]:
 		return fmt.Errorf("line %d is an Anthropic request (params), and no Anthropic org is configured: set ANTHROPIC_API_KEY or ANTHROPIC_API_KEY_<NAME>, or add an org to the orgs file", ws.FirstAnthropicLine)
-	case ws.OpenAI > 0 && cfg.Route != "" && cfg.Route != RouteSync:
-		return fmt.Errorf("line %d is an OpenAI request: OpenAI items go by --route sync only for now (the OpenAI Batch API route is not built yet)", ws.FirstOpenAILine)
 	case ws.OpenAI > 0 && cfg.Pilot > 0:
 		return fmt.Errorf("line %d is an OpenAI request: --pilot re-projects Anthropic models only; run without --pilot", ws.FirstOpenAILine)
 	}
@@ -306,7 +308,8 @@ func (r *run) send(ctx context.Context) Outcome {
 	}
 	names := orgNames(cfg.Sync.Orgs)
 	x := Exec{Route: cfg.Route, Sync: cfg.Sync, OnEngine: cfg.onEngine(r.w), OnAttach: cfg.OnAttach,
-		Batch: batch.Config{Size: cfg.BatchSize, Cancel: cfg.Cancel, QueueCap: queueCaps(cfg.Limits, names), RPM: batchRPM(cfg.Limits, names)}}
+		Batch: batch.Config{Size: cfg.BatchSize, Cancel: cfg.Cancel, QueueCap: queueCaps(cfg.Limits, names), RPM: batchRPM(cfg.Limits, names),
+			QueueTokens: queueTokens(cfg.Limits, names)}}
 	if cfg.Progress {
 		x.OnBatch = func(rt *batch.Route) func() { return watchBatches(rt, r.w) }
 	}
@@ -423,6 +426,19 @@ func queueCaps(l *plan.Limits, orgs []string) map[string]int64 {
 	out := map[string]int64{}
 	for _, o := range orgs {
 		out[o] = l.Batch.Queue
+	}
+	return out
+}
+
+// queueTokens are the OpenAI orgs' enqueued-token limits per model from a
+// limits file's batch model (nil: the route's default).
+func queueTokens(l *plan.Limits, orgs []string) map[string]int64 {
+	if l == nil || l.Batch == nil || l.Batch.QueueTokens <= 0 {
+		return nil
+	}
+	out := map[string]int64{}
+	for _, o := range orgs {
+		out[o] = l.Batch.QueueTokens
 	}
 	return out
 }

@@ -420,3 +420,45 @@ func TestOpenAIResolveRefsIsBounded(t *testing.T) {
 		t.Errorf("resolved %d nodes, budget %d", n, maxResolvedNodes)
 	}
 }
+
+// The lost-create faults strike OpenAI creates as they do Anthropic
+// ones: the batch exists (listed, with its metadata, and its input file
+// readable) while its create is answered with a 500 in OpenAI's envelope,
+// or the connection is reset.
+func TestOpenAIBatchCreateLost(t *testing.T) {
+	t.Parallel()
+	ok := `{"custom_id":"c1","method":"POST","url":"/v1/chat/completions","body":{"model":"gpt-4.1-mini","messages":[{"role":"user","content":"hi"}]}}` + "\n"
+	for _, kind := range []FaultKind{FaultBatchCreateLost500, FaultBatchCreateLostReset} {
+		t.Run(string(kind), func(t *testing.T) {
+			t.Parallel()
+			cfg := oaTestConfig()
+			cfg.Faults = []Fault{{Kind: kind, Org: "oa"}}
+			run := startSim(t, cfg)
+			file := upload(t, run, ok)
+			r := oaDo(t, run, "POST", "/v1/batches", oaKey, []byte(`{"input_file_id":"`+file+`","endpoint":"/v1/chat/completions","completion_window":"24h","metadata":{"k":"v"}}`))
+			switch kind {
+			case FaultBatchCreateLost500:
+				var env openai.ErrorEnvelope
+				if r.status != 500 || json.Unmarshal(r.body, &env) != nil || env.Error.Type != openai.ErrServer {
+					t.Fatalf("create: %d %s; want a 500 server_error", r.status, r.body)
+				}
+			default:
+				if r.err == nil {
+					t.Fatalf("create answered %d; want a reset", r.status)
+				}
+			}
+			var page struct {
+				Data []openai.Batch `json:"data"`
+			}
+			if l := oaDo(t, run, "GET", "/v1/batches", oaKey, nil); l.status != 200 || json.Unmarshal(l.body, &page) != nil {
+				t.Fatalf("list: %d %s", l.status, l.body)
+			}
+			if len(page.Data) != 1 || page.Data[0].InputFileID != file || page.Data[0].Metadata["k"] != "v" || page.Data[0].RequestCounts.Total != 1 {
+				t.Fatalf("after a lost create the list holds %+v; want the batch with its file and metadata", page.Data)
+			}
+			if c := oaDo(t, run, "GET", "/v1/files/"+file+"/content", oaKey, nil); c.status != 200 || string(c.body) != ok {
+				t.Fatalf("input file: %d %q", c.status, c.body)
+			}
+		})
+	}
+}

@@ -9,6 +9,7 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -31,8 +32,10 @@ import (
 
 	"github.com/apidispatch/apidispatch/ab"
 	"github.com/apidispatch/apidispatch/internal/netproxy"
+	"github.com/apidispatch/apidispatch/internal/simtest"
 	"github.com/apidispatch/apidispatch/rundir"
 	"github.com/apidispatch/apidispatch/sim"
+	"github.com/apidispatch/apidispatch/workload"
 )
 
 // twoShared starts two 'apidispatch run' processes of n items each on the
@@ -587,3 +590,121 @@ func TestABBatchArm(t *testing.T) {
 // TestKillNineThenResume: the twenty kills in one 20,000-item run
 // (APIDISPATCH_KILL_N and APIDISPATCH_KILLS override either).
 func TestKillNineThenResume(t *testing.T) { killNineThenResume(t, 20_000, 20) }
+
+// TestOpenAIBatchKillNineThenResume: 'run --route batch' of a GPT judge
+// job over three OpenAI orgs, killed with SIGKILL at random moments and
+// resumed each time, then run to its end: each custom_id once in the
+// results, each request billed once by the simulator, the summary's cost
+// its ledger to the nano-dollar. Each org's enqueued-token limit holds
+// about one batch, which the route learns from the batches that fail with
+// token_limit_exceeded (their items are sent again once the queue
+// drains), so batches are created all along the run and a kill can strike
+// an upload or a create as well as a poll or a harvest; 30 % of the
+// creates lose their answer after the batch exists, and are adopted only
+// once their input file proves them ours.
+func TestOpenAIBatchKillNineThenResume(t *testing.T) {
+	if testing.Short() {
+		t.Skip("spawns processes")
+	}
+	t.Parallel()
+	const size, k = 250, 100
+	n, kills := 3000, 12
+	if s := os.Getenv("APIDISPATCH_KILLS"); s != "" {
+		kills, _ = strconv.Atoi(s)
+	}
+	if s := os.Getenv("APIDISPATCH_OPENAI_KILL_N"); s != "" {
+		var err error
+		if n, err = strconv.Atoi(s); err != nil || n < 1 {
+			t.Fatalf("APIDISPATCH_OPENAI_KILL_N=%q: want a number of items", s)
+		}
+	}
+	r, _ := simtest.Start(t, sim.PresetOrigin3Org, k, func(c *sim.Config) {
+		c.Faults = []sim.Fault{{Kind: sim.FaultBatchCreateLost500, Probability: 0.3}}
+		for _, name := range []string{"gpt_a", "gpt_b", "gpt_c"} {
+			c.Orgs = append(c.Orgs, sim.OrgConfig{Name: name, Provider: sim.ProviderOpenAI,
+				ModelLimits: map[string]sim.OpenAILimits{"*": {RPM: 30_000, TPM: 50_000_000, BatchQueueTokens: size * 320}}})
+		}
+	})
+	dir := t.TempDir()
+	input, runDir := filepath.Join(dir, "gpt.jsonl"), filepath.Join(dir, "run")
+	f, err := os.Create(input)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := workload.GenerateOpenAIJudge(f, n, 7, workload.GenOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	args := []string{"run", input, "--route", "batch", "--batch-size", strconv.Itoa(size), "--run-dir", runDir,
+		"--base-url", r.URL, "--speed", strconv.Itoa(k), "--quiet", "--confirm"}
+	rng := rand.New(rand.NewPCG(5, 6))
+	phases := map[string]int{}
+	for i := range kills {
+		// The kill comes at a random moment once the process is in its
+		// batches (a big file takes a while to validate).
+		seen := batchEvents(runDir)
+		c, out, exited := startCLI(t, r, args...)
+		for batchEvents(runDir) == seen {
+			select {
+			case <-exited:
+				t.Fatalf("run %d ended before its kill:\n%s", i+1, tail(out.String()))
+			case <-time.After(5 * time.Millisecond):
+			}
+		}
+		select {
+		case <-exited:
+			t.Fatalf("run %d ended before its kill:\n%s", i+1, tail(out.String()))
+		case <-time.After(time.Duration(rng.IntN(600)) * time.Millisecond):
+		}
+		if err := c.Process.Signal(syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		<-exited
+		phases[phaseOf(t, runDir)]++
+	}
+	c := cliCmd(r, append(args, "--json")...)
+	var out, errb bytes.Buffer
+	c.Stdout, c.Stderr = &out, &errb
+	if err := c.Run(); err != nil {
+		t.Fatalf("final run: %v\n%s", err, tail(errb.String()))
+	}
+	requireEachOnce(t, runDir, n)
+	var s rundir.Summary
+	if err := json.Unmarshal(bytes.TrimSpace(out.Bytes()), &s); err != nil {
+		t.Fatalf("summary: %v\n%s", err, out.String())
+	}
+	nanos, billed, twice := batchLedger(r)
+	t.Logf("%d kills by phase %v; the simulator billed %d batch requests (%d twice), %d n$; summary %d n$; %d batches created, %d adopted after a lost create, %d abandoned, %d results sent again",
+		kills, phases, billed, twice, nanos, s.Cost.TotalNanos, s.Batches.Created, s.Batches.Adopted, s.Batches.Abandoned, s.Batches.Retried)
+	if !s.DataLoss.Passed || s.Succeeded != int64(n) {
+		t.Fatalf("summary: %d succeeded, data loss %+v", s.Succeeded, s.DataLoss)
+	}
+	if billed != n || twice != 0 {
+		t.Fatalf("the simulator billed %d batch requests (%d twice): want %d, each once", billed, twice, n)
+	}
+	if s.Cost.TotalNanos != nanos {
+		t.Fatalf("summary cost %d n$, ledger %d n$", s.Cost.TotalNanos, nanos)
+	}
+	if s.Batches.Adopted == 0 {
+		t.Fatal("no lost create was adopted: the fault never struck")
+	}
+}
+
+// batchEvents counts the batch events of a run directory.
+func batchEvents(runDir string) int {
+	f, err := os.Open(filepath.Join(runDir, rundir.EventsFile))
+	if err != nil {
+		return 0
+	}
+	defer f.Close()
+	n := 0
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 1<<20), 1<<24)
+	for sc.Scan() {
+		var e rundir.Event
+		if json.Unmarshal(sc.Bytes(), &e) == nil && e.Kind == rundir.EventBatch {
+			n++
+		}
+	}
+	return n
+}
