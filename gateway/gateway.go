@@ -166,6 +166,7 @@ type Gateway struct {
 	orgs    []*upstream
 	rl      *rateAgg
 	batches *batchStore
+	files   *fileStore   // the OpenAI Files API's files (oafiles.go)
 	rc      *resultCache // nil: no result cache
 	log     *slog.Logger
 	mux     *http.ServeMux
@@ -313,6 +314,11 @@ func New(cfg Config) (*Gateway, error) {
 	})
 	g.mux = http.NewServeMux()
 	g.routes()
+	if g.files, err = openFileStore(cfg.StateDir); err != nil {
+		g.closeSpend()
+		lock.Close()
+		return nil, err
+	}
 	if g.batches, err = openBatchStore(g); err != nil {
 		g.closeSpend()
 		lock.Close()
@@ -452,6 +458,15 @@ func (g *Gateway) routes() {
 	h("DELETE /v1/messages/batches/{id}", g.deleteBatch)
 	h("POST /v1/messages/batches/{id}/cancel", g.cancelBatch)
 	h("GET /v1/messages/batches/{id}/results", g.batchResults)
+	h("POST /v1/files", g.uploadFile)
+	h("GET /v1/files", g.listFiles)
+	h("GET /v1/files/{id}", g.getFile)
+	h("DELETE /v1/files/{id}", g.deleteFile)
+	h("GET /v1/files/{id}/content", g.fileContent)
+	h("POST /v1/batches", g.createOABatch)
+	h("GET /v1/batches", g.listOABatches)
+	h("GET /v1/batches/{id}", g.retrieveOABatch)
+	h("POST /v1/batches/{id}/cancel", g.cancelOABatch)
 	h("GET /apidispatch/status", g.status)
 	g.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		if _, ok := g.authenticate(r); !ok {
@@ -465,7 +480,9 @@ func (g *Gateway) routes() {
 // isOpenAIRequest reports whether r is of the OpenAI API: its route, or
 // a path both APIs share asked by an OpenAI client (isOpenAIClient).
 func (g *Gateway) isOpenAIRequest(r *http.Request) bool {
-	return r.URL.Path == openai.PathChatCompletions || g.isOpenAIClient(r)
+	p := r.URL.Path
+	return p == openai.PathChatCompletions || p == openai.PathFiles || strings.HasPrefix(p, openai.PathFiles+"/") ||
+		p == openai.PathBatches || strings.HasPrefix(p, openai.PathBatches+"/") || g.isOpenAIClient(r)
 }
 
 // errWriterFor is the error writer of r's API.
