@@ -59,10 +59,37 @@ type oaBatchDoc struct {
 	CompletionWindow string            `json:"completion_window"`
 	Metadata         map[string]string `json:"metadata,omitempty"`
 	// Errors are a failed batch's errors.data (nil: not failed).
-	Errors       []openai.BatchError `json:"errors,omitempty"`
-	OutputFileID string              `json:"output_file_id,omitempty"`
-	ErrorFileID  string              `json:"error_file_id,omitempty"`
-	Expired      bool                `json:"expired,omitempty"`
+	Errors []openai.BatchError `json:"errors,omitempty"`
+	// Model is the model of the file's first request; Usage the
+	// answered requests' usage summed, once the batch has ended.
+	Model        string       `json:"model,omitempty"`
+	Usage        oaBatchUsage `json:"usage"`
+	OutputFileID string       `json:"output_file_id,omitempty"`
+	ErrorFileID  string       `json:"error_file_id,omitempty"`
+	Expired      bool         `json:"expired,omitempty"`
+}
+
+// oaBatchUsage is a batch object's usage: its answered requests' usage
+// summed.
+type oaBatchUsage struct {
+	InputTokens        int64 `json:"input_tokens"`
+	InputTokensDetails struct {
+		CachedTokens int64 `json:"cached_tokens"`
+	} `json:"input_tokens_details"`
+	OutputTokens        int64 `json:"output_tokens"`
+	OutputTokensDetails struct {
+		ReasoningTokens int64 `json:"reasoning_tokens"`
+	} `json:"output_tokens_details"`
+	TotalTokens int64 `json:"total_tokens"`
+}
+
+// add adds one answer's usage.
+func (u *oaBatchUsage) add(a openai.Usage) {
+	u.InputTokens += a.PromptTokens
+	u.InputTokensDetails.CachedTokens += a.PromptTokensDetails.CachedTokens
+	u.OutputTokens += a.CompletionTokens
+	u.OutputTokensDetails.ReasoningTokens += a.CompletionTokensDetails.ReasoningTokens
+	u.TotalTokens = u.InputTokens + u.OutputTokens
 }
 
 // Result files of an OpenAI batch, in its directory.
@@ -145,7 +172,7 @@ func (g *Gateway) createOABatch(w http.ResponseWriter, r *http.Request, client s
 		bad("input_file_id", "invalid_value", fmt.Sprintf("The input file %s must have purpose 'batch', not '%s'.", in.ID, in.Purpose))
 		return
 	}
-	n, worst, lineErrs, err := g.checkOAInput(g.files.path(in), route == runner.RouteBatch)
+	n, worst, model, lineErrs, err := g.checkOAInput(g.files.path(in), route == runner.RouteBatch)
 	if err != nil {
 		writeOAError(w, http.StatusInternalServerError, openai.ErrServer, "apidispatch gateway: reading the input file: "+err.Error())
 		return
@@ -153,7 +180,7 @@ func (g *Gateway) createOABatch(w http.ResponseWriter, r *http.Request, client s
 	s := g.batches
 	now := time.Now().UTC()
 	id := "batch_" + randomHex(12)
-	oa := &oaBatchDoc{InputFileID: in.ID, Endpoint: *req.Endpoint, CompletionWindow: *req.CompletionWindow, Metadata: meta}
+	oa := &oaBatchDoc{InputFileID: in.ID, Endpoint: *req.Endpoint, CompletionWindow: *req.CompletionWindow, Metadata: meta, Model: model}
 	gb := &gwBatch{dir: filepath.Join(s.dir, id), cancelReq: make(chan struct{}), meta: batchMetaDoc{
 		ID: id, Seq: s.nextSeq(), Client: client, N: n, Route: route, DeadlineS: deadline.Seconds(),
 		Status: statusInProgress, CreatedAt: now, ExpiresAt: now.Add(time.Duration(float64(24*time.Hour) / g.cfg.Speed)),
@@ -204,8 +231,8 @@ func (g *Gateway) createOABatch(w http.ResponseWriter, r *http.Request, client s
 // checkOAInput reads an OpenAI batch input file: its requests, their
 // worst case (at the Batch API's price when batch), or, for a file the
 // API would fail, its bad lines (at most maxLineErrors, then one counting
-// the rest).
-func (g *Gateway) checkOAInput(path string, batch bool) (int64, cost.Nanos, []openai.BatchError, error) {
+// the rest), and the model of its first request.
+func (g *Gateway) checkOAInput(path string, batch bool) (int64, cost.Nanos, string, []openai.BatchError, error) {
 	var errs []openai.BatchError
 	more := 0
 	add := func(code, msg string, line int64) {
@@ -233,17 +260,21 @@ func (g *Gateway) checkOAInput(path string, batch bool) (int64, cost.Nanos, []op
 			add("invalid_value", p.Msg, p.Line)
 		}
 		more += ve.More
-		return 0, 0, done(), nil
+		return 0, 0, "", done(), nil
 	case errors.Is(err, workload.ErrEmpty):
 		add("empty_file", "The input file has no requests.", 0)
-		return 0, 0, done(), nil
+		return 0, 0, "", done(), nil
 	case err != nil:
-		return 0, 0, nil, err
+		return 0, 0, "", nil, err
 	}
 	var n int64
 	var worst cost.Nanos
+	var model string
 	err = workload.Scan(path, func(it store.Item) error {
 		n++
+		if model == "" {
+			model = it.Model
+		}
 		if it.Provider != workload.ProviderOpenAI {
 			add("invalid_value", "this line is a Message Batches request (params); a line of an OpenAI batch is {\"custom_id\", \"method\": \"POST\", \"url\": \"/v1/chat/completions\", \"body\"}", it.Line)
 			return nil
@@ -258,15 +289,15 @@ func (g *Gateway) checkOAInput(path string, batch bool) (int64, cost.Nanos, []op
 		return nil
 	})
 	if err != nil {
-		return 0, 0, nil, err
+		return 0, 0, "", nil, err
 	}
 	if n > openai.MaxBatchRequests {
 		add("too_many_requests", fmt.Sprintf("The input file has %d requests; a batch may hold at most %d.", n, openai.MaxBatchRequests), 0)
 	}
 	if errs != nil {
-		return 0, 0, done(), nil
+		return 0, 0, "", done(), nil
 	}
-	return n, worst, nil, nil
+	return n, worst, model, nil, nil
 }
 
 // copyFileSync copies src to a new file dst (0600), synced.
@@ -439,7 +470,15 @@ func (g *Gateway) appendOABatch(buf []byte, gb *gwBatch, status string) []byte {
 	case openai.BatchExpired:
 		b.ExpiredAt = unix(*m.EndedAt)
 	}
-	o, _ := json.Marshal(b)
+	var mp *string
+	if oa.Model != "" {
+		mp = &oa.Model
+	}
+	o, _ := json.Marshal(struct {
+		openai.Batch
+		Model *string      `json:"model"`
+		Usage oaBatchUsage `json:"usage"`
+	}{b, mp, oa.Usage})
 	return append(buf, o...)
 }
 
@@ -466,6 +505,7 @@ func oaFileID(batchID, kind string) string {
 func (g *Gateway) writeOAResults(gb *gwBatch) func(dir string, canceled, expired bool) (counts, error) {
 	return func(dir string, canceled, expired bool) (counts, error) {
 		var c counts
+		var usage oaBatchUsage
 		done := map[string]bool{}
 		var out, errs bytes.Buffer
 		put := func(buf *bytes.Buffer, l oaLine) {
@@ -489,6 +529,11 @@ func (g *Gateway) writeOAResults(gb *gwBatch) func(dir string, canceled, expired
 				if l.Response != nil && l.Response.StatusCode == http.StatusOK && l.Error == nil {
 					c.Succeeded++
 					put(&out, l)
+					var body struct {
+						Usage openai.Usage `json:"usage"`
+					}
+					json.Unmarshal(l.Response.Body, &body)
+					usage.add(body.Usage)
 				} else {
 					c.Errored++
 					put(&errs, l)
@@ -546,7 +591,7 @@ func (g *Gateway) writeOAResults(gb *gwBatch) func(dir string, canceled, expired
 			}
 		}
 		gb.mu.Lock()
-		gb.meta.OpenAI.OutputFileID, gb.meta.OpenAI.ErrorFileID = outID, errID
+		gb.meta.OpenAI.OutputFileID, gb.meta.OpenAI.ErrorFileID, gb.meta.OpenAI.Usage = outID, errID, usage
 		gb.mu.Unlock()
 		return c, nil
 	}

@@ -244,6 +244,15 @@ func TestOpenAIBatchThroughServe(t *testing.T) {
 	if got := checkOnce(t, g, run, out, errs, n, "item"); got != n {
 		t.Errorf("%d answered, want %d", got, n)
 	}
+	var in, outTok int64
+	for _, l := range out {
+		var cc oai.ChatCompletion
+		json.Unmarshal(l.Response.Body, &cc)
+		in, outTok = in+cc.Usage.PromptTokens, outTok+cc.Usage.CompletionTokens
+	}
+	if u := done.Usage; u.InputTokens != in || u.OutputTokens != outTok || u.TotalTokens != in+outTok || in == 0 || done.Model != "gpt-4.1-mini" {
+		t.Errorf("the batch's model %q and usage %+v; its output lines' usage summed: %d in, %d out", done.Model, u, in, outTok)
+	}
 	_, err = bob.Files.Content(ctx, done.OutputFileID)
 	notFound("output content", err)
 	if of, err := alice.Files.Get(ctx, done.OutputFileID); err != nil || of.Purpose != "batch_output" {
