@@ -59,6 +59,8 @@ type fileDoc struct {
 // fileStore is the gateway's files.
 type fileStore struct {
 	state, dir string
+	// The bounds (MaxFileBytes, MaxClientFileBytes, MaxClientFiles).
+	maxFile, maxClientBytes, maxClientFiles int64
 
 	mu   sync.Mutex
 	byID map[string]*fileDoc
@@ -68,7 +70,8 @@ type fileStore struct {
 // before they were recorded (their temporary files, or content without
 // a record) are removed.
 func openFileStore(stateDir string) (*fileStore, error) {
-	s := &fileStore{state: stateDir, dir: filepath.Join(stateDir, filesDir), byID: map[string]*fileDoc{}}
+	s := &fileStore{state: stateDir, dir: filepath.Join(stateDir, filesDir), byID: map[string]*fileDoc{},
+		maxFile: MaxFileBytes, maxClientBytes: MaxClientFileBytes, maxClientFiles: MaxClientFiles}
 	if err := os.MkdirAll(s.dir, 0o700); err != nil {
 		return nil, fmt.Errorf("gateway: files: %w", err)
 	}
@@ -129,9 +132,9 @@ func (s *fileStore) addUpload(client, filename, purpose, tmp string, size int64)
 			total += d.Bytes
 		}
 	}
-	if n+1 > MaxClientFiles || total+size > MaxClientFileBytes {
+	if n+1 > s.maxClientFiles || total+size > s.maxClientBytes {
 		return nil, fmt.Errorf("%w: this client's uploads hold %d files and %d bytes, and may hold at most %d files and %d bytes: delete files it no longer needs (DELETE /v1/files/{id})",
-			errFileLimit, n, total, MaxClientFiles, MaxClientFileBytes)
+			errFileLimit, n, total, s.maxClientFiles, s.maxClientBytes)
 	}
 	id := "file-" + randomHex(12)
 	d := &fileDoc{ID: id, Seq: time.Now().UnixNano(), Client: client, Filename: filename, Purpose: purpose, Bytes: size,
@@ -205,18 +208,18 @@ func (g *Gateway) uploadFile(w http.ResponseWriter, r *http.Request, client stri
 	}
 	tooLarge := func() {
 		writeOAErrorParam(w, http.StatusRequestEntityTooLarge, openai.ErrInvalidRequest, "", "file",
-			fmt.Sprintf("File is too large: the maximum size of a batch input file is %d MB.", MaxFileBytes>>20))
+			fmt.Sprintf("File is too large: the maximum size of a batch input file is %d bytes.", g.files.maxFile))
 	}
 	mt, params, err := mime.ParseMediaType(r.Header.Get("Content-Type"))
 	if err != nil || mt != "multipart/form-data" || params["boundary"] == "" {
 		bad("", "", "Invalid Content-Type: POST /v1/files expects multipart/form-data.")
 		return
 	}
-	if r.ContentLength > MaxFileBytes+formOverhead {
+	if r.ContentLength > g.files.maxFile+formOverhead {
 		tooLarge()
 		return
 	}
-	r.Body = http.MaxBytesReader(w, r.Body, MaxFileBytes+formOverhead)
+	r.Body = http.MaxBytesReader(w, r.Body, g.files.maxFile+formOverhead)
 	readFailed := func(err error) {
 		var mb *http.MaxBytesError
 		switch {
@@ -268,7 +271,7 @@ func (g *Gateway) uploadFile(w http.ResponseWriter, r *http.Request, client stri
 				return
 			}
 			tmp = f.Name()
-			size, err = io.Copy(f, io.LimitReader(part, MaxFileBytes+1))
+			size, err = io.Copy(f, io.LimitReader(part, g.files.maxFile+1))
 			if err == nil {
 				err = f.Sync()
 			}
@@ -279,7 +282,7 @@ func (g *Gateway) uploadFile(w http.ResponseWriter, r *http.Request, client stri
 				readFailed(err)
 				return
 			}
-			if size > MaxFileBytes {
+			if size > g.files.maxFile {
 				tooLarge()
 				return
 			}

@@ -32,6 +32,10 @@ import (
 // an Anthropic org), whose batches process perMinute requests an API
 // minute, at speed 200.
 func batchSim(t *testing.T, perMinute int64) *sim.Running {
+	return batchSimAt(t, perMinute, 200)
+}
+
+func batchSimAt(t *testing.T, perMinute int64, speed float64) *sim.Running {
 	cfg := oaTestConfig()
 	cfg.Orgs = cfg.Orgs[:1]
 	oaOrgs(&cfg)
@@ -40,7 +44,7 @@ func batchSim(t *testing.T, perMinute int64) *sim.Running {
 			cfg.Orgs[i].Batch = sim.BatchLimits{PerMinute: perMinute, CancelS: 2}
 		}
 	}
-	cfg.Speed = 200
+	cfg.Speed = speed
 	return startSim(t, cfg)
 }
 
@@ -469,4 +473,40 @@ func TestOpenAIBatchRestartThroughServe(t *testing.T) {
 	if got := checkOnce(t, g, run, content(t, alice, done.OutputFileID), content(t, alice, done.ErrorFileID), n, "rs"); got != n {
 		t.Errorf("%d answered, want %d", got, n)
 	}
+}
+
+// A batch not done within its 24 h (the upstream batches stall after half
+// their requests) ends expired: what was answered is in the output file,
+// the rest in the error file as batch_expired, each custom_id once, and
+// the ledger is what the simulator billed.
+func TestOpenAIBatchExpiryThroughServe(t *testing.T) {
+	const speed = 10000 // a batch expires in 8.64 s
+	run := batchSimAt(t, 600, speed)
+	if _, err := run.Server.AddFault(sim.Fault{Kind: sim.FaultBatchStall, Fraction: 0.5, ID: "stall"}); err != nil {
+		t.Fatal(err)
+	}
+	g, url, _ := serve(t, run, nil)
+	alice := gwClient(url, tokA)
+	const n = 40
+	f := upload(t, alice, judgeFile(n, "ex"))
+	b, err := newBatch(alice, f.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done, _ := awaitBatch(t, alice, b.ID)
+	if done.Status != "expired" || done.ExpiredAt == 0 || done.ErrorFileID == "" || done.RequestCounts.Completed+done.RequestCounts.Failed != n {
+		t.Fatalf("expired batch %s", done.RawJSON())
+	}
+	out, errs := content(t, alice, done.OutputFileID), content(t, alice, done.ErrorFileID)
+	answered := checkOnce(t, g, run, out, errs, n, "ex")
+	expired := 0
+	for _, l := range errs {
+		if l.Error != nil && l.Error.Code == "batch_expired" {
+			expired++
+		}
+	}
+	if expired == 0 || answered+expired != n {
+		t.Errorf("%d answered, %d expired of %d", answered, expired, n)
+	}
+	t.Logf("expired: %d answered, %d expired", answered, expired)
 }
