@@ -127,3 +127,32 @@ func TestFileStorageBounded(t *testing.T) {
 		}
 	}
 }
+
+// An Anthropic client (anthropic-version) asking /v1/files, which
+// Anthropic's own Files API shares, gets the Anthropic 404 it got before
+// the gateway served OpenAI files: not an OpenAI answer.
+func TestAnthropicClientNotServedOpenAIFiles(t *testing.T) {
+	run, _ := simtest.Start(t, sim.PresetOrigin3Org, 200, nil)
+	_, srv := startGW(t, run, nil)
+	for _, p := range []string{"/v1/files", "/v1/files/file-x", "/v1/batches"} {
+		req, _ := http.NewRequest(http.MethodGet, srv.URL+p, nil)
+		req.Header.Set("x-api-key", tokA)
+		req.Header.Set("anthropic-version", "2023-06-01")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		var e struct {
+			Type  string `json:"type"`
+			Error struct {
+				Type string `json:"type"`
+			} `json:"error"`
+		}
+		json.Unmarshal(b, &e)
+		if resp.StatusCode != 404 || e.Type != "error" || e.Error.Type != "not_found_error" {
+			t.Errorf("GET %s by an Anthropic client: %d %s, want the Anthropic 404", p, resp.StatusCode, b)
+		}
+	}
+}
