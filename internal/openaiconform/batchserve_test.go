@@ -359,7 +359,12 @@ func TestOpenAIBatchMaxCostThroughServe(t *testing.T) {
 // the rest in the error file as batch_cancelled, each custom_id once,
 // and what was done is what was billed.
 func TestOpenAIBatchCancelThroughServe(t *testing.T) {
-	run := batchSim(t, 20) // 40 requests take 120 API seconds
+	run := batchSim(t, 1200)
+	// The upstream batches stop after a quarter of their requests: the
+	// cancel finds requests not done however late it comes.
+	if _, err := run.Server.AddFault(sim.Fault{Kind: sim.FaultBatchStall, Fraction: 0.25, ID: "stall"}); err != nil {
+		t.Fatal(err)
+	}
 	g, url, _ := serve(t, run, nil)
 	alice := gwClient(url, tokA)
 	const n = 40
@@ -424,7 +429,9 @@ func waitSimBatch(t *testing.T, run *sim.Running) {
 // next start on the same state directory: the batch completes, each
 // custom_id once in its files and billed once, the ledger the bill.
 func TestOpenAIBatchRestartThroughServe(t *testing.T) {
-	run := batchSim(t, 20)
+	// 20 requests an org take 300 API seconds (1.5 s here): the gateway
+	// stops while they run.
+	run := batchSim(t, 4)
 	state := t.TempDir()
 	start := func() (*gateway.Gateway, *httptest.Server) {
 		g, err := gateway.New(gateway.Config{Orgs: run.Server.AllOrgs(), BaseURL: run.URL, Speed: run.Server.Speed(), Prices: cost.Default(),
