@@ -217,7 +217,7 @@ func (g *Gateway) createOABatch(w http.ResponseWriter, r *http.Request, client s
 		fail(err)
 		return
 	}
-	if err := copyFileSync(g.files.path(in), filepath.Join(gb.dir, batchRequests)); err != nil {
+	if err := linkOrCopy(g.files.path(in), filepath.Join(gb.dir, batchRequests)); err != nil {
 		fail(err)
 		return
 	}
@@ -298,6 +298,16 @@ func (g *Gateway) checkOAInput(path string, batch bool) (int64, cost.Nanos, stri
 		return 0, 0, "", done(), nil
 	}
 	return n, worst, model, nil, nil
+}
+
+// linkOrCopy makes dst the content of src: a hard link (an upload is
+// never written again, so batches made from one file share its bytes on
+// disk, and a delete of the file leaves theirs), else a copy.
+func linkOrCopy(src, dst string) error {
+	if os.Link(src, dst) == nil {
+		return nil
+	}
+	return copyFileSync(src, dst)
 }
 
 // copyFileSync copies src to a new file dst (0600), synced.
