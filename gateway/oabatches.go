@@ -159,10 +159,6 @@ func (g *Gateway) createOABatch(w http.ResponseWriter, r *http.Request, client s
 		bad("", "", msg)
 		return
 	}
-	if !g.serves(upstreampkg.OpenAI) {
-		bad("", "", `apidispatch gateway: no OpenAI org is configured (an org with provider = "openai" in the orgs file, or OPENAI_API_KEY), so OpenAI batches cannot be served`)
-		return
-	}
 	in := g.files.own(client, *req.InputFileID)
 	if in == nil {
 		noSuchFile(w, *req.InputFileID, "input_file_id")
@@ -170,6 +166,10 @@ func (g *Gateway) createOABatch(w http.ResponseWriter, r *http.Request, client s
 	}
 	if in.Purpose != openai.PurposeBatch {
 		bad("input_file_id", "invalid_value", fmt.Sprintf("The input file %s must have purpose 'batch', not '%s'.", in.ID, in.Purpose))
+		return
+	}
+	if !g.serves(upstreampkg.OpenAI) {
+		bad("", "", `apidispatch gateway: no OpenAI org is configured (an org with provider = "openai" in the orgs file, or OPENAI_API_KEY), so OpenAI batches cannot be served`)
 		return
 	}
 	n, worst, model, lineErrs, err := g.checkOAInput(g.files.path(in), route == runner.RouteBatch)

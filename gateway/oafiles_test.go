@@ -156,3 +156,78 @@ func TestAnthropicClientNotServedOpenAIFiles(t *testing.T) {
 		}
 	}
 }
+
+// Hostile input on the OpenAI Files and Batches routes reaches no upstream
+// and no file outside the gateway's records: a wrong token, ids that
+// would climb out of the state directory, a filename with a path, an
+// upload over the bound sent chunked, and malformed creates are each
+// answered in OpenAI's envelope.
+func TestHostileInputOnOpenAIFileRoutes(t *testing.T) {
+	run, _ := simtest.Start(t, sim.PresetOrigin3Org, 200, nil)
+	up, reached := countingUpstream(t, run)
+	g, srv := startGW(t, run, func(c *Config) { c.BaseURL = up })
+	g.files.maxFile = 1000
+	a := map[string]string{"Authorization": "Bearer " + tokA}
+	type want struct {
+		status int
+		param  string
+	}
+	var calls []hostileCall
+	wants := map[string]want{}
+	add := func(c hostileCall, status int, param string) {
+		calls = append(calls, c)
+		wants[c.name] = want{status, param}
+	}
+	for _, r := range [][2]string{{"POST", "/v1/files"}, {"GET", "/v1/files"}, {"GET", "/v1/files/file-x"}, {"DELETE", "/v1/files/file-x"},
+		{"GET", "/v1/files/file-x/content"}, {"POST", "/v1/batches"}, {"GET", "/v1/batches"}, {"GET", "/v1/batches/batch_x"}, {"POST", "/v1/batches/batch_x/cancel"}} {
+		add(hostileCall{name: "wrong token " + r[0] + " " + r[1], method: r[0], path: r[1], hdr: map[string]string{"Authorization": "Bearer sk-gw-wrong-token-000000000"}}, 401, "")
+	}
+	for _, id := range []string{"..%2Fledger.jsonl", "..%2F..%2Fstatus.json", "file-x%2F..%2F..%2Fledger.jsonl", "%2E%2E"} {
+		add(hostileCall{name: "file id " + id, method: "GET", path: "/v1/files/" + id + "/content", hdr: a}, 404, "id")
+		add(hostileCall{name: "file get " + id, method: "GET", path: "/v1/files/" + id, hdr: a}, 404, "id")
+	}
+	for _, id := range []string{"../ledger.jsonl", "../../files/x", "batches/../files"} {
+		body := `{"input_file_id":"` + id + `","endpoint":"/v1/chat/completions","completion_window":"24h"}`
+		add(hostileCall{name: "batch input " + id, method: "POST", path: "/v1/batches", body: strings.NewReader(body), hdr: a}, 404, "input_file_id")
+	}
+	add(hostileCall{name: "batch create malformed", method: "POST", path: "/v1/batches", body: strings.NewReader(`{"input_file_id":`), hdr: a}, 400, "")
+	add(hostileCall{name: "batch create unknown field", method: "POST", path: "/v1/batches", body: strings.NewReader(`{"input_file_id":"f","endpoint":"/v1/chat/completions","completion_window":"24h","x":1}`), hdr: a}, 400, "")
+	add(hostileCall{name: "batch create window", method: "POST", path: "/v1/batches", body: strings.NewReader(`{"input_file_id":"f","endpoint":"/v1/chat/completions","completion_window":"1h"}`), hdr: a}, 400, "completion_window")
+	add(hostileCall{name: "batch create endpoint", method: "POST", path: "/v1/batches", body: strings.NewReader(`{"input_file_id":"f","endpoint":"/v1/embeddings","completion_window":"24h"}`), hdr: a}, 400, "endpoint")
+	add(hostileCall{name: "upload not multipart", method: "POST", path: "/v1/files", body: strings.NewReader(`{}`), hdr: map[string]string{"Authorization": "Bearer " + tokA, "Content-Type": "application/json"}}, 400, "")
+	var form bytes.Buffer
+	mw := multipart.NewWriter(&form)
+	mw.WriteField("purpose", "batch")
+	fw, _ := mw.CreateFormFile("file", "x.jsonl")
+	fw.Write(bytes.Repeat([]byte("0"), 5000))
+	mw.Close()
+	add(hostileCall{name: "upload over the bound chunked", method: "POST", path: "/v1/files", body: &form, length: -1,
+		hdr: map[string]string{"Authorization": "Bearer " + tokA, "Content-Type": mw.FormDataContentType()}}, 413, "file")
+	for _, c := range calls {
+		status, body := c.do(t, srv.URL)
+		w := wants[c.name]
+		var e openai.ErrorEnvelope
+		if json.Unmarshal([]byte(body), &e); status != w.status || e.Error.Message == "" || w.param != "" && (e.Error.Param == nil || *e.Error.Param != w.param) {
+			t.Errorf("%s: %d %.200s, want %d (param %q) in OpenAI's envelope", c.name, status, body, w.status, w.param)
+		}
+	}
+	// A filename with a path is kept as its base name only, and the
+	// content is stored under the gateway's own name.
+	st, f, _ := uploadRaw(t, srv.URL, tokA, "batch", "../../../escape.jsonl", []byte("x"))
+	if st != 200 || f.Filename != "escape.jsonl" {
+		t.Errorf("an upload named ../../../escape.jsonl: %d %+v", st, f)
+	}
+	if _, err := os.Stat(filepath.Join(g.cfg.StateDir, "..", "escape.jsonl")); err == nil {
+		t.Error("an upload was written outside the state directory")
+	}
+	// A batch of the client's own file, on a gateway without OpenAI orgs:
+	// a 400 naming what is missing.
+	body := `{"input_file_id":"` + f.ID + `","endpoint":"/v1/chat/completions","completion_window":"24h"}`
+	st, resp := hostileCall{name: "no OpenAI org", method: "POST", path: "/v1/batches", body: strings.NewReader(body), hdr: a}.do(t, srv.URL)
+	if st != 400 || !strings.Contains(resp, "no OpenAI org") {
+		t.Errorf("a batch without OpenAI orgs: %d %s", st, resp)
+	}
+	if n := reached.Load(); n != 0 {
+		t.Errorf("%d requests reached the simulator", n)
+	}
+}
