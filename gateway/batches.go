@@ -71,6 +71,9 @@ type batchMetaDoc struct {
 	EndedAt         *time.Time `json:"ended_at"`
 	Counts          counts     `json:"counts"`
 	CostNanos       cost.Nanos `json:"cost_nanos"`
+	// OpenAI is set on a batch of the OpenAI Batches API (oabatches.go);
+	// nil on a Message Batch.
+	OpenAI *oaBatchDoc `json:"openai,omitempty"`
 }
 
 // gwBatch is one gateway batch in memory.
@@ -192,22 +195,9 @@ func validCustomID(s string) bool {
 // extension: header x-apidispatch-route (batch, the default; auto, with
 // x-apidispatch-deadline; sync).
 func (g *Gateway) createBatch(w http.ResponseWriter, r *http.Request, client string) {
-	route := strings.ToLower(strings.TrimSpace(r.Header.Get(headerRoute)))
-	if route == "" {
-		route = runner.RouteBatch
-	}
-	var deadline time.Duration
-	switch route {
-	case runner.RouteBatch, runner.RouteSync:
-	case runner.RouteAuto:
-		d, err := time.ParseDuration(r.Header.Get(headerDeadline))
-		if err != nil || d <= 0 {
-			writeError(w, http.StatusBadRequest, anthropic.ErrInvalidRequest, headerDeadline+": route auto needs a positive duration (e.g. 2h)")
-			return
-		}
-		deadline = d
-	default:
-		writeError(w, http.StatusBadRequest, anthropic.ErrInvalidRequest, headerRoute+": want batch, auto or sync")
+	route, deadline, bad := batchRoute(r)
+	if bad != "" {
+		writeError(w, http.StatusBadRequest, anthropic.ErrInvalidRequest, bad)
 		return
 	}
 	body, ok := readBody(w, r, MaxBatchBytes)
@@ -293,10 +283,7 @@ func (g *Gateway) createBatch(w http.ResponseWriter, r *http.Request, client str
 		return
 	}
 	s := g.batches
-	s.mu.Lock()
-	s.seq++
-	seq := s.seq
-	s.mu.Unlock()
+	seq := s.nextSeq()
 	id := "msgbatch_" + randomHex(12)
 	dir := filepath.Join(s.dir, id)
 	now := time.Now().UTC()
@@ -324,18 +311,56 @@ func (g *Gateway) createBatch(w http.ResponseWriter, r *http.Request, client str
 		writeError(w, http.StatusBadRequest, anthropic.ErrInvalidRequest, "requests: "+err.Error())
 		return
 	}
-	gb.mu.Lock()
-	err = gb.writeMetaLocked()
-	gb.mu.Unlock()
-	if err != nil {
+	if err := s.launch(gb); err != nil {
 		fail(err)
 		return
 	}
-	s.mu.Lock()
-	s.byID[id] = gb
-	s.mu.Unlock()
-	s.start(gb)
 	g.writeBatch(w, r, gb)
+}
+
+// batchRoute is the route a batch create asks for (header
+// x-apidispatch-route, batch by default) and its deadline (auto's), or
+// the problem with them.
+func batchRoute(r *http.Request) (string, time.Duration, string) {
+	route := strings.ToLower(strings.TrimSpace(r.Header.Get(headerRoute)))
+	switch route {
+	case "":
+		return runner.RouteBatch, 0, ""
+	case runner.RouteBatch, runner.RouteSync:
+		return route, 0, ""
+	case runner.RouteAuto:
+		d, err := time.ParseDuration(r.Header.Get(headerDeadline))
+		if err != nil || d <= 0 {
+			return "", 0, headerDeadline + ": route auto needs a positive duration (e.g. 2h)"
+		}
+		return route, d, ""
+	}
+	return "", 0, headerRoute + ": want batch, auto or sync"
+}
+
+// nextSeq is the sequence number of a new batch (its place in lists).
+func (s *batchStore) nextSeq() int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.seq++
+	return s.seq
+}
+
+// launch writes gb's record, then registers and starts it.
+func (s *batchStore) launch(gb *gwBatch) error {
+	gb.mu.Lock()
+	err := gb.writeMetaLocked()
+	gb.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.byID[gb.meta.ID] = gb
+	s.mu.Unlock()
+	if gb.meta.Status != statusEnded {
+		s.start(gb)
+	}
+	return nil
 }
 
 func compact(p []byte) []byte {
@@ -588,7 +613,11 @@ func (s *batchStore) finalize(gb *gwBatch, canceled, expired bool, out runner.Ou
 	gb.mu.Lock()
 	m := gb.meta
 	gb.mu.Unlock()
-	c, err := writeAPIResults(gb.dir, canceled, expired)
+	write := writeAPIResults
+	if m.OpenAI != nil {
+		write = g.writeOAResults(gb)
+	}
+	c, err := write(gb.dir, canceled, expired)
 	if err != nil {
 		g.log.Error("gateway batch: writing results", "batch", m.ID, "error", err)
 		return // stays open; the next start finishes it
@@ -624,6 +653,9 @@ func (s *batchStore) finalize(gb *gwBatch, canceled, expired bool, out runner.Ou
 	now := time.Now().UTC()
 	gb.mu.Lock()
 	gb.meta.Status, gb.meta.EndedAt, gb.meta.Counts, gb.meta.CostNanos = statusEnded, &now, c, costN
+	if oa := gb.meta.OpenAI; oa != nil {
+		oa.Expired = expired && !canceled
+	}
 	if err := gb.writeMetaLocked(); err != nil {
 		g.log.Error("gateway batch: writing its record", "batch", m.ID, "error", err)
 	}
@@ -768,7 +800,7 @@ func (g *Gateway) findBatch(w http.ResponseWriter, client, id string) *gwBatch {
 	s.mu.Unlock()
 	if gb != nil {
 		gb.mu.Lock()
-		own := gb.meta.Client == client
+		own := gb.meta.Client == client && gb.meta.OpenAI == nil
 		gb.mu.Unlock()
 		if own {
 			return gb
@@ -835,24 +867,36 @@ func (g *Gateway) cancelBatch(w http.ResponseWriter, r *http.Request, client str
 	if gb == nil {
 		return
 	}
-	gb.mu.Lock()
-	switch gb.meta.Status {
-	case statusEnded:
-		gb.mu.Unlock()
+	ended, err := gb.requestCancel()
+	switch {
+	case ended:
 		writeError(w, http.StatusBadRequest, anthropic.ErrInvalidRequest, "message_batch "+gb.meta.ID+" has already ended and cannot be canceled")
 		return
+	case err != nil:
+		writeError(w, http.StatusInternalServerError, anthropic.ErrAPI, "apidispatch gateway: storing the cancel: "+err.Error())
+		return
+	}
+	g.writeBatch(w, r, gb)
+}
+
+// requestCancel asks gb's executor to cancel it (durably first): false
+// and nil once asked (or asked before), true when gb has ended already.
+func (gb *gwBatch) requestCancel() (ended bool, err error) {
+	gb.mu.Lock()
+	defer gb.mu.Unlock()
+	switch gb.meta.Status {
+	case statusEnded:
+		return true, nil
 	case statusInProgress:
 		now := time.Now().UTC()
 		gb.meta.Status, gb.meta.CancelInitiated = statusCanceling, &now
 		if err := gb.writeMetaLocked(); err != nil {
-			gb.mu.Unlock()
-			writeError(w, http.StatusInternalServerError, anthropic.ErrAPI, "apidispatch gateway: storing the cancel: "+err.Error())
-			return
+			gb.meta.Status, gb.meta.CancelInitiated = statusInProgress, nil
+			return false, err
 		}
 		close(gb.cancelReq)
 	}
-	gb.mu.Unlock()
-	g.writeBatch(w, r, gb)
+	return false, nil
 }
 
 func (g *Gateway) deleteBatch(w http.ResponseWriter, r *http.Request, client string) {
@@ -905,7 +949,7 @@ func (g *Gateway) listBatches(w http.ResponseWriter, r *http.Request, client str
 	seqOf := map[string]int64{}
 	for _, gb := range s.byID {
 		gb.mu.Lock()
-		if gb.meta.Client == client {
+		if gb.meta.Client == client && gb.meta.OpenAI == nil {
 			mine = append(mine, gb)
 			seqOf[gb.meta.ID] = gb.meta.Seq
 		}

@@ -166,6 +166,7 @@ type Gateway struct {
 	orgs    []*upstream
 	rl      *rateAgg
 	batches *batchStore
+	files   *fileStore   // the OpenAI Files API's files (oafiles.go)
 	rc      *resultCache // nil: no result cache
 	log     *slog.Logger
 	mux     *http.ServeMux
@@ -313,6 +314,11 @@ func New(cfg Config) (*Gateway, error) {
 	})
 	g.mux = http.NewServeMux()
 	g.routes()
+	if g.files, err = openFileStore(cfg.StateDir); err != nil {
+		g.closeSpend()
+		lock.Close()
+		return nil, err
+	}
 	if g.batches, err = openBatchStore(g); err != nil {
 		g.closeSpend()
 		lock.Close()
@@ -452,6 +458,27 @@ func (g *Gateway) routes() {
 	h("DELETE /v1/messages/batches/{id}", g.deleteBatch)
 	h("POST /v1/messages/batches/{id}/cancel", g.cancelBatch)
 	h("GET /v1/messages/batches/{id}/results", g.batchResults)
+	// The OpenAI Files and Batches APIs. An Anthropic client (one that
+	// sends anthropic-version) asking these paths (Anthropic's own Files
+	// API shares /v1/files) is not served them: its 404, as before.
+	oa := func(pattern string, fn func(w http.ResponseWriter, r *http.Request, client string)) {
+		h(pattern, func(w http.ResponseWriter, r *http.Request, client string) {
+			if r.Header.Get(anthropic.HeaderVersion) != "" {
+				writeError(w, http.StatusNotFound, anthropic.ErrNotFound, "Not Found")
+				return
+			}
+			fn(w, r, client)
+		})
+	}
+	oa("POST /v1/files", g.uploadFile)
+	oa("GET /v1/files", g.listFiles)
+	oa("GET /v1/files/{id}", g.getFile)
+	oa("DELETE /v1/files/{id}", g.deleteFile)
+	oa("GET /v1/files/{id}/content", g.fileContent)
+	oa("POST /v1/batches", g.createOABatch)
+	oa("GET /v1/batches", g.listOABatches)
+	oa("GET /v1/batches/{id}", g.retrieveOABatch)
+	oa("POST /v1/batches/{id}/cancel", g.cancelOABatch)
 	h("GET /apidispatch/status", g.status)
 	g.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		if _, ok := g.authenticate(r); !ok {
@@ -462,10 +489,16 @@ func (g *Gateway) routes() {
 	})
 }
 
-// isOpenAIRequest reports whether r is of the OpenAI API: its route, or
-// a path both APIs share asked by an OpenAI client (isOpenAIClient).
+// isOpenAIRequest reports whether r is of the OpenAI API: its route (the
+// Files and Batches paths unless r sends anthropic-version), or a path
+// both APIs share asked by an OpenAI client (isOpenAIClient).
 func (g *Gateway) isOpenAIRequest(r *http.Request) bool {
-	return r.URL.Path == openai.PathChatCompletions || g.isOpenAIClient(r)
+	p := r.URL.Path
+	if p == openai.PathChatCompletions {
+		return true
+	}
+	oaPath := p == openai.PathFiles || strings.HasPrefix(p, openai.PathFiles+"/") || p == openai.PathBatches || strings.HasPrefix(p, openai.PathBatches+"/")
+	return oaPath && r.Header.Get(anthropic.HeaderVersion) == "" || g.isOpenAIClient(r)
 }
 
 // errWriterFor is the error writer of r's API.

@@ -5,7 +5,11 @@
 // SDK's own type declarations (.d.ts): a required member absent, or a
 // member the type does not declare. "usages" are the usages the SDK saw,
 // for the Go test to price and compare with the simulator's ledger.
-// Environment: SIM_URL, SIM_KEY, SIM_ORG, SIM_PROJECT.
+// Environment: SIM_URL, SIM_KEY, SIM_ORG, SIM_PROJECT. Through 'apidispatch
+// serve' (internal/openaiconform's TestOpenAINodeSDKBatchesThroughServe):
+// GW_URL, GW_KEY and GW_KEY2 (two clients' gateway tokens) instead; the
+// SDK, given only the gateway's base URL and a token, runs the batch
+// lifecycle, then another client finds none of it (404s).
 import fs from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -14,7 +18,8 @@ import OpenAI, { toFile } from 'openai';
 // The SDK's directory: its package exports no package.json, so find it
 // from this driver's own node_modules.
 const sdkDir = path.join(path.dirname(fileURLToPath(import.meta.url)), 'node_modules', 'openai');
-const { SIM_URL, SIM_KEY, SIM_ORG, SIM_PROJECT } = process.env;
+const { SIM_URL, SIM_KEY, SIM_ORG, SIM_PROJECT, GW_URL, GW_KEY, GW_KEY2 } = process.env;
+const SERVE = !!GW_URL;
 
 const report = { differ: [], failures: [], usages: [], calls: 0, objects: 0 };
 const fail = (msg) => report.failures.push(msg);
@@ -162,8 +167,9 @@ const judge = (i, extra = {}) => ({
   ...extra,
 });
 
-const client = new OpenAI({ apiKey: SIM_KEY, baseURL: `${SIM_URL}/v1`, organization: SIM_ORG, project: SIM_PROJECT, maxRetries: 0 });
-const retrying = new OpenAI({ apiKey: SIM_KEY, baseURL: `${SIM_URL}/v1`, organization: SIM_ORG, project: SIM_PROJECT, maxRetries: 2 });
+const client = SERVE ? new OpenAI({ apiKey: GW_KEY, baseURL: `${GW_URL}/v1`, organization: null, project: null, maxRetries: 0 })
+  : new OpenAI({ apiKey: SIM_KEY, baseURL: `${SIM_URL}/v1`, organization: SIM_ORG, project: SIM_PROJECT, maxRetries: 0 });
+const retrying = SERVE ? null : new OpenAI({ apiKey: SIM_KEY, baseURL: `${SIM_URL}/v1`, organization: SIM_ORG, project: SIM_PROJECT, maxRetries: 2 });
 
 async function main() {
   // Models.
@@ -378,8 +384,12 @@ async function main() {
     report.calls += log.sent.length;
   }
   await clearFault('node-quota');
+  await batches();
+}
 
-  // The batch lifecycle.
+// The batch lifecycle: upload, create, cancel, poll, list, the output and
+// error files.
+async function batches() {
   const lines = [];
   for (let i = 0; i < 20; i++) {
     lines.push(JSON.stringify({ custom_id: `node-${i}`, method: 'POST', url: '/v1/chat/completions', body: judge(100 + i) }));
@@ -438,8 +448,37 @@ async function main() {
       new Set(errs.map((x) => x.custom_id)).size !== 21) {
     fail(`cancelled lines: ${JSON.stringify(errs.slice(0, 2))}`);
   }
+  return { b, b2 };
 }
 
-main()
+// Through the gateway: the batch lifecycle, then another client finds
+// none of it.
+async function serveMain() {
+  const { b, b2 } = await batches();
+  const other = new OpenAI({ apiKey: GW_KEY2, baseURL: `${GW_URL}/v1`, organization: null, project: null, maxRetries: 0 });
+  const calls = [
+    ['batches.retrieve', 'batch_id', () => other.batches.retrieve(b.id)],
+    ['batches.cancel', 'batch_id', () => other.batches.cancel(b2.id)],
+    ['files.retrieve', 'id', () => other.files.retrieve(b.output_file_id)],
+    ['files.content', 'id', () => other.files.content(b.error_file_id)],
+    ['files.delete', 'id', () => other.files.delete(b.output_file_id)],
+  ];
+  for (const [what, param, call] of calls) {
+    report.calls++;
+    try {
+      await call();
+      fail(`another client's ${what} of the first's was answered`);
+    } catch (e) {
+      errorIs(`another client's ${what}`, e, OpenAI.NotFoundError, 404, 'invalid_request_error', null, param);
+    }
+  }
+  const listed = [];
+  for await (const x of other.batches.list()) listed.push(x.id);
+  report.calls++;
+  if (listed.length !== 0) fail(`another client's batches.list: ${listed}`);
+  if ((await client.files.retrieve(b.output_file_id)).id !== b.output_file_id) fail('the first client\'s output file is gone');
+}
+
+(SERVE ? serveMain() : main())
   .catch((e) => fail(`uncaught: ${e && e.stack ? e.stack : e}`))
   .finally(() => process.stdout.write(JSON.stringify(report) + '\n'));

@@ -7,6 +7,13 @@ key), SIM_ORG and SIM_PROJECT (its organization and a project of it). It
 sets and clears the simulator's faults (POST/DELETE /sim/faults) for the
 500s, 429s and the error event mid-stream.
 
+Through 'apidispatch serve' (run by internal/openaiconform's
+TestOpenAIPythonSDKBatchesThroughServe): GW_URL (the gateway's base URL),
+GW_KEY and GW_KEY2 (two clients' gateway tokens), and no SIM_*. The SDK
+is given only the gateway's base URL and a token, and runs the batch
+lifecycle (files and batches), then checks that the second client finds
+none of the first's files and batches (404).
+
 It prints one line per check, "ok     what" or "differ what: how", then
 "usages [...]" (every usage the SDK saw, for the Go test to price against
 the simulator's ledger) and "N checks, M differ"; it exits 1 when any
@@ -35,10 +42,11 @@ from openai.types import Batch, FileObject, Model
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from openai.types.shared import ErrorObject
 
-URL = os.environ["SIM_URL"]
-KEY = os.environ["SIM_KEY"]
-ORG = os.environ["SIM_ORG"]
-PROJECT = os.environ["SIM_PROJECT"]
+SERVE = bool(os.environ.get("GW_URL"))
+URL = os.environ["GW_URL"] if SERVE else os.environ["SIM_URL"]
+KEY = os.environ["GW_KEY"] if SERVE else os.environ["SIM_KEY"]
+ORG = None if SERVE else os.environ["SIM_ORG"]
+PROJECT = None if SERVE else os.environ["SIM_PROJECT"]
 MODEL = "gpt-4.1-mini"
 
 checks = 0
@@ -115,7 +123,9 @@ def check_complete(type_, raw, what):
 
 
 def check_headers(headers, what, org=True):
-    want = ["x-request-id", "openai-processing-ms"] + (["openai-organization"] if org else [])
+    # The gateway answers with its own request id; the upstream org's id
+    # and processing time are not a client's to see.
+    want = ["x-request-id"] if SERVE else ["x-request-id", "openai-processing-ms"] + (["openai-organization"] if org else [])
     missing = [h for h in want if not headers.get(h)]
     check(not missing, f"{what}: headers {', '.join(want)}", f"missing {missing}")
 
@@ -509,9 +519,12 @@ def main():
               f"the quota 429 with max_retries=2: RateLimitError insufficient_quota after {n} attempts",
               f"{type(e).__name__} {getattr(e, 'code', None)}")
     clear_fault("py-quota")
+    batches(cl)
 
-    # The batch lifecycle: upload, create, cancel, retrieve, list, the
-    # output and error files.
+
+def batches(cl):
+    """The batch lifecycle: upload, create, cancel, retrieve, list, the
+    output and error files, the files list and delete."""
     lines = [json.dumps({"custom_id": f"py-{i}", "method": "POST", "url": "/v1/chat/completions", "body": judge(100 + i)})
              for i in range(20)]
     bad_line = json.dumps({"custom_id": "py-bad", "method": "POST", "url": "/v1/chat/completions",
@@ -628,11 +641,34 @@ def main():
         check(False, "a deleted file is gone", "still retrieved")
     except openai.APIError as e:
         check(isinstance(e, openai.NotFoundError), "a deleted file is gone (404)", repr(e))
+    return b, b2
+
+
+def serve_main():
+    """Through the gateway: the batch lifecycle, then another client finds
+    none of it."""
+    cl = client()
+    b, b2 = batches(cl)
+    other = client(key=os.environ["GW_KEY2"])
+    for what, call in [("batches.retrieve", lambda: other.batches.retrieve(b.id)),
+                       ("batches.cancel", lambda: other.batches.cancel(b2.id)),
+                       ("files.retrieve", lambda: other.files.retrieve(b.output_file_id)),
+                       ("files.content", lambda: other.files.content(b.error_file_id)),
+                       ("files.delete", lambda: other.files.delete(b.output_file_id))]:
+        try:
+            call()
+            check(False, f"another client's {what} of the first's: 404", "answered")
+        except openai.APIError as e:
+            check_error(e, openai.NotFoundError, 404, "invalid_request_error", None,
+                        f"another client's {what} of the first's", param="batch_id" if what.startswith("batches") else "id")
+    page = other.batches.list()
+    check(page.data == [], "another client's batches.list: empty", repr(page.data))
+    check(cl.files.retrieve(b.output_file_id).id == b.output_file_id, "the first client's output file is still there", "")
 
 
 if __name__ == "__main__":
     try:
-        main()
+        serve_main() if SERVE else main()
     except Exception as e:  # a call that failed is a differ too
         import traceback
         traceback.print_exc()

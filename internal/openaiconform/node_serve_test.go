@@ -1,0 +1,105 @@
+package openaiconform
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/apidispatch/apidispatch/cost"
+	"github.com/apidispatch/apidispatch/gateway"
+	"github.com/apidispatch/apidispatch/openai"
+)
+
+// TestOpenAINodeSDKBatchesThroughServe runs the official openai npm SDK's
+// batch lifecycle (sim/testdata/openai-node/driver.mjs, as sim's
+// TestOpenAINodeSDK runs it against the simulator) through 'apidispatch
+// serve', the SDK given only the gateway's base URL and a token: every
+// object it returns has exactly the members the SDK's .d.ts declares (0
+// differ), another client gets the API's 404s, and the batch's usages
+// priced at the Batch API's price are the gateway's ledger and the
+// simulator's bill. Like sim's test it installs the pinned SDK with npm ci
+// on first use, and is skipped without node except under CI=true.
+func TestOpenAINodeSDKBatchesThroughServe(t *testing.T) {
+	node, err := exec.LookPath("node")
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("node is not installed: CI must run the npm SDK's conformance driver")
+		}
+		t.Skip("node is not installed")
+	}
+	dir := filepath.Join("..", "..", "sim", "testdata", "openai-node")
+	if _, err := os.Stat(filepath.Join(dir, "node_modules", "openai", "package.json")); err != nil {
+		npm, lerr := exec.LookPath("npm")
+		if lerr != nil {
+			t.Fatalf("npm is not installed to install the openai SDK: %v", lerr)
+		}
+		cmd := exec.Command(npm, "ci", "--no-audit", "--no-fund")
+		cmd.Dir = dir
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("npm ci in %s: %v\n%s", dir, err, out)
+		}
+	}
+	cfg := oaTestConfig()
+	cfg.Speed = 200
+	// 21 requests take 105 API seconds (0.5 s here): long enough for a
+	// loaded machine's polls to see the batch in progress.
+	cfg.Orgs[1].Batch.PerMinute = 12
+	run := startSim(t, cfg)
+	g, url, _ := serve(t, run, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, node, "driver.mjs")
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "GW_URL="+url, "GW_KEY="+tokA, "GW_KEY2="+tokB)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("node driver.mjs through serve: %v\n%s", err, stderr.String())
+	}
+	var rep struct {
+		Differ   []string `json:"differ"`
+		Failures []string `json:"failures"`
+		Calls    int      `json:"calls"`
+		Objects  int      `json:"objects"`
+		Usages   []struct {
+			Model            string `json:"model"`
+			Batch            bool   `json:"batch"`
+			PromptTokens     int64  `json:"prompt_tokens"`
+			CompletionTokens int64  `json:"completion_tokens"`
+			CachedTokens     int64  `json:"cached_tokens"`
+			ReasoningTokens  int64  `json:"reasoning_tokens"`
+		} `json:"usages"`
+	}
+	if err := json.Unmarshal(out, &rep); err != nil {
+		t.Fatalf("driver report %q: %v\n%s", out, err, stderr.String())
+	}
+	if len(rep.Failures) > 0 {
+		t.Errorf("%d failures:\n  %s", len(rep.Failures), strings.Join(rep.Failures, "\n  "))
+	}
+	if len(rep.Differ) > 0 || rep.Objects < 20 {
+		t.Errorf("%d objects checked, %d differ:\n  %s", rep.Objects, len(rep.Differ), strings.Join(rep.Differ, "\n  "))
+	}
+	var priced cost.Nanos
+	for _, u := range rep.Usages {
+		n, err := cost.OpenAI().Cost(u.Model, openai.Usage{PromptTokens: u.PromptTokens, CompletionTokens: u.CompletionTokens,
+			PromptTokensDetails:     openai.PromptTokensDetails{CachedTokens: u.CachedTokens},
+			CompletionTokensDetails: openai.CompletionTokensDetails{ReasoningTokens: u.ReasoningTokens}}, u.Batch)
+		if err != nil {
+			t.Fatal(err)
+		}
+		priced += n
+	}
+	bill := openAIBill(run, "oa")
+	ledger := g.Ledger().ByOrg()[gateway.OrgGatewayBatches]
+	if len(rep.Usages) != 20 || priced != bill || ledger != bill {
+		t.Errorf("%d usages priced %d n$, the simulator billed %d n$, the gateway's ledger %d n$", len(rep.Usages), priced, bill, ledger)
+	}
+	t.Logf("%d calls, %d objects checked, 0 differ; ledger = simulator bill = usages priced = %d n$", rep.Calls, rep.Objects, ledger)
+}
