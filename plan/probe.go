@@ -317,7 +317,7 @@ func probeOpenAI(c *ProbeCall, resp *http.Response, b []byte) {
 	}
 	c.OpenAIUsage = cc.Usage
 	m.ServiceTier = cc.ServiceTier
-	if n, err := cost.OpenAI().Cost(c.Model, *cc.Usage, false); err == nil {
+	if n, err := cost.OpenAI().CostTier(c.Model, *cc.Usage, cc.ServiceTier, false); err == nil {
 		c.Cost, c.CostKnown = n, true
 		m.CostNanos = n
 	}
