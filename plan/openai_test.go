@@ -229,3 +229,54 @@ func TestProjectOpenAIItems(t *testing.T) {
 		t.Errorf("OpenAI-only projection: expected %d wall %g lanes %+v", po.PerArmExpected, po.WallS, po.Lanes)
 	}
 }
+
+// TestRoutesOpenAIItems: the routes of a file with OpenAI items. A file
+// of GPT items alone gets auto's cheapest split for a deadline (some by
+// batch at half price, the rest by sync), priced pro rata; and a mixed
+// file's batch route ends when the slower provider's share does, each
+// provider's batches spread over its own orgs only (here 10,000 Claude
+// items on one Anthropic org: 240 s + 5 min + 60 s = 600 s; spread over
+// all four orgs it would have been 450 s). Before, OpenAI items were not
+// projected, and the batch route counted every org for every item.
+func TestRoutesOpenAIItems(t *testing.T) {
+	t.Parallel()
+	ws := writeOpenAIJudge(t, 20_000, 0)
+	in := plan.Input{Workload: ws, Prices: cost.Default(), OpenAIOrgs: []string{"g1", "g2"}, LatencyS: 2}
+	p, err := plan.Project(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Each org's lane: 120 (gpt-mini) / 2 s = 3,600 a minute; 20,000
+	// items by sync take 20,000 / 7,200 min = 166.7 s + warm-up + 2 s.
+	r, err := plan.ProjectRoutes(p, in, plan.DefaultBatchModel(), 400)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := r.Auto
+	if a == nil || !a.Meets || a.BatchItems < 100 || a.SyncItems < 1 || a.BatchItems+a.SyncItems != 20_000 {
+		t.Fatalf("auto for 400 s: %+v", a)
+	}
+	if !(a.ExpectedCost < r.Sync.ExpectedCost && a.ExpectedCost > r.Batch.ExpectedCost) || r.Batch.ExpectedCost*2 > r.Sync.ExpectedCost+2 {
+		t.Errorf("costs: sync %d, batch %d, auto %d (%d by batch)", r.Sync.ExpectedCost, r.Batch.ExpectedCost, a.ExpectedCost, a.BatchItems)
+	}
+	if got := r.SplitOpenAI(a.SyncItems); got != a.SyncItems {
+		t.Errorf("the sync share's OpenAI items: %d of %d", got, a.SyncItems)
+	}
+
+	mixed := writeOpenAIJudge(t, 10_000, 10_000)
+	in = plan.Input{Workload: mixed, Prices: cost.Default(), Orgs: []string{"claude"}, OpenAIOrgs: []string{"g1", "g2", "g3"}, LatencyS: 2}
+	p, err = plan.Project(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err = plan.ProjectRoutes(p, in, plan.DefaultBatchModel(), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Batch.WallS != 600 {
+		t.Errorf("mixed batch route: %g s, want 600 s (the Claude half on its one org)", r.Batch.WallS)
+	}
+	if got := r.SplitOpenAI(1000); got != 500 {
+		t.Errorf("a sync share of 1,000 holds %d OpenAI items, want 500", got)
+	}
+}
