@@ -64,15 +64,18 @@ func projectOpenAI(in Input, model string, ms workload.ModelSummary) (mp ModelPr
 	// admission (the completion itself for a choice without a limit).
 	mp.ITPMPerReq = estPer + float64(ms.MaxTokens)/n + float64(ms.UnboundedChoices)/n*math.Min(expect, float64(price.MaxOutput))
 
-	costs := func(r cost.OpenAIRates) (e, a, w float64) {
+	// The worst case is at the dearest tier an item may be served at: the
+	// projection does not read the items' service_tier, so priority's
+	// rates where the model offers it (as for any request not read).
+	costs := func(r, worst cost.OpenAIRates) (e, a, w float64) {
 		in := mp.InputPerReq * tenths(r.Input)
 		e = n * (in + mp.OutputPerReq*tenths(r.Output))
 		a = n * (in + mp.MaxTokensPerReq*tenths(r.Output))
-		w = n * (mp.InputBoundPerReq*tenths(r.Input) + mp.MaxTokensPerReq*tenths(r.Output))
+		w = n * (mp.InputBoundPerReq*tenths(worst.Input) + mp.MaxTokensPerReq*tenths(worst.Output))
 		return e, a, w
 	}
-	e, a, w = costs(price.Standard)
-	eb, _, wb := costs(price.Batch)
+	e, a, w = costs(price.Standard, price.WorstRatesFor(cost.TierUnknown, false))
+	eb, _, wb := costs(price.Batch, price.Batch)
 	mp.Rates = cost.Rates{Input: price.Standard.Input.Nanos(), Output: price.Standard.Output.Nanos(), CacheRead: price.Standard.CachedInput.Nanos()}
 	mp.BatchRates = cost.Rates{Input: price.Batch.Input.Nanos(), Output: price.Batch.Output.Nanos(), CacheRead: price.Batch.CachedInput.Nanos()}
 	mp.Expected, mp.AllMaxTokens, mp.WorstCase = nanos(e), nanos(a), nanos(w)

@@ -187,7 +187,9 @@ func TestProjectOpenAIItems(t *testing.T) {
 	if d := float64(gpt.BatchExpected) - want/2; d < 0 || d > 1 {
 		t.Errorf("OpenAI batch expected cost %d n$, want half of %.1f", gpt.BatchExpected, want)
 	}
-	worst := 1000 * (4*inPer*float64(price.Standard.Input) + maxPer*float64(price.Standard.Output)) / 10
+	// The worst case at the priority rates: the projection does not read
+	// the items' service_tier.
+	worst := 1000 * (4*inPer*float64(price.Priority.Input) + maxPer*float64(price.Priority.Output)) / 10
 	if d := float64(gpt.WorstCase) - worst; d < 0 || d > 1 {
 		t.Errorf("OpenAI worst case %d n$, want %.1f", gpt.WorstCase, worst)
 	}

@@ -344,7 +344,7 @@ func Project(in Input) (*Projection, error) {
 		p.Models = append(p.Models, mp)
 	}
 	if len(in.Workload.OpenAIModels) > 0 {
-		note("OpenAI items: priced by the embedded OpenAI price table (standard tier; the Batch API at its batch rates), prompts uncached, the worst case at %d × the local estimate and every choice's max_completion_tokens (the model's maximum output when unset); lanes bound by their RPM and TPM, the TPM charged at admission with the prompt and max_completion_tokens × n", InputBoundFactor)
+		note("OpenAI items: priced by the embedded OpenAI price table (standard tier; the Batch API at its batch rates), prompts uncached, the worst case at %d × the local estimate and every choice's max_completion_tokens (the model's maximum output when unset), at the priority-processing rates where the model has them (the dearest tier an item may ask for); lanes bound by their RPM and TPM, the TPM charged at admission with the prompt and max_completion_tokens × n", InputBoundFactor)
 	}
 	p.PerArmExpected = p.Spent + nanos(expected)
 	p.PerArmAllMax = p.Spent + nanos(allMax)
