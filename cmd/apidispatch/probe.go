@@ -23,7 +23,7 @@ func init() {
 func probeCmd(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("probe", flag.ContinueOnError)
 	var sf sendFlags
-	fs.StringVar(&sf.orgsFile, "orgs", "", "TOML file of orgs (`FILE`); without it, orgs come from ANTHROPIC_API_KEY, ANTHROPIC_API_KEY_<NAME> and ANTHROPIC_BATCH_KEY")
+	fs.StringVar(&sf.orgsFile, "orgs", "", "TOML file of orgs (`FILE`); without it, orgs come from ANTHROPIC_API_KEY, ANTHROPIC_API_KEY_<NAME>, ANTHROPIC_BATCH_KEY, OPENAI_API_KEY and OPENAI_API_KEY_<NAME>")
 	fs.StringVar(&sf.baseURL, "base-url", os.Getenv("ANTHROPIC_BASE_URL"), "API root `URL` (env ANTHROPIC_BASE_URL; default https://api.anthropic.com; http:// only for loopback)")
 	fs.StringVar(&sf.prices, "prices", "", "price table `FILE` overriding the embedded one (recorded in the limits file)")
 	fs.BoolVar(&sf.json, "json", false, "print the limits file on stdout instead of the table")
