@@ -199,10 +199,15 @@ func checkArms(names []string) ([]string, error) {
 }
 
 // harness is one Run in progress.
+// openAIWhy says why the A/B leaves OpenAI orgs out.
+const openAIWhy = "the A/B sends the Phase 6 Claude judge workload, and its legacy arm is the Anthropic SDK's path on one org; OpenAI items are compared by 'apidispatch run' (sync or batch) instead"
+
 type harness struct {
 	cfg       Config
 	simulated bool
-	batchArm  bool // the batch arm runs
+	// openAI are the configured OpenAI orgs the A/B leaves out.
+	openAI   []string
+	batchArm bool // the batch arm runs
 	// batchWallS is the batch arm's projected wall-clock (API seconds).
 	batchWallS float64
 	speed      float64
@@ -291,7 +296,19 @@ func newHarness(cfg Config) (*harness, error) {
 			h.speed = DefaultSpeed
 		}
 	} else {
-		h.orgs, h.baseURL = cfg.Orgs, cfg.BaseURL
+		// The A/B sends Claude judge items, and its legacy arm is the
+		// Anthropic SDK's path: an OpenAI org can serve neither arm.
+		for _, o := range cfg.Orgs {
+			if o.ProviderName() == org.OpenAI {
+				h.openAI = append(h.openAI, o.Name)
+				continue
+			}
+			h.orgs = append(h.orgs, o)
+		}
+		if len(h.openAI) > 0 {
+			fmt.Fprintf(h.out, "note: %s not used: %s\n", strings.Join(h.openAI, ", "), openAIWhy)
+		}
+		h.baseURL = cfg.BaseURL
 		if h.baseURL == "" {
 			h.baseURL = "https://api.anthropic.com"
 		}
@@ -382,8 +399,15 @@ func (h *harness) run(ctx context.Context) (*Result, error) {
 
 	// Precondition: the dispatcher arm needs several orgs.
 	if len(h.orgs) < 2 {
-		return nil, h.block(ErrTooFewOrgs, fmt.Sprintf("the A/B needs at least 2 orgs, found %d (%s); configure more keys (ANTHROPIC_API_KEY_<NAME> or --orgs FILE) or use --sim", len(h.orgs), strings.Join(names, ", ")),
-			map[string]any{"orgs": orgInfo, "reason": "fewer than 2 orgs"})
+		msg := fmt.Sprintf("the A/B needs at least 2 orgs, found %d (%s); configure more keys (ANTHROPIC_API_KEY_<NAME> or --orgs FILE) or use --sim", len(h.orgs), strings.Join(names, ", "))
+		if len(h.openAI) > 0 {
+			what := "is an OpenAI org"
+			if len(h.openAI) > 1 {
+				what = "are OpenAI orgs"
+			}
+			msg = fmt.Sprintf("the A/B needs at least 2 Anthropic orgs, found %d (%s); %s %s, which it cannot use: %s", len(h.orgs), strings.Join(names, ", "), strings.Join(h.openAI, ", "), what, openAIWhy)
+		}
+		return nil, h.block(ErrTooFewOrgs, msg, map[string]any{"orgs": orgInfo, "reason": "fewer than 2 orgs", "openai_orgs": h.openAI})
 	}
 
 	// Projection and gates on the total of every arm.

@@ -47,7 +47,60 @@ type OpenAIPrice struct {
 	MaxOutput int64
 	Standard  OpenAIRates
 	Batch     OpenAIRates
+	// Priority is the rates of priority processing (service_tier
+	// "priority"), nil when the model does not offer it (such a request
+	// is served, and billed, at the standard tier). Flex says the model
+	// offers flex processing (service_tier "flex"), billed at the Batch
+	// API rates.
+	Priority *OpenAIRates
+	Flex     bool
 }
+
+// OpenAI service tiers, as a request asks for them and an answer's
+// service_tier says which one served it.
+const (
+	TierAuto     = "auto"     // the project's setting (standard unless it says otherwise)
+	TierDefault  = "default"  // standard processing
+	TierFlex     = "flex"     // flex processing, at the Batch API rates
+	TierPriority = "priority" // priority processing, at a premium
+)
+
+// RatesFor are the rates of tier (an answer's service_tier), or of the
+// Batch API when batch: the priority rates for "priority" when the model
+// offers it, the Batch API rates for "flex" when it offers flex, else the
+// standard rates.
+func (p *OpenAIPrice) RatesFor(tier string, batch bool) OpenAIRates {
+	switch {
+	case batch:
+		return p.Batch
+	case tier == TierPriority && p.Priority != nil:
+		return *p.Priority
+	case tier == TierFlex && p.Flex:
+		return p.Batch
+	}
+	return p.Standard
+}
+
+// WorstRatesFor are the dearest rates a request asking for tier (its
+// service_tier, "" when it sets none) may be billed at: the priority
+// rates when it asks for priority (or may: an unread request, tier
+// "?"), else the standard rates (a flex request is served at flex or not
+// at all; one without a tier, or with "auto" or "default", at the
+// standard tier unless its project is set to another). At the Batch API
+// rates when batch.
+func (p *OpenAIPrice) WorstRatesFor(tier string, batch bool) OpenAIRates {
+	switch {
+	case batch:
+		return p.Batch
+	case (tier == TierPriority || tier == TierUnknown) && p.Priority != nil:
+		return *p.Priority
+	}
+	return p.Standard
+}
+
+// TierUnknown is the tier of a request whose body was not read: it may
+// ask for any tier.
+const TierUnknown = "?"
 
 // MaxImageTokens is the most prompt tokens one image part of a chat
 // completion may be billed at by this model, whatever its URL's length:
@@ -116,15 +169,26 @@ func (t *OpenAITable) Models() []*OpenAIPrice { return append([]*OpenAIPrice(nil
 // nano-dollar and rounded half up to a nano-dollar. The simulator bills
 // by the same rule, so a client's sum equals its ledger to the nano-dollar.
 func (t *OpenAITable) Cost(model string, u openai.Usage, batch bool) (Nanos, error) {
+	return t.CostTier(model, u, TierDefault, batch)
+}
+
+// CostTier is Cost at the rates of the service tier that served the
+// request (the answer's service_tier; RatesFor).
+func (t *OpenAITable) CostTier(model string, u openai.Usage, tier string, batch bool) (Nanos, error) {
 	p, err := t.Lookup(model)
 	if err != nil {
 		return 0, err
 	}
-	return p.Cost(u, batch)
+	return p.costAt(u, p.RatesFor(tier, batch))
 }
 
 // Cost is the cost of u at this price; see OpenAITable.Cost.
 func (p *OpenAIPrice) Cost(u openai.Usage, batch bool) (Nanos, error) {
+	return p.costAt(u, p.RatesFor(TierDefault, batch))
+}
+
+// costAt is the cost of u at rates r.
+func (p *OpenAIPrice) costAt(u openai.Usage, r OpenAIRates) (Nanos, error) {
 	cached := u.PromptTokensDetails.CachedTokens
 	for _, v := range []int64{u.PromptTokens, u.CompletionTokens, cached, u.CompletionTokensDetails.ReasoningTokens} {
 		if v < 0 || v > maxTokens {
@@ -137,10 +201,6 @@ func (p *OpenAIPrice) Cost(u openai.Usage, batch bool) (Nanos, error) {
 	if u.CompletionTokensDetails.ReasoningTokens > u.CompletionTokens {
 		return 0, fmt.Errorf("%w: %d reasoning tokens of %d completion tokens", ErrBadUsage, u.CompletionTokensDetails.ReasoningTokens, u.CompletionTokens)
 	}
-	r := p.Standard
-	if batch {
-		r = p.Batch
-	}
 	t := Tenths(u.PromptTokens-cached)*r.Input + Tenths(cached)*r.CachedInput + Tenths(u.CompletionTokens)*r.Output
 	return t.Nanos(), nil
 }
@@ -148,13 +208,24 @@ func (p *OpenAIPrice) Cost(u openai.Usage, batch bool) (Nanos, error) {
 // WorstCase is the most a request can cost: every prompt token uncached
 // and maxCompletion tokens for each of its n choices.
 func (t *OpenAITable) WorstCase(model string, promptTokens, maxCompletion, n int64, batch bool) (Nanos, error) {
+	return t.WorstCaseTier(model, promptTokens, maxCompletion, n, TierDefault, batch)
+}
+
+// WorstCaseTier is WorstCase for a request asking for service tier tier
+// ("" when it sets none, TierUnknown when unread), at the dearest rates
+// it may be billed at (WorstRatesFor).
+func (t *OpenAITable) WorstCaseTier(model string, promptTokens, maxCompletion, n int64, tier string, batch bool) (Nanos, error) {
 	if n < 1 {
 		n = 1
 	}
 	if maxCompletion < 0 || n > 128 || maxCompletion > maxTokens/n {
 		return 0, fmt.Errorf("%w: %d choices of %d tokens", ErrBadUsage, n, maxCompletion)
 	}
-	return t.Cost(model, openai.Usage{PromptTokens: promptTokens, CompletionTokens: maxCompletion * n}, batch)
+	p, err := t.Lookup(model)
+	if err != nil {
+		return 0, err
+	}
+	return p.costAt(openai.Usage{PromptTokens: promptTokens, CompletionTokens: maxCompletion * n}, p.WorstRatesFor(tier, batch))
 }
 
 type openaiFileModel struct {
@@ -164,6 +235,12 @@ type openaiFileModel struct {
 	Output          usdTenths  `toml:"output"`
 	BatchMultiplier multiplier `toml:"batch_multiplier"`
 	MaxOutput       int64      `toml:"max_output"`
+	Flex            bool       `toml:"flex"`
+	Priority        *struct {
+		Input       usdTenths `toml:"input"`
+		CachedInput usdTenths `toml:"cached_input"`
+		Output      usdTenths `toml:"output"`
+	} `toml:"priority"`
 }
 
 // usdTenths is a price in USD per million tokens decoded exactly into
@@ -219,8 +296,17 @@ func parseOpenAIPrices(name string, data []byte) (*OpenAITable, error) {
 		if fm.MaxOutput < 1 || fm.MaxOutput > maxTokens/128 {
 			return nil, fmt.Errorf("%s: max_output must be set, from 1 to %d", where, maxTokens/128)
 		}
-		p := &OpenAIPrice{Model: id, Aliases: fm.Aliases, MaxOutput: fm.MaxOutput,
+		p := &OpenAIPrice{Model: id, Aliases: fm.Aliases, MaxOutput: fm.MaxOutput, Flex: fm.Flex,
 			Standard: OpenAIRates{Input: fm.Input.n, CachedInput: fm.CachedInput.n, Output: fm.Output.n}}
+		if pr := fm.Priority; pr != nil {
+			if !pr.Input.set || !pr.Output.set || !pr.CachedInput.set {
+				return nil, fmt.Errorf("%s: priority: input, cached_input and output are required", where)
+			}
+			p.Priority = &OpenAIRates{Input: pr.Input.n, CachedInput: pr.CachedInput.n, Output: pr.Output.n}
+			if p.Priority.Input < p.Standard.Input || p.Priority.CachedInput < p.Standard.CachedInput || p.Priority.Output < p.Standard.Output {
+				return nil, fmt.Errorf("%s: priority: a rate below the standard one", where)
+			}
+		}
 		for _, r := range []struct {
 			what     string
 			src, dst *Tenths

@@ -417,8 +417,9 @@ func (s *oaStreamState) line(b []byte) bool {
 		return true
 	}
 	var v struct {
-		Usage *openai.Usage `json:"usage"`
-		Error *struct {
+		Usage       *openai.Usage `json:"usage"`
+		ServiceTier string        `json:"service_tier"`
+		Error       *struct {
 			Type string `json:"type"`
 		} `json:"error"`
 	}
@@ -435,7 +436,7 @@ func (s *oaStreamState) line(b []byte) bool {
 		return true
 	case v.Usage != nil:
 		s.begun = true
-		s.usage = upstreampkg.OpenAIUsage(*v.Usage)
+		s.usage = upstreampkg.OpenAIUsage(*v.Usage, v.ServiceTier)
 		if s.strip {
 			s.dropBlank = true
 			return false

@@ -75,6 +75,9 @@ type CompletionHead struct {
 	Model   string          `json:"model"`
 	Choices json.RawMessage `json:"choices"`
 	Usage   *Usage          `json:"usage"`
+	// ServiceTier is the tier that served the request, which its usage
+	// is billed at.
+	ServiceTier string `json:"service_tier"`
 }
 
 // Outcome is the classification of one HTTP attempt.

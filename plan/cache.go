@@ -10,6 +10,7 @@ import (
 	"github.com/apidispatch/apidispatch/apihttp"
 	"github.com/apidispatch/apidispatch/cache"
 	"github.com/apidispatch/apidispatch/cost"
+	"github.com/apidispatch/apidispatch/org"
 	"github.com/apidispatch/apidispatch/store"
 	"github.com/apidispatch/apidispatch/workload"
 )
@@ -46,7 +47,8 @@ type CacheHits struct {
 // origin is the API the run would ask (cache.OriginOf its base URL): only
 // that origin's answers count as hits, as in the run.
 func ProjectCache(ctx context.Context, path string, ws *workload.Summary, c *cache.Cache, mode cache.Mode, sampled bool, origin string) (*CacheHits, error) {
-	out := &CacheHits{Misses: &workload.Summary{N: ws.N, Lines: ws.Lines, Bytes: ws.Bytes, Hash: ws.Hash, LongestLine: ws.LongestLine, Models: maps.Clone(ws.Models)}}
+	out := &CacheHits{Misses: &workload.Summary{N: ws.N, Lines: ws.Lines, Bytes: ws.Bytes, Hash: ws.Hash, LongestLine: ws.LongestLine, Models: maps.Clone(ws.Models),
+		OpenAIModels: maps.Clone(ws.OpenAIModels), OpenAI: ws.OpenAI, FirstOpenAILine: ws.FirstOpenAILine, FirstAnthropicLine: ws.FirstAnthropicLine}}
 	if c == nil || mode == cache.ModeOff {
 		return out, nil
 	}
@@ -146,11 +148,16 @@ func ProjectCache(ctx context.Context, path string, ws *workload.Summary, c *cac
 		}
 	}()
 	drop := func(it store.Item) {
-		ms := out.Misses.Models[it.Model]
+		models := out.Misses.Models
+		if it.Provider == org.OpenAI {
+			models = out.Misses.OpenAIModels
+			out.Misses.OpenAI--
+		}
+		ms := models[it.Model]
 		ms.N--
 		ms.MaxTokens -= it.MaxTokens
 		ms.EstInput -= it.EstInput
-		out.Misses.Models[it.Model] = ms
+		models[it.Model] = ms
 		out.Misses.N--
 	}
 	seen := map[cache.Key]bool{}

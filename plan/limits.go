@@ -14,6 +14,7 @@ import (
 
 	"github.com/apidispatch/apidispatch/anthropic"
 	"github.com/apidispatch/apidispatch/cost"
+	"github.com/apidispatch/apidispatch/upstream"
 )
 
 // LimitsFormat is the "format" of a limits file written by this package.
@@ -218,7 +219,7 @@ func ParseLimits(b []byte) (*Limits, error) {
 				}
 			}
 			if m.Pool == "" {
-				m.Pool = string(anthropic.PoolOf(model))
+				m.Pool = string(PoolOf(model))
 			}
 			if m.OrgID != "" && ids[on] == "" {
 				ids[on] = m.OrgID
@@ -327,11 +328,11 @@ func (l *Limits) For(orgName, model string) (m ModelLimits, from string, ok bool
 			return ms[name], name, true
 		}
 	}
-	pool := anthropic.PoolOf(model)
+	pool := PoolOf(model)
 	found := false
 	for _, name := range sortedKeys(ms) {
 		e := ms[name]
-		if anthropic.Pool(e.Pool) != pool && anthropic.PoolOf(name) != pool {
+		if anthropic.Pool(e.Pool) != pool && PoolOf(name) != pool {
 			continue
 		}
 		if !found || (!m.Usable() && e.Usable()) {
@@ -339,6 +340,16 @@ func (l *Limits) For(orgName, model string) (m ModelLimits, from string, ok bool
 		}
 	}
 	return m, from, found
+}
+
+// PoolOf is the rate-limit pool of model, of either provider: an OpenAI
+// model's own pool ("openai:<model>", its limits are per model), else the
+// Anthropic pool.
+func PoolOf(model string) anthropic.Pool {
+	if IsOpenAIModel(model) {
+		return upstream.OpenAI.PoolOf(model)
+	}
+	return anthropic.PoolOf(model)
 }
 
 func sortedKeys[V any](m map[string]V) []string {

@@ -17,7 +17,9 @@ import (
 	"github.com/apidispatch/apidispatch/anthropic"
 	"github.com/apidispatch/apidispatch/apihttp"
 	"github.com/apidispatch/apidispatch/cost"
+	"github.com/apidispatch/apidispatch/openai"
 	"github.com/apidispatch/apidispatch/org"
+	"github.com/apidispatch/apidispatch/upstream"
 )
 
 // DefaultProbeModels are probed when no models are given: one model of each
@@ -32,14 +34,23 @@ var DefaultProbeModels = []string{
 	"claude-opus-5",
 }
 
+// DefaultOpenAIProbeModels are probed on OpenAI orgs when the models
+// given name none of OpenAI's: OpenAI's limits are per model, so these are
+// the judge models most used, each its own pool.
+var DefaultOpenAIProbeModels = []string{"gpt-4.1-mini", "gpt-4.1", "gpt-5-mini", "o4-mini"}
+
 // probeConcurrency bounds the probes in flight at once.
 const probeConcurrency = 8
 
 // ProbeConfig configures Probe.
 type ProbeConfig struct {
 	Orgs    []org.Org
-	BaseURL string   // "" is https://api.anthropic.com
-	Models  []string // nil: DefaultProbeModels
+	BaseURL string // "" is https://api.anthropic.com
+	// Models are probed on each org of their provider (an OpenAI model
+	// on the OpenAI orgs, a Claude model on the Anthropic ones). nil:
+	// DefaultProbeModels; a provider none of whose models is given takes
+	// its defaults (DefaultOpenAIProbeModels).
+	Models []string
 	// Prices prices each probe from its usage; PricesSource names the
 	// table in the limits file ("embedded" or a path).
 	Prices       *cost.Table
@@ -57,25 +68,63 @@ type ProbeConfig struct {
 type ProbeCall struct {
 	Org, Model string
 	Limits     ModelLimits
-	// Usage of a 200; Cost from it when the model has a price (CostKnown).
-	Usage     anthropic.Usage
-	Cost      cost.Nanos
-	CostKnown bool
+	// Usage of a 200 (OpenAIUsage for an OpenAI org's); Cost from it
+	// when the model has a price (CostKnown).
+	Usage       anthropic.Usage
+	OpenAIUsage *openai.Usage
+	Cost        cost.Nanos
+	CostKnown   bool
 	// Err is a transport failure (no HTTP response).
 	Err string
 }
 
-// probeBody is the smallest request: one "hi", one output token.
-func probeBody(model string) []byte {
+// probeBody is the smallest request of p: one "hi", one output token
+// (max_tokens, or an OpenAI chat completion's max_completion_tokens).
+func probeBody(p *upstream.Provider, model string) []byte {
+	limit := "max_tokens"
+	if p == upstream.OpenAI {
+		limit = "max_completion_tokens"
+	}
 	b, _ := json.Marshal(map[string]any{
-		"model":      model,
-		"max_tokens": 1,
-		"messages":   []map[string]string{{"role": "user", "content": "hi"}},
+		"model":    model,
+		limit:      1,
+		"messages": []map[string]string{{"role": "user", "content": "hi"}},
 	})
 	return b
 }
 
-// Probe sends one max_tokens 1 request per org × model and returns the
+// IsOpenAIModel reports whether model is an OpenAI model: one of the
+// OpenAI price table, or of an OpenAI model family (gpt-…, o1, o3 …).
+func IsOpenAIModel(model string) bool {
+	if _, err := cost.OpenAI().Lookup(model); err == nil {
+		return true
+	}
+	return upstream.OpenAI.Family(model) != upstream.FamilyOpenAI
+}
+
+// modelsFor splits models by provider: each provider's own, or its
+// defaults when models names none of them.
+func modelsFor(models []string) map[*upstream.Provider][]string {
+	out := map[*upstream.Provider][]string{}
+	for _, m := range models {
+		p := upstream.Anthropic
+		if IsOpenAIModel(m) {
+			p = upstream.OpenAI
+		}
+		out[p] = append(out[p], m)
+	}
+	if len(out[upstream.Anthropic]) == 0 {
+		out[upstream.Anthropic] = DefaultProbeModels
+	}
+	if len(out[upstream.OpenAI]) == 0 {
+		out[upstream.OpenAI] = DefaultOpenAIProbeModels
+	}
+	return out
+}
+
+// Probe sends one max_tokens 1 request per org × model of the org's
+// provider (an OpenAI org a chat completion with max_completion_tokens 1)
+// and returns the
 // limits file they make: each (org, model)'s rate limits, remaining,
 // status, organisation id and service tier, the price table, the groups of
 // orgs that reach one organisation (their limits do not add), and every
@@ -87,10 +136,7 @@ func Probe(ctx context.Context, cfg ProbeConfig) (*Limits, []ProbeCall, error) {
 	if len(cfg.Orgs) == 0 {
 		return nil, nil, errors.New("plan: probe: no orgs")
 	}
-	models := cfg.Models
-	if len(models) == 0 {
-		models = DefaultProbeModels
-	}
+	byProvider := modelsFor(cfg.Models)
 	base := strings.TrimRight(cfg.BaseURL, "/")
 	if base == "" {
 		base = "https://api.anthropic.com"
@@ -114,6 +160,7 @@ func Probe(ctx context.Context, cfg ProbeConfig) (*Limits, []ProbeCall, error) {
 	sem := make(chan struct{}, probeConcurrency)
 	var wg sync.WaitGroup
 	for i, o := range cfg.Orgs {
+		models := byProvider[upstream.For(o)]
 		calls[i] = make([]ProbeCall, len(models))
 		speeds[i] = make([]float64, len(models))
 		for j, m := range models {
@@ -171,19 +218,20 @@ func Probe(ctx context.Context, cfg ProbeConfig) (*Limits, []ProbeCall, error) {
 
 // probeOne sends one probe; speed is the x-sim-speed-factor header (0 if absent).
 func probeOne(ctx context.Context, client *http.Client, base string, o org.Org, model string, prices *cost.Table) (c ProbeCall, speed float64) {
+	p := upstream.For(o)
 	c = ProbeCall{Org: o.Name, Model: model}
-	c.Limits.Pool = string(anthropic.PoolOf(model))
+	c.Limits.Pool = string(p.PoolOf(model))
 	c.Limits.KeyFingerprint = o.Key.Fingerprint()
-	body := probeBody(model)
+	body := probeBody(p, model)
 	var resp *http.Response
 	var b []byte
 	for attempt := 1; ; attempt++ {
-		req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/messages", bytes.NewReader(body))
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+p.Endpoint(), bytes.NewReader(body))
 		if err != nil {
 			c.Err = err.Error()
 			return c, 0
 		}
-		anthropic.SetHeaders(req.Header, o.Key, true)
+		p.SetHeaders(req.Header, o, true)
 		resp, err = client.Do(req)
 		if err == nil {
 			b, err = io.ReadAll(io.LimitReader(resp.Body, 1<<20))
@@ -210,6 +258,13 @@ func probeOne(ctx context.Context, client *http.Client, base string, o org.Org, 
 		case <-t.C:
 		}
 	}
+	if v, err := strconv.ParseFloat(strings.TrimSpace(resp.Header.Get("x-sim-speed-factor")), 64); err == nil && v > 0 {
+		speed = v
+	}
+	if p == upstream.OpenAI {
+		probeOpenAI(&c, resp, b)
+		return c, speed
+	}
 	rl := anthropic.ParseRateLimits(resp.Header)
 	m := &c.Limits
 	m.Status = resp.StatusCode
@@ -220,9 +275,6 @@ func probeOne(ctx context.Context, client *http.Client, base string, o org.Org, 
 	m.OTPM = headerInt(resp.Header, anthropic.HeaderOutputLimit)
 	m.TPM = headerInt(resp.Header, anthropic.HeaderTokensLimit)
 	m.Remaining = Remaining{Requests: rl.Requests.Remaining, InputTokens: rl.Input.Remaining, OutputTokens: rl.Output.Remaining, Tokens: rl.Tokens.Remaining}
-	if v, err := strconv.ParseFloat(strings.TrimSpace(resp.Header.Get("x-sim-speed-factor")), 64); err == nil && v > 0 {
-		speed = v
-	}
 	if resp.StatusCode != http.StatusOK {
 		m.Error = errorText(b)
 		return c, speed
@@ -239,6 +291,36 @@ func probeOne(ctx context.Context, client *http.Client, base string, o org.Org, 
 		m.CostNanos = n
 	}
 	return c, speed
+}
+
+// probeOpenAI reads an OpenAI org's probe answer into c: its
+// x-ratelimit-* limits (requests → RPM, tokens → TPM: one bucket of
+// prompt and completion tokens together, so ITPM and OTPM stay unknown),
+// what remained, the openai-organization id, and for a 200 the service
+// tier and the cost from its usage at the OpenAI price table.
+func probeOpenAI(c *ProbeCall, resp *http.Response, b []byte) {
+	m := &c.Limits
+	m.Status = resp.StatusCode
+	rl := openai.ParseRateLimits(resp.Header, time.Now())
+	m.OrgID = rl.Organization
+	m.RPM = headerInt(resp.Header, openai.HeaderRequestsLimit)
+	m.TPM = headerInt(resp.Header, openai.HeaderTokensLimit)
+	m.Remaining = Remaining{Requests: rl.Requests.Remaining, Tokens: rl.Tokens.Remaining}
+	if resp.StatusCode != http.StatusOK {
+		m.Error = errorText(b)
+		return
+	}
+	var cc openai.ChatCompletion
+	if err := json.Unmarshal(b, &cc); err != nil || cc.Usage == nil {
+		m.Error = "unreadable 200 body: not a chat completion with usage"
+		return
+	}
+	c.OpenAIUsage = cc.Usage
+	m.ServiceTier = cc.ServiceTier
+	if n, err := cost.OpenAI().CostTier(c.Model, *cc.Usage, cc.ServiceTier, false); err == nil {
+		c.Cost, c.CostKnown = n, true
+		m.CostNanos = n
+	}
 }
 
 // scrub removes the key from a message, in case a transport error quotes

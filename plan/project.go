@@ -50,10 +50,14 @@ type Input struct {
 	Cached Cached
 	// Prices is the price table; every model of the workload must be in it.
 	Prices *cost.Table
-	// Orgs are the org names the run will use, in order (the first of orgs
-	// that share an organisation keeps its lanes). Empty: the orgs of
-	// Limits, else one org "default".
+	// Orgs are the Anthropic org names the run will use, in order (the
+	// first of orgs that share an organisation keeps its lanes). Empty:
+	// the orgs of Limits with an Anthropic model, else one org "default".
 	Orgs []string
+	// OpenAIOrgs are the OpenAI org names, for the OpenAI items
+	// (Workload.OpenAIModels). Empty: the orgs of Limits with an OpenAI
+	// model, else one org "default".
+	OpenAIOrgs []string
 	// Caps are per-key concurrency caps by family ("sonnet", "haiku",
 	// "opus", "other"); missing families take upstream.DefaultCaps.
 	Caps map[string]int
@@ -134,7 +138,9 @@ type Cached struct {
 // ModelProjection is one model's share of a projection (one arm).
 type ModelProjection struct {
 	Model string
-	Pool  string
+	// Provider is "openai" for an OpenAI model's items, "" for Anthropic's.
+	Provider string
+	Pool     string
 	// N items of the model; Remaining of them are projected (N − done).
 	N, Remaining int64
 	// InputPerReq is the expected input tokens per request (all kinds);
@@ -211,7 +217,7 @@ type PoolProjection struct {
 // Project forecasts the cost and wall-clock of sending in.Workload. It
 // fails only on bad input: no workload, no prices, a model without a price.
 func Project(in Input) (*Projection, error) {
-	if in.Workload == nil || len(in.Workload.Models) == 0 {
+	if in.Workload == nil || len(in.Workload.Models)+len(in.Workload.OpenAIModels) == 0 {
 		return nil, errors.New("plan: no workload to project")
 	}
 	if in.Prices == nil {
@@ -327,6 +333,19 @@ func Project(in Input) (*Projection, error) {
 		worst += w
 		p.Models = append(p.Models, mp)
 	}
+	for _, model := range sortedKeys(in.Workload.OpenAIModels) {
+		mp, e, a, w, err := projectOpenAI(in, model, in.Workload.OpenAIModels[model])
+		if err != nil {
+			return nil, err
+		}
+		expected += e
+		allMax += a
+		worst += w
+		p.Models = append(p.Models, mp)
+	}
+	if len(in.Workload.OpenAIModels) > 0 {
+		note("OpenAI items: priced by the embedded OpenAI price table (standard tier; the Batch API at its batch rates), prompts uncached, the worst case at %d × the local estimate and every choice's max_completion_tokens (the model's maximum output when unset), at the priority-processing rates where the model has them (the dearest tier an item may ask for); lanes bound by their RPM and TPM, the TPM charged at admission with the prompt and max_completion_tokens × n", InputBoundFactor)
+	}
 	p.PerArmExpected = p.Spent + nanos(expected)
 	p.PerArmAllMax = p.Spent + nanos(allMax)
 	p.PerArmWorst = p.Spent + nanos(worst)
@@ -423,11 +442,13 @@ func DefaultLatencyS(model string, outputTokens float64) float64 {
 
 // laneProjector computes lane ceilings and wall-clock.
 type laneProjector struct {
-	in    Input
-	p     *Projection
-	note  func(string, ...any)
-	orgs  []string
-	pools []poolDemand
+	in   Input
+	p    *Projection
+	note func(string, ...any)
+	orgs []string // the Anthropic pools' lanes' orgs
+	// oaOrgs are the OpenAI pools' lanes' orgs.
+	oaOrgs []string
+	pools  []poolDemand
 }
 
 // poolDemand is what one pool asks of each of its lanes.
@@ -446,14 +467,9 @@ type poolDemand struct {
 
 func newLaneProjector(in Input, p *Projection, note func(string, ...any)) *laneProjector {
 	lp := &laneProjector{in: in, p: p, note: note}
-	lp.orgs = append([]string(nil), in.Orgs...)
-	if len(lp.orgs) == 0 && in.Limits != nil {
-		lp.orgs = in.Limits.OrgNames()
-		note("orgs: the %d orgs of the limits file (%v)", len(lp.orgs), lp.orgs)
-	}
-	if len(lp.orgs) == 0 {
-		lp.orgs = []string{"default"}
-		note("orgs: none configured; projected for one org")
+	lp.orgs = lp.orgsOf(in.Orgs, false, len(in.Workload.Models) > 0)
+	if len(in.Workload.OpenAIModels) > 0 {
+		lp.oaOrgs = lp.orgsOf(in.OpenAIOrgs, true, true)
 	}
 	// Group models into pools.
 	byPool := map[anthropic.Pool]*poolDemand{}
@@ -499,8 +515,52 @@ func newLaneProjector(in Input, p *Projection, note func(string, ...any)) *laneP
 	return lp
 }
 
-// capFor is the polite cap of a model's family.
-func (lp *laneProjector) capFor(model string) int { return upstream.CapFor(lp.in.Caps, model) }
+// orgsOf is the orgs of a provider's lanes: given, else those of the
+// limits file with a model of the provider, else one org "default"; said
+// in the assumptions when used says the provider has items.
+func (lp *laneProjector) orgsOf(given []string, openAI, used bool) []string {
+	what := ""
+	if openAI {
+		what = "OpenAI "
+	}
+	orgs := append([]string(nil), given...)
+	if len(orgs) == 0 && lp.in.Limits != nil {
+		for _, o := range lp.in.Limits.OrgNames() {
+			for m := range lp.in.Limits.Orgs[o] {
+				if IsOpenAIModel(m) == openAI {
+					orgs = append(orgs, o)
+					break
+				}
+			}
+		}
+		if len(orgs) > 0 && used {
+			lp.note("%sorgs: the %d orgs of the limits file (%v)", what, len(orgs), orgs)
+		}
+	}
+	if len(orgs) == 0 {
+		orgs = []string{"default"}
+		if used {
+			lp.note("%sorgs: none configured; projected for one org", what)
+		}
+	}
+	return orgs
+}
+
+// orgsFor is the orgs whose lanes serve pool.
+func (lp *laneProjector) orgsFor(pool anthropic.Pool) []string {
+	if openAIPool(pool) {
+		return lp.oaOrgs
+	}
+	return lp.orgs
+}
+
+// capFor is the polite cap of a model's family (of its provider).
+func (lp *laneProjector) capFor(model string) int {
+	if IsOpenAIModel(model) {
+		return upstream.OpenAI.CapFor(lp.in.Caps, model)
+	}
+	return upstream.CapFor(lp.in.Caps, model)
+}
 
 // lane computes one lane's ceiling with concurrency c.
 func (lp *laneProjector) lane(orgName string, d poolDemand, c int) LaneProjection {
@@ -536,6 +596,15 @@ func (lp *laneProjector) lane(orgName string, d poolDemand, c int) LaneProjectio
 		l.RPM = float64(ml.RPM) / k
 		try(l.RPM, BindRPM)
 	}
+	if openAIPool(d.pool) {
+		// One bucket of prompt and completion tokens, charged at
+		// admission (d.inPer is that charge).
+		if ml.TPM > 0 && d.inPer > 0 {
+			l.ITPMRPM = float64(ml.TPM) / k / d.inPer
+			try(l.ITPMRPM, BindTPM)
+		}
+		return l
+	}
 	if ml.ITPM > 0 && d.inPer > 0 {
 		l.ITPMRPM = float64(ml.ITPM) / k / d.inPer
 		try(l.ITPMRPM, BindITPM)
@@ -557,7 +626,7 @@ func (lp *laneProjector) lanes() {
 	sameAs := map[string]string{}
 	if lp.in.Limits != nil {
 		seen := map[string]string{}
-		for _, o := range lp.orgs {
+		for _, o := range append(append([]string(nil), lp.orgs...), lp.oaOrgs...) {
 			id := lp.in.Limits.OrgIDs[o]
 			if id == "" {
 				continue
@@ -573,7 +642,8 @@ func (lp *laneProjector) lanes() {
 	lat := map[string]bool{}
 	for _, d := range lp.pools {
 		pp := PoolProjection{Pool: string(d.pool), N: d.n}
-		for _, o := range lp.orgs {
+		orgs := lp.orgsFor(d.pool)
+		for _, o := range orgs {
 			l := lp.lane(o, d, lp.capFor(d.model))
 			if first, ok := sameAs[o]; ok {
 				l.CeilingRPM, l.BindingLimit = 0, BindSameOrg
@@ -582,7 +652,7 @@ func (lp *laneProjector) lanes() {
 			lp.p.Lanes = append(lp.p.Lanes, l)
 			pp.CeilingRPM += l.CeilingRPM
 		}
-		splitPromptCache(lp.p.Lanes[len(lp.p.Lanes)-len(lp.orgs):], d.prefixed, d.prefixUses)
+		splitPromptCache(lp.p.Lanes[len(lp.p.Lanes)-len(orgs):], d.prefixed, d.prefixUses)
 		pp.WallS, pp.Arithmetic = wall(d, pp.CeilingRPM, anyCapBound(lp.p.Lanes, d.pool))
 		lp.p.Pools = append(lp.p.Pools, pp)
 		lp.p.WallS = math.Max(lp.p.WallS, pp.WallS)

@@ -7,8 +7,10 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/apidispatch/apidispatch/anthropic"
 	"github.com/apidispatch/apidispatch/cost"
 	"github.com/apidispatch/apidispatch/internal/numfmt"
+	"github.com/apidispatch/apidispatch/org"
 )
 
 // Routes an item can take (docs/design.md §12 --route).
@@ -168,6 +170,54 @@ type Routes struct {
 
 	model BatchModel // with defaults
 	orgs  int        // orgs the batch route spreads over
+	// shares are the items of each provider and the orgs its batches
+	// spread over (an Anthropic item goes to the Anthropic orgs' Message
+	// Batches, an OpenAI item to the OpenAI orgs' Batch API); a batch
+	// share b of the items is split between them pro rata.
+	shares []providerShare
+	items  int64
+}
+
+// providerShare is one provider's items and orgs.
+type providerShare struct {
+	openAI bool
+	n      int64
+	orgs   int
+}
+
+// of is the part of a batch share b that is this provider's: b × n / items,
+// rounded up for the first provider and the rest to the other, as
+// SplitOpenAI splits the sync share.
+func (r *Routes) of(i int, b int64) int64 {
+	if len(r.shares) == 1 || r.items <= 0 {
+		return b
+	}
+	first := (b*r.shares[0].n + r.items - 1) / r.items
+	if i == 0 {
+		return first
+	}
+	return b - first
+}
+
+// batchWallS is when a batch share of b items ends: each provider's part
+// over its own orgs, the slower of the two.
+func (r *Routes) batchWallS(b int64) float64 {
+	var w float64
+	for i, sh := range r.shares {
+		w = math.Max(w, r.model.BatchWallS(r.of(i, b), sh.orgs))
+	}
+	return w
+}
+
+// perOrgMax is the most items of a batch share of b one org holds.
+func (r *Routes) perOrgMax(b int64) int64 {
+	var most int64
+	for i, sh := range r.shares {
+		if n := r.of(i, b); n > 0 && sh.orgs > 0 {
+			most = max(most, perOrg(n, sh.orgs))
+		}
+	}
+	return most
 }
 
 // ProjectRoutes projects both routes for the projection p (from
@@ -205,7 +255,8 @@ func ProjectRoutes(p *Projection, in Input, m BatchModel, deadlineS float64) (*R
 		speed = 1
 	}
 	items := max(p.N-p.Done, 0)
-	r := &Routes{DeadlineS: deadlineS, model: m, orgs: batchOrgs(p)}
+	r := &Routes{DeadlineS: deadlineS, model: m, orgs: batchOrgs(p), items: items}
+	r.shares = providerShares(p)
 
 	var syncExp, syncWorst, batchExp, batchWorst cost.Nanos = p.PerArmExpected, p.PerArmWorst, p.Spent, p.Spent
 	for _, mp := range p.Models {
@@ -223,7 +274,7 @@ func ProjectRoutes(p *Projection, in Input, m BatchModel, deadlineS float64) (*R
 	r.Batch = RouteProjection{
 		Route: RouteBatch, Items: items, BatchItems: items,
 		ExpectedCost: batchExp, WorstCase: batchWorst,
-		WallS: m.BatchWallS(items, r.orgs), BoundS: BatchExpiryS, Binding: r.batchBinding(items),
+		WallS: r.batchWallS(items), BoundS: BatchExpiryS, Binding: r.batchBinding(items),
 	}
 	r.Batch.Explain = r.batchExplain(p, items)
 
@@ -279,14 +330,13 @@ func (r *Routes) Split() (batchItems, syncItems int64) {
 // auto decides the split for a deadline.
 func (r *Routes) auto(p *Projection, items int64, deadlineS float64) RouteProjection {
 	target := autoMargin * deadlineS
-	m := r.model
 	head := fmt.Sprintf("deadline %s × %.2f = target %s", dur(deadlineS), autoMargin, dur(target))
 	// A batch share fits when it ends by the target with time left to
 	// send one org's batch again by sync, should that batch run late and
 	// be cancelled at its expected end (batches show no progress until
 	// they end, so late is only known then).
 	fits := func(b int64) (end, redo float64, ok bool) {
-		end, redo = m.BatchWallS(b, r.orgs), p.SyncWallS(perOrg(b, r.orgs))
+		end, redo = r.batchWallS(b), p.SyncWallS(r.perOrgMax(b))
 		return end, redo, end+redo <= target
 	}
 	batchW := r.Batch.WallS
@@ -316,7 +366,7 @@ func (r *Routes) auto(p *Projection, items int64, deadlineS float64) RouteProjec
 			a.Meets = true
 			end, redo, _ := fits(b)
 			a.Explain = fmt.Sprintf("%s; the largest batch share that ends in time is %s items (%s, and one org's %s again by sync %s: %s ≤ target), the other %s by sync take %s ≤ target → %s by batch + %s by sync, %s (pro rata per model: all sync %s, all batch %s)",
-				head, numfmt.Commas(b), dur(end), numfmt.Commas(perOrg(b, r.orgs)), dur(redo), dur(end+redo), numfmt.Commas(items-b), dur(sw), numfmt.Commas(b), numfmt.Commas(items-b),
+				head, numfmt.Commas(b), dur(end), numfmt.Commas(r.perOrgMax(b)), dur(redo), dur(end+redo), numfmt.Commas(items-b), dur(sw), numfmt.Commas(b), numfmt.Commas(items-b),
 				usd(a.ExpectedCost), usd(r.Sync.ExpectedCost), usd(r.Batch.ExpectedCost))
 			return a
 		}
@@ -337,7 +387,7 @@ func (r *Routes) auto(p *Projection, items int64, deadlineS float64) RouteProjec
 		// Both routes at once can be faster than sync alone: when no
 		// split meets the target, the fastest one misses it by least.
 		if fb := r.fastestSplit(p, items); fb >= minBatchItems {
-			fw := math.Max(m.BatchWallS(fb, r.orgs), p.SyncWallS(items-fb))
+			fw := math.Max(r.batchWallS(fb), p.SyncWallS(items-fb))
 			if fw < sw {
 				explain := strings.TrimSuffix(a.Explain, " → all sync, deadline missed")
 				a = r.split(p, items, fb)
@@ -357,7 +407,7 @@ func (r *Routes) fastestSplit(p *Projection, items int64) int64 {
 	lo, hi := int64(0), items
 	for lo < hi {
 		mid := lo + (hi-lo)/2
-		if r.model.BatchWallS(mid, r.orgs) >= p.SyncWallS(items-mid) {
+		if r.batchWallS(mid) >= p.SyncWallS(items-mid) {
 			hi = mid
 		} else {
 			lo = mid + 1
@@ -392,11 +442,51 @@ func (r *Routes) split(p *Projection, items, b int64) RouteProjection {
 		a.ExpectedCost, a.WorstCase = p.Spent+nanos(e), p.Spent+nanos(w)
 		a.Binding = "batch: " + r.batchBinding(b) + "; sync: " + r.Sync.Binding
 	}
-	a.WallS = math.Max(r.model.BatchWallS(b, r.orgs), p.SyncWallS(items-b))
+	a.WallS = math.Max(r.batchWallS(b), p.SyncWallS(items-b))
 	if b > 0 {
 		a.BoundS = math.Max(a.BoundS, BatchExpiryS)
 	}
 	return a
+}
+
+// providerShares are the items of each provider the projection holds
+// (Anthropic first) and the orgs with a lane that can serve them.
+func providerShares(p *Projection) []providerShare {
+	var out []providerShare
+	for _, openAI := range []bool{false, true} {
+		sh := providerShare{openAI: openAI}
+		for _, mp := range p.Models {
+			if (mp.Provider == org.OpenAI) == openAI {
+				sh.n += mp.Remaining
+			}
+		}
+		orgs := map[string]bool{}
+		for _, l := range p.Lanes {
+			if openAIPool(anthropic.Pool(l.Pool)) == openAI && l.BindingLimit != BindSameOrg && l.BindingLimit != BindUnavailable {
+				orgs[l.Org] = true
+			}
+		}
+		sh.orgs = len(orgs)
+		if sh.n > 0 {
+			out = append(out, sh)
+		}
+	}
+	if len(out) == 0 {
+		out = []providerShare{{orgs: batchOrgs(p)}}
+	}
+	return out
+}
+
+// SplitOpenAI is how many of a sync share of syncItems (Split's) are
+// OpenAI items: the share is split between the providers pro rata, as
+// the projection assumed.
+func (r *Routes) SplitOpenAI(syncItems int64) int64 {
+	for i, sh := range r.shares {
+		if sh.openAI {
+			return r.of(i, syncItems)
+		}
+	}
+	return 0
 }
 
 // batchOrgs counts the orgs with a lane that can serve.

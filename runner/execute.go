@@ -44,7 +44,10 @@ type Exec struct {
 	// (the first ones in input order); the rest go by batch. LateAt says
 	// when an open batch is cancelled so its unprocessed work goes by sync.
 	SyncItems int64
-	LateAt    func(b store.BatchRecord, ahead int64) (time.Time, string)
+	// SyncOpenAI are the OpenAI items among SyncItems (the rest are
+	// Anthropic items).
+	SyncOpenAI int64
+	LateAt     func(b store.BatchRecord, ahead int64) (time.Time, string)
 	// OnEngine, when set, is called with each engine before it runs (a
 	// progress display, an Aborter); the function it returns is called
 	// when that engine's run ends.
@@ -344,26 +347,18 @@ func (ex *execution) attached() {
 	}
 }
 
-// auto sends the first SyncItems pending items by sync and the rest by
-// batch, at once; then whatever comes back from the batches (late ones
+// auto sends SyncItems of the pending items by sync (the first ones in
+// input order of each provider: SyncOpenAI OpenAI items and the rest
+// Anthropic ones, the split the projection priced) and the rest by batch,
+// at once; then whatever comes back from the batches (late ones
 // cancelled, retryable results) by sync, until nothing is left.
 func (ex *execution) auto(ctx context.Context) error {
-	// The boundary sets the sync share within the free items; the items
-	// of batches still open from an earlier run stay with the batches
+	// The sync share is chosen among the free items; the items of
+	// batches still open from an earlier run stay with the batches
 	// (re-attached), never sent by sync as well.
-	//
-	// OpenAI items all go by batch at first (the cheapest; the router's
-	// projection covers the Anthropic items only): the sync share and its
-	// boundary count Anthropic items alone, and the first sync engine
-	// leaves the OpenAI items to the batch route. Those that come back
-	// (late batches cancelled, retryable results) go by sync as the rest.
-	var boundary int64
-	oa, err := ex.openAISeqs(ctx)
-	if err != nil {
-		return err
-	}
+	var share map[int64]bool
 	bc := ex.batchConfig()
-	bc.Take = func(it store.Item) bool { return it.Seq > boundary || it.Provider == org.OpenAI }
+	bc.Take = func(it store.Item) bool { return !share[it.Seq] }
 	bc.SubmitOnce = true
 	bc.LateAt = ex.x.LateAt
 	rt, err := batch.New(bc)
@@ -374,7 +369,8 @@ func (ex *execution) auto(ctx context.Context) error {
 		return err
 	}
 	ex.attached()
-	if boundary, err = ex.boundary(ctx, ex.x.SyncItems, rt, oa); err != nil {
+	var last int64
+	if share, last, err = ex.syncShare(ctx, ex.x.SyncItems, ex.x.SyncOpenAI, rt); err != nil {
 		return err
 	}
 	bctx, bstop := context.WithCancel(ctx)
@@ -383,12 +379,10 @@ func (ex *execution) auto(ctx context.Context) error {
 	go func() { batchDone <- ex.runBatch(bctx, rt) }()
 
 	var syncErr error
-	if boundary > 0 {
+	if len(share) > 0 {
 		c := ex.x.Sync
-		c.MaxSeq, c.Skip = boundary, rt.Holds
-		if len(oa) > 0 {
-			c.Skip = func(seq int64) bool { return oa[seq] || rt.Holds(seq) }
-		}
+		c.MaxSeq = last
+		c.Skip = func(seq int64) bool { return !share[seq] || rt.Holds(seq) }
 		syncErr = ex.sync(ctx, c)
 	}
 	// Once the batches are placed, whatever is pending and in no open
@@ -439,38 +433,29 @@ func (ex *execution) auto(ctx context.Context) error {
 	return errors.Join(syncErr, bErr)
 }
 
-// boundary is the seq of the n-th pending item no open batch holds and
-// not in skip (0 for n = 0; the last one's when there are fewer): auto's
-// sync share is the free pending items up to it, less those in skip.
-func (ex *execution) boundary(ctx context.Context, n int64, rt *batch.Route, skip map[int64]bool) (int64, error) {
-	var seen, seq int64
+// syncShare is auto's sync share: the first n − oa free pending
+// Anthropic items and the first oa free pending OpenAI items (free: in no
+// open batch), and the largest seq among them (0 when empty).
+func (ex *execution) syncShare(ctx context.Context, n, oa int64, rt *batch.Route) (map[int64]bool, int64, error) {
 	if n <= 0 {
-		return 0, nil
+		return nil, 0, nil
 	}
+	want := map[bool]int64{false: n - oa, true: oa}
+	share := map[int64]bool{}
+	var last int64
 	err := store.EachPending(ctx, ex.job.Store, func(it store.Item) bool {
-		if rt.Holds(it.Seq) || skip[it.Seq] {
+		if rt.Holds(it.Seq) {
 			return true
 		}
-		seen++
-		seq = it.Seq
-		return seen < n
-	})
-	return seq, err
-}
-
-// openAISeqs are the pending OpenAI items (nil when there are none).
-func (ex *execution) openAISeqs(ctx context.Context) (map[int64]bool, error) {
-	var out map[int64]bool
-	err := store.EachPending(ctx, ex.job.Store, func(it store.Item) bool {
-		if it.Provider == org.OpenAI {
-			if out == nil {
-				out = map[int64]bool{}
-			}
-			out[it.Seq] = true
+		p := it.Provider == org.OpenAI
+		if want[p] > 0 {
+			want[p]--
+			share[it.Seq] = true
+			last = max(last, it.Seq)
 		}
-		return true
+		return want[false] > 0 || want[true] > 0
 	})
-	return out, err
+	return share, last, err
 }
 
 // freePending counts pending items no open batch holds.

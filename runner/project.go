@@ -37,13 +37,6 @@ type ProjectOptions struct {
 // Project projects in by every route (both side by side, and auto's split
 // for the deadline) and picks the projection the gates judge for o.Route.
 func Project(in plan.Input, o ProjectOptions) (*Projection, error) {
-	if w := in.Workload; w != nil && len(w.Models) == 0 && w.OpenAI > 0 {
-		// Only OpenAI items: plan projects Anthropic models, so there is
-		// nothing for it to project (the spend gate still bounds them).
-		p := &plan.Projection{N: w.N, Arms: 1, Speed: max(o.Speed, 1),
-			Assumptions: []string{"OpenAI items are not projected: --max-cost bounds what they spend"}}
-		return &Projection{Projection: p, Gated: p, Route: RouteSync}, nil
-	}
 	p, err := plan.Project(in)
 	if err != nil {
 		return nil, err

@@ -158,13 +158,10 @@ func Run(ctx context.Context, cfg Config) Outcome {
 		return failf(Usage, "%s: %w", cfg.Input, err)
 	}
 	if ws.OpenAI > 0 {
-		how := "by the " + cfg.Route + " route"
-		if cfg.Route == RouteAuto {
-			how = "by batch first (the cheapest; auto's projection covers the Anthropic items only), and by sync what a late batch gives back"
-		}
-		fmt.Fprintf(w, "note: %d OpenAI items go %s to the OpenAI orgs; the projection and the budget gate cover the Anthropic items only, and --max-cost holds for both\n", ws.OpenAI, how)
+		fmt.Fprintf(w, "note: %d OpenAI items go by the %s route to the OpenAI orgs; the projection, the budget gate and --max-cost cover both providers\n", ws.OpenAI, cfg.Route)
 	}
-	pin := plan.Input{Workload: ws, Prices: cfg.Prices, Orgs: orgNames(anthropicOrgs(cfg.Sync.Orgs)), Caps: cfg.Sync.Caps, Limits: cfg.Limits,
+	pin := plan.Input{Workload: ws, Prices: cfg.Prices, Orgs: orgNames(providerOrgs(cfg.Sync.Orgs, org.Anthropic)),
+		OpenAIOrgs: orgNames(providerOrgs(cfg.Sync.Orgs, org.OpenAI)), Caps: cfg.Sync.Caps, Limits: cfg.Limits,
 		ExpectOutput: cfg.ExpectOutput, Speed: cfg.Sync.Speed}
 	if err := ProjectCache(ctx, cfg.Input, &pin, cfg.Sync.Cache, cfg.Sync.CacheMode, cfg.Sync.CacheSampled, cfg.Sync.BaseURL); err != nil {
 		return fail(Usage, err)
@@ -231,11 +228,11 @@ func (cfg *Config) checkProviders(ws *workload.Summary) error {
 	return nil
 }
 
-// anthropicOrgs are the Anthropic orgs of orgs (the ones plan projects).
-func anthropicOrgs(orgs []org.Org) []org.Org {
+// providerOrgs are the orgs of provider among orgs.
+func providerOrgs(orgs []org.Org, provider string) []org.Org {
 	var out []org.Org
 	for _, o := range orgs {
-		if o.ProviderName() == org.Anthropic {
+		if o.ProviderName() == provider {
 			out = append(out, o)
 		}
 	}
@@ -384,7 +381,7 @@ func orgNames(orgs []org.Org) []string {
 func (cfg *Config) router(job *rundir.Job, pr *Projection, x *Exec, start time.Time, w io.Writer) {
 	r := pr.Routes
 	nb, ns := r.Split()
-	x.SyncItems = ns
+	x.SyncItems, x.SyncOpenAI = ns, r.SplitOpenAI(ns)
 	msg := fmt.Sprintf("route auto: %d by batch, %d by sync", nb, ns)
 	if r.Auto != nil {
 		msg += ": " + r.Auto.Explain

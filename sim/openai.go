@@ -479,10 +479,11 @@ func parseOpenAIChat(body []byte) (oaRequest, *oaError) {
 		switch *w.ServiceTier {
 		case "auto", "default":
 		case "flex", "priority", "scale", "fast":
-			r.tier = *w.ServiceTier
-			if r.tier == "fast" {
-				r.tier = "priority"
+			asked := *w.ServiceTier
+			if asked == "fast" {
+				asked = "priority"
 			}
+			r.tier = m.tier(asked)
 		default:
 			return oaRequest{}, oaInvalid("service_tier", "invalid_value", "Invalid value: '%s'. Supported values are: 'auto', 'default', 'flex', 'scale', 'priority' and 'fast'.", *w.ServiceTier)
 		}
@@ -1170,13 +1171,17 @@ func (s *Server) oaSettle(lim *poolLimiter, fs *faultSet, o *orgState, m *oaMode
 // oaBill records a processed chat completion in the ledger.
 func (s *Server) oaBill(c *oaCall, r *oaRequest, sum [32]byte, id string, u oaUsage, wall time.Time, now time.Duration, delivery string) {
 	ks := c.ks
-	cost := r.model.cost(u.prompt, u.cached, u.completion, false)
+	cost := r.model.cost(u.prompt, u.cached, u.completion, r.tier)
+	tier := r.tier
+	if tier == "default" {
+		tier = "" // the ledger names a tier other than the default only
+	}
 	s.bill(ks.org, ks, &LedgerEntry{
 		RequestID: c.rid, MessageID: id, Org: ks.org.name, KeyFingerprint: ks.fp, Model: r.echo,
 		BodySHA256: sum, InputTokens: u.prompt - u.cached, OutputTokens: u.completion, CacheRead: u.cached,
 		ReasoningTokens: u.reasoning, CostNanos: cost, CostUSD: nanosToUSD(cost),
 		Time: wall, APISeconds: float64(s.api(now).Microseconds()) / 1e6, Status: http.StatusOK, Delivery: delivery,
-		Provider: ProviderOpenAI,
+		Provider: ProviderOpenAI, ServiceTier: tier,
 	}, now)
 }
 

@@ -956,7 +956,7 @@ func (s *Server) oaFinalize(b *oaBatch, now time.Duration) {
 		b.usage.prompt += u.prompt
 		b.usage.completion += u.completion
 		b.usage.reasoning += u.reasoning
-		cost := b.model.cost(u.prompt, 0, u.completion, true)
+		cost := b.model.cost(u.prompt, 0, u.completion, "batch")
 		s.recordBatch(o, ks, &LedgerEntry{
 			RequestID: rid, MessageID: id, Org: o.name, KeyFingerprint: ks.fp, Model: it.req.echo, BodySHA256: sum,
 			InputTokens: u.prompt, OutputTokens: u.completion, ReasoningTokens: u.reasoning, CostNanos: cost, CostUSD: nanosToUSD(cost),

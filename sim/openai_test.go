@@ -46,6 +46,14 @@ func TestOpenAIPricesMatchPackageCost(t *testing.T) {
 		if got := (oaPrice{int64(p.Standard.Input), int64(p.Standard.CachedInput), int64(p.Standard.Output)}); got != m.price {
 			t.Errorf("%s: package cost %+v, simulator %+v", m.id, got, m.price)
 		}
+		switch {
+		case (p.Priority == nil) != (m.priority == nil):
+			t.Errorf("%s: package cost priority %v, simulator %v", m.id, p.Priority, m.priority)
+		case p.Priority != nil && (oaPrice{int64(p.Priority.Input), int64(p.Priority.CachedInput), int64(p.Priority.Output)}) != *m.priority:
+			t.Errorf("%s: package cost priority %+v, simulator %+v", m.id, *p.Priority, *m.priority)
+		case p.Flex != m.flex:
+			t.Errorf("%s: package cost flex %v, simulator %v", m.id, p.Flex, m.flex)
+		}
 		for _, v := range []int64{m.price.in, m.price.cached, m.price.out} {
 			if v%2 != 0 {
 				t.Errorf("%s: rate %d is odd: its batch half is not exact", m.id, v)

@@ -185,6 +185,9 @@ type Usage struct {
 	Input, CacheRead, CacheWrite, Output, Reasoning int64
 	Anthropic                                       *anthropic.Usage
 	OpenAI                                          *openai.Usage
+	// Tier is the service tier that served an OpenAI request (its
+	// answer's service_tier), which its rates depend on.
+	Tier string
 }
 
 // --- Anthropic ---------------------------------------------------------------
@@ -303,10 +306,7 @@ func (openaiProvider) classify(status int, h http.Header, body []byte, err error
 	if x.Kind != openai.Success || x.Completion == nil || x.Completion.Usage == nil {
 		return o, nil
 	}
-	u := *x.Completion.Usage
-	cached := u.PromptTokensDetails.CachedTokens
-	return o, &Usage{Input: u.PromptTokens - cached, CacheRead: cached, Output: u.CompletionTokens,
-		Reasoning: u.CompletionTokensDetails.ReasoningTokens, OpenAI: &u}
+	return o, OpenAIUsage(*x.Completion.Usage, x.Completion.ServiceTier)
 }
 
 // limits maps OpenAI's x-ratelimit-* headers onto the gate's mirrors.
@@ -356,13 +356,15 @@ func (openaiProvider) cost(_ *cost.Table, model string, u *Usage, batch bool) (c
 	if u.OpenAI == nil {
 		return 0, fmt.Errorf("upstream: not an OpenAI usage")
 	}
-	return cost.OpenAI().Cost(model, *u.OpenAI, batch)
+	return cost.OpenAI().CostTier(model, *u.OpenAI, u.Tier, batch)
 }
 
 // worstCase: every prompt token uncached (the input bounded by the larger
 // of the estimate and the body's bytes), and for each of its n choices its
 // max_completion_tokens (else max_tokens, else the model's maximum
-// output), at the batch rates when batch.
+// output), at the batch rates when batch, else at the dearest rates of
+// the service tier its body asks for (priority's for "priority", or for a
+// body not read).
 func (openaiProvider) worstCase(_ *cost.Table, it Item, body []byte, batch bool) (cost.Nanos, error) {
 	p, err := cost.OpenAI().Lookup(it.Model)
 	if err != nil {
@@ -373,7 +375,32 @@ func (openaiProvider) worstCase(_ *cost.Table, it Item, body []byte, batch bool)
 	if out <= 0 {
 		out = p.MaxOutput
 	}
-	return cost.OpenAI().WorstCase(it.Model, in, out, max(it.Choices, 1), batch)
+	return cost.OpenAI().WorstCaseTier(it.Model, in, out, max(it.Choices, 1), serviceTier(body), batch)
+}
+
+// serviceTier is the service_tier a chat completion's body asks for (""
+// when it sets none; cost.TierUnknown for a nil body, or one that cannot
+// be read, which may ask for any).
+func serviceTier(body []byte) string {
+	if body == nil {
+		return cost.TierUnknown
+	}
+	if !bytes.Contains(body, []byte("service_tier")) {
+		return ""
+	}
+	var b struct {
+		Tier *string `json:"service_tier"`
+	}
+	if json.Unmarshal(body, &b) != nil {
+		return cost.TierUnknown
+	}
+	if b.Tier == nil {
+		return ""
+	}
+	if *b.Tier == "fast" {
+		return cost.TierPriority // the API's other name for priority
+	}
+	return *b.Tier
 }
 
 // imageParts is how many image parts the messages of a chat completion's

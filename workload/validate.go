@@ -106,6 +106,10 @@ type ModelSummary struct {
 	// cache_control marker whose dearest write is at the 5-minute or the
 	// 1-hour rate.
 	GeoUS, CacheWrite5m, CacheWrite1h int64
+	// UnboundedChoices counts the choices (n) of the OpenAI items that
+	// set no max_completion_tokens nor max_tokens: each may take the
+	// model's maximum output, which MaxTokens leaves out.
+	UnboundedChoices int64
 }
 
 // PrefixUsesMax is the last slot of ModelSummary.PrefixUses: more items
@@ -138,6 +142,7 @@ func (ms *ModelSummary) Add(o ModelSummary) {
 	ms.GeoUS += o.GeoUS
 	ms.CacheWrite5m += o.CacheWrite5m
 	ms.CacheWrite1h += o.CacheWrite1h
+	ms.UnboundedChoices += o.UnboundedChoices
 }
 
 // summary is the ModelSummary of the one request r (MaxTokens not read).
@@ -307,6 +312,9 @@ func (v *validator) run(path string) (*Summary, error) {
 			// the spend gate's reservations.
 			if c.maxTokensOK {
 				ms.MaxTokens += c.maxTokens * max(c.choices, 1)
+				if c.maxTokens == 0 {
+					ms.UnboundedChoices += max(c.choices, 1)
+				}
 			}
 			ms.Add(c.r.summary())
 			m := c.model()

@@ -68,7 +68,10 @@ dispatcher over every org, back to back in one process. Each arm reports its
 wall-clock, cost from usage, outcomes, data-loss check, 429s, latency and per-org
 split; the speed-up is wall A ÷ wall B (target ≥ 5×).
 
-Before anything is sent: at least 2 orgs; the projected cost of both arms with its
+OpenAI orgs take no part (the workload is Claude's and the legacy arm is the
+Anthropic SDK's path): they are left out with a note.
+
+Before anything is sent: at least 2 Anthropic orgs; the projected cost of both arms with its
 arithmetic; the budget gate and the --confirm rule on that total; and a storm
 self-test of the dispatcher on an embedded simulator (no item may be lost under a
 sustained 429 storm).

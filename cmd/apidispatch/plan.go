@@ -163,11 +163,15 @@ func (f *planFlags) input(input string, stderr io.Writer) (in plan.Input, budget
 	if err != nil && (sf.orgsFile != "" || !errors.Is(err, org.ErrNoOrgs) || *f.countTokens) {
 		return in, 0, nil, err
 	}
-	var names []string
+	var names, oaNames []string
 	for _, o := range orgs {
-		names = append(names, o.Name)
+		if o.ProviderName() == org.OpenAI {
+			oaNames = append(oaNames, o.Name)
+		} else {
+			names = append(names, o.Name)
+		}
 	}
-	in = plan.Input{Prices: prices, Orgs: names, Caps: sf.caps, Limits: limits, ExpectOutput: f.pf.expectOut,
+	in = plan.Input{Prices: prices, Orgs: names, OpenAIOrgs: oaNames, Caps: sf.caps, Limits: limits, ExpectOutput: f.pf.expectOut,
 		LatencyS: *f.latency, Speed: sf.speed}
 	if *f.phase6 {
 		in.Workload, err = plan.JudgeSummary(int(*f.phase6N), 0, workload.GenOptions{})

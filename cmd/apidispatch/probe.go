@@ -23,11 +23,11 @@ func init() {
 func probeCmd(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("probe", flag.ContinueOnError)
 	var sf sendFlags
-	fs.StringVar(&sf.orgsFile, "orgs", "", "TOML file of orgs (`FILE`); without it, orgs come from ANTHROPIC_API_KEY, ANTHROPIC_API_KEY_<NAME> and ANTHROPIC_BATCH_KEY")
+	fs.StringVar(&sf.orgsFile, "orgs", "", "TOML file of orgs (`FILE`); without it, orgs come from ANTHROPIC_API_KEY, ANTHROPIC_API_KEY_<NAME>, ANTHROPIC_BATCH_KEY, OPENAI_API_KEY and OPENAI_API_KEY_<NAME>")
 	fs.StringVar(&sf.baseURL, "base-url", os.Getenv("ANTHROPIC_BASE_URL"), "API root `URL` (env ANTHROPIC_BASE_URL; default https://api.anthropic.com; http:// only for loopback)")
 	fs.StringVar(&sf.prices, "prices", "", "price table `FILE` overriding the embedded one (recorded in the limits file)")
 	fs.BoolVar(&sf.json, "json", false, "print the limits file on stdout instead of the table")
-	models := fs.String("models", strings.Join(plan.DefaultProbeModels, ","), "models to probe, `m1,m2,...` (one per rate-limit pool is enough)")
+	models := fs.String("models", "", "models to probe, `m1,m2,...`, each on the orgs of its provider (one per Anthropic rate-limit pool is enough; OpenAI's limits are per model); a provider none of whose models is named takes its defaults (Anthropic: "+strings.Join(plan.DefaultProbeModels, ",")+"; OpenAI: "+strings.Join(plan.DefaultOpenAIProbeModels, ",")+")")
 	out := fs.String("out", "limits.json", "limits `FILE` to write")
 	debugHTTP := fs.String("debug-http", "", debugHTTPUsage)
 	fs.Usage = func() {
@@ -35,7 +35,9 @@ func probeCmd(args []string, stdout, stderr io.Writer) int {
 
 Sends one max_tokens 1 request per org × model (each costs a few millionths
 of a dollar, printed from its usage), reads the anthropic-ratelimit-* limit
-and remaining headers and anthropic-organization-id, and writes a limits file
+and remaining headers and anthropic-organization-id (an OpenAI org: one chat
+completion with max_completion_tokens 1 per OpenAI model, its x-ratelimit-*
+headers as rpm and tpm, and openai-organization), and writes a limits file
 for 'plan --limits' and 'run --limits': orgs → models → rpm, itpm, otpm,
 remaining, status, org id, service tier, plus the price table used. A 429 or
 404 is recorded as that model's status. Keys that reach the same organisation
@@ -54,7 +56,7 @@ flags:`)
 		return exitUsage
 	}
 	ms := splitList(*models)
-	if len(ms) == 0 {
+	if *models != "" && len(ms) == 0 {
 		errf(stderr, "--models: no model given")
 		return exitUsage
 	}
@@ -134,7 +136,7 @@ func splitList(v string) []string {
 // writeProbeTable prints one row per probe call, then the notes.
 func writeProbeTable(w io.Writer, l *plan.Limits, calls []plan.ProbeCall) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "org\tkey\tmodel\tstatus\trpm\titpm\totpm\tremaining req/in/out\torg id\ttier\tcost")
+	fmt.Fprintln(tw, "org\tkey\tmodel\tstatus\trpm\titpm\totpm\ttpm\tremaining req/in/out/tok\torg id\ttier\tcost")
 	var total cost.Nanos
 	for _, c := range plan.SortedCalls(calls) {
 		m := c.Limits
@@ -153,8 +155,8 @@ func writeProbeTable(w io.Writer, l *plan.Limits, calls []plan.ProbeCall) {
 		if len(id) > 8 {
 			id = id[:8] + "…"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s/%s/%s\t%s\t%s\t%s\n", c.Org, m.KeyFingerprint, c.Model, status,
-			count(m.RPM), count(m.ITPM), count(m.OTPM), count(m.Remaining.Requests), count(m.Remaining.InputTokens), count(m.Remaining.OutputTokens),
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s/%s/%s/%s\t%s\t%s\t%s\n", c.Org, m.KeyFingerprint, c.Model, status,
+			count(m.RPM), count(m.ITPM), count(m.OTPM), count(m.TPM), count(m.Remaining.Requests), count(m.Remaining.InputTokens), count(m.Remaining.OutputTokens), count(m.Remaining.Tokens),
 			orDash(id), orDash(m.ServiceTier), costS)
 	}
 	tw.Flush()
