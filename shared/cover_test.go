@@ -6,6 +6,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/apidispatch/apidispatch/internal/netproxy"
 	"github.com/apidispatch/apidispatch/internal/testredis"
 	"github.com/apidispatch/apidispatch/org"
 )
@@ -86,4 +87,56 @@ func TestSharedAdmitsOnlyWhatTheGraceInRedisCovers(t *testing.T) {
 		}
 		g.Done(time.Now(), p, ok200)
 	})
+}
+
+// Gateway campaign seed 379 (issue 28), the other half: a request admitted
+// while the process is cut off from Redis is one Redis never hears of, and
+// the grace Redis keeps its slots for was sized from requests that had
+// started before the last renewal; one admitted near the lease's end has
+// only a little more than that grace to end in, and the API's latency
+// varies by more than the quarter the grace adds (the cut-off gateway's
+// requests lasted 2 to 4.7 s). So once a renewal has failed the process
+// admits nothing more, even within its lease, until a renewal answers.
+func TestSharedAdmitsNothingOnceARenewalFailed(t *testing.T) {
+	srv := testredis.URL(t)
+	px := netproxy.Start(t, srv[len("redis://"):len(srv)-len("/0")])
+	o := freshOrg("a")
+	ctx := context.Background()
+	// A renewal times out after a quarter of the TTL; the lease lasts
+	// nine tenths of it: the lease is still current when the renewal has
+	// failed.
+	b, err := Open(ctx, Config{URL: "redis://" + px.Addr + "/0", Orgs: []org.Org{o}, TTL: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	g := b.NewGate(lane(4)).(*Gate)
+	b.renewAll(ctx)
+	p, _, ok := g.TryAdmit(time.Now(), one)
+	if !ok {
+		t.Fatal("not admitted on a fresh lease")
+	}
+	px.BlackHole(true)
+	b.renewAll(ctx)
+	if !b.outOfReach() {
+		t.Fatal("a renewal through the black hole did not fail")
+	}
+	g.mu.Lock()
+	current := g.leaseCurrent(time.Now())
+	g.mu.Unlock()
+	if !current {
+		t.Fatal("the lease ended before the check: the test cannot tell")
+	}
+	if q, _, ok := g.TryAdmit(time.Now(), one); ok {
+		g.Done(time.Now(), q, ok200)
+		t.Fatal("admitted within the lease after a renewal failed")
+	}
+	g.Done(time.Now(), p, ok200)
+	px.BlackHole(false)
+	b.renewAll(ctx)
+	if q, _, ok := g.TryAdmit(time.Now(), one); !ok {
+		t.Fatal("not admitted after a renewal answered again")
+	} else {
+		g.Done(time.Now(), q, ok200)
+	}
 }

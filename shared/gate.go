@@ -126,8 +126,8 @@ type Gate struct {
 	// Local fallback, while Redis has not answered since the start.
 	local      bool
 	localLimit float64
-	// dark: Redis stopped answering mid-run; localMaxInF is the most in
-	// flight since (the fence stops admissions at the lease's end).
+	// dark: Redis stopped answering mid-run (the gate admits nothing
+	// until a renewal answers); localMaxInF is the most in flight since.
 	dark        bool
 	localMaxInF int
 }
@@ -191,7 +191,11 @@ func (g *Gate) leaseCurrent(now time.Time) bool {
 
 // TryAdmit implements gate.Gate. The fence is checked on the gate's
 // own clock as well as at now, since now may have been read before the
-// process was paused.
+// process was paused. Once a renewal (or a report of congestion) has found
+// Redis out of reach, nothing is admitted until a renewal answers, even
+// within the lease: Redis never hears of a request admitted then, and the
+// grace it keeps the slots for was sized before it (the API's latency
+// varies by more than the quarter the grace adds to the longest request).
 //
 // Within the lease, a request is admitted only if, lasting what the grace
 // this process would ask Redis for now assumes a request lasts, it ends
@@ -209,7 +213,7 @@ func (g *Gate) TryAdmit(now time.Time, d gate.Demand) (gate.Permit, time.Duratio
 		return gate.Permit{}, time.Duration(math.MaxInt64), false
 	}
 	if !g.local {
-		if clock := time.Now(); !g.leaseCurrent(now) || !g.leaseCurrent(clock) {
+		if clock := time.Now(); g.dark || !g.leaseCurrent(now) || !g.leaseCurrent(clock) {
 			return g.fenceLocked()
 		}
 	}
@@ -306,8 +310,9 @@ func (g *Gate) TryAdmit(now time.Time, d gate.Demand) (gate.Permit, time.Duratio
 	return p, 0, true
 }
 
-// fenceLocked refuses an admission past the lease, or past what the
-// grace Redis keeps the slots for covers, and asks for a renewal at once;
+// fenceLocked refuses an admission past the lease, while Redis is out of
+// reach, or past what the grace Redis keeps the slots for covers, and asks
+// for a renewal at once;
 // the renewal wakes the engine. g.mu is held.
 func (g *Gate) fenceLocked() (gate.Permit, time.Duration, bool) {
 	if !g.fenced {
@@ -725,8 +730,8 @@ func (g *Gate) keysNow() []string {
 	return g.keys
 }
 
-// goDark notes that Redis stopped answering: the gate goes on on its grant
-// until its lease ends, then admits nothing until a renewal answers.
+// goDark notes that Redis stopped answering: the gate admits nothing
+// until a renewal answers; its requests in flight go on.
 func (g *Gate) goDark() {
 	g.mu.Lock()
 	defer g.mu.Unlock()
