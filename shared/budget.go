@@ -15,15 +15,15 @@
 // the renewal was sent, so it ends before Redis' copy does). A process
 // that was paused stops admitting at its lease's end until it renews, one
 // that lost Redis as soon as a renewal fails; a request admitted before
-// the lease ended but not yet sent is not sent. The others reclaim a silent process's slots only a
-// grace after its lease ended in Redis, longer than its longest recent
-// request, so its requests already in flight have ended on the server
-// before their slots are given away.
+// the lease ended but not yet sent is not sent. The others reclaim a
+// silent process's slots only a grace after its lease ended in Redis,
+// longer than its longest recent request, so its requests already in
+// flight have ended on the server before their slots are given away.
 //
 // When Redis cannot be reached mid-run, a process cannot tell whether the
 // others still reach it, so it admits nothing more (its requests in
-// flight go on) and rejoins when Redis answers again; nothing is lost or sent twice, since the items
-// themselves never leave the run's own store. Only when Redis is
+// flight go on) and rejoins when Redis answers again; nothing is lost or
+// sent twice, since the items themselves never leave the run's own store. Only when Redis is
 // unreachable at start, and the run asked for it (Config.Fallback), does
 // a process run on a local share: a conservative one (see FallbackShare).
 package shared
