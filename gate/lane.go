@@ -57,9 +57,11 @@ type Permit struct {
 	// answer may not count our admissions after it yet.
 	At time.Time
 	// Until, when set, is the end of the lease the gate admitted on (a
-	// shared gate's): the engine does not send the request at or after it,
-	// so a process paused between admission and sending does not send on a
-	// lease whose slots may have been given to another process.
+	// shared gate's), or, when earlier, the last moment a request sent
+	// would still end before its slot may be given away: the engine does
+	// not send the request at or after it, so a process paused between
+	// admission and sending does not send on a lease whose slots may have
+	// been given to another process.
 	Until time.Time
 	// Probe marks the one request a lane sends after a back-off hold to
 	// learn whether a storm is over (see Lane).

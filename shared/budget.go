@@ -13,17 +13,17 @@
 // Leases are fenced: a process admits only while its lease is current on
 // its own monotonic clock, less a margin (the lease runs from the moment
 // the renewal was sent, so it ends before Redis' copy does). A process
-// that was paused, or that lost Redis, stops admitting at its lease's end
-// until it renews; a request admitted before the lease ended but not yet
-// sent is not sent. The others reclaim a silent process's slots only a
-// grace after its lease ended in Redis, longer than its longest recent
-// request, so its requests already in flight have ended on the server
-// before their slots are given away.
+// that was paused stops admitting at its lease's end until it renews, one
+// that lost Redis as soon as a renewal fails; a request admitted before
+// the lease ended but not yet sent is not sent. The others reclaim a
+// silent process's slots only a grace after its lease ended in Redis,
+// longer than its longest recent request, so its requests already in
+// flight have ended on the server before their slots are given away.
 //
 // When Redis cannot be reached mid-run, a process cannot tell whether the
-// others still reach it, so it admits nothing past its lease and rejoins
-// when Redis answers again; nothing is lost or sent twice, since the items
-// themselves never leave the run's own store. Only when Redis is
+// others still reach it, so it admits nothing more (its requests in
+// flight go on) and rejoins when Redis answers again; nothing is lost or
+// sent twice, since the items themselves never leave the run's own store. Only when Redis is
 // unreachable at start, and the run asked for it (Config.Fallback), does
 // a process run on a local share: a conservative one (see FallbackShare).
 package shared
@@ -406,9 +406,9 @@ func (b *Budget) renewAll(ctx context.Context) {
 	b.rejoined(gates)
 }
 
-// lost notes that Redis stopped answering. Each gate goes on admitting on
-// its grant until its lease ends (Redis keeps its slots for it that long
-// and a grace more), then admits nothing until Redis answers again.
+// lost notes that Redis stopped answering. Each gate admits nothing more
+// until a renewal answers (Redis keeps its slots for the lease and a grace
+// more, for the requests already in flight).
 func (b *Budget) lost(err error) {
 	b.mu.Lock()
 	if b.down {
@@ -422,9 +422,9 @@ func (b *Budget) lost(err error) {
 	for _, g := range gates {
 		g.goDark()
 	}
-	msg := fmt.Sprintf("shared budget: Redis at %s stopped answering (%v); admitting nothing past each lease (%v) until it is back", b.host, err, b.ttl-b.margin)
+	msg := fmt.Sprintf("shared budget: Redis at %s stopped answering (%v); admitting nothing until it is back", b.host, err)
 	b.cfg.Events.Emit(rundir.EventWarning, msg, map[string]any{"shared": b.host})
-	b.cfg.Log.Warn("shared budget: Redis lost; admitting nothing past each lease until it is back", "host", b.host)
+	b.cfg.Log.Warn("shared budget: Redis lost; admitting nothing until it is back", "host", b.host)
 }
 
 func (b *Budget) rejoined(gates []*Gate) {

@@ -107,6 +107,12 @@ type Gate struct {
 	leaseMono time.Time
 	leaseWall time.Time
 	fenced    bool // refused since the lease ended
+	// kept is the earliest Redis may give this process's slots away:
+	// the last renewal that answered, sent at kept less its TTL and
+	// grace, asked Redis to keep them that long. The gate admits only a
+	// request that ends before it if it lasts what the grace assumes
+	// (see TryAdmit).
+	kept time.Time
 
 	// The longest requests lately (admission to answer), in two rotating
 	// windows: the grace Redis keeps this process's slots for after its
@@ -120,8 +126,8 @@ type Gate struct {
 	// Local fallback, while Redis has not answered since the start.
 	local      bool
 	localLimit float64
-	// dark: Redis stopped answering mid-run; localMaxInF is the most in
-	// flight since (the fence stops admissions at the lease's end).
+	// dark: Redis stopped answering mid-run (the gate admits nothing
+	// until a renewal answers); localMaxInF is the most in flight since.
 	dark        bool
 	localMaxInF int
 }
@@ -185,7 +191,21 @@ func (g *Gate) leaseCurrent(now time.Time) bool {
 
 // TryAdmit implements gate.Gate. The fence is checked on the gate's
 // own clock as well as at now, since now may have been read before the
-// process was paused.
+// process was paused. Once a renewal (or a report of congestion) has found
+// Redis out of reach, nothing is admitted until a renewal answers, even
+// within the lease: Redis never hears of a request admitted then, and the
+// grace it keeps the slots for was sized before it (the API's latency
+// varies by more than the quarter the grace adds to the longest request).
+//
+// Within the lease, a request is admitted only if, lasting what the grace
+// this process would ask Redis for now assumes a request lasts, it ends
+// before Redis may give the process's slots away (kept, from the grace
+// the last renewal sent). While renewals answer, the grace sent a moment
+// ago is about the grace now and the TTL Redis adds to it covers the time
+// since. A process cut off from Redis cannot send a longer grace: when
+// its requests turn out to last longer than the one it sent (an answer,
+// or a request still running, older than that grace assumed), it admits
+// nothing more until a renewal has sent the longer one.
 func (g *Gate) TryAdmit(now time.Time, d gate.Demand) (gate.Permit, time.Duration, bool) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -193,14 +213,8 @@ func (g *Gate) TryAdmit(now time.Time, d gate.Demand) (gate.Permit, time.Duratio
 		return gate.Permit{}, time.Duration(math.MaxInt64), false
 	}
 	if !g.local {
-		if clock := time.Now(); !g.leaseCurrent(now) || !g.leaseCurrent(clock) {
-			// Fenced: renew at once; the renewal wakes the engine.
-			if !g.fenced {
-				g.fenced = true
-				g.starved = true
-				g.b.kick()
-			}
-			return gate.Permit{}, g.b.every, false
+		if clock := time.Now(); g.dark || !g.leaseCurrent(now) || !g.leaseCurrent(clock) {
+			return g.fenceLocked()
 		}
 	}
 	if g.pendingOrg != "" && !g.local {
@@ -235,6 +249,13 @@ func (g *Gate) TryAdmit(now time.Time, d gate.Demand) (gate.Permit, time.Duratio
 			return gate.Permit{}, g.b.every, false
 		}
 		return gate.Permit{}, 0, false
+	}
+	var grace time.Duration // what the grace would be now (not local)
+	if !g.local {
+		at := later(now, time.Now())
+		if grace = g.graceFor(at); at.Add(grace).After(g.kept) {
+			return g.fenceLocked()
+		}
 	}
 	if now.Before(g.joinUntil) && (g.inFlight > 0 || g.answered) {
 		// Joined others on the key: one probe until they know of it.
@@ -280,8 +301,34 @@ func (g *Gate) TryAdmit(now time.Time, d gate.Demand) (gate.Permit, time.Duratio
 		if w := g.leaseWall.Sub(now.Round(0)); w < g.leaseMono.Sub(now) {
 			p.Until = now.Add(w)
 		}
+		// Nor once a request sent then, lasting what the grace assumes,
+		// would outlast what Redis keeps the slots for.
+		if c := g.kept.Add(-grace); c.Before(p.Until) {
+			p.Until = c
+		}
 	}
 	return p, 0, true
+}
+
+// fenceLocked refuses an admission past the lease, while Redis is out of
+// reach, or past what the grace Redis keeps the slots for covers, and asks
+// for a renewal at once;
+// the renewal wakes the engine. g.mu is held.
+func (g *Gate) fenceLocked() (gate.Permit, time.Duration, bool) {
+	if !g.fenced {
+		g.fenced = true
+		g.starved = true
+		g.b.kick()
+	}
+	return gate.Permit{}, g.b.every, false
+}
+
+// later is the later of a and b.
+func later(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
 }
 
 // LearnOrganisation records the organisation id the key reaches, learnt
@@ -553,6 +600,9 @@ func (g *Gate) renew(ctx context.Context) error {
 	g.renewedAt = sent
 	g.leaseMono = sent.Add(g.b.ttl - g.b.margin)
 	g.leaseWall = sent.Round(0).Add(g.b.ttl - g.b.margin)
+	// Redis' copy runs from when the script ran, after sent: it keeps
+	// the slots at least this long.
+	g.kept = sent.Add(g.b.ttl + grace)
 	g.grant = int(toInt(res[0]))
 	g.laneCap = int(toInt(res[12]))
 	g.limit = toFloat(res[1])
@@ -680,8 +730,8 @@ func (g *Gate) keysNow() []string {
 	return g.keys
 }
 
-// goDark notes that Redis stopped answering: the gate goes on on its grant
-// until its lease ends, then admits nothing until a renewal answers.
+// goDark notes that Redis stopped answering: the gate admits nothing
+// until a renewal answers; its requests in flight go on.
 func (g *Gate) goDark() {
 	g.mu.Lock()
 	defer g.mu.Unlock()
