@@ -75,7 +75,7 @@ func drawGatewayLowTier(seed int64, s *gwScenario) {
 // -9 holds the slot of an attempt of maxTokens its predecessor left in
 // flight: as long as the API may run it, an hour for 128,000 tokens, at
 // least 10 s, never past the attempt timeout (the gateway's
-// deadAttemptAPI; docs/campaign.md, "the killed gateway's requests").
+// gate.AttemptBound; docs/campaign.md, "the killed gateway's requests").
 func gwDeadHoldAPI(maxTokens int) time.Duration {
 	return min(gwAttemptTimeoutAPI, max(10*time.Second, time.Duration(float64(time.Hour)*float64(maxTokens)/128_000)))
 }

@@ -567,3 +567,17 @@ func (b *Buckets) speedOrOne() float64 {
 	}
 	return 1
 }
+
+// AttemptBound is how long, in API time, the API may run an attempt of
+// maxTokens: its own bound for a request it lets run unstreamed (an hour
+// for 128,000 tokens, docs/design.md §17), at least AttemptBoundFloor.
+// What is still running of a process that died or went silent is held for
+// it: by a gateway restarted on its state directory, and by the shared
+// budget (shared.Gate) for a process cut off from Redis.
+func AttemptBound(maxTokens int64) time.Duration {
+	return max(AttemptBoundFloor, time.Duration(float64(time.Hour)*float64(maxTokens)/128_000))
+}
+
+// AttemptBoundFloor is the least AttemptBound gives, in API time: a short
+// request's latency.
+const AttemptBoundFloor = 10 * time.Second

@@ -152,21 +152,10 @@ func (h *deadHold) held(now time.Time) (int, time.Time) {
 	return len(h.until) - i, h.until[i]
 }
 
-// deadAttemptAPI is how long, in API time, the API may run an attempt of
-// maxTokens: its own bound for a request it lets run unstreamed (an hour
-// for 128,000 tokens, docs/design.md §17), at least deadAttemptFloor.
-func deadAttemptAPI(maxTokens int64) time.Duration {
-	return max(deadAttemptFloor, time.Duration(float64(time.Hour)*float64(maxTokens)/128_000))
-}
-
-// deadAttemptFloor is the least a dead attempt's slot is held, in API
-// time: a short request's latency.
-const deadAttemptFloor = 10 * time.Second
-
 // holdDead holds a slot of its (org, pool) lane for each attempt in tags,
 // so the lanes count what a killed predecessor left running on the keys:
 // from last (the latest any was sent) for as long as the API may run it
-// (deadAttemptAPI of its max_tokens, scaled by speed), never past the
+// (gate.AttemptBound of its max_tokens, scaled by speed), never past the
 // attempt timeout. Called once, before any lane is made.
 func (s *laneSet) holdDead(tags []spendTag, last time.Time, timeout time.Duration) {
 	if len(tags) == 0 {
@@ -177,7 +166,7 @@ func (s *laneSet) holdDead(tags []spendTag, last time.Time, timeout time.Duratio
 	defer s.mu.Unlock()
 	dead := map[deadKey]*deadHold{}
 	for _, t := range tags {
-		until := last.Add(min(timeout, time.Duration(float64(deadAttemptAPI(t.MaxTokens))/s.speed)))
+		until := last.Add(min(timeout, time.Duration(float64(gate.AttemptBound(t.MaxTokens))/s.speed)))
 		if !until.After(now) {
 			continue
 		}

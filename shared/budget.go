@@ -89,10 +89,12 @@ type Config struct {
 	// Grace (default TTL) is the least time after a process's lease ended
 	// in Redis that the others wait before they take its slots: its
 	// requests in flight when it went silent have the grace plus the
-	// margin to finish. Each lane asks for more when its requests last
-	// longer: a quarter more than its longest request of the last minute
-	// or two (at most 10 minutes). A dead process's slots are free again
-	// TTL+grace after its last renewal.
+	// margin to finish. Each lane asks for more when its requests may last
+	// longer: until the bound of each request it has in flight (twice the
+	// API's own bound for its max_tokens, gate.AttemptBound, at most 10 API
+	// minutes), and a quarter more than its longest request of the last
+	// minute or two (at most 10 minutes). A dead process's slots are free
+	// again TTL+grace after its last renewal.
 	Grace time.Duration
 	// Orgs are the run's orgs; their keys' fingerprints name the lanes.
 	Orgs   []org.Org

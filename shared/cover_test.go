@@ -6,6 +6,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/apidispatch/apidispatch/gate"
 	"github.com/apidispatch/apidispatch/internal/netproxy"
 	"github.com/apidispatch/apidispatch/internal/testredis"
 	"github.com/apidispatch/apidispatch/org"
@@ -139,4 +140,73 @@ func TestSharedAdmitsNothingOnceARenewalFailed(t *testing.T) {
 	} else {
 		g.Done(time.Now(), q, ok200)
 	}
+}
+
+// Gateway campaign seed 379 (issue 28), the rest: a request already in
+// flight when its process was cut off from Redis (mallory's long streams,
+// 1.9-5.1 s where the requests answered before had taken about 1 s) ran
+// past the grace the last renewal sent, 1.25 × the longest request seen,
+// and Redis gave its slot to the other gateway meanwhile: 5 in flight on a
+// cap of 4. The grace covers every request in flight until its bound (twice
+// the API's own bound for its max_tokens), not only the requests seen.
+//
+// On the wall clock (Redis' clock decides when the other process reclaims):
+// process A, speed 40, admits one request of max_tokens 4,096 (its bound,
+// 2 × 115.2 API s, is 5.76 s here), renews, and goes silent; process B on
+// the same key and cap 1 is not granted the slot before A's request's bound
+// has passed, and is granted it soon after.
+func TestSharedGraceCoversEachRequestUntilItsBound(t *testing.T) {
+	url := testredis.URL(t)
+	o := freshOrg("a")
+	ctx := context.Background()
+	lc := lane(1)
+	lc.Speed = 40
+	long := gate.Demand{EstInput: 100, MaxTokens: 4096}
+	a, err := Open(ctx, Config{URL: url, Orgs: []org.Org{o}, TTL: 500 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	ga := a.NewGate(lc).(*Gate)
+	bound := ga.requestBound(long.MaxTokens)
+	if want := time.Duration(float64(2*gate.AttemptBound(4096)) / 40); bound != want {
+		t.Fatalf("bound %v, want %v", bound, want)
+	}
+	var p gate.Permit
+	for tries := 0; ; tries++ {
+		if err := ga.renew(ctx); err != nil {
+			t.Fatal(err)
+		}
+		var ok bool
+		if p, _, ok = ga.TryAdmit(time.Now(), long); ok {
+			break
+		}
+		if tries == 3 {
+			t.Fatal("A never admitted its request")
+		}
+	}
+	admitted := time.Now()
+	if err := ga.renew(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// A is silent from here, its request still running.
+	b := process(t, url, []org.Org{o})
+	gb := b.NewGate(lc)
+	var granted time.Duration
+	for {
+		if q, _, ok := gb.TryAdmit(time.Now(), one); ok {
+			granted = time.Since(admitted)
+			gb.Done(time.Now(), q, ok200)
+			break
+		}
+		if time.Since(admitted) > bound+5*time.Second {
+			t.Fatalf("B not granted A's slot %v after A's request began, its bound %v", time.Since(admitted), bound)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if granted < bound-100*time.Millisecond {
+		t.Errorf("B was granted A's slot %v after A's request began, while it may run %v: two in flight on a cap of 1", granted.Round(time.Millisecond), bound)
+	}
+	t.Logf("B granted A's slot %v after A's request began (its bound %v)", granted.Round(time.Millisecond), bound)
+	ga.Done(time.Now(), p, ok200)
 }

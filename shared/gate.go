@@ -122,6 +122,12 @@ type Gate struct {
 	// admitted counts the requests in flight by their admission time, so
 	// that a renewal's grace also covers the oldest one still running.
 	admitted map[time.Time]int
+	// ends counts the requests in flight by the latest they may end
+	// (admission plus requestBound), and boundCur, boundPrev are the
+	// longest requestBound of the requests admitted or asked for in the
+	// two windows of the tail: the grace covers both (see graceFor).
+	ends                map[time.Time]int
+	boundCur, boundPrev time.Duration
 
 	// Local fallback, while Redis has not answered since the start.
 	local      bool
@@ -250,9 +256,13 @@ func (g *Gate) TryAdmit(now time.Time, d gate.Demand) (gate.Permit, time.Duratio
 		}
 		return gate.Permit{}, 0, false
 	}
+	bound := g.requestBound(d.MaxTokens)
 	var grace time.Duration // what the grace would be now (not local)
 	if !g.local {
 		at := later(now, time.Now())
+		// The next renewal asks for a grace this request's bound fits in,
+		// if the last one did not.
+		g.noteBound(at, bound)
 		if grace = g.graceFor(at); at.Add(grace).After(g.kept) {
 			return g.fenceLocked()
 		}
@@ -294,6 +304,10 @@ func (g *Gate) TryAdmit(now time.Time, d gate.Demand) (gate.Permit, time.Duratio
 		g.admitted = map[time.Time]int{}
 	}
 	g.admitted[now.Round(0)]++
+	if g.ends == nil {
+		g.ends = map[time.Time]int{}
+	}
+	g.ends[now.Round(0).Add(bound)]++
 	if !g.local {
 		// Not sent past the lease (Permit.Until): the earlier of its two
 		// ends, on this process's monotonic clock.
@@ -354,6 +368,12 @@ func (g *Gate) Done(now time.Time, p gate.Permit, fb gate.Feedback) {
 			g.admitted[at]--
 		} else {
 			delete(g.admitted, at)
+		}
+		end := at.Add(g.requestBound(p.Demand.MaxTokens))
+		if g.ends[end] > 1 {
+			g.ends[end]--
+		} else {
+			delete(g.ends, end)
 		}
 	}
 	g.answered = true
@@ -416,28 +436,67 @@ const maxGrace = 10 * time.Minute
 // noteLatency records one request's time from admission to answer; g.mu
 // is held.
 func (g *Gate) noteLatency(now time.Time, d time.Duration) {
-	if g.tailSince.IsZero() || now.Sub(g.tailSince) >= tailWindow {
-		g.tailPrev, g.tailCur, g.tailSince = g.tailCur, 0, now
-	}
+	g.rotateTail(now)
 	g.tailCur = max(g.tailCur, d)
 }
 
+// noteBound records the requestBound of a request asked for at now; g.mu
+// is held.
+func (g *Gate) noteBound(now time.Time, b time.Duration) {
+	g.rotateTail(now)
+	g.boundCur = max(g.boundCur, b)
+}
+
+// rotateTail starts a new window of the tail when the current one has
+// lasted tailWindow; g.mu is held.
+func (g *Gate) rotateTail(now time.Time) {
+	if g.tailSince.IsZero() || now.Sub(g.tailSince) >= tailWindow {
+		g.tailPrev, g.tailCur, g.tailSince = g.tailCur, 0, now
+		g.boundPrev, g.boundCur = g.boundCur, 0
+	}
+}
+
+// requestBound is how long after its admission a request of maxTokens may
+// still be running on the API, in this process's time: twice the API's own
+// bound for it (gate.AttemptBound; the simulator's latency, a lognormal
+// about a third of that bound, passes twice it for about one long answer in
+// 700), at most the request timeout of 10 API minutes, at least the
+// configured grace.
+func (g *Gate) requestBound(maxTokens int64) time.Duration {
+	speed := g.cfg.Speed
+	if speed <= 0 {
+		speed = 1
+	}
+	b := min(requestTimeoutAPI, 2*gate.AttemptBound(maxTokens))
+	return max(g.b.grace, time.Duration(float64(b)/speed))
+}
+
+// requestTimeoutAPI is the longest an attempt runs, in API time.
+const requestTimeoutAPI = 10 * time.Minute
+
 // graceFor is how long after this process's lease ends Redis keeps its
-// slots: the configured grace, or a quarter more than the longest request
-// of the last minute or two, or than the age of its oldest request still
-// running, if that is longer, so that requests a paused or cut-off process
-// had in flight have ended on the server before another process takes
-// their slots; g.mu is held. A request that runs longer than that (the API
-// slowed down just before the pause, or none had been answered yet) may
-// still overlap: the bound that would hold always is the request timeout,
-// and a killed process's slots would then be lost to the others that long.
+// slots, so that requests a paused, cut-off or killed process had in flight
+// have ended on the server before another process takes their slots: the
+// configured grace, or the bound of the shortest request; a quarter more than the longest request of the last
+// minute or two, or than the age of its oldest request still running; the
+// longest requestBound asked for in that time; and until the latest bound
+// of a request still running (at most maxGrace); g.mu is held. A killed
+// process's slots are lost to the others that long: about twice the API's
+// time for its longest max_tokens (29 API s for a Sonnet judge's 512).
 func (g *Gate) graceFor(now time.Time) time.Duration {
 	tail := max(g.tailCur, g.tailPrev)
 	// A request still running has lasted at least its age so far.
 	for at := range g.admitted {
 		tail = max(tail, now.Round(0).Sub(at))
 	}
-	return min(maxGrace, max(g.b.grace, tail+tail/4))
+	// The bound of the shortest request at least, so that most requests
+	// are admitted without waiting for a renewal to ask for theirs.
+	grace := max(g.requestBound(0), tail+tail/4, g.boundCur, g.boundPrev)
+	// And may run until its bound.
+	for end := range g.ends {
+		grace = max(grace, end.Sub(now.Round(0)))
+	}
+	return min(maxGrace, grace)
 }
 
 // holdLocked holds admission for d from now; g.mu is held.
