@@ -62,11 +62,16 @@ func check(w *world) []string {
 			var line struct {
 				CustomID string          `json:"custom_id"`
 				Params   json.RawMessage `json:"params"`
+				Body     json.RawMessage `json:"body"` // an OpenAI line's
 			}
 			if err := json.Unmarshal(sc.Bytes(), &line); err != nil {
 				w.t.Fatal(err)
 			}
-			h := sim.BodyHash(sha256.Sum256(line.Params))
+			req := line.Params
+			if req == nil {
+				req = line.Body
+			}
+			h := sim.BodyHash(sha256.Sum256(req))
 			if o, dup := byHash[h]; dup {
 				w.t.Fatalf("campaign bug: items %s and %s have the same body", o.id, line.CustomID)
 			}
@@ -397,7 +402,9 @@ func (w *world) liveCap(ledger []sim.LedgerEntry, byHash map[sim.BodyHash]item) 
 			if first >= 0 {
 				back := map[string]time.Duration{}
 				for org, at := range handedBack(ps.runDir, w.start.Add(ps.from), w.start.Add(ps.to)) {
-					back[org] = at.Sub(w.start)
+					// The run names the simulator's OpenAI org gpt_a
+					// "openai-gpt_a" (from OPENAI_API_KEY_GPT_A).
+					back[strings.TrimPrefix(org, "openai-")] = at.Sub(w.start)
 				}
 				spans = append(spans, span{p.i, first + time.Second + w.latencyReal(), ps.to, back})
 			}
@@ -480,7 +487,9 @@ func readResults(path string) (map[string]int, error) {
 }
 
 // succeededIDs are the custom_ids with a succeeded result in path, each
-// with the id of the message it holds.
+// with the id of the message it holds: a Message Batches line's succeeded
+// result, or an OpenAI output line's response of status 200 (its body a
+// chat completion, whose id the ledger names).
 func succeededIDs(path string) map[string]string {
 	out := map[string]string{}
 	f, err := os.Open(path)
@@ -499,9 +508,21 @@ func succeededIDs(path string) map[string]string {
 					ID string `json:"id"`
 				} `json:"message"`
 			} `json:"result"`
+			Response *struct {
+				StatusCode int `json:"status_code"`
+				Body       struct {
+					ID string `json:"id"`
+				} `json:"body"`
+			} `json:"response"`
 		}
-		if json.Unmarshal(sc.Bytes(), &r) == nil && r.Result.Type == "succeeded" {
+		if json.Unmarshal(sc.Bytes(), &r) != nil {
+			continue
+		}
+		if r.Result.Type == "succeeded" {
 			out[r.CustomID] = r.Result.Message.ID
+		}
+		if r.Response != nil && r.Response.StatusCode == 200 {
+			out[r.CustomID] = r.Response.Body.ID
 		}
 	}
 	return out
@@ -514,8 +535,16 @@ func firstFew(s []string) string {
 	return strings.Join(s, ", ")
 }
 
+// tail is the end of a pass's output: its last 12 lines, or from a
+// panic's message on (a panic's stack would push its cause out of them).
 func tail(s string) string {
 	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	for i, l := range lines {
+		if strings.HasPrefix(l, "panic: ") {
+			lines = lines[i:min(len(lines), i+12)]
+			break
+		}
+	}
 	if len(lines) > 12 {
 		lines = lines[len(lines)-12:]
 	}

@@ -109,7 +109,7 @@ const disturbanceRecovery = 3 * time.Second
 // CI): a start-up cost, not a recovery this check judges.)
 func checkLiveness(w *world, ledger []sim.LedgerEntry) []string {
 	sc := w.sc
-	if sc.Route != "sync" || sc.Procs > 1 || sc.Shared || sc.MaxCost > 0 || sc.Pilot > 0 {
+	if sc.Route != "sync" || sc.Procs > 1 || sc.Shared || sc.MaxCost > 0 || sc.Pilot > 0 || sc.OpenAI.Orgs > 0 {
 		return nil
 	}
 	var end time.Duration // of the last fault the sync route meets

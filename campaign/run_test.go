@@ -17,7 +17,6 @@ import (
 
 	"github.com/apidispatch/apidispatch/internal/testredis"
 	"github.com/apidispatch/apidispatch/sim"
-	"github.com/apidispatch/apidispatch/workload"
 )
 
 // Exit codes of 'apidispatch run' (docs/design.md §10, §13).
@@ -147,6 +146,7 @@ func simConfig(sc Scenario) sim.Config {
 	if sc.LowTier {
 		lowTierOrgs(&cfg, sc.Burst)
 	}
+	cfg.Orgs = append(cfg.Orgs, sc.OpenAI.oaOrgs()...)
 	return cfg
 }
 
@@ -166,7 +166,7 @@ func setup(t testing.TB, sc Scenario) *world {
 		}
 		// The judge prompts depend on the index only: a max_tokens of
 		// its own makes every process's bodies distinct.
-		err = workload.GenerateJudge(f, sc.Items, sc.Seed*16+int64(i), workload.GenOptions{MaxTokens: sc.MaxToks + i, Prefix: prefix})
+		err = writeItems(f, sc, i, prefix)
 		if cerr := f.Close(); err == nil {
 			err = cerr
 		}
@@ -197,7 +197,8 @@ func (w *world) args(p *proc, runDir string) []string {
 	c := strconv.Itoa(w.capOf(p.i))
 	a := []string{"run", p.input, "--run-dir", runDir, "--base-url", w.sim.URL,
 		"--speed", strconv.FormatFloat(sc.Speed, 'f', -1, 64), "--quiet",
-		"--cap", "sonnet=" + c + ",haiku=" + c + ",opus=" + c + ",other=" + c,
+		"--cap", "sonnet=" + c + ",haiku=" + c + ",opus=" + c + ",other=" + c +
+			",gpt=" + c + ",gpt-mini=" + c + ",o-series=" + c + ",openai-other=" + c,
 		"--route", sc.Route, "--give-up-after", "1m", "--grace", "5s"}
 	if sc.Deadline > 0 {
 		a = append(a, "--deadline", (time.Duration(float64(sc.Deadline) / sc.Speed)).String())
@@ -227,15 +228,21 @@ func (w *world) args(p *proc, runDir string) []string {
 // more than the smallest.
 func (w *world) capOf(i int) int { return w.sc.Cap + i%2*w.sc.CapStep }
 
-// env is a child's environment: the simulator's keys and none of ours.
+// env is a child's environment: the simulator's keys and none of ours
+// (only its OpenAI orgs' keys when the scenario runs on them alone).
 func (w *world) env() []string {
 	var env []string
 	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "ANTHROPIC_") && !strings.HasPrefix(kv, "APIDISPATCH_") {
+		if !strings.HasPrefix(kv, "ANTHROPIC_") && !strings.HasPrefix(kv, "OPENAI_") && !strings.HasPrefix(kv, "APIDISPATCH_") {
 			env = append(env, kv)
 		}
 	}
-	return append(env, w.sim.Server.EnvLines()...)
+	for _, kv := range w.sim.Server.EnvLines() {
+		if !w.sc.OpenAI.Only || strings.HasPrefix(kv, "OPENAI_") {
+			env = append(env, kv)
+		}
+	}
+	return env
 }
 
 // runPass runs one pass of p into runDir to its end (or passTimeout).

@@ -57,6 +57,8 @@ type Scenario struct {
 	// of a minute (issue 29; see drawLowTier).
 	LowTier bool
 	Burst   float64
+	// OpenAI is issue 30's part: OpenAI orgs and GPT lines (see drawOpenAI).
+	OpenAI OpenAIPart
 }
 
 // draw derives the scenario of seed. It depends on the seed alone.
@@ -166,6 +168,7 @@ func draw(seed int64) Scenario {
 		s.Disturb = append(s.Disturb, d)
 	}
 	drawLowTier(seed, &s)
+	drawOpenAI(seed, &s)
 	return s
 }
 
@@ -185,6 +188,7 @@ func (s Scenario) String() string {
 		fmt.Fprintf(&b, " --batch-size %d", s.Batch)
 	}
 	fmt.Fprintf(&b, ", %d process(es) × %d items, --cap %d, speed %g", s.Procs, s.Items, s.Cap, s.Speed)
+	b.WriteString(s.OpenAI.String())
 	if s.CapStep > 0 {
 		fmt.Fprintf(&b, " (+%d for every other process)", s.CapStep)
 	}

@@ -47,8 +47,12 @@ type CacheHits struct {
 // origin is the API the run would ask (cache.OriginOf its base URL): only
 // that origin's answers count as hits, as in the run.
 func ProjectCache(ctx context.Context, path string, ws *workload.Summary, c *cache.Cache, mode cache.Mode, sampled bool, origin string) (*CacheHits, error) {
-	out := &CacheHits{Misses: &workload.Summary{N: ws.N, Lines: ws.Lines, Bytes: ws.Bytes, Hash: ws.Hash, LongestLine: ws.LongestLine, Models: maps.Clone(ws.Models),
-		OpenAIModels: maps.Clone(ws.OpenAIModels), OpenAI: ws.OpenAI, FirstOpenAILine: ws.FirstOpenAILine, FirstAnthropicLine: ws.FirstAnthropicLine}}
+	// Every figure of the input (its OpenAI items too: a caller tells a
+	// file of OpenAI items only from an empty one by them), less the
+	// Anthropic hits below.
+	misses := *ws
+	misses.Models, misses.OpenAIModels = maps.Clone(ws.Models), maps.Clone(ws.OpenAIModels)
+	out := &CacheHits{Misses: &misses}
 	if c == nil || mode == cache.ModeOff {
 		return out, nil
 	}

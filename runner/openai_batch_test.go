@@ -641,3 +641,48 @@ func TestRunMixedFileByBatchOpenAIOrgOut(t *testing.T) {
 		t.Fatalf("ledger %+v, summary %d n$", led, s.Cost.TotalNanos)
 	}
 }
+
+// 'run --route auto' of a file of GPT items only: nothing for plan to
+// project, so every item goes by the OpenAI Batch API, with or without a
+// deadline (a late batch gives its rest back to sync). The campaign's
+// seed 18 (auto, GPT lines only beside the Anthropic orgs) found the
+// router reading the projection's routes, which such a file has none of:
+// a nil dereference, exit 2 before anything was sent.
+func TestRunOpenAIOnlyFileByAuto(t *testing.T) {
+	t.Parallel()
+	r, _ := simtest.Start(t, sim.PresetOrigin3Org, 200, func(c *sim.Config) {
+		c.Orgs = append(c.Orgs, sim.OrgConfig{Name: "gpt", Provider: sim.ProviderOpenAI,
+			ModelLimits: map[string]sim.OpenAILimits{"*": {RPM: 3000, TPM: 1_000_000}}})
+	})
+	input := filepath.Join(t.TempDir(), "gpt.jsonl")
+	var gpt bytes.Buffer
+	if err := workload.GenerateOpenAIJudge(&gpt, 30, 3, workload.GenOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(input, gpt.Bytes(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, deadline := range []time.Duration{0, time.Minute} {
+		before := len(r.Server.Ledger())
+		var log bytes.Buffer
+		out := runner.Run(t.Context(), runner.Config{
+			Input: input, RunDir: filepath.Join(t.TempDir(), "run"), Prices: cost.Default(), Stderr: &log, Route: runner.RouteAuto, Deadline: deadline,
+			Sync: dispatch.Config{Orgs: r.Server.AllOrgs(), BaseURL: r.URL, Speed: 200, Prices: cost.Default(), SampleEvery: -1},
+		})
+		if out.Code() != runner.ExitOK || out.Summary == nil || out.Summary.Succeeded != 30 {
+			t.Fatalf("--deadline %s: exit %d, err %v, log:\n%s", deadline, out.Code(), out.Err, log.String())
+		}
+		var nanos int64
+		seen := map[sim.BodyHash]bool{}
+		for _, e := range r.Server.Ledger()[before:] {
+			if e.ServiceTier != "batch" || seen[e.BodySHA256] {
+				t.Fatalf("--deadline %s: a GPT item went by sync, or was billed twice: %+v", deadline, e)
+			}
+			seen[e.BodySHA256] = true
+			nanos += e.CostNanos
+		}
+		if len(seen) != 30 || nanos != out.Summary.Cost.TotalNanos {
+			t.Fatalf("--deadline %s: %d items billed, %d n$; summary %d n$", deadline, len(seen), nanos, out.Summary.Cost.TotalNanos)
+		}
+	}
+}

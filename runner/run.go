@@ -378,31 +378,44 @@ func orgNames(orgs []org.Org) []string {
 // router sets auto's split from the projection, and when a batch is late:
 // when, at the projected sync rate, its requests would no longer end by
 // the deadline if it were cancelled and they were sent by sync.
+//
+// Without projected routes every item goes by batch, and with a deadline a
+// late batch is judged by the batch model of the limits file (or the
+// default).
 func (cfg *Config) router(job *rundir.Job, pr *Projection, x *Exec, start time.Time, w io.Writer) {
-	r := pr.Routes
-	nb, ns := r.Split()
-	x.SyncItems, x.SyncOpenAI = ns, r.SplitOpenAI(ns)
-	msg := fmt.Sprintf("route auto: %d by batch, %d by sync", nb, ns)
-	if r.Auto != nil {
-		msg += ": " + r.Auto.Explain
-	} else {
-		msg += ": no --deadline, so every item that can goes by batch (the cheapest)"
-	}
-	fmt.Fprintln(w, msg)
-	job.Events.Emit(rundir.EventBatch, msg, map[string]any{"batch_items": nb, "sync_items": ns, "deadline_s": r.DeadlineS})
-	if cfg.Deadline <= 0 {
-		return
-	}
 	speed := cfg.Sync.Speed
 	if speed <= 0 {
 		speed = 1
 	}
-	m := r.Model()
+	r := pr.Routes
+	var nb, ns int64
+	var msg string
+	m, deadlineS := cfg.Limits.BatchModel(), cfg.Deadline.Seconds()*speed
+	if r == nil {
+		nb = pr.N
+		msg = fmt.Sprintf("route auto: %d by batch, 0 by sync: no routes were projected, so every item goes by batch first (the cheapest) and by sync what a late batch gives back", nb)
+	} else {
+		nb, ns = r.Split()
+		x.SyncOpenAI = r.SplitOpenAI(ns)
+		m, deadlineS = r.Model(), r.DeadlineS
+		msg = fmt.Sprintf("route auto: %d by batch, %d by sync", nb, ns)
+		if r.Auto != nil {
+			msg += ": " + r.Auto.Explain
+		} else {
+			msg += ": no --deadline, so every item that can goes by batch (the cheapest)"
+		}
+	}
+	x.SyncItems = ns
+	fmt.Fprintln(w, msg)
+	job.Events.Emit(rundir.EventBatch, msg, map[string]any{"batch_items": nb, "sync_items": ns, "deadline_s": deadlineS})
+	if cfg.Deadline <= 0 {
+		return
+	}
 	// Batches show no progress until they end, so a batch is late when it
 	// has not ended by when the model expects it: then it is cancelled,
 	// what it finished is harvested and the rest goes by sync. The split
 	// left time for one org's batch to be sent again so.
-	x.Batch.PollMax = min(max(time.Duration(r.DeadlineS/40*float64(time.Second)), 5*time.Second), 60*time.Second)
+	x.Batch.PollMax = min(max(time.Duration(deadlineS/40*float64(time.Second)), 5*time.Second), 60*time.Second)
 	x.LateAt = func(b store.BatchRecord, ahead int64) (time.Time, string) {
 		apiS := m.QueueWaitS + float64(ahead+b.N)/m.PerMinute*60 + m.PollS
 		at := b.CreatedAt.Add(time.Duration(apiS / speed * float64(time.Second)))
