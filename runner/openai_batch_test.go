@@ -642,12 +642,13 @@ func TestRunMixedFileByBatchOpenAIOrgOut(t *testing.T) {
 	}
 }
 
-// 'run --route auto' of a file of GPT items only: nothing for plan to
-// project, so every item goes by the OpenAI Batch API, with or without a
-// deadline (a late batch gives its rest back to sync). The campaign's
-// seed 18 (auto, GPT lines only beside the Anthropic orgs) found the
-// router reading the projection's routes, which such a file has none of:
-// a nil dereference, exit 2 before anything was sent.
+// 'run --route auto' of a file of GPT items only (150, above the batch
+// route's least batch) goes by the OpenAI Batch API, with or without a
+// deadline it meets. The campaign's seed 18 (auto, GPT lines only beside
+// the Anthropic orgs) found the router reading projected routes such a
+// file had none of, before plan projected OpenAI items: a nil
+// dereference, exit 2 before anything was sent (the router still sends
+// every item by batch when no routes were projected).
 func TestRunOpenAIOnlyFileByAuto(t *testing.T) {
 	t.Parallel()
 	r, _ := simtest.Start(t, sim.PresetOrigin3Org, 200, func(c *sim.Config) {
@@ -656,7 +657,7 @@ func TestRunOpenAIOnlyFileByAuto(t *testing.T) {
 	})
 	input := filepath.Join(t.TempDir(), "gpt.jsonl")
 	var gpt bytes.Buffer
-	if err := workload.GenerateOpenAIJudge(&gpt, 30, 3, workload.GenOptions{}); err != nil {
+	if err := workload.GenerateOpenAIJudge(&gpt, 150, 3, workload.GenOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.WriteFile(input, gpt.Bytes(), 0o644); err != nil {
@@ -669,19 +670,19 @@ func TestRunOpenAIOnlyFileByAuto(t *testing.T) {
 			Input: input, RunDir: filepath.Join(t.TempDir(), "run"), Prices: cost.Default(), Stderr: &log, Route: runner.RouteAuto, Deadline: deadline,
 			Sync: dispatch.Config{Orgs: r.Server.AllOrgs(), BaseURL: r.URL, Speed: 200, Prices: cost.Default(), SampleEvery: -1},
 		})
-		if out.Code() != runner.ExitOK || out.Summary == nil || out.Summary.Succeeded != 30 {
+		if out.Code() != runner.ExitOK || out.Summary == nil || out.Summary.Succeeded != 150 {
 			t.Fatalf("--deadline %s: exit %d, err %v, log:\n%s", deadline, out.Code(), out.Err, log.String())
 		}
 		var nanos int64
 		seen := map[sim.BodyHash]bool{}
 		for _, e := range r.Server.Ledger()[before:] {
 			if e.ServiceTier != "batch" || seen[e.BodySHA256] {
-				t.Fatalf("--deadline %s: a GPT item went by sync, or was billed twice: %+v", deadline, e)
+				t.Fatalf("--deadline %s: a GPT item went by sync, or was billed twice: %+v\n%s", deadline, e, log.String())
 			}
 			seen[e.BodySHA256] = true
 			nanos += e.CostNanos
 		}
-		if len(seen) != 30 || nanos != out.Summary.Cost.TotalNanos {
+		if len(seen) != 150 || nanos != out.Summary.Cost.TotalNanos {
 			t.Fatalf("--deadline %s: %d items billed, %d n$; summary %d n$", deadline, len(seen), nanos, out.Summary.Cost.TotalNanos)
 		}
 	}
