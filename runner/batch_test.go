@@ -192,13 +192,14 @@ func TestBatchLostCreateAdopted(t *testing.T) {
 func TestBatchErroredAndExpired(t *testing.T) {
 	b := newBench(t, 2000, 50000, nil)
 	// Timed from now (API time; K = 50,000): the errors and the cut streams
-	// for 72 s, the stall for batches created in the first 7.2 s (a stalled
-	// batch ends at expiry, 1.7 s on).
+	// for 72 s, the stall for batches created in the first 21.6 s (a stalled
+	// batch ends at expiry, 1.7 s on; a race build under a load of 10 took
+	// more than 7.2 s to create its first batch).
 	if _, err := b.sim.Server.AddFault(
 		sim.Fault{Kind: sim.FaultBatchErroredAPI, Probability: 0.1, Duration: 1000 * time.Hour, FromNow: true},
 		sim.Fault{Kind: sim.FaultBatchErroredOverloaded, Probability: 0.1, Duration: 1000 * time.Hour, FromNow: true},
 		sim.Fault{Kind: sim.FaultBatchErroredInvalid, Probability: 0.05, Duration: 1000 * time.Hour, FromNow: true},
-		sim.Fault{Kind: sim.FaultBatchStall, Org: "batch", Fraction: 0.5, Duration: 100 * time.Hour, FromNow: true},
+		sim.Fault{Kind: sim.FaultBatchStall, Org: "batch", Fraction: 0.5, Duration: 300 * time.Hour, FromNow: true},
 		sim.Fault{Kind: sim.FaultBatchResultsCut, Probability: 0.5, Duration: 1000 * time.Hour, FromNow: true},
 	); err != nil {
 		t.Fatal(err)
