@@ -3,6 +3,8 @@ package workload
 import (
 	"encoding/json"
 	"testing"
+
+	"github.com/apidispatch/apidispatch/cost"
 )
 
 // A request's bound counts what its blocks name but do not carry: an image
@@ -59,5 +61,31 @@ func TestBoundOfImagesHoweverSpelt(t *testing.T) {
 	doc := BoundOf("claude-sonnet-4-5", msg(`{"type":"d\u006fcument","source":{"type":"url","url":"https://example.com/a.pdf"}}`), 16, false).Input
 	if doc < MaxContextTokens {
 		t.Errorf("document by URL, type escaped: input bound %d, want %d", doc, MaxContextTokens)
+	}
+}
+
+// TestBoundOfNamesInAnyCase: a reader of Go's encoding/json (the
+// simulator) matches a field's name whatever its case, so a block's
+// "Cache_Control" with "TTL":"1h" is a 1-hour cache write to it, and
+// {"Type":"image"} an image. The bound counts them as such (the API
+// refuses such names; counting them errs on the dear side). Before, a
+// byte-exact match of the names bounded the first at no cache write and
+// the second not as an image.
+func TestBoundOfNamesInAnyCase(t *testing.T) {
+	msg := func(block string) json.RawMessage {
+		return json.RawMessage(`{"model":"claude-sonnet-4-5","max_tokens":16,"messages":[{"role":"user","content":[` + block + `,{"type":"text","text":"Judge it."}]}]}`)
+	}
+	if b := BoundOf("claude-sonnet-4-5", msg(`{"type":"text","text":"x","Cache_Control":{"type":"ephemeral","TTL":"1h"}}`), 16, false); b.CacheWrite != cost.CacheWrite1h {
+		t.Errorf("Cache_Control with TTL 1h: cache write %v, want the 1-hour write", b.CacheWrite)
+	}
+	if b := BoundOf("claude-sonnet-4-5", msg(`{"type":"text","text":"x","cache_control":{"type":"ephemeral","Ttl":"1h"}}`), 16, false); b.CacheWrite != cost.CacheWrite1h {
+		t.Errorf("Ttl 1h: cache write %v, want the 1-hour write", b.CacheWrite)
+	}
+	plain := BoundOf("claude-sonnet-4-5", msg(`{"type":"text","text":"x"}`), 16, false).Input
+	if got := BoundOf("claude-sonnet-4-5", msg(`{"Type":"image","Source":{"type":"url","url":"https://example.com/a.png"}}`), 16, false).Input; got < plain+MaxImageTokens {
+		t.Errorf(`{"Type":"image"}: input bound %d, want at least %d`, got, plain+MaxImageTokens)
+	}
+	if got := BoundOf("claude-sonnet-4-5", msg(`{"TYPE":"document","SOURCE":{"TYPE":"url","url":"https://example.com/a.pdf"}}`), 16, false).Input; got < MaxContextTokens {
+		t.Errorf(`{"TYPE":"document"} by URL: input bound %d, want %d`, got, MaxContextTokens)
 	}
 }

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
+	"strings"
 
 	"github.com/apidispatch/apidispatch/cost"
 	"github.com/apidispatch/apidispatch/store"
@@ -204,6 +206,19 @@ func BoundOf(model string, params json.RawMessage, maxTokens int64, batch bool) 
 // it, about 1,600 tokens at most.
 const MaxImageTokens = 1600
 
+// fields are m's values of the key name in any case: a reader of Go's
+// encoding/json (the simulator) matches a field's name whatever its case,
+// so the bound counts a block as what any of them says.
+func fields(m map[string]any, name string) []any {
+	var vs []any
+	for k, v := range m {
+		if strings.EqualFold(k, name) {
+			vs = append(vs, v)
+		}
+	}
+	return vs
+}
+
 // MaxContextTokens is the largest context window of any model (with the
 // long-context beta): the most input tokens one request can be billed.
 const MaxContextTokens = 1_000_000
@@ -228,13 +243,19 @@ func linkedMedia(params []byte) (images, docs int64) {
 	walk = func(v any) {
 		switch x := v.(type) {
 		case map[string]any:
-			switch x["type"] {
-			case "image":
+			types := fields(x, "type")
+			switch {
+			case slices.Contains(types, any("image")):
 				images++
-			case "document":
-				if src, ok := x["source"].(map[string]any); ok {
-					if st := src["type"]; st != "base64" && st != "text" && st != "content" {
+			case slices.Contains(types, any("document")):
+				for _, s := range fields(x, "source") {
+					src, ok := s.(map[string]any)
+					if !ok {
+						continue
+					}
+					if slices.ContainsFunc(fields(src, "type"), func(st any) bool { return st != "base64" && st != "text" && st != "content" }) {
 						docs++
+						break
 					}
 				}
 			}
