@@ -49,14 +49,20 @@ func CheckItems(ctx context.Context, st store.Store, maxBytes int64) error {
 // worstCase is the most item it can cost at the batch price. Under a cap
 // its params are read for the multipliers they bring (cache writes,
 // inference_geo); an item whose params cannot be read is bounded at all of
-// them. An OpenAI item is bounded by upstream.OpenAI's worst case.
+// them. An OpenAI item is bounded by upstream.OpenAI's worst case, of its
+// body under a cap (its image parts are billed as images, which its
+// length does not bound).
 func (r *Route) worstCase(it store.Item) cost.Nanos {
 	if p := upstream.Named(it.Provider); p != upstream.Anthropic {
 		if p == nil {
 			return cost.Unpriceable
 		}
+		var body []byte
+		if r.gate.Capped() {
+			body, _ = r.cfg.Body(it)
+		}
 		n, err := p.WorstCase(r.cfg.Prices, upstream.Item{Model: it.Model, EstInput: it.EstInput, Length: it.Length,
-			MaxTokens: it.MaxTokens, Choices: it.Choices}, nil, true)
+			MaxTokens: it.MaxTokens, Choices: it.Choices}, body, true)
 		if err != nil {
 			return cost.Unpriceable
 		}

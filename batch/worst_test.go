@@ -3,11 +3,13 @@ package batch
 import (
 	"encoding/json"
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/apidispatch/apidispatch/cost"
 	"github.com/apidispatch/apidispatch/spend"
 	"github.com/apidispatch/apidispatch/store"
+	"github.com/apidispatch/apidispatch/upstream"
 )
 
 // Under --max-cost the batch route bounds each item by the one worst case
@@ -45,5 +47,25 @@ func TestWorstCaseAtBatchRatesWithItsMultipliers(t *testing.T) {
 		if got := r.worstCase(it); got != w {
 			t.Errorf("item %d: worst case %v, want %v (%+v)", seq, got, w, b)
 		}
+	}
+}
+
+// Under --max-cost an OpenAI item on the batch route is bounded as its
+// body reads: each image part at the most an image costs, however few
+// bytes its URL takes. Before, its body was not read, and a line of 100
+// image parts was bounded by its bytes alone (1,291,400 n$ of its 78,091,400 n$).
+func TestOpenAIWorstCaseReadsItsBody(t *testing.T) {
+	t.Parallel()
+	body := `{"model":"gpt-4.1-mini","max_completion_tokens":16,"messages":[{"role":"user","content":[` +
+		strings.Repeat(`{"type":"image_url","image_url":{"url":"https://x.io/a.png"}},`, 100) + `{"type":"text","text":"Describe these."}]}]}`
+	r := &Route{cfg: Config{Prices: cost.Default(), Body: func(store.Item) (json.RawMessage, error) { return json.RawMessage(body), nil }},
+		gate: spend.New("--max-cost", cost.NanosPerUSD, 0)}
+	it := store.Item{Seq: 1, Provider: "openai", Model: "gpt-4.1-mini", MaxTokens: 16, EstInput: 60, Length: int64(len(body)) + 60}
+	want, err := upstream.OpenAI.WorstCase(nil, upstream.Item{Model: it.Model, EstInput: it.EstInput, Length: it.Length, MaxTokens: 16}, []byte(body), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := r.worstCase(it); got < want {
+		t.Errorf("worst case %d n$, below its body's %d n$", got, want)
 	}
 }

@@ -267,6 +267,14 @@ func (g *Gateway) checkOAInput(path string, batch bool) (int64, cost.Nanos, stri
 	case err != nil:
 		return 0, 0, "", nil, err
 	}
+	// Each line's body is read back for its worst case: its image parts
+	// are billed as images, which neither its length nor its estimate
+	// bounds.
+	f, err := os.Open(path)
+	if err != nil {
+		return 0, 0, "", nil, err
+	}
+	defer f.Close()
 	var n int64
 	var worst cost.Nanos
 	var model string
@@ -279,8 +287,12 @@ func (g *Gateway) checkOAInput(path string, batch bool) (int64, cost.Nanos, stri
 			add("invalid_value", "this line is a Message Batches request (params); a line of an OpenAI batch is {\"custom_id\", \"method\": \"POST\", \"url\": \"/v1/chat/completions\", \"body\"}", it.Line)
 			return nil
 		}
+		body, err := workload.ReadAt(f, it)
+		if err != nil {
+			return err
+		}
 		c, err := upstreampkg.OpenAI.WorstCase(g.cfg.Prices, upstreampkg.Item{Model: it.Model, EstInput: it.EstInput, Length: it.Length,
-			MaxTokens: it.MaxTokens, Choices: it.Choices}, nil, batch)
+			MaxTokens: it.MaxTokens, Choices: it.Choices}, body, batch)
 		if err != nil {
 			add("invalid_value", fmt.Sprintf("body.model %q: its worst case cannot be priced: %v", it.Model, err), it.Line)
 			return nil

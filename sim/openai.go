@@ -12,6 +12,7 @@ import (
 	"math"
 	"net/http"
 	"net/textproto"
+	"reflect"
 	"strconv"
 	"strings"
 	"sync"
@@ -406,6 +407,18 @@ const (
 
 var oaRoles = map[string]bool{"system": true, "developer": true, "user": true, "assistant": true, "tool": true, "function": true}
 
+// oaWireKeys are the top-level names of a chat completion body, as spelt.
+var oaWireKeys = func() map[string]bool {
+	m := map[string]bool{}
+	t := reflect.TypeFor[oaWire]()
+	for i := range t.NumField() {
+		if name, _, _ := strings.Cut(t.Field(i).Tag.Get("json"), ","); name != "" && name != "-" {
+			m[name] = true
+		}
+	}
+	return m
+}()
+
 // parseOpenAIChat validates a chat completion body the way the API does.
 // It never panics, whatever the bytes.
 func parseOpenAIChat(body []byte) (oaRequest, *oaError) {
@@ -417,6 +430,9 @@ func parseOpenAIChat(body []byte) (oaRequest, *oaError) {
 	}
 	if rest := bytes.TrimSpace(body[d.InputOffset():]); len(rest) > 0 {
 		return oaRequest{}, oaInvalid("", "", "We could not parse the JSON body of your request. (HINT: This likely means you aren't using your HTTP library correctly. The OpenAI API expects a JSON payload, but what was sent was not valid JSON.)")
+	}
+	if k, ok := inexactKey(body, oaWireKeys); !ok {
+		return oaRequest{}, oaInvalid("", "", "Unrecognized request argument supplied: %s", k)
 	}
 	if w.Model == nil || *w.Model == "" {
 		return oaRequest{}, oaInvalid("", "", "you must provide a model parameter")

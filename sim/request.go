@@ -228,7 +228,29 @@ func strictDecodeRequest(body []byte, w *wireRequest) *apiError {
 	if rest := bytes.TrimSpace(body[d.InputOffset():]); len(rest) > 0 {
 		return invalid("There was an error parsing the body of your request: unexpected data after the JSON object")
 	}
+	if k, ok := inexactKey(body, knownTopLevel); !ok {
+		return invalid("%s: Extra inputs are not permitted", k)
+	}
 	return nil
+}
+
+// inexactKey finds a top-level key of the object body that is not in
+// known as spelt: encoding/json matches a field's name whatever its case
+// ("Max_Tokens" fills max_tokens), where the API reads names exactly and
+// refuses any other as unknown. A request whose "MAX_TOKENS" the
+// simulator honoured would be billed for what the API refuses, and for
+// what a client reading names as the API does never bounded.
+func inexactKey(body []byte, known map[string]bool) (string, bool) {
+	var top map[string]json.RawMessage
+	if json.Unmarshal(body, &top) != nil {
+		return "", true
+	}
+	for k := range top {
+		if !known[k] {
+			return k, false
+		}
+	}
+	return "", true
 }
 
 // decodeError turns a decoding failure into the API's 400. For an unknown

@@ -385,9 +385,8 @@ func serviceTier(body []byte) string {
 	if body == nil {
 		return cost.TierUnknown
 	}
-	if !bytes.Contains(body, []byte("service_tier")) {
-		return ""
-	}
+	// Read whole, never by a byte search: JSON may spell the key with \u
+	// escapes, and the API reads "service\u005ftier" as service_tier.
 	var b struct {
 		Tier *string `json:"service_tier"`
 	}
@@ -408,7 +407,9 @@ func serviceTier(body []byte) string {
 // hundreds of tokens or more, however few bytes its URL takes, so the
 // body's length alone does not bound its prompt.
 func imageParts(body []byte) int64 {
-	if !bytes.Contains(body, []byte("image_url")) {
+	// A byte search for "image_url" would miss a part whose type is spelt
+	// with \u escapes ("image\u005furl"), which the API reads as one.
+	if !bytes.Contains(body, []byte("image_url")) && !bytes.Contains(body, []byte(`\u`)) {
 		return 0
 	}
 	var b struct {

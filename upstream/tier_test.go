@@ -59,3 +59,33 @@ func TestOpenAIWorstCaseByServiceTier(t *testing.T) {
 		t.Errorf("gpt-5-nano priority: %d n$ (%v), want %d n$", got, err, want)
 	}
 }
+
+// TestOpenAIWorstCaseReadsEscapedFields: JSON may spell any character of
+// a key or a string as a \u escape, and the API reads the body decoded. A
+// body asking for priority with "service\u005ftier", or holding image
+// parts spelt "image\u005furl", is bounded as the same body unescaped.
+// Before, a byte search for the plain spelling missed both: the priority
+// request was bounded at the standard rates (a client's max_cost of
+// $0.0033 billed $0.0056 through serve), the 100 images not at all
+// ($0.0060 billed $0.0306; TestOpenAIServeMaxCostHeldWithEscapedFields).
+func TestOpenAIWorstCaseReadsEscapedFields(t *testing.T) {
+	t.Parallel()
+	it := Item{Model: "gpt-4.1-mini", EstInput: 40, Length: 200, MaxTokens: 500}
+	for _, c := range []struct{ name, plain, escaped string }{
+		{"service_tier",
+			`{"model":"gpt-4.1-mini","service_tier":"priority","messages":[{"role":"user","content":"hi"}]}`,
+			`{"model":"gpt-4.1-mini","service\u005ftier":"priority","messages":[{"role":"user","content":"hi"}]}`},
+		{"image_url",
+			`{"model":"gpt-4.1-mini","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"https://x.io/a.png"}}]}]}`,
+			`{"model":"gpt-4.1-mini","messages":[{"role":"user","content":[{"type":"image\u005furl","image\u005furl":{"url":"https://x.io/a.png"}}]}]}`},
+	} {
+		want, err := OpenAI.WorstCase(nil, it, []byte(c.plain), false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := OpenAI.WorstCase(nil, it, []byte(c.escaped), false)
+		if err != nil || got < want {
+			t.Errorf("%s escaped: worst case %d n$ (%v), below the unescaped body's %d n$", c.name, got, err, want)
+		}
+	}
+}

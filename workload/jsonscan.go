@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"strconv"
+	"strings"
 
 	"github.com/apidispatch/apidispatch/cost"
 )
@@ -467,7 +468,7 @@ func (p *parser) cacheControl() bool {
 	if p.i < len(p.b) && p.b[p.i] == '{' {
 		w := cost.CacheWrite5m
 		ok := p.objectKeys(func(p *parser, key span) bool {
-			if keyString(p.b, key) == "ttl" && p.i < len(p.b) && p.b[p.i] == '"' {
+			if strings.EqualFold(keyString(p.b, key), "ttl") && p.i < len(p.b) && p.b[p.i] == '"' {
 				sp, _, _, ok := p.str()
 				if ok && spanString(p.b, sp) == "1h" {
 					w = cost.CacheWrite1h
@@ -490,10 +491,17 @@ func (p *parser) cacheControl() bool {
 // childCount is the count mode of a value under key inside counted text:
 // structural keys ("type", "role", "cache_control", "media_type") are not
 // text the model reads as prose; base64 "data" is capped.
+//
+// A cache_control and its ttl are recognised whatever the case of their
+// names: a decoder of Go's encoding/json (the simulator's) matches a field
+// name in any case, and the bound must not be below what such a reader
+// may bill.
 func childCount(b []byte, key span) countMode {
-	switch keyString(b, key) {
-	case "cache_control":
+	k := keyString(b, key)
+	if strings.EqualFold(k, "cache_control") {
 		return countCache
+	}
+	switch k {
 	case "type", "role", "media_type":
 		return countNone
 	case "data":

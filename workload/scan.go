@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
+	"strings"
 
 	"github.com/apidispatch/apidispatch/cost"
 	"github.com/apidispatch/apidispatch/store"
@@ -204,17 +206,33 @@ func BoundOf(model string, params json.RawMessage, maxTokens int64, batch bool) 
 // it, about 1,600 tokens at most.
 const MaxImageTokens = 1600
 
+// fields are m's values of the key name in any case: a reader of Go's
+// encoding/json (the simulator) matches a field's name whatever its case,
+// so the bound counts a block as what any of them says.
+func fields(m map[string]any, name string) []any {
+	var vs []any
+	for k, v := range m {
+		if strings.EqualFold(k, name) {
+			vs = append(vs, v)
+		}
+	}
+	return vs
+}
+
 // MaxContextTokens is the largest context window of any model (with the
 // long-context beta): the most input tokens one request can be billed.
 const MaxContextTokens = 1_000_000
 
-// linkedMedia is how many image blocks and document blocks of params name
-// their content (a URL, a file) rather than carry it in the body: each is
-// billed for what it names however few bytes name it, so neither the
-// body's length nor its text bounds it. (Base64 data and a plain-text
-// document are in the body and counted there.)
+// linkedMedia is how many image blocks params hold, and how many document
+// blocks name their content (a URL, a file) rather than carry it in the
+// body. Neither the body's length nor its text bounds them: a document
+// named is billed for what it names, and an image at its size in pixels,
+// however few bytes spell it (a base64 PNG of a large blank image is a
+// few hundred bytes billed as a full image). A base64 or plain-text
+// document is in the body and counted there. Params are read as the API
+// reads them: a type spelt with \u escapes ("imag\u0065") is one.
 func linkedMedia(params []byte) (images, docs int64) {
-	if !bytes.Contains(params, []byte(`"image"`)) && !bytes.Contains(params, []byte(`"document"`)) {
+	if !bytes.Contains(params, []byte(`"image"`)) && !bytes.Contains(params, []byte(`"document"`)) && !bytes.Contains(params, []byte(`\u`)) {
 		return 0, 0
 	}
 	var v any
@@ -225,12 +243,20 @@ func linkedMedia(params []byte) (images, docs int64) {
 	walk = func(v any) {
 		switch x := v.(type) {
 		case map[string]any:
-			if src, ok := x["source"].(map[string]any); ok {
-				switch st := src["type"]; {
-				case x["type"] == "image" && st != "base64":
-					images++
-				case x["type"] == "document" && st != "base64" && st != "text" && st != "content":
-					docs++
+			types := fields(x, "type")
+			switch {
+			case slices.Contains(types, any("image")):
+				images++
+			case slices.Contains(types, any("document")):
+				for _, s := range fields(x, "source") {
+					src, ok := s.(map[string]any)
+					if !ok {
+						continue
+					}
+					if slices.ContainsFunc(fields(src, "type"), func(st any) bool { return st != "base64" && st != "text" && st != "content" }) {
+						docs++
+						break
+					}
 				}
 			}
 			for _, c := range x {
