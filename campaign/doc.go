@@ -15,26 +15,30 @@
 // # OpenAI orgs and mixed files
 //
 // A third of the seeds (issue 30; drawOpenAI, from a random stream of its
-// own, so a seed that draws no OpenAI part runs the scenario it always
-// did) add one to three OpenAI orgs to the simulator, beside the Anthropic
-// ones or instead of them (the run then gets only the OpenAI keys), with
-// limits per model from roomy to binding (RPM or TPM; on the batch routes
-// sometimes an enqueued-token limit of about two batches), and give every
-// process a file of GPT judge lines in the OpenAI batch-input format or a
-// file of both providers' lines interleaved, on each route. Their faults
-// strike the OpenAI surface: rate_limit_exceeded storms, insufficient_quota
-// on one org when another is left, 500s (JSON and HTML), 503s, resets,
-// truncated bodies and the batch faults; the other draws' faults that
-// name no org strike it too. --cap names the OpenAI families as well
-// (gpt, gpt-mini, o-series, openai-other), and a --max-cost is drawn as a
-// share of what the file costs. The checker judges an OpenAI item as it
-// does a Claude item: its input body's hash is what the simulator's ledger
-// records, its result line is the OpenAI batch output line (a response of
-// status 200 holds the chat completion the ledger names), each key's
-// requests in flight stay under the --cap of its one model's family, and
-// the ledger's cost across both providers stays under --max-cost. The
-// liveness check leaves these seeds out, and they draw no --pilot (run
-// refuses it for a file with OpenAI lines, saying so).
+// own, so a seed that draws no OpenAI part runs the scenario it always did)
+// add one to three OpenAI orgs to the simulator, beside the Anthropic ones
+// or instead of them (the run then gets only the OpenAI keys), with limits
+// per model from roomy to binding (RPM or TPM; on the batch routes sometimes
+// an enqueued-token limit of about two batches), and give every process a
+// file of GPT judge lines in the OpenAI batch-input format or a file of both
+// providers' lines interleaved, on each route. Their faults strike the
+// OpenAI surface: rate_limit_exceeded storms, insufficient_quota on one org
+// when another is left, 500s (JSON and HTML), 503s, resets, truncated bodies
+// and the batch faults; the other draws' faults that name no org strike it
+// too. --cap names the OpenAI families as well (gpt, gpt-mini, o-series,
+// openai-other), and a --max-cost is drawn as a share of what the file
+// costs. A file's GPT items have only the OpenAI orgs (as few as one key,
+// where the Anthropic items have three orgs): a seed draws fewer items per
+// process when its GPT requests would need more than a third of a pass's
+// time limit at those orgs' throughput (the --cap over a judge answer's
+// latency, the RPM, the TPM). The checker judges an OpenAI item as it does a
+// Claude item: its input body's hash is what the simulator's ledger records,
+// its result line is the OpenAI batch output line (a response of status 200
+// holds the chat completion the ledger names), each key's requests in flight
+// stay under the --cap of its one model's family, and the ledger's cost
+// across both providers stays under --max-cost. The liveness check leaves
+// these seeds out, and they draw no --pilot (run refuses it for a file with
+// OpenAI lines, saying so).
 //
 // # Gateway scenarios
 //

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"io"
+	"math"
 	"math/rand/v2"
 	"strings"
 	"time"
@@ -93,8 +94,9 @@ func drawOpenAI(seed int64, s *Scenario) {
 		// token_limit_exceeded until the queue drains.
 		o.QueueTokens = int64(2 * max(s.Batch, 20) * 700)
 	}
+	costShare := 0.0 // of the file's cost by sync, the --max-cost (0: none)
 	if s.MaxCost > 0 {
-		s.MaxCost = s.fileUSD(m.usd) * (0.15 + 0.6*r.Float64())
+		costShare = 0.15 + 0.6*r.Float64()
 	}
 	// run refuses --pilot for a file with OpenAI lines (the pilot
 	// re-projects Anthropic models only), with a message that says so.
@@ -139,7 +141,70 @@ func drawOpenAI(seed int64, s *Scenario) {
 		s.Faults = append(s.Faults, sim.Fault{Kind: sim.FaultSpendCap, Org: oaOrgNames[r.IntN(o.Orgs)],
 			Start: time.Duration(r.IntN(40)) * time.Second}) // Duration 0: to the end
 	}
+	s.fitOpenAI()
+	if costShare > 0 {
+		s.MaxCost = s.fileUSD(m.usd) * costShare
+	}
 }
+
+// gptBudget is the most real time the GPT requests of a scenario may need
+// on its OpenAI orgs at their full throughput (gptReal): a third of
+// passTimeout, leaving the rest for a share of the cap lost between
+// processes, the disturbances and the faults. Every Anthropic scenario
+// spreads its items over three orgs; the GPT items of a file have only the
+// OpenAI orgs, as few as one key.
+const gptBudget = passTimeout / 3
+
+// gptFewest is the fewest items per process fitOpenAI leaves.
+const gptFewest = 40
+
+// fitOpenAI shrinks the items of s until its GPT requests fit gptBudget
+// (seed 144: 4 processes × 403 GPT items on one OpenAI key of --cap 3,
+// shared, needed about 120 s at the cap, and every first pass ran past
+// passTimeout while the runs were sending as fast as the cap let them).
+func (s *Scenario) fitOpenAI() {
+	for s.Items > gptFewest {
+		need := s.gptReal()
+		if need <= gptBudget {
+			return
+		}
+		s.Items = max(gptFewest, int(float64(s.Items)*float64(gptBudget)/float64(need)))
+	}
+}
+
+// gptReal is about the least real time the GPT requests of s take on the
+// sync route (0 on the batch route, which no --cap or RPM paces): every
+// process sends each of its GPT items, on the OpenAI orgs that keep
+// answering (one stops at insufficient_quota when drawn), each org serving
+// at most its slots (the --cap of the key, shared between the processes
+// with --shared; each process's own without) over the mean latency of a
+// judge answer, its RPM, or its TPM over a request's tokens.
+func (s Scenario) gptReal() time.Duration {
+	o := s.OpenAI
+	if o.Orgs == 0 || s.Route == "batch" {
+		return 0
+	}
+	reqs := float64(s.Procs * s.gptItems())
+	orgs := o.Orgs
+	for _, f := range s.Faults {
+		if f.Kind == sim.FaultSpendCap {
+			orgs = max(1, orgs-1)
+		}
+	}
+	slots := float64(s.Cap)
+	if !s.Shared {
+		slots *= float64(s.Procs)
+	}
+	lat := sim.DefaultLatency()
+	out := float64(s.MaxToks + s.Procs)
+	mean := (lat.TTFT.Seconds()+out*lat.PerToken.Seconds())*math.Exp(lat.Sigma*lat.Sigma/2) +
+		lat.TailProb*lat.TailMean.Seconds()
+	perOrg := min(slots/mean, float64(o.RPM)/60, float64(o.TPM)/60/(gptPromptTokens+out)) // requests per API second
+	return time.Duration(reqs / (perOrg * float64(orgs)) / s.Speed * float64(time.Second))
+}
+
+// gptPromptTokens is about the prompt tokens of one GPT judge item.
+const gptPromptTokens = 700
 
 // fileUSD is about what one process's file costs by sync, its GPT items
 // at gptUSD each.
