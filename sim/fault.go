@@ -100,8 +100,10 @@ const (
 	FaultBatchErroredAPI        FaultKind = "batch_errored_api"
 	FaultBatchErroredOverloaded FaultKind = "batch_errored_overloaded"
 	FaultBatchErroredInvalid    FaultKind = "batch_errored_invalid"
-	// FaultBatchResultsCut sends the first half of a results stream, then
-	// cuts the connection.
+	// FaultBatchResultsCut sends the first half of a results stream (a
+	// message batch's results, an OpenAI batch's output or error file),
+	// then cuts the connection. It strikes each download on its own, at
+	// Probability, as a network cut would: the results stay whole.
 	FaultBatchResultsCut FaultKind = "batch_results_cut"
 )
 

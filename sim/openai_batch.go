@@ -51,7 +51,7 @@ type oaFile struct {
 	data                  []byte
 	created               int64 // Unix seconds
 	expires               int64 // Unix seconds; 0 none
-	cut                   bool  // batch_results_cut was active when it was written
+	results               bool  // a batch's output or error file, whose downloads batch_results_cut strikes
 }
 
 func appendOAFile(b []byte, f *oaFile) []byte {
@@ -125,7 +125,9 @@ func (s *Server) oaFilesRoute(c *oaCall) {
 	case action == "content" && c.r.Method == http.MethodGet:
 		c.processing()
 		c.h[hContentType] = []string{"application/octet-stream"}
-		if f.cut {
+		// batch_results_cut strikes each download on its own, as a
+		// network cut would: the file itself stays whole.
+		if f.results && s.faults.Load().match(FaultBatchResultsCut, c.ks.org.idx, "", c.ks.fp, s.apiNow(), &c.rng) != nil {
 			c.w.WriteHeader(http.StatusOK)
 			c.w.Write(f.data[:len(f.data)/2])
 			http.NewResponseController(c.w).Flush()
@@ -894,7 +896,6 @@ func (s *Server) oaFinalize(b *oaBatch, now time.Duration) {
 	wall := time.Now()
 	real := wall.Sub(s.start)
 	var out, errs []byte
-	cut := fs.match(FaultBatchResultsCut, o.idx, "", ks.fp, now, &rng{s: s.seed ^ b.seq}) != nil
 	for k := range b.items {
 		it := &b.items[k]
 		key := b.seq*1_000_003 + uint64(k)
@@ -967,7 +968,7 @@ func (s *Server) oaFinalize(b *oaBatch, now time.Duration) {
 	oa := o.oa
 	mk := func(data []byte, salt uint64, suffix string) *oaFile {
 		f := &oaFile{id: s.oaNewFileID(b.seq ^ salt), filename: b.id + suffix, purpose: openai.PurposeBatchOutput, data: data,
-			created: wall.Unix(), expires: wall.Add(s.real(oaFileRetention)).Unix(), cut: cut}
+			created: wall.Unix(), expires: wall.Add(s.real(oaFileRetention)).Unix(), results: true}
 		oa.addFile(f)
 		return f
 	}

@@ -470,3 +470,78 @@ func TestOpenAIBatchCreateLost(t *testing.T) {
 		})
 	}
 }
+
+// batch_results_cut strikes each download of a batch's output or error
+// file on its own, as a network cut would: a fault active while the batch
+// ended does not cut its files for ever, and one added after it ended cuts
+// the next download. Campaign seeds 68 and 147 hung on an output file the
+// simulator had cut once and for all when its batch ended.
+func TestOpenAIBatchResultsCutEachRead(t *testing.T) {
+	t.Parallel()
+	cfg := oaTestConfig()
+	cfg.Speed = 50_000
+	run := startSim(t, cfg)
+	ok := `{"model":"gpt-4.1-mini","messages":[{"role":"user","content":"hi"}],"max_completion_tokens":20}`
+	bad := `{"model":"gpt-4.1-mini","messages":[{"role":"user","content":"hi"}],"n":0}`
+	var in strings.Builder
+	for i := range 40 {
+		body := ok
+		if i%4 == 3 {
+			body = bad
+		}
+		in.WriteString(`{"custom_id":"c` + strconv.Itoa(i) + `","method":"POST","url":"/v1/chat/completions","body":` + body + "}\n")
+	}
+	read := func(file string) (whole bool, lines int) {
+		t.Helper()
+		r := oaDo(t, run, "GET", "/v1/files/"+file+"/content", oaKey, nil)
+		if r.err == nil && r.status != 200 {
+			t.Fatalf("download of %s: %d %s", file, r.status, r.body)
+		}
+		return r.err == nil, bytes.Count(r.body, []byte("\n"))
+	}
+
+	// Active at p = 0.5 while the batch ends: some downloads are cut,
+	// others whole, of either file.
+	if _, err := run.Server.AddFault(Fault{Kind: FaultBatchResultsCut, Org: "oa", Probability: 0.5}); err != nil {
+		t.Fatal(err)
+	}
+	b := waitBatch(t, run, createBatch(t, run, upload(t, run, in.String())).ID)
+	if b.Status != "completed" || b.OutputFileID == nil || b.ErrorFileID == nil {
+		t.Fatalf("batch: %+v", b)
+	}
+	for _, c := range []struct {
+		file string
+		want int
+	}{{*b.OutputFileID, 30}, {*b.ErrorFileID, 10}} {
+		cut, whole := 0, 0
+		for range 40 {
+			if w, n := read(c.file); w {
+				whole++
+				if n != c.want {
+					t.Errorf("%s: a whole download of %d lines, want %d", c.file, n, c.want)
+				}
+			} else {
+				cut++
+				if n >= c.want {
+					t.Errorf("%s: a cut download of %d lines, want fewer than %d", c.file, n, c.want)
+				}
+			}
+		}
+		if cut == 0 || whole == 0 {
+			t.Errorf("%s at p = 0.5: %d of 40 downloads cut, %d whole; want some of each", c.file, cut, whole)
+		}
+	}
+
+	// Cleared, every download is whole; added after the batch ended (p 1),
+	// every download is cut.
+	run.Server.ClearFaults()
+	if w, n := read(*b.OutputFileID); !w || n != 30 {
+		t.Errorf("fault cleared: whole %v, %d lines", w, n)
+	}
+	if _, err := run.Server.AddFault(Fault{Kind: FaultBatchResultsCut}); err != nil {
+		t.Fatal(err)
+	}
+	if w, _ := read(*b.OutputFileID); w {
+		t.Error("a fault added after the batch ended did not cut its output file's download")
+	}
+}
