@@ -43,6 +43,20 @@ type Waker interface {
 type Demand struct {
 	EstInput  int64 // local estimate of input tokens
 	MaxTokens int64
+	// Generates is the most output tokens the request may generate when
+	// MaxTokens does not say it (an OpenAI request's max_completion_tokens
+	// × n, charged to its one tokens bucket as input): what bounds how long
+	// it may run (AttemptBound). 0: MaxTokens.
+	Generates int64
+}
+
+// Output is the most output tokens d's request may generate: Generates,
+// or MaxTokens.
+func (d Demand) Output() int64 {
+	if d.Generates > 0 {
+		return d.Generates
+	}
+	return d.MaxTokens
 }
 
 // Permit is one admitted request. It carries what was reserved so the

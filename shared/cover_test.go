@@ -155,20 +155,36 @@ func TestSharedAdmitsNothingOnceARenewalFailed(t *testing.T) {
 // 2 × 115.2 API s, is 5.76 s here), renews, and goes silent; process B on
 // the same key and cap 1 is not granted the slot before A's request's bound
 // has passed, and is granted it soon after.
+//
+// The same for an OpenAI request, whose demand charges its
+// max_completion_tokens × n to the one tokens bucket as input and says
+// what it may generate in Generates (before, its bound was the shortest
+// request's).
 func TestSharedGraceCoversEachRequestUntilItsBound(t *testing.T) {
 	url := testredis.URL(t)
+	for name, long := range map[string]gate.Demand{
+		"anthropic": {EstInput: 100, MaxTokens: 4096},
+		"openai":    {EstInput: 100 + 4096, Generates: 4096},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			graceCoversRequest(t, url, long)
+		})
+	}
+}
+
+func graceCoversRequest(t *testing.T, url string, long gate.Demand) {
 	o := freshOrg("a")
 	ctx := context.Background()
 	lc := lane(1)
 	lc.Speed = 40
-	long := gate.Demand{EstInput: 100, MaxTokens: 4096}
 	a, err := Open(ctx, Config{URL: url, Orgs: []org.Org{o}, TTL: 500 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer a.Close()
 	ga := a.NewGate(lc).(*Gate)
-	bound := ga.requestBound(long.MaxTokens)
+	bound := ga.requestBound(long.Output())
 	if want := time.Duration(float64(2*gate.AttemptBound(4096)) / 40); bound != want {
 		t.Fatalf("bound %v, want %v", bound, want)
 	}

@@ -256,7 +256,7 @@ func (g *Gate) TryAdmit(now time.Time, d gate.Demand) (gate.Permit, time.Duratio
 		}
 		return gate.Permit{}, 0, false
 	}
-	bound := g.requestBound(d.MaxTokens)
+	bound := g.requestBound(d.Output())
 	var grace time.Duration // what the grace would be now (not local)
 	if !g.local {
 		at := later(now, time.Now())
@@ -369,7 +369,7 @@ func (g *Gate) Done(now time.Time, p gate.Permit, fb gate.Feedback) {
 		} else {
 			delete(g.admitted, at)
 		}
-		end := at.Add(g.requestBound(p.Demand.MaxTokens))
+		end := at.Add(g.requestBound(p.Demand.Output()))
 		if g.ends[end] > 1 {
 			g.ends[end]--
 		} else {

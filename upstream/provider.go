@@ -340,8 +340,9 @@ func (it Item) charged() int64 { return it.MaxTokens * max(it.Choices, 1) }
 
 func (openaiProvider) demand(it Item) gate.Demand {
 	// One token bucket, charged at admission (limits): all of it is
-	// "input" to the mirror, and no output is expected.
-	return gate.Demand{EstInput: it.EstInput + it.charged()}
+	// "input" to the mirror, and no output is expected by the mirrors; what
+	// it may generate bounds how long it may run (a shared lane's grace).
+	return gate.Demand{EstInput: it.EstInput + it.charged(), Generates: it.charged()}
 }
 
 func (openaiProvider) actual(u *Usage, it Item) ratelimit.Need {

@@ -90,7 +90,7 @@ func TestOpenAIAttemptThroughTheSeam(t *testing.T) {
 	if want := float64(res.Usage.Input + res.Usage.CacheRead + 50*2); fb.Actual.Input != want || fb.Actual.Output != 0 {
 		t.Fatalf("actual %+v, want input %v", fb.Actual, want)
 	}
-	if d := OpenAI.Demand(it); d.EstInput != 20+100 || d.MaxTokens != 0 {
+	if d := OpenAI.Demand(it); d.EstInput != 20+100 || d.MaxTokens != 0 || d.Output() != 100 {
 		t.Fatalf("demand %+v", d)
 	}
 	if got := OpenAI.RequestID(res.Header); got == "" {
