@@ -221,7 +221,12 @@ func Run(t *testing.T, newGate New, opts ...Option) {
 	// request; a lane now backs off at most ProbeBackoffMax (1 s), sends
 	// one probe at a time meanwhile, and reopens at the first success.
 	run("StormWithoutRetryAfterEndsWithinTheLongestBackoff", func(t *testing.T) {
-		c := cfg(10, 1) // at speed 100: the 20 s storm lasts 200 ms
+		// At speed 10 the 20 s storm lasts 2 s, and the 0.25 s of server
+		// time the reopening has beyond the longest back-off are 25 ms of
+		// this machine's (at speed 100, 2.5 ms: a race build under load
+		// overslept them).
+		c := cfg(10, 1)
+		c.Speed = 10
 		g, settle := newGate(t, c)
 		settle()
 		speed := c.Speed
