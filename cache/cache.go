@@ -307,8 +307,6 @@ func checkHeader(path string) error {
 		pageSize = 65536
 	}
 	pages := int64(binary.BigEndian.Uint32(h[28:32]))
-	// The in-header page count is valid when the change counter matches
-	// version-valid-for (SQLite ≥ 3.7.0 always writes both).
 	// A file with a WAL beside it is open in another process, or was left
 	// by one: its header may be one a checkpoint has written before the
 	// pages it counts (the file grows as they are written), so it is not
@@ -316,6 +314,8 @@ func checkHeader(path string) error {
 	if wal, err := os.Stat(path + "-wal"); err == nil && wal.Size() > 0 {
 		return nil
 	}
+	// The in-header page count is valid when the change counter matches
+	// version-valid-for (SQLite ≥ 3.7.0 always writes both).
 	if binary.BigEndian.Uint32(h[24:28]) == binary.BigEndian.Uint32(h[92:96]) && pages*pageSize > fi.Size() {
 		return fmt.Errorf("cache %s: %w: truncated (%d bytes, its header says %d)", path, ErrCorrupt, fi.Size(), pages*pageSize)
 	}
@@ -323,6 +323,34 @@ func checkHeader(path string) error {
 }
 
 func (c *Cache) init() error {
+	deadline := time.Now().Add(busyTimeout)
+	for {
+		err := c.init1()
+		switch {
+		case errors.Is(err, errCreatedMeanwhile):
+			// Read again the header another process wrote.
+		case isBusy(err) && time.Now().Before(deadline):
+			// A file initialised in place by several processes at once:
+			// SQLite answers busy, without waiting, to a connection that
+			// opens while another switches the file to WAL.
+			time.Sleep(20 * time.Millisecond)
+		default:
+			return err
+		}
+	}
+}
+
+// isBusy tells SQLite's SQLITE_BUSY.
+func isBusy(err error) bool {
+	var coded interface{ Code() int }
+	return errors.As(err, &coded) && coded.Code()&0xff == 5
+}
+
+// errCreatedMeanwhile: another process made the file a cache between our
+// reading its header and taking the write lock.
+var errCreatedMeanwhile = errors.New("cache: created by another process meanwhile")
+
+func (c *Cache) init1() error {
 	ctx := context.Background()
 	var app, ver int64
 	if err := c.db.QueryRowContext(ctx, `PRAGMA application_id`).Scan(&app); err != nil {
@@ -359,30 +387,27 @@ func (c *Cache) init() error {
 }
 
 // create writes the schema in one transaction, in an empty file. The
-// header is read again inside it, under the write lock: a process that
-// created the file meanwhile is joined (its header is ours), and a
-// database with other tables and no header of ours is refused.
+// header is read again inside it, under the write lock: a file another
+// process made a cache meanwhile is errCreatedMeanwhile (init judges it
+// again, as any cache it opens), and a database with other tables and no
+// header of ours is refused.
 func (c *Cache) create(ctx context.Context) error {
 	tx, err := c.db.BeginTx(ctx, nil) // immediate: the write lock is taken here
 	if err != nil {
 		return c.errorf(err, "creating it")
 	}
 	defer tx.Rollback()
-	var app, ver int64
+	var app int64
 	var tables int
-	for _, r := range []struct {
-		q string
-		v any
-	}{{`PRAGMA application_id`, &app}, {`PRAGMA user_version`, &ver}, {`SELECT count(*) FROM sqlite_schema WHERE type = 'table'`, &tables}} {
-		if err := tx.QueryRowContext(ctx, r.q).Scan(r.v); err != nil {
-			return c.errorf(err, "reading its header")
-		}
+	if err := tx.QueryRowContext(ctx, `PRAGMA application_id`).Scan(&app); err != nil {
+		return c.errorf(err, "reading its header")
+	}
+	if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM sqlite_schema WHERE type = 'table'`).Scan(&tables); err != nil {
+		return c.errorf(err, "reading its schema")
 	}
 	switch {
-	case app == applicationID && ver == Format:
-		return nil // created by another process meanwhile
-	case app != 0 || ver != 0:
-		return fmt.Errorf("cache %s: %w (application id %#x, format %d, after another process wrote it)", c.path, ErrNotCache, app, ver)
+	case app != 0:
+		return errCreatedMeanwhile // init reads it again and judges it
 	case tables > 0:
 		return fmt.Errorf("cache %s: %w (an SQLite database with other tables)", c.path, ErrNotCache)
 	}
