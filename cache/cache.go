@@ -15,6 +15,7 @@ package cache
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
 	"crypto/sha256"
 	"database/sql"
 	"encoding/binary"
@@ -154,7 +155,14 @@ DROP TABLE entries_v1;
 const busyTimeout = 30 * time.Second
 
 // Open opens the cache file at path, creating it when it does not exist.
+// Several processes may open the same new path at once: a new file is
+// made whole (schema, header, WAL mode) under a temporary name and linked
+// into place, so each sees either no file or a whole cache, and joins the
+// one that was linked first.
 func Open(path string) (*Cache, error) {
+	if err := createWhole(path); err != nil {
+		return nil, fmt.Errorf("cache %s: %w", path, err)
+	}
 	if err := checkHeader(path); err != nil {
 		return nil, err
 	}
@@ -163,21 +171,71 @@ func Open(path string) (*Cache, error) {
 	if err := createPrivate(path); err != nil {
 		return nil, fmt.Errorf("cache %s: %w", path, err)
 	}
+	c, err := open(path, "WAL")
+	if err != nil {
+		return nil, err
+	}
+	if err := c.init(); err != nil {
+		c.db.Close()
+		return nil, err
+	}
+	return c, nil
+}
+
+// open opens the SQLite file at path with the given journal mode.
+func open(path, journal string) (*Cache, error) {
 	q := url.Values{}
 	q.Add("_pragma", fmt.Sprintf("busy_timeout(%d)", busyTimeout.Milliseconds()))
-	q.Add("_pragma", "journal_mode(WAL)")
+	q.Add("_pragma", "journal_mode("+journal+")")
 	q.Set("_synchronous", "NORMAL")
 	q.Set("_txlock", "immediate")
 	db, err := sql.Open("sqlite", path+"?"+q.Encode())
 	if err != nil {
 		return nil, fmt.Errorf("cache %s: %w", path, err)
 	}
-	c := &Cache{path: path, db: db}
-	if err := c.init(); err != nil {
-		db.Close()
-		return nil, err
+	return &Cache{path: path, db: db}, nil
+}
+
+// createWhole creates the cache at path when no file is there: it writes
+// a whole cache under a temporary name beside it and hard-links that to
+// path, which fails when another process linked its own first (then that
+// one is used). The temporary name is removed either way. Where the file
+// system has no hard links, path is left absent and Open initialises it in
+// place (a single immediate transaction decides, see init).
+func createWhole(path string) error {
+	if _, err := os.Lstat(path); !errors.Is(err, os.ErrNotExist) {
+		return nil // there (or unreadable: checkHeader says why)
 	}
-	return c, nil
+	var id [8]byte
+	rand.Read(id[:])
+	tmp := fmt.Sprintf("%s.new-%x", path, id)
+	if err := createPrivate(tmp); err != nil {
+		return err
+	}
+	defer os.Remove(tmp)
+	// The schema is committed straight into the file (rollback journal),
+	// then the file is switched to WAL, which SQLite records in its header;
+	// closing the only connection leaves nothing in a -wal file.
+	c, err := open(tmp, "DELETE")
+	if err != nil {
+		return err
+	}
+	c.db.SetMaxOpenConns(1)
+	err = c.create(context.Background())
+	if err == nil {
+		_, err = c.db.Exec(`PRAGMA journal_mode(WAL)`)
+	}
+	if cerr := c.db.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return err
+	}
+	// Link does not replace: ErrExist means another opener's cache is
+	// in place. Any other failure (a file system without hard links)
+	// leaves path to be initialised in place.
+	os.Link(tmp, path)
+	return nil
 }
 
 // Path is the file's path.
@@ -249,6 +307,13 @@ func checkHeader(path string) error {
 		pageSize = 65536
 	}
 	pages := int64(binary.BigEndian.Uint32(h[28:32]))
+	// A file with a WAL beside it is open in another process, or was left
+	// by one: its header may be one a checkpoint has written before the
+	// pages it counts (the file grows as they are written), so it is not
+	// judged by its size; init's quick_check reads it whole.
+	if wal, err := os.Stat(path + "-wal"); err == nil && wal.Size() > 0 {
+		return nil
+	}
 	// The in-header page count is valid when the change counter matches
 	// version-valid-for (SQLite ≥ 3.7.0 always writes both).
 	if binary.BigEndian.Uint32(h[24:28]) == binary.BigEndian.Uint32(h[92:96]) && pages*pageSize > fi.Size() {
@@ -258,6 +323,34 @@ func checkHeader(path string) error {
 }
 
 func (c *Cache) init() error {
+	deadline := time.Now().Add(busyTimeout)
+	for {
+		err := c.init1()
+		switch {
+		case errors.Is(err, errCreatedMeanwhile):
+			// Read again the header another process wrote.
+		case isBusy(err) && time.Now().Before(deadline):
+			// A file initialised in place by several processes at once:
+			// SQLite answers busy, without waiting, to a connection that
+			// opens while another switches the file to WAL.
+			time.Sleep(20 * time.Millisecond)
+		default:
+			return err
+		}
+	}
+}
+
+// isBusy tells SQLite's SQLITE_BUSY.
+func isBusy(err error) bool {
+	var coded interface{ Code() int }
+	return errors.As(err, &coded) && coded.Code()&0xff == 5
+}
+
+// errCreatedMeanwhile: another process made the file a cache between our
+// reading its header and taking the write lock.
+var errCreatedMeanwhile = errors.New("cache: created by another process meanwhile")
+
+func (c *Cache) init1() error {
 	ctx := context.Background()
 	var app, ver int64
 	if err := c.db.QueryRowContext(ctx, `PRAGMA application_id`).Scan(&app); err != nil {
@@ -272,13 +365,6 @@ func (c *Cache) init() error {
 	case ver > Format:
 		return fmt.Errorf("cache %s: %w (format %d; this apidispatch reads %d)", c.path, ErrNewerFormat, ver, Format)
 	case app == 0:
-		var tables int
-		if err := c.db.QueryRowContext(ctx, `SELECT count(*) FROM sqlite_schema WHERE type = 'table'`).Scan(&tables); err != nil {
-			return c.errorf(err, "reading its schema")
-		}
-		if tables > 0 {
-			return fmt.Errorf("cache %s: %w (an SQLite database with other tables)", c.path, ErrNotCache)
-		}
 		if err := c.create(ctx); err != nil {
 			return err
 		}
@@ -300,14 +386,31 @@ func (c *Cache) init() error {
 	return nil
 }
 
-// create writes the schema in one transaction; a process that raced us to
-// it finds the tables there (IF NOT EXISTS) and the same header.
+// create writes the schema in one transaction, in an empty file. The
+// header is read again inside it, under the write lock: a file another
+// process made a cache meanwhile is errCreatedMeanwhile (init judges it
+// again, as any cache it opens), and a database with other tables and no
+// header of ours is refused.
 func (c *Cache) create(ctx context.Context) error {
-	tx, err := c.db.BeginTx(ctx, nil)
+	tx, err := c.db.BeginTx(ctx, nil) // immediate: the write lock is taken here
 	if err != nil {
 		return c.errorf(err, "creating it")
 	}
 	defer tx.Rollback()
+	var app int64
+	var tables int
+	if err := tx.QueryRowContext(ctx, `PRAGMA application_id`).Scan(&app); err != nil {
+		return c.errorf(err, "reading its header")
+	}
+	if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM sqlite_schema WHERE type = 'table'`).Scan(&tables); err != nil {
+		return c.errorf(err, "reading its schema")
+	}
+	switch {
+	case app != 0:
+		return errCreatedMeanwhile // init reads it again and judges it
+	case tables > 0:
+		return fmt.Errorf("cache %s: %w (an SQLite database with other tables)", c.path, ErrNotCache)
+	}
 	for _, s := range []string{schema, fmt.Sprintf("PRAGMA application_id = %d", applicationID), fmt.Sprintf("PRAGMA user_version = %d", Format)} {
 		if _, err := tx.ExecContext(ctx, s); err != nil {
 			return c.errorf(err, "creating it")

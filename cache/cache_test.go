@@ -277,3 +277,60 @@ func TestTwoWritersOneFile(t *testing.T) {
 		t.Fatalf("entries = %d (%v), want %d", st.Entries, err, n)
 	}
 }
+
+// Campaign seed 245: several processes given one new cache file open it at
+// once; each must see either no cache or a whole one, and join it. Before,
+// an opener could read the header of the file before another committed its
+// schema and its table count after (application id 0 and tables present:
+// "not an apidispatch cache"), or find an empty file mid-creation.
+func TestOpenOneNewFileAtOnce(t *testing.T) {
+	t.Parallel()
+	const tries, openers = 150, 6
+	dir := t.TempDir()
+	for try := range tries {
+		path := filepath.Join(dir, fmt.Sprintf("c%d.db", try))
+		if try%2 == 1 {
+			// An empty file (left by an older apidispatch, or touched):
+			// initialised in place.
+			if err := os.WriteFile(path, nil, 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+		start := make(chan struct{})
+		errs := make(chan error, openers)
+		var wg sync.WaitGroup
+		for range openers {
+			wg.Go(func() {
+				<-start
+				c, err := Open(path)
+				if err != nil {
+					errs <- err
+					return
+				}
+				defer c.Close()
+				// The file is usable: a write and its read back.
+				e := entry(t, try)
+				if _, err := c.Put(context.Background(), []Entry{e}); err != nil {
+					errs <- err
+					return
+				}
+				hits, _, _, err := c.Get(context.Background(), []Key{e.Key}, e.Origin)
+				if err != nil {
+					errs <- err
+				} else if _, ok := hits[e.Key]; !ok {
+					errs <- fmt.Errorf("entry %d not found after its Put", try)
+				}
+			})
+		}
+		close(start)
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Fatalf("try %d of %d, %d openers of one new file: %v", try+1, tries, openers, err)
+		}
+		// Each opener that lost the race removed its temporary file.
+		if left, _ := filepath.Glob(path + ".new-*"); len(left) > 0 {
+			t.Fatalf("try %d: temporary files left: %v", try+1, left)
+		}
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/json"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"sort"
@@ -240,13 +241,28 @@ func check(w *world) []string {
 	}
 	if cachePassFrom >= 0 {
 		// An item that succeeded in the first run directory is answered
-		// by the cache in the second.
+		// by the cache in the second. Exempt, and only with evidence: a
+		// success whose cache write failed on a full disk while its
+		// result was kept (the run keeps a result that is paid for; the
+		// cache misses it). The evidence is the first run directory's
+		// summary counting that many such successes (cache.write_failed),
+		// and the item's billing in that directory falling in a pass
+		// whose disk was full.
 		succeeded := succeededIDs(filepath.Join(w.procs[0].runDir, "results.jsonl"))
-		var again []string
+		var again, unwritten []string
 		for it := range billed[1] {
 			if _, ok := succeeded[it.id]; it.proc == 0 && ok {
-				again = append(again, it.id)
+				if w.billedInDiskFullPass(ledger, byHash, it, cachePassFrom) {
+					unwritten = append(unwritten, it.id)
+				} else {
+					again = append(again, it.id)
+				}
 			}
+		}
+		if failed := cacheWriteFailed(w.procs[0].runDir); int64(len(unwritten)) > failed {
+			again = append(again, unwritten...) // more than the run says it missed
+		} else if len(unwritten) > 0 {
+			w.logf("promise 2 (--cache): %d items billed again whose cache write failed on the full disk (the summary's cache.write_failed is %d): %s", len(unwritten), failed, firstFew(unwritten))
 		}
 		sort.Strings(again)
 		if len(again) > 0 {
@@ -602,4 +618,47 @@ func handedBack(runDir string, from, to time.Time) map[string]time.Time {
 		}
 	}
 	return out
+}
+
+// billedInDiskFullPass reports whether every billing of it before the
+// cache pass (ledger sequence up to cachePassFrom) fell in a pass of its
+// process whose disk the scenario filled.
+func (w *world) billedInDiskFullPass(ledger []sim.LedgerEntry, byHash map[sim.BodyHash]item, it item, cachePassFrom int64) bool {
+	passes := w.procs[it.proc].passes
+	found := false
+	for _, e := range ledger {
+		if e.Seq > cachePassFrom || byHash[e.BodySHA256] != it {
+			continue
+		}
+		found = true
+		full := false
+		for i, ps := range passes {
+			end := int64(math.MaxInt64)
+			if i+1 < len(passes) {
+				end = passes[i+1].ledgerFrom
+			}
+			if e.Seq > ps.ledgerFrom && e.Seq <= end {
+				full = ps.diskFull
+				break
+			}
+		}
+		if !full {
+			return false
+		}
+	}
+	return found
+}
+
+// cacheWriteFailed is the cache.write_failed of runDir's summary: its
+// successes whose cache entry could not be written.
+func cacheWriteFailed(runDir string) int64 {
+	b, err := os.ReadFile(filepath.Join(runDir, rundir.SummaryFile))
+	if err != nil {
+		return 0
+	}
+	var s rundir.Summary
+	if json.Unmarshal(b, &s) != nil || s.Cache == nil {
+		return 0
+	}
+	return s.Cache.WriteFailed
 }

@@ -33,9 +33,12 @@ const passTimeout = 2 * time.Minute
 // pass is one invocation of 'apidispatch run' for one process.
 type pass struct {
 	runDir  string
-	code    int    // exit code; -1 killed by a signal
-	crashed bool   // killed -9 or stopped by a full disk: possible duplicates
-	hung    string // the pass did not end within passTimeout: where its goroutines dump is
+	code    int  // exit code; -1 killed by a signal
+	crashed bool // killed -9 or stopped by a full disk: possible duplicates
+	// diskFull: the scenario filled this pass's disk (its writes, the
+	// cache file's too, fail past a size).
+	diskFull bool
+	hung     string // the pass did not end within passTimeout: where its goroutines dump is
 	// noRedis: exit 1 because Redis could not be reached at start (a
 	// partition or a Redis restart of the scenario): resumed.
 	noRedis    bool
@@ -346,6 +349,7 @@ func (w *world) disturb(d Disturbance) {
 			limit := uint64(largestFile(p.passes[len(p.passes)-1].runDir) + 64<<10)
 			if setFileLimit(p.cmd.Process.Pid, limit) == nil {
 				p.passes[len(p.passes)-1].crashed = true
+				p.passes[len(p.passes)-1].diskFull = true
 				w.logf("process %d: disk full at %d bytes", p.i, limit)
 			}
 		}

@@ -106,3 +106,47 @@ func TestCacheRunWaitsForAnotherProcessesKeys(t *testing.T) {
 		}
 	}
 }
+
+// Campaign seed 173: a run killed -9 leaves its claims in the cache for
+// their lease (15 s); its resume in the same run directory, a new process,
+// found its own items held by "another owner" and sent almost nothing until
+// the lease ended (0.77 of the orgs' limits over the run). The claims of a
+// run directory are now its own, whichever process made them: the resume
+// takes them over at once and sends each item once.
+func TestCacheResumeTakesOverItsKilledPassesClaims(t *testing.T) {
+	t.Parallel()
+	const n = 40
+	h := newHarness(t, sim.PresetOrigin3Org, 50, 1, nil)
+	path := filepath.Join(t.TempDir(), "cache.db")
+	c := openCache(t, path)
+	lines := judgeLines(t, n, workload.GenOptions{})
+	keys := keysOf(t, lines)
+	in := filepath.Join(filepath.Dir(h.dir), "resumed.jsonl")
+	writeLines(t, in, lines)
+	runDir := filepath.Join(filepath.Dir(h.dir), "resumed")
+
+	// The killed pass: its claims on every key, with a lease far longer
+	// than the run takes, never renewed nor released.
+	gone, err := cache.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const lease = 2 * time.Minute
+	killed := gone.NewClaimerAs(cache.RunOwner(runDir), lease)
+	if got, err := killed.Claim(context.Background(), time.Now(), keys, mustOrigin(t, h.sim.URL)); err != nil || len(got.Claimed) != n {
+		t.Fatalf("the killed pass's claims: %+v, %v", got, err)
+	}
+	gone.Close() // dies: nothing renews or releases its claims
+	if killed.Close() == nil {
+		t.Fatal("the killed pass released its claims on a closed file")
+	}
+
+	start := time.Now()
+	s := h.runInto(in, "resumed", c, nil)
+	if took := time.Since(start); took > lease/4 {
+		t.Errorf("the resume took %v: it waited for its own killed pass's claims (lease %v)", took, lease)
+	}
+	if got := h.sim.Server.LedgerTotals().Requests; got != n || s.Succeeded != n {
+		t.Errorf("billed %d, %d succeeded; want %d each", got, s.Succeeded, n)
+	}
+}

@@ -361,6 +361,6 @@ func (e *Engine) cacheSummary(agg store.Aggregate) *rundir.CacheSummary {
 	return &rundir.CacheSummary{
 		Mode: string(e.cfg.CacheMode), Hits: hits, InputDuplicates: agg.Counters[rundir.CounterCacheDuplicates],
 		Misses: agg.Succeeded + agg.Errored - hits, SavedUSD: cost.Nanos(agg.Counters[rundir.CounterCacheSavedNanos]).USD(),
-		Damaged: e.c.cacheDamaged.Load(), Origin: e.origin(), OtherOrigin: other,
+		Damaged: e.c.cacheDamaged.Load(), WriteFailed: agg.Counters[rundir.CounterCacheWriteFailed], Origin: e.origin(), OtherOrigin: other,
 	}
 }

@@ -144,6 +144,7 @@ func (m *committer) commit(qs []queued) {
 	}
 	batch := make([]store.Outcome, len(qs))
 	var puts []cache.Entry
+	var putAt []int // batch index of each put
 	for i, q := range qs {
 		batch[i] = q.Outcome
 		if q.hit {
@@ -157,6 +158,7 @@ func (m *committer) commit(qs []queued) {
 		}
 		if q.put != nil && m.cache != nil {
 			puts = append(puts, *q.put)
+			putAt = append(putAt, i)
 		}
 	}
 	if len(puts) > 0 {
@@ -164,9 +166,18 @@ func (m *committer) commit(qs []queued) {
 		// never a reason to hold back a result that is paid for.
 		if _, err := m.cache.Put(context.Background(), puts); err != nil {
 			m.c.cachePutFailed.Add(int64(len(puts)))
+			// Counted with each outcome, when the store takes it, so the
+			// summary of the run directory says how many successes the
+			// cache misses (and a later run will send again).
+			for _, i := range putAt {
+				if batch[i].Counters == nil {
+					batch[i].Counters = map[string]int64{}
+				}
+				batch[i].Counters[rundir.CounterCacheWriteFailed]++
+			}
 			if !m.warnedPut {
 				m.warnedPut = true
-				m.ev.Emit(rundir.EventWarning, "writing the cache failed; results are kept, the cache misses them: "+err.Error(), nil)
+				m.ev.Emit(rundir.EventWarning, "writing the cache failed; results are kept, the cache misses them (a later run sends them again; the summary's cache.write_failed counts them): "+err.Error(), nil)
 			}
 		}
 	}

@@ -614,7 +614,13 @@ func (e *Engine) sendAll(ctx context.Context, com *committer) error {
 	var comDone sync.WaitGroup
 	comDone.Go(com.run)
 	if e.caching() && e.cfg.CacheMode.Reads() && e.cfg.CacheMode.Writes() {
-		e.claims = e.cfg.Cache.NewClaimer(0)
+		if e.cfg.JournalDir != "" {
+			// The run directory's own claims, left by a pass that was
+			// killed, are taken over at once: one process holds it.
+			e.claims = e.cfg.Cache.NewClaimerAs(cache.RunOwner(e.cfg.JournalDir), 0)
+		} else {
+			e.claims = e.cfg.Cache.NewClaimer(0)
+		}
 		defer func() {
 			if err := e.claims.Close(); err != nil {
 				e.log.Warn("releasing the result cache's claims (they lapse after their lease)", "error", err)

@@ -28,6 +28,10 @@ const (
 	CounterCacheHits       = "cache_hits"        // items answered without a request of their own
 	CounterCacheSavedNanos = "cache_saved_nanos" // what those requests cost when they were sent
 	CounterCacheDuplicates = "cache_duplicates"  // hits that were duplicates inside this input
+	// CounterCacheWriteFailed counts successes whose result was kept
+	// while their cache entry could not be written (a full disk): the
+	// cache misses them, so a later run sends them again.
+	CounterCacheWriteFailed = "cache_write_failed"
 )
 
 // Store counters of the batch route.

@@ -363,6 +363,10 @@ type CacheSummary struct {
 	SavedUSD float64 `json:"saved_usd"`
 	// Damaged counts entries found but refused (checksum), each a miss.
 	Damaged int64 `json:"damaged,omitempty"`
+	// WriteFailed counts successes of this run directory (over all its
+	// passes) whose cache entry could not be written, though their result
+	// was kept: the cache misses them, and a later run sends them again.
+	WriteFailed int64 `json:"write_failed,omitempty"`
 	// Origin is the API this run asks (cache.OriginOf its base URL): only
 	// answers it gave are hits. OtherOrigin counts the items whose request
 	// the cache holds only with another origin's answer (a simulator's,
