@@ -351,7 +351,7 @@ async function chat(direct) {
     await client.chat.completions.create(judge(4, { temperature: 3 }));
     fail('temperature 3 accepted');
   } catch (e) {
-    if (!(e instanceof OpenAI.BadRequestError) || e.param !== 'temperature' || e.type !== 'invalid_request_error') fail(`400: ${e}`);
+    errorIs('temperature 3', e, OpenAI.BadRequestError, 400, 'invalid_request_error', 'decimal_above_max_value', 'temperature');
   }
   report.calls++;
   const wrongKey = new OpenAI({ apiKey: 'sk-proj-not-a-key', baseURL: BASE, maxRetries: 0 });
