@@ -8,8 +8,10 @@
 // Environment: SIM_URL, SIM_KEY, SIM_ORG, SIM_PROJECT. Through 'apidispatch
 // serve' (internal/openaiconform's TestOpenAINodeSDKBatchesThroughServe):
 // GW_URL, GW_KEY and GW_KEY2 (two clients' gateway tokens) instead; the
-// SDK, given only the gateway's base URL and a token, runs the batch
-// lifecycle, then another client finds none of it (404s).
+// SDK, given only the gateway's base URL and a token, runs the chat part
+// as main() does (chat(), without the simulator's faults, with the
+// gateway's own answers where they differ), the batch lifecycle, then
+// another client finds none of it (404s).
 import fs from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -169,9 +171,22 @@ const judge = (i, extra = {}) => ({
 
 const client = SERVE ? new OpenAI({ apiKey: GW_KEY, baseURL: `${GW_URL}/v1`, organization: null, project: null, maxRetries: 0 })
   : new OpenAI({ apiKey: SIM_KEY, baseURL: `${SIM_URL}/v1`, organization: SIM_ORG, project: SIM_PROJECT, maxRetries: 0 });
+const BASE = SERVE ? `${GW_URL}/v1` : `${SIM_URL}/v1`;
 const retrying = SERVE ? null : new OpenAI({ apiKey: SIM_KEY, baseURL: `${SIM_URL}/v1`, organization: SIM_ORG, project: SIM_PROJECT, maxRetries: 2 });
 
 async function main() {
+  await chat(true);
+  await faults();
+  await batches();
+}
+
+// The chat part of the judge workflow: models, completions plain,
+// streamed, with n choices, in JSON mode and with structured outputs, and
+// the errors a client provokes itself. direct: against the simulator
+// itself, with its faults (an error event mid-stream) and its own
+// headers; else through the gateway, which answers a model without a
+// price as a 400 on model and adds its own headers.
+async function chat(direct) {
   // Models.
   const models = [];
   for await (const m of client.models.list()) {
@@ -180,14 +195,25 @@ async function main() {
   }
   report.calls++;
   if (!models.includes('gpt-4.1-mini')) fail(`models: ${models}`);
+  const m = await client.models.retrieve('o4-mini');
+  report.calls++;
+  check('model', 'Model', m);
+  if (m.id !== 'o4-mini' || m.object !== 'model') fail(`models.retrieve: ${JSON.stringify(m)}`);
 
   // A completion with its headers.
   const { data: c1, response } = await client.chat.completions.create(judge(1)).withResponse();
   report.calls++;
   check('completion', 'ChatCompletion', c1);
   usage(c1.model, c1.usage, false);
-  for (const h of ['x-request-id', 'openai-organization', 'openai-processing-ms', 'x-ratelimit-limit-requests', 'x-ratelimit-remaining-tokens', 'x-ratelimit-reset-tokens']) {
+  // The gateway answers with its own request id and x-apidispatch-*; the
+  // upstream org's id and processing time are not a client's to see.
+  const want = direct ? ['x-request-id', 'openai-organization', 'openai-processing-ms']
+    : ['x-request-id', 'x-apidispatch-org', 'x-apidispatch-attempts', 'x-apidispatch-cost-usd'];
+  for (const h of [...want, 'x-ratelimit-limit-requests', 'x-ratelimit-remaining-tokens', 'x-ratelimit-reset-tokens']) {
     if (!response.headers.get(h)) fail(`header ${h} missing`);
+  }
+  if (!direct && (response.headers.get('openai-organization') || response.headers.get('openai-project'))) {
+    fail(`the upstream org's headers reached the client: ${response.headers.get('openai-organization')} ${response.headers.get('openai-project')}`);
   }
   if (c1._request_id !== response.headers.get('x-request-id')) fail(`_request_id ${c1._request_id}`);
   try {
@@ -213,6 +239,24 @@ async function main() {
     fail(`stream: ${usageChunks} usage chunks, finish ${finish}, text ${JSON.stringify(text)} vs ${JSON.stringify(c1.choices[0].message.content)}`);
   }
   usage(model, su, false);
+  if (!direct) {
+    // A client that did not ask for the usage gets none (the gateway asks
+    // upstream for it, to settle the stream, and takes it out): no chunk
+    // has a usage member. The simulator answers the same request alike,
+    // so it is billed c1's usage.
+    let bare = '', chunks = 0, withUsage = 0;
+    for await (const ch of await client.chat.completions.create(judge(1, { stream: true }))) {
+      check('chunk without usage', 'ChatCompletionChunk', ch);
+      chunks++;
+      if ('usage' in ch) withUsage++;
+      for (const c of ch.choices) bare += c.delta.content ?? '';
+    }
+    report.calls++;
+    if (chunks === 0 || withUsage !== 0 || bare !== c1.choices[0].message.content) {
+      fail(`stream without include_usage: ${chunks} chunks, ${withUsage} with a usage member, ${JSON.stringify(bare)}`);
+    }
+    usage(c1.model, c1.usage, false);
+  }
   // finalChatCompletion of the SDK's own stream helper.
   const runner = client.chat.completions.stream(judge(2, { stream_options: { include_usage: true } }));
   report.calls++;
@@ -220,26 +264,28 @@ async function main() {
   usage(fc.model, fc.usage, false);
   if (!fc.choices[0].message.content) fail('finalChatCompletion has no content');
 
-  // An error after the 200 (the API's overloaded, as a data event): the
-  // SDK throws APIError with the event's error object, after the chunks
-  // before it.
-  await fault({ id: 'node-cut', kind: 'stream_overloaded', org: 'oa' });
-  {
-    let got = 0;
-    try {
-      for await (const ch of await client.chat.completions.create(judge(8, { stream: true }))) {
-        check('chunk before the error', 'ChatCompletionChunk', ch);
-        got++;
+  if (direct) {
+    // An error after the 200 (the API's overloaded, as a data event): the
+    // SDK throws APIError with the event's error object, after the chunks
+    // before it.
+    await fault({ id: 'node-cut', kind: 'stream_overloaded', org: 'oa' });
+    {
+      let got = 0;
+      try {
+        for await (const ch of await client.chat.completions.create(judge(8, { stream: true }))) {
+          check('chunk before the error', 'ChatCompletionChunk', ch);
+          got++;
+        }
+        fail('an error event mid-stream: the stream ended without throwing');
+      } catch (e) {
+        if (e.constructor !== OpenAI.APIError || got === 0 || e.error?.message !== 'The server is overloaded or not ready yet.' || e.type !== 'server_error') {
+          fail(`an error event mid-stream: ${e && e.constructor && e.constructor.name} ${e && e.message} after ${got} chunks`);
+        }
       }
-      fail('an error event mid-stream: the stream ended without throwing');
-    } catch (e) {
-      if (e.constructor !== OpenAI.APIError || got === 0 || e.error?.message !== 'The server is overloaded or not ready yet.' || e.type !== 'server_error') {
-        fail(`an error event mid-stream: ${e && e.constructor && e.constructor.name} ${e && e.message} after ${got} chunks`);
-      }
+      report.calls++;
     }
-    report.calls++;
+    await clearFault('node-cut');
   }
-  await clearFault('node-cut');
 
   // n choices and a reasoning model.
   const c3 = await client.chat.completions.create(judge(3, { n: 2 }));
@@ -305,10 +351,10 @@ async function main() {
     await client.chat.completions.create(judge(4, { temperature: 3 }));
     fail('temperature 3 accepted');
   } catch (e) {
-    if (!(e instanceof OpenAI.BadRequestError) || e.param !== 'temperature' || e.type !== 'invalid_request_error') fail(`400: ${e}`);
+    errorIs('temperature 3', e, OpenAI.BadRequestError, 400, 'invalid_request_error', 'decimal_above_max_value', 'temperature');
   }
   report.calls++;
-  const wrongKey = new OpenAI({ apiKey: 'sk-proj-not-a-key', baseURL: `${SIM_URL}/v1`, maxRetries: 0 });
+  const wrongKey = new OpenAI({ apiKey: 'sk-proj-not-a-key', baseURL: BASE, maxRetries: 0 });
   try {
     await wrongKey.chat.completions.create(judge(4));
     fail('a wrong key accepted');
@@ -319,7 +365,10 @@ async function main() {
     await client.chat.completions.create(judge(4, { model: 'gpt-no-such-model' }));
     fail('an unknown model accepted');
   } catch (e) {
-    errorIs('404 model', e, OpenAI.NotFoundError, 404, 'invalid_request_error', 'model_not_found');
+    // The gateway refuses a model it has no price for before sending it:
+    // its spend could not be bounded.
+    if (direct) errorIs('404 model', e, OpenAI.NotFoundError, 404, 'invalid_request_error', 'model_not_found');
+    else errorIs('a model without a price through the gateway', e, OpenAI.BadRequestError, 400, 'invalid_request_error', 'model_not_found', 'model');
   }
   try {
     await client.files.retrieve('file-NoSuchFile0000000000');
@@ -334,6 +383,12 @@ async function main() {
     errorIs('404 batch', e, OpenAI.NotFoundError, 404, 'invalid_request_error', null, 'batch_id');
   }
   report.calls += 4;
+}
+
+// The simulator's faults (set and cleared through its admin endpoints):
+// 429s and 500s the SDK retries or throws, the quota 429. Direct only: the
+// gateway retries these itself.
+async function faults() {
   // A 429 the SDK retries when its headers say: retry-after-ms (1.2 s)
   // before retry-after (2 s, whole seconds) and its own backoff (at most
   // 0.5 s for a first retry). The storm ends when its 429 is answered.
@@ -384,7 +439,6 @@ async function main() {
     report.calls += log.sent.length;
   }
   await clearFault('node-quota');
-  await batches();
 }
 
 // The batch lifecycle: upload, create, cancel, poll, list, the output and
@@ -451,9 +505,10 @@ async function batches() {
   return { b, b2 };
 }
 
-// Through the gateway: the batch lifecycle, then another client finds
-// none of it.
+// Through the gateway: the chat part, the batch lifecycle, then another
+// client finds none of it.
 async function serveMain() {
+  await chat(false);
   const { b, b2 } = await batches();
   const other = new OpenAI({ apiKey: GW_KEY2, baseURL: `${GW_URL}/v1`, organization: null, project: null, maxRetries: 0 });
   const calls = [

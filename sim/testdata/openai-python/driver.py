@@ -10,9 +10,11 @@ sets and clears the simulator's faults (POST/DELETE /sim/faults) for the
 Through 'apidispatch serve' (run by internal/openaiconform's
 TestOpenAIPythonSDKBatchesThroughServe): GW_URL (the gateway's base URL),
 GW_KEY and GW_KEY2 (two clients' gateway tokens), and no SIM_*. The SDK
-is given only the gateway's base URL and a token, and runs the batch
-lifecycle (files and batches), then checks that the second client finds
-none of the first's files and batches (404).
+is given only the gateway's base URL and a token, and runs the chat part
+of the workflow as main() does (chat(), without the simulator's faults,
+with the gateway's own answers where they differ), the batch lifecycle
+(files and batches), then checks that the second client finds none of
+the first's files and batches (404).
 
 It prints one line per check, "ok     what" or "differ what: how", then
 "usages [...]" (every usage the SDK saw, for the Go test to price against
@@ -204,7 +206,18 @@ def client(max_retries=0, key=KEY, http_client=None):
 
 def main():
     cl = client()
+    chat(cl, direct=True)
+    faults(cl)
+    batches(cl)
 
+
+def chat(cl, direct):
+    """The chat part of the judge workflow: models, completions plain,
+    streamed, with n choices, in JSON mode and with structured outputs,
+    the async client, and the errors a client provokes itself. direct:
+    against the simulator itself, with its faults (an error event
+    mid-stream); else through the gateway, which answers a model without
+    a price as a 400 on model and adds its own headers."""
     # Models.
     raw = cl.models.with_raw_response.list()
     listed = [m["id"] for m in raw.http_response.json()["data"]]
@@ -224,6 +237,13 @@ def main():
     check(all(raw.headers.get(h) for h in rl), "chat.completions.create: the x-ratelimit-* headers",
           str({h: raw.headers.get(h) for h in rl}))
     check(c1._request_id == raw.headers.get("x-request-id"), f"_request_id {c1._request_id} is x-request-id")
+    if not direct:
+        gw = ["x-apidispatch-org", "x-apidispatch-attempts", "x-apidispatch-cost-usd"]
+        check(all(raw.headers.get(h) for h in gw) and not raw.headers.get("openai-organization")
+              and not raw.headers.get("openai-project"),
+              "chat.completions.create through the gateway: x-apidispatch-org, -attempts, -cost-usd; "
+              "no upstream openai-organization or openai-project",
+              str({h: raw.headers.get(h) for h in gw + ["openai-organization", "openai-project"]}))
     try:
         json.loads(c1.choices[0].message.content)
         verdict = True
@@ -284,6 +304,21 @@ def main():
           f"{n_usage} usage chunks, finish {finish}, {text!r} vs {c1.choices[0].message.content!r}, {su} vs {c1.usage}")
     usage(model, su)
 
+    if not direct:
+        # A client that did not ask for the usage gets none (the gateway
+        # asks upstream for it, to settle the stream, and takes it out):
+        # no chunk has a usage field. The simulator answers the same
+        # request alike, so it is billed c1's usage.
+        with cl.chat.completions.with_streaming_response.create(**judge(1), stream=True) as resp:
+            bare = [json.loads(ln[len("data: "):]) for ln in resp.iter_lines() if ln.startswith("data: {")]
+        bad = [d for i, x in enumerate(bare) for d in shape(ChatCompletionChunk, x, f"chunk {i}", documented=["obfuscation"])]
+        text = "".join(c["delta"].get("content") or "" for ch in bare for c in ch["choices"])
+        check(bare and not bad and all("usage" not in ch and ch["choices"] for ch in bare)
+              and text == c1.choices[0].message.content,
+              f"stream without include_usage through the gateway: {len(bare)} chunks, none with a usage field, "
+              f"the same {len(text)} characters", "; ".join(bad[:3]) + json.dumps(bare[-1:])[:300])
+        usage(c1.model, c1.usage)
+
     # The SDK's stream helper: its deltas accumulated = its final completion.
     with cl.chat.completions.stream(**judge(2), stream_options={"include_usage": True}) as s:
         deltas = "".join(ev.delta for ev in s if ev.type == "content.delta")
@@ -293,22 +328,23 @@ def main():
           f"{deltas!r} vs {final.choices[0].message.content!r}")
     usage(final.model, final.usage)
 
-    # An error after the 200 (the API's overloaded, as a data event): the
-    # SDK raises APIError with the event's error object, after the chunks
-    # before it.
-    fault({"id": "py-cut", "kind": "stream_overloaded", "org": "oa"})
-    got = []
-    try:
-        for ch in cl.chat.completions.create(**judge(8), stream=True):
-            got.append(ch)
-        check(False, "an error event mid-stream", "the stream ended without raising")
-    except openai.APIError as e:
-        check(type(e) is openai.APIError and got and e.message == "The server is overloaded or not ready yet."
-              and e.type == "server_error" and not shape(ErrorObject, e.body, "error event"),
-              f"an error event mid-stream: APIError {e.type!r} after {len(got)} chunks",
-              f"{type(e).__name__} {e.message!r} {e.body!r}, {len(got)} chunks")
-    finally:
-        clear_fault("py-cut")
+    if direct:
+        # An error after the 200 (the API's overloaded, as a data event): the
+        # SDK raises APIError with the event's error object, after the chunks
+        # before it.
+        fault({"id": "py-cut", "kind": "stream_overloaded", "org": "oa"})
+        got = []
+        try:
+            for ch in cl.chat.completions.create(**judge(8), stream=True):
+                got.append(ch)
+            check(False, "an error event mid-stream", "the stream ended without raising")
+        except openai.APIError as e:
+            check(type(e) is openai.APIError and got and e.message == "The server is overloaded or not ready yet."
+                  and e.type == "server_error" and not shape(ErrorObject, e.body, "error event"),
+                  f"an error event mid-stream: APIError {e.type!r} after {len(got)} chunks",
+                  f"{type(e).__name__} {e.message!r} {e.body!r}, {len(got)} chunks")
+        finally:
+            clear_fault("py-cut")
 
     # n choices and a reasoning model (a developer message).
     raw = cl.chat.completions.with_raw_response.create(**judge(3, n=2))
@@ -399,7 +435,13 @@ def main():
         cl.chat.completions.create(**{**judge(4), "model": "gpt-no-such-model"})
         check(False, "404", "an unknown model was accepted")
     except openai.APIError as e:
-        check_error(e, openai.NotFoundError, 404, "invalid_request_error", "model_not_found", "an unknown model")
+        if direct:
+            check_error(e, openai.NotFoundError, 404, "invalid_request_error", "model_not_found", "an unknown model")
+        else:
+            # The gateway refuses a model it has no price for before
+            # sending it: its spend could not be bounded.
+            check_error(e, openai.BadRequestError, 400, "invalid_request_error", "model_not_found",
+                        "an unknown model through the gateway", param="model")
     try:
         cl.files.retrieve("file-NoSuchFile0000000000")
         check(False, "404", "an unknown file was found")
@@ -418,6 +460,12 @@ def main():
         check_error(e, openai.BadRequestError, 400, "invalid_request_error", "decimal_above_max_value",
                     "temperature 3", param="temperature")
 
+
+
+def faults(cl):
+    """The simulator's faults (set and cleared through its admin
+    endpoints): 500s and 429s the SDK retries or raises, a drained token
+    bucket, the quota 429. Direct only: the gateway retries these itself."""
     # A 500 the SDK retries through (its own backoff).
     att = Attempts()
     fault({"id": "py-500", "kind": "server_error_500", "org": "oa"})
@@ -519,7 +567,6 @@ def main():
               f"the quota 429 with max_retries=2: RateLimitError insufficient_quota after {n} attempts",
               f"{type(e).__name__} {getattr(e, 'code', None)}")
     clear_fault("py-quota")
-    batches(cl)
 
 
 def batches(cl):
@@ -645,9 +692,10 @@ def batches(cl):
 
 
 def serve_main():
-    """Through the gateway: the batch lifecycle, then another client finds
-    none of it."""
+    """Through the gateway: the chat part, the batch lifecycle, then
+    another client finds none of it."""
     cl = client()
+    chat(cl, direct=False)
     b, b2 = batches(cl)
     other = client(key=os.environ["GW_KEY2"])
     for what, call in [("batches.retrieve", lambda: other.batches.retrieve(b.id)),
