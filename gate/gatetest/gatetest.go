@@ -221,12 +221,9 @@ func Run(t *testing.T, newGate New, opts ...Option) {
 	// request; a lane now backs off at most ProbeBackoffMax (1 s), sends
 	// one probe at a time meanwhile, and reopens at the first success.
 	run("StormWithoutRetryAfterEndsWithinTheLongestBackoff", func(t *testing.T) {
-		// At speed 10 the 20 s storm lasts 2 s, and the 0.25 s of server
-		// time the reopening has beyond the longest back-off are 25 ms of
-		// this machine's (at speed 100, 2.5 ms: a race build under load
-		// overslept them).
+		// At speed 5 the 20 s storm lasts 4 s of this machine's time.
 		c := cfg(10, 1)
-		c.Speed = 10
+		c.Speed = 5
 		g, settle := newGate(t, c)
 		settle()
 		speed := c.Speed
@@ -267,8 +264,17 @@ func Run(t *testing.T, newGate New, opts ...Option) {
 		// then 1 s): a lane whose hold reached 2 s reopened 1.5 s after it.
 		// The first answer after a storm must come within 3 s of its end,
 		// and the request itself takes a second or two.
-		if late > 1.25 {
-			t.Fatalf("reopened %.2f s of server time after the storm, want within 1.25 s", late)
+		allowed := 1.25
+		if !exact {
+			// On the wall clock, what waits on a server adds its real
+			// time: a renewal a loaded machine's Redis answered late
+			// (a shared lane admits nothing until one answers) reopened
+			// a CI run 225 ms late. 300 ms of it are allowed; the defect
+			// this checks held 8 s of server time.
+			allowed += 0.3 * speed
+		}
+		if late > allowed {
+			t.Fatalf("reopened %.2f s of server time after the storm, want within %.2f s", late, allowed)
 		}
 		if probes > 25 {
 			t.Fatalf("%d requests sent into a 20 s storm, want one per back-off (about 20)", probes)
