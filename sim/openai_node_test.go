@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/apidispatch/apidispatch/internal/sdkdriver"
 )
 
 // nodeReport is what testdata/openai-node/driver.mjs prints.
@@ -42,25 +44,8 @@ type nodeReport struct {
 // package cost. Without node it is skipped, except under CI=true, where it
 // fails.
 func TestOpenAINodeSDK(t *testing.T) {
-	node, err := exec.LookPath("node")
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("node is not installed: CI must run the npm SDK's conformance driver")
-		}
-		t.Skip("node is not installed")
-	}
 	dir := filepath.Join("testdata", "openai-node")
-	if _, err := os.Stat(filepath.Join(dir, "node_modules", "openai", "package.json")); err != nil {
-		npm, lerr := exec.LookPath("npm")
-		if lerr != nil {
-			t.Fatalf("npm is not installed to install the openai SDK: %v", lerr)
-		}
-		cmd := exec.Command(npm, "ci", "--no-audit", "--no-fund")
-		cmd.Dir = dir
-		if out, err := cmd.CombinedOutput(); err != nil {
-			t.Fatalf("npm ci in %s: %v\n%s", dir, err, out)
-		}
-	}
+	node := sdkdriver.Node(t, dir)
 	cfg := oaTestConfig()
 	cfg.Speed = 200
 	// 20 requests take 100 API seconds (0.5 s here): long enough for a

@@ -12,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/apidispatch/apidispatch/internal/sdkdriver"
 )
 
 // TestOpenAIPythonSDK runs the official openai Python SDK through a judge
@@ -44,14 +46,7 @@ import (
 //	PYTHONPATH=/path/to/site go test -tags sdkexamples -run TestOpenAIPythonSDK -v ./sim
 func TestOpenAIPythonSDK(t *testing.T) {
 	dir := filepath.Join("testdata", "openai-python")
-	// Run from the driver's directory: from one holding a directory named
-	// openai (as the repository's root does), "import openai" would find
-	// that as a namespace package.
-	probe := exec.Command("python3", "-c", "import openai; print(openai.__version__, openai.OpenAI.__name__)")
-	probe.Dir = dir
-	if out, err := probe.CombinedOutput(); err != nil {
-		t.Fatalf("the openai Python SDK is not installed here, nor on PYTHONPATH=%q (%v %s)", os.Getenv("PYTHONPATH"), err, out)
-	}
+	sdkdriver.Python(t, dir)
 	cfg := oaTestConfig()
 	cfg.Speed = 200
 	// 21 requests take 315 API seconds (1.6 s here): long enough for a

@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/apidispatch/apidispatch/internal/sdkdriver"
+
 	"github.com/apidispatch/apidispatch/cost"
 	"github.com/apidispatch/apidispatch/gateway"
 	"github.com/apidispatch/apidispatch/openai"
@@ -35,25 +37,8 @@ import (
 // simulator's bill. Like sim's test it installs the pinned SDK with npm ci
 // on first use, and is skipped without node except under CI=true.
 func TestOpenAINodeSDKBatchesThroughServe(t *testing.T) {
-	node, err := exec.LookPath("node")
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("node is not installed: CI must run the npm SDK's conformance driver")
-		}
-		t.Skip("node is not installed")
-	}
 	dir := filepath.Join("..", "..", "sim", "testdata", "openai-node")
-	if _, err := os.Stat(filepath.Join(dir, "node_modules", "openai", "package.json")); err != nil {
-		npm, lerr := exec.LookPath("npm")
-		if lerr != nil {
-			t.Fatalf("npm is not installed to install the openai SDK: %v", lerr)
-		}
-		cmd := exec.Command(npm, "ci", "--no-audit", "--no-fund")
-		cmd.Dir = dir
-		if out, err := cmd.CombinedOutput(); err != nil {
-			t.Fatalf("npm ci in %s: %v\n%s", dir, err, out)
-		}
-	}
+	node := sdkdriver.Node(t, dir)
 	cfg := oaTestConfig()
 	cfg.Speed = 200
 	// 21 requests take 105 API seconds (0.5 s here): long enough for a

@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/apidispatch/apidispatch/internal/sdkdriver"
+
 	"github.com/apidispatch/apidispatch/cost"
 	"github.com/apidispatch/apidispatch/gateway"
 	"github.com/apidispatch/apidispatch/openai"
@@ -45,11 +47,7 @@ import (
 //	PYTHONPATH=/path/to/site go test -tags sdkexamples -run TestOpenAIPythonSDKBatchesThroughServe -v ./internal/openaiconform
 func TestOpenAIPythonSDKBatchesThroughServe(t *testing.T) {
 	dir := filepath.Join("..", "..", "sim", "testdata", "openai-python")
-	probe := exec.Command("python3", "-c", "import openai; print(openai.__version__)")
-	probe.Dir = dir
-	if out, err := probe.CombinedOutput(); err != nil {
-		t.Fatalf("the openai Python SDK is not installed here, nor on PYTHONPATH=%q (%v %s)", os.Getenv("PYTHONPATH"), err, out)
-	}
+	sdkdriver.Python(t, dir)
 	cfg := oaTestConfig()
 	cfg.Speed = 200
 	// 21 requests take 315 API seconds (1.6 s here): long enough for a
