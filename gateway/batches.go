@@ -726,52 +726,36 @@ type resultLine struct {
 // as canceled (or expired). It returns the counts.
 func writeAPIResults(dir string, canceled, expired bool) (counts, error) {
 	var c counts
-	done := map[string]bool{}
 	var out bytes.Buffer
-	f, err := os.Open(filepath.Join(dir, batchRun, "results.jsonl"))
-	if err != nil && !errors.Is(err, os.ErrNotExist) {
+	done, err := eachRunResult(dir, func(customID string, raw []byte) {
+		var l resultLine
+		json.Unmarshal(raw, &l)
+		var t struct {
+			Type string `json:"type"`
+		}
+		json.Unmarshal(l.Result, &t)
+		switch t.Type {
+		case "succeeded":
+			c.Succeeded++
+		default:
+			c.Errored++
+		}
+		id, _ := json.Marshal(customID)
+		out.WriteString(`{"custom_id":`)
+		out.Write(id)
+		out.WriteString(`,"result":`)
+		out.Write(l.Result)
+		out.WriteString("}\n")
+	})
+	if err != nil {
 		return c, err
-	}
-	if f != nil {
-		sc := bufio.NewScanner(f)
-		sc.Buffer(make([]byte, 1<<20), 64<<20)
-		for sc.Scan() {
-			var l resultLine
-			if json.Unmarshal(sc.Bytes(), &l) != nil || done[l.CustomID] {
-				continue
-			}
-			done[l.CustomID] = true
-			var t struct {
-				Type string `json:"type"`
-			}
-			json.Unmarshal(l.Result, &t)
-			switch t.Type {
-			case "succeeded":
-				c.Succeeded++
-			default:
-				c.Errored++
-			}
-			id, _ := json.Marshal(l.CustomID)
-			out.WriteString(`{"custom_id":`)
-			out.Write(id)
-			out.WriteString(`,"result":`)
-			out.Write(l.Result)
-			out.WriteString("}\n")
-		}
-		f.Close()
-		if err := sc.Err(); err != nil {
-			return c, err
-		}
 	}
 	kind := "canceled"
 	if expired && !canceled {
 		kind = "expired"
 	}
-	err = workload.Scan(filepath.Join(dir, batchRequests), func(it store.Item) error {
-		if done[it.CustomID] {
-			return nil
-		}
-		id, _ := json.Marshal(it.CustomID)
+	err = eachUnended(dir, done, func(customID string) {
+		id, _ := json.Marshal(customID)
 		out.WriteString(`{"custom_id":`)
 		out.Write(id)
 		out.WriteString(`,"result":{"type":"` + kind + `"}}` + "\n")
@@ -780,7 +764,6 @@ func writeAPIResults(dir string, canceled, expired bool) (counts, error) {
 		} else {
 			c.Expired++
 		}
-		return nil
 	})
 	if err != nil {
 		return c, err
@@ -789,6 +772,46 @@ func writeAPIResults(dir string, canceled, expired bool) (counts, error) {
 		return c, err
 	}
 	return c, nil
+}
+
+// eachRunResult calls fn with each custom_id's first line of a batch run's
+// results (its run directory's results.jsonl; none yet is no line), and
+// returns the custom_ids it saw: the results files of both kinds of batch
+// are made from it.
+func eachRunResult(dir string, fn func(customID string, line []byte)) (map[string]bool, error) {
+	done := map[string]bool{}
+	f, err := os.Open(filepath.Join(dir, batchRun, "results.jsonl"))
+	if errors.Is(err, os.ErrNotExist) {
+		return done, nil
+	}
+	if err != nil {
+		return done, err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 1<<20), 64<<20)
+	for sc.Scan() {
+		var l struct {
+			CustomID string `json:"custom_id"`
+		}
+		if json.Unmarshal(sc.Bytes(), &l) != nil || l.CustomID == "" || done[l.CustomID] {
+			continue
+		}
+		done[l.CustomID] = true
+		fn(l.CustomID, sc.Bytes())
+	}
+	return done, sc.Err()
+}
+
+// eachUnended calls fn with each custom_id of the batch's requests that
+// the run did not end (not in done).
+func eachUnended(dir string, done map[string]bool, fn func(customID string)) error {
+	return workload.Scan(filepath.Join(dir, batchRequests), func(it store.Item) error {
+		if !done[it.CustomID] {
+			fn(it.CustomID)
+		}
+		return nil
+	})
 }
 
 // find returns the client's batch id, or answers 404 (another client's

@@ -1,7 +1,6 @@
 package gateway
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"crypto/sha256"
@@ -528,60 +527,43 @@ func (g *Gateway) writeOAResults(gb *gwBatch) func(dir string, canceled, expired
 	return func(dir string, canceled, expired bool) (counts, error) {
 		var c counts
 		var usage oaBatchUsage
-		done := map[string]bool{}
 		var out, errs bytes.Buffer
 		put := func(buf *bytes.Buffer, l oaLine) {
 			b, _ := json.Marshal(openai.BatchOutputLine{ID: l.ID, CustomID: l.CustomID, Response: l.Response, Error: l.Error})
 			buf.Write(b)
 			buf.WriteByte('\n')
 		}
-		f, err := os.Open(filepath.Join(dir, batchRun, "results.jsonl"))
-		if err != nil && !errors.Is(err, os.ErrNotExist) {
+		done, err := eachRunResult(dir, func(_ string, raw []byte) {
+			var l oaLine
+			json.Unmarshal(raw, &l)
+			if l.Response != nil && l.Response.StatusCode == http.StatusOK && l.Error == nil {
+				c.Succeeded++
+				put(&out, l)
+				var body struct {
+					Usage openai.Usage `json:"usage"`
+				}
+				json.Unmarshal(l.Response.Body, &body)
+				usage.add(body.Usage)
+			} else {
+				c.Errored++
+				put(&errs, l)
+			}
+		})
+		if err != nil {
 			return c, err
-		}
-		if f != nil {
-			sc := bufio.NewScanner(f)
-			sc.Buffer(make([]byte, 1<<20), 64<<20)
-			for sc.Scan() {
-				var l oaLine
-				if json.Unmarshal(sc.Bytes(), &l) != nil || l.CustomID == "" || done[l.CustomID] {
-					continue
-				}
-				done[l.CustomID] = true
-				if l.Response != nil && l.Response.StatusCode == http.StatusOK && l.Error == nil {
-					c.Succeeded++
-					put(&out, l)
-					var body struct {
-						Usage openai.Usage `json:"usage"`
-					}
-					json.Unmarshal(l.Response.Body, &body)
-					usage.add(body.Usage)
-				} else {
-					c.Errored++
-					put(&errs, l)
-				}
-			}
-			f.Close()
-			if err := sc.Err(); err != nil {
-				return c, err
-			}
 		}
 		code, msg := openai.CodeBatchCancelled, "This request was not executed because the batch was cancelled."
 		if expired && !canceled {
 			code, msg = openai.CodeBatchExpired, "This request could not be executed before the completion window expired."
 		}
-		err = workload.Scan(filepath.Join(dir, batchRequests), func(it store.Item) error {
-			if done[it.CustomID] {
-				return nil
-			}
-			sum := sha256.Sum256([]byte(gb.meta.ID + "\x00" + it.CustomID))
-			put(&errs, oaLine{ID: "batch_req_" + hex.EncodeToString(sum[:16]), CustomID: it.CustomID, Error: &openai.BatchLineError{Code: code, Message: msg}})
+		err = eachUnended(dir, done, func(customID string) {
+			sum := sha256.Sum256([]byte(gb.meta.ID + "\x00" + customID))
+			put(&errs, oaLine{ID: "batch_req_" + hex.EncodeToString(sum[:16]), CustomID: customID, Error: &openai.BatchLineError{Code: code, Message: msg}})
 			if code == openai.CodeBatchCancelled {
 				c.Canceled++
 			} else {
 				c.Expired++
 			}
-			return nil
 		})
 		if err != nil {
 			return c, err
