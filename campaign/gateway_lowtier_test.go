@@ -73,11 +73,12 @@ func drawGatewayLowTier(seed int64, s *gwScenario) {
 
 // gwDeadHoldAPI is how long, in API time, a gateway started after a kill
 // -9 holds the slot of an attempt of maxTokens its predecessor left in
-// flight: as long as the API may run it, an hour for 128,000 tokens, at
-// least 10 s, never past the attempt timeout (the gateway's
-// gate.AttemptBound; docs/campaign.md, "the killed gateway's requests").
+// flight: twice as long as the API may run it (an hour for 128,000 tokens,
+// at least 10 s), never past the attempt timeout (the gateway's
+// gate.StillRunningBound; docs/campaign.md, "the killed gateway's
+// requests").
 func gwDeadHoldAPI(maxTokens int) time.Duration {
-	return min(gwAttemptTimeoutAPI, max(10*time.Second, time.Duration(float64(time.Hour)*float64(maxTokens)/128_000)))
+	return min(gwAttemptTimeoutAPI, 2*max(10*time.Second, time.Duration(float64(time.Hour)*float64(maxTokens)/128_000)))
 }
 
 // checkGatewayLiveness is issue 29's invariant for the gateway: after the

@@ -595,3 +595,20 @@ func AttemptBound(maxTokens int64) time.Duration {
 // AttemptBoundFloor is the least AttemptBound gives, in API time: a short
 // request's latency.
 const AttemptBoundFloor = 10 * time.Second
+
+// AttemptTimeout is the longest an attempt runs, in API time: every client
+// gives up on it then (and the API refuses an unstreamed request it expects
+// to run longer).
+const AttemptTimeout = 10 * time.Minute
+
+// StillRunningBound is how long after it was sent an attempt of maxTokens
+// may still be running on the API, in API time: twice AttemptBound (the
+// simulator's latency, a lognormal about a third of AttemptBound, passes
+// twice it for about one long answer in 700), at most AttemptTimeout. The
+// slots of what a process left running when it died or went silent are
+// held this long, by a gateway restarted on its state directory and by the
+// shared budget for a process cut off from Redis: one bound, so the two
+// holds agree.
+func StillRunningBound(maxTokens int64) time.Duration {
+	return min(AttemptTimeout, 2*AttemptBound(maxTokens))
+}

@@ -135,19 +135,22 @@ func TestRestartHoldsTheSlotsOfTheDeadGatewaysAttempts(t *testing.T) {
 	}
 }
 
-// The hold of a dead attempt lasts as long as the API may run it (its
-// max_tokens at the API's own pace for long requests), not the whole
-// attempt timeout: a gateway killed with its lanes full is back in
-// service when its predecessor's answers are surely over (the campaign's
-// seed 11: held the full 10 API minutes, every request of a minute got
-// the gateway's own 429).
+// The hold of a dead attempt lasts as long as the API may still run it
+// (gate.StillRunningBound: twice its max_tokens at the API's own pace for
+// long requests), not the whole attempt timeout: a gateway killed with its
+// lanes full is back in service when its predecessor's answers are surely
+// over (the campaign's seed 11: held the full 10 API minutes, every
+// request of a minute got the gateway's own 429). It is the bound the
+// shared budget holds a silent process's slots for: a hold of once the
+// API's pace let a restarted gateway send beside a long answer still
+// running.
 func TestDeadAttemptsHeldAsLongAsTheAPIMayRunThem(t *testing.T) {
 	s := newLaneSet(nil, gate.LaneConfig{}, func(*upstreampkg.Provider, string) int { return 2 }, 10, nil, nil)
 	last := time.Now()
 	s.holdDead([]spendTag{
-		{Org: "o", Model: "claude-sonnet-4-5", MaxTokens: 64},     // 10 API s (the floor): 1 s
-		{Org: "o", Model: "claude-sonnet-4-5", MaxTokens: 12_800}, // 6 API min: 36 s
-		{Org: "o", Model: "claude-sonnet-4-5", MaxTokens: 64_000}, // 30 API min: the timeout, 60 s
+		{Org: "o", Model: "claude-sonnet-4-5", MaxTokens: 64},     // twice 10 API s (the floor): 2 s
+		{Org: "o", Model: "claude-sonnet-4-5", MaxTokens: 6_400},  // twice 3 API min: 36 s
+		{Org: "o", Model: "claude-sonnet-4-5", MaxTokens: 64_000}, // twice 30 API min: the timeout, 60 s
 		{Org: "o", Model: "claude-haiku-4-5", MaxTokens: 64},
 	}, last, time.Minute)
 	h := s.dead[deadKey{"o", anthropic.PoolOf("claude-sonnet-4-5")}]
@@ -155,7 +158,7 @@ func TestDeadAttemptsHeldAsLongAsTheAPIMayRunThem(t *testing.T) {
 		at   time.Duration
 		n    int
 		next time.Duration
-	}{{0, 3, time.Second}, {2 * time.Second, 2, 36 * time.Second}, {40 * time.Second, 1, time.Minute}, {61 * time.Second, 0, 0}} {
+	}{{0, 3, 2 * time.Second}, {3 * time.Second, 2, 36 * time.Second}, {40 * time.Second, 1, time.Minute}, {61 * time.Second, 0, 0}} {
 		n, next := h.held(last.Add(c.at))
 		if n != c.n || (n > 0 && !next.Equal(last.Add(c.next))) {
 			t.Errorf("at +%v: %d held, next end %v; want %d, +%v", c.at, n, next.Sub(last), c.n, c.next)

@@ -154,8 +154,9 @@ func (h *deadHold) held(now time.Time) (int, time.Time) {
 
 // holdDead holds a slot of its (org, pool) lane for each attempt in tags,
 // so the lanes count what a killed predecessor left running on the keys:
-// from last (the latest any was sent) for as long as the API may run it
-// (gate.AttemptBound of its max_tokens, scaled by speed), never past the
+// from last (the latest any was sent) for as long as the API may still run
+// it (gate.StillRunningBound of its max_tokens, scaled by speed: the bound
+// the shared budget holds a silent process's slots for), never past the
 // attempt timeout. Called once, before any lane is made.
 func (s *laneSet) holdDead(tags []spendTag, last time.Time, timeout time.Duration) {
 	if len(tags) == 0 {
@@ -166,7 +167,7 @@ func (s *laneSet) holdDead(tags []spendTag, last time.Time, timeout time.Duratio
 	defer s.mu.Unlock()
 	dead := map[deadKey]*deadHold{}
 	for _, t := range tags {
-		until := last.Add(min(timeout, time.Duration(float64(gate.AttemptBound(t.MaxTokens))/s.speed)))
+		until := last.Add(min(timeout, time.Duration(float64(gate.StillRunningBound(t.MaxTokens))/s.speed)))
 		if !until.After(now) {
 			continue
 		}

@@ -90,9 +90,8 @@ type Config struct {
 	// in Redis that the others wait before they take its slots: its
 	// requests in flight when it went silent have the grace plus the
 	// margin to finish. Each lane asks for more when its requests may last
-	// longer: until the bound of each request it has in flight (twice the
-	// API's own bound for its max_tokens, gate.AttemptBound, at most 10 API
-	// minutes), and a quarter more than its longest request of the last
+	// longer: until the bound of each request it has in flight
+	// (gate.StillRunningBound of its max_tokens), and a quarter more than its longest request of the last
 	// minute or two (at most 10 minutes). A dead process's slots are free
 	// again TTL+grace after its last renewal.
 	Grace time.Duration

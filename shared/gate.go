@@ -457,22 +457,15 @@ func (g *Gate) rotateTail(now time.Time) {
 }
 
 // requestBound is how long after its admission a request of maxTokens may
-// still be running on the API, in this process's time: twice the API's own
-// bound for it (gate.AttemptBound; the simulator's latency, a lognormal
-// about a third of that bound, passes twice it for about one long answer in
-// 700), at most the request timeout of 10 API minutes, at least the
-// configured grace.
+// still be running on the API, in this process's time:
+// gate.StillRunningBound scaled by speed, at least the configured grace.
 func (g *Gate) requestBound(maxTokens int64) time.Duration {
 	speed := g.cfg.Speed
 	if speed <= 0 {
 		speed = 1
 	}
-	b := min(requestTimeoutAPI, 2*gate.AttemptBound(maxTokens))
-	return max(g.b.grace, time.Duration(float64(b)/speed))
+	return max(g.b.grace, time.Duration(float64(gate.StillRunningBound(maxTokens))/speed))
 }
-
-// requestTimeoutAPI is the longest an attempt runs, in API time.
-const requestTimeoutAPI = 10 * time.Minute
 
 // graceFor is how long after this process's lease ends Redis keeps its
 // slots, so that requests a paused, cut-off or killed process had in flight
