@@ -67,7 +67,8 @@ var countBodyFields = []string{"model", "messages", "system", "tools", "tool_cho
 var ErrCount = errors.New("plan: count_tokens failed")
 
 // CountTokens asks POST /v1/messages/count_tokens for the input tokens of a
-// sample of the requests in the file at path (which Validate accepted, with
+// sample of the Anthropic requests in the file at path (OpenAI requests are
+// not counted) (which Validate accepted, with
 // summary ws), and returns the counted and estimated sums by model. Project
 // scales each model's local estimate by its counted/estimated ratio; when
 // every item was counted the worst case uses the counts too. A 429 or 5xx is
@@ -127,6 +128,11 @@ func CountTokens(ctx context.Context, path string, ws *workload.Summary, cfg Cou
 	}
 	seen := map[string]bool{}
 	scanErr := workload.Scan(path, func(it store.Item) error {
+		if it.Provider == org.OpenAI {
+			// count_tokens is Anthropic's; an OpenAI request keeps its
+			// local estimate.
+			return nil
+		}
 		if (it.Seq-1)%stride != 0 && seen[it.Model] {
 			return nil
 		}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"time"
 
 	"github.com/apidispatch/apidispatch/apihttp"
@@ -67,7 +68,7 @@ func (f *planFlags) register(fs *flag.FlagSet, stderr io.Writer) {
 	fs.Float64Var(&sf.speed, "speed", 1, "time compression `K` of the server (the simulator's --speed): wall-clock is also shown at K")
 	f.pf.register(fs, "limits `FILE` from 'apidispatch probe' (or the original phase0_limits.json); without it lanes are cap-bound only", "expected output tokens per request (`N`); default min(max_tokens, 100)")
 	f.latency = fs.Float64("latency", 0, "mean latency of one request in API `SECONDS`; default from the model and its expected output")
-	f.countTokens = fs.Bool("count-tokens", false, "ask the free count_tokens endpoint, with the first org's key, for the input tokens of a sample of the requests")
+	f.countTokens = fs.Bool("count-tokens", false, "ask the free count_tokens endpoint, with the first Anthropic org's key, for the input tokens of a sample of the Anthropic requests")
 	f.countSample = fs.Int64("count-sample", plan.DefaultCountSample, "how many requests --count-tokens counts, spread over the file (`N`; 0 counts every request)")
 	f.fromRun = fs.String("from-run", "", "re-project from what a run directory's finished items measured (`DIR`, e.g. after 'run --pilot N')")
 	f.pilot = fs.Int64("pilot", 0, "not a plan flag: 'apidispatch run --pilot N' sends a pilot and re-projects; 'plan --from-run DIR' re-projects from it")
@@ -196,10 +197,21 @@ func (f *planFlags) fileInput(input string, orgs []org.Org, in *plan.Input, stde
 				return nil, err
 			}
 		}
-		fmt.Fprintf(stderr, "counting input tokens with count_tokens (org %s, key %s)...\n", orgs[0].Name, orgs[0].Key.Fingerprint())
-		in.Counts, err = plan.CountTokens(ctx, input, in.Workload, plan.CountConfig{BaseURL: sf.baseURL, Key: orgs[0].Key, Sample: *f.countSample})
-		if err != nil {
-			return nil, fmt.Errorf("count_tokens: %w", err)
+		// count_tokens is Anthropic's: it counts the Anthropic requests
+		// with the first Anthropic org's key; OpenAI requests keep their
+		// local estimates.
+		i := slices.IndexFunc(orgs, func(o org.Org) bool { return o.ProviderName() != org.OpenAI })
+		switch {
+		case len(in.Workload.Models) == 0:
+			fmt.Fprintln(stderr, "--count-tokens: the file has no Anthropic requests to count (OpenAI requests keep their local estimates)")
+		case i < 0:
+			return nil, errors.New("--count-tokens asks Anthropic's count_tokens endpoint with an Anthropic org's key, and the orgs have none (OpenAI requests keep their local estimates)")
+		default:
+			fmt.Fprintf(stderr, "counting input tokens with count_tokens (org %s, key %s)...\n", orgs[i].Name, orgs[i].Key.Fingerprint())
+			in.Counts, err = plan.CountTokens(ctx, input, in.Workload, plan.CountConfig{BaseURL: sf.baseURL, Key: orgs[i].Key, Sample: *f.countSample})
+			if err != nil {
+				return nil, fmt.Errorf("count_tokens: %w", err)
+			}
 		}
 	}
 	if *f.fromRun != "" {

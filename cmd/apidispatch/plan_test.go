@@ -327,3 +327,107 @@ func TestPlanRoutes(t *testing.T) {
 		}
 	})
 }
+
+// 'plan --count-tokens' on a file of Anthropic and OpenAI requests with an
+// OpenAI org first: count_tokens is Anthropic's, so it counts the Anthropic
+// requests with the first Anthropic org's key and leaves the OpenAI
+// requests at their local estimates. It asked with the first org's key
+// whatever its provider, and sent the OpenAI requests to count_tokens too.
+func TestPlanCountTokensCountsOnlyAnthropicRequests(t *testing.T) {
+	t.Parallel()
+	cfg, err := sim.Preset(sim.PresetOrigin3Org)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Speed = 50
+	cfg.Orgs = append([]sim.OrgConfig{{Name: "a_gpt", Provider: sim.ProviderOpenAI,
+		ModelLimits: map[string]sim.OpenAILimits{"*": {RPM: 30_000, TPM: 50_000_000}}}}, cfg.Orgs...)
+	r, err := sim.Start(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close() })
+	keys := simKeys(r)
+	dir := t.TempDir()
+	writeOrgs := func(names ...string) string {
+		var b strings.Builder
+		for _, name := range names {
+			kf := filepath.Join(dir, name+".key")
+			if err := os.WriteFile(kf, []byte(keys[name]), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			provider := ""
+			if name == "a_gpt" {
+				provider = "provider = \"openai\"\n"
+			}
+			fmt.Fprintf(&b, "[[org]]\nname = %q\nkey_file = %q\n%s\n", name, kf, provider)
+		}
+		p := filepath.Join(dir, fmt.Sprintf("orgs%d.toml", len(names)))
+		if err := os.WriteFile(p, []byte(b.String()), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	var anth, gpt, mixed bytes.Buffer
+	if err := workload.GenerateJudge(&anth, 60, 5, workload.GenOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := workload.GenerateOpenAIJudge(&gpt, 40, 7, workload.GenOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	mixed.Write(anth.Bytes())
+	mixed.Write(gpt.Bytes())
+	input := filepath.Join(dir, "mixed.jsonl")
+	gptOnly := filepath.Join(dir, "gpt.jsonl")
+	if err := os.WriteFile(input, mixed.Bytes(), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(gptOnly, gpt.Bytes(), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	all := writeOrgs("a_gpt", "high_prio", "batch")
+
+	code, out, errOut := runCLI("plan", "--orgs", all, "--base-url", r.URL, "--count-tokens", "--count-sample", "0", "--json", "--speed", "50", input)
+	if code != exitOK {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	if !strings.Contains(errOut, "org high_prio") {
+		t.Errorf("stderr %q: want the count made with high_prio, the first Anthropic org", errOut)
+	}
+	var doc plan.ProjectionJSON
+	if err := json.Unmarshal([]byte(out), &doc); err != nil {
+		t.Fatalf("--json output: %v\n%s", err, out)
+	}
+	var sawAnthropic, sawGPT bool
+	for _, m := range doc.Models {
+		switch {
+		case strings.HasPrefix(m.Model, "claude-"):
+			sawAnthropic = true
+			if !strings.Contains(m.InputSource, "count_tokens on 60 of 60") {
+				t.Errorf("%s input source %q, want count_tokens on all 60", m.Model, m.InputSource)
+			}
+		case strings.HasPrefix(m.Model, "gpt-"):
+			sawGPT = true
+			if m.InputSource != "local estimate" {
+				t.Errorf("%s input source %q, want the local estimate", m.Model, m.InputSource)
+			}
+		}
+	}
+	if !sawAnthropic || !sawGPT {
+		t.Errorf("models %+v: want one of each provider", doc.Models)
+	}
+	if led := r.Server.LedgerTotals(); led.Requests != 0 {
+		t.Errorf("plan sent %d billed requests", led.Requests)
+	}
+
+	// Anthropic requests and only an OpenAI org: a usage error naming why.
+	code, _, errOut = runCLI("plan", "--orgs", writeOrgs("a_gpt"), "--base-url", r.URL, "--count-tokens", input)
+	if code != exitUsage || !strings.Contains(errOut, "Anthropic org") {
+		t.Errorf("only an OpenAI org: exit %d, stderr %q; want %d naming the missing Anthropic org", code, errOut, exitUsage)
+	}
+	// Only OpenAI requests: nothing to count, said, and the plan goes on.
+	code, _, errOut = runCLI("plan", "--orgs", writeOrgs("a_gpt"), "--base-url", r.URL, "--count-tokens", "--speed", "50", gptOnly)
+	if code != exitOK || !strings.Contains(errOut, "no Anthropic requests to count") {
+		t.Errorf("only OpenAI requests: exit %d, stderr %q; want %d and a note", code, errOut, exitOK)
+	}
+}
