@@ -468,10 +468,12 @@ func (g *Gateway) appendOABatch(buf []byte, gb *gwBatch, status string) []byte {
 		Status: status, CreatedAt: m.CreatedAt.Unix(), ExpiresAt: unix(m.ExpiresAt), Metadata: oa.Metadata,
 		RequestCounts: openai.BatchRequestCounts{Total: m.N, Completed: c.Succeeded, Failed: c.Errored + c.Canceled + c.Expired},
 	}
-	if oa.Errors != nil {
+	if status == openai.BatchFailed {
 		b.Errors = &openai.BatchErrors{Object: "list", Data: oa.Errors}
 		b.FailedAt = unix(*m.EndedAt)
-	} else if status != openai.BatchValidating {
+	}
+	if status != openai.BatchValidating && (oa.Errors == nil || m.Stopped != nil) {
+		// It ran: a batch that failed its validation never did.
 		b.InProgressAt = unix(m.CreatedAt)
 	}
 	if m.CancelInitiated != nil {
@@ -512,6 +514,22 @@ type oaLine struct {
 	Error    *openai.BatchLineError    `json:"error"`
 }
 
+// Codes of a stopped batch's errors.data and of its lines not run.
+const (
+	// codeBatchFailed: the gateway cannot run the batch.
+	codeBatchFailed = "batch_failed"
+)
+
+// oaStopCode is the code saying why a batch stopped for good: the
+// insufficient_quota of the gateway's chat completions for a spend cap,
+// batch_failed otherwise.
+func oaStopCode(st *batchStop) string {
+	if st.Cause == stopSpendCap {
+		return openai.CodeInsufficientQuota
+	}
+	return codeBatchFailed
+}
+
 // oaFileID is the id of gb's output or error file: fixed by the batch, so
 // that a finalize done again (after a crash) records the same file.
 func oaFileID(batchID, kind string) string {
@@ -521,10 +539,12 @@ func oaFileID(batchID, kind string) string {
 
 // writeOAResults is writeAPIResults for an OpenAI batch: the run's
 // results split into the output file (answered 200) and the error file
-// (the rest, and every request the run did not end, as cancelled or
-// expired), both recorded as gb's client's files.
-func (g *Gateway) writeOAResults(gb *gwBatch) func(dir string, canceled, expired bool) (counts, error) {
-	return func(dir string, canceled, expired bool) (counts, error) {
+// (the rest, and every request the run did not end, as cancelled,
+// expired, or not run because the run stopped for good), both recorded
+// as gb's client's files. A batch stopped for good gets errors.data
+// saying why, and so ends failed.
+func (g *Gateway) writeOAResults(gb *gwBatch) func(dir string, end batchEnd) (counts, error) {
+	return func(dir string, end batchEnd) (counts, error) {
 		var c counts
 		var usage oaBatchUsage
 		var out, errs bytes.Buffer
@@ -553,16 +573,22 @@ func (g *Gateway) writeOAResults(gb *gwBatch) func(dir string, canceled, expired
 			return c, err
 		}
 		code, msg := openai.CodeBatchCancelled, "This request was not executed because the batch was cancelled."
-		if expired && !canceled {
+		var stopErrs []openai.BatchError
+		switch {
+		case end.expired && !end.canceled:
 			code, msg = openai.CodeBatchExpired, "This request could not be executed before the completion window expired."
+		case end.stop != nil && !end.canceled:
+			code = oaStopCode(end.stop)
+			msg = "This request was not executed because the batch stopped: " + end.stop.Message + "."
+			stopErrs = []openai.BatchError{{Code: code, Message: "The batch stopped before running all its requests: " + end.stop.Message + "."}}
 		}
 		err = eachUnended(dir, done, func(customID string) {
 			sum := sha256.Sum256([]byte(gb.meta.ID + "\x00" + customID))
 			put(&errs, oaLine{ID: "batch_req_" + hex.EncodeToString(sum[:16]), CustomID: customID, Error: &openai.BatchLineError{Code: code, Message: msg}})
-			if code == openai.CodeBatchCancelled {
-				c.Canceled++
-			} else {
+			if code == openai.CodeBatchExpired {
 				c.Expired++
+			} else {
+				c.Canceled++ // cancelled, or not run (the run stopped for good)
 			}
 		})
 		if err != nil {
@@ -596,6 +622,9 @@ func (g *Gateway) writeOAResults(gb *gwBatch) func(dir string, canceled, expired
 		}
 		gb.mu.Lock()
 		gb.meta.OpenAI.OutputFileID, gb.meta.OpenAI.ErrorFileID, gb.meta.OpenAI.Usage = outID, errID, usage
+		if stopErrs != nil {
+			gb.meta.OpenAI.Errors = stopErrs
+		}
 		gb.mu.Unlock()
 		return c, nil
 	}
