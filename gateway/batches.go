@@ -131,6 +131,9 @@ type gwBatch struct {
 	// runner reserves every request and upstream batch in.
 	hold *hold
 	gate *spend.Gate
+	// finalizing: the executor is writing the results of a run that ended
+	// every request; a cancel is refused from then on.
+	finalizing bool
 }
 
 // batchStore is the gateway's batches: one directory each, executed by
@@ -657,6 +660,18 @@ func (s *batchStore) finalize(gb *gwBatch, end batchEnd) {
 	gb.mu.Lock()
 	m := gb.meta
 	gb.mu.Unlock()
+	if end.completed() {
+		// Writing the results takes a while for a big batch: an OpenAI
+		// batch is finalizing meanwhile, as the API's is while it writes
+		// its output file.
+		now := time.Now().UTC()
+		gb.mu.Lock()
+		gb.finalizing = true
+		if oa := gb.meta.OpenAI; oa != nil && oa.FinalizingAt == nil {
+			oa.FinalizingAt = &now
+		}
+		gb.mu.Unlock()
+	}
 	write := writeAPIResults
 	if m.OpenAI != nil {
 		write = g.writeOAResults(gb)
@@ -950,13 +965,17 @@ func (g *Gateway) cancelBatch(w http.ResponseWriter, r *http.Request, client str
 }
 
 // requestCancel asks gb's executor to cancel it (durably first): false
-// and nil once asked (or asked before), true when gb has ended already.
+// and nil once asked (or asked before), true when gb has ended already,
+// or (an OpenAI batch) is finalizing: every request has ended, and the
+// API refuses to cancel a finalizing batch.
 func (gb *gwBatch) requestCancel() (ended bool, err error) {
 	gb.mu.Lock()
 	defer gb.mu.Unlock()
-	switch gb.meta.Status {
-	case statusEnded:
+	switch {
+	case gb.meta.Status == statusEnded, gb.finalizing && gb.meta.OpenAI != nil:
 		return true, nil
+	}
+	switch gb.meta.Status {
 	case statusInProgress:
 		now := time.Now().UTC()
 		gb.meta.Status, gb.meta.CancelInitiated = statusCanceling, &now

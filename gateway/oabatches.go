@@ -48,8 +48,11 @@ import (
 //     expired, with code batch_cancelled or batch_expired), in the API's
 //     batch output line format, readable with GET /v1/files/{id}/content;
 //   - statuses are the API's: validating (the create's answer),
-//     in_progress, cancelling, then completed, failed, expired or
-//     cancelled; request_counts are total, completed and failed.
+//     in_progress, cancelling, finalizing while the results of a run
+//     that ended every request are written, then completed, failed,
+//     expired or cancelled; a batch the gateway stopped for good (a spend
+//     cap, a run it cannot run) is failed, its errors saying why;
+//     request_counts are total, completed and failed.
 
 // oaBatchDoc is what the durable record of an OpenAI batch adds.
 type oaBatchDoc struct {
@@ -66,6 +69,10 @@ type oaBatchDoc struct {
 	OutputFileID string       `json:"output_file_id,omitempty"`
 	ErrorFileID  string       `json:"error_file_id,omitempty"`
 	Expired      bool         `json:"expired,omitempty"`
+	// FinalizingAt is when the gateway began to write the results of a
+	// run that ended every request (nil: it has not); completed_at is
+	// when it had written them.
+	FinalizingAt *time.Time `json:"finalizing_at,omitempty"`
 }
 
 // oaBatchUsage is a batch object's usage: its answered requests' usage
@@ -434,6 +441,8 @@ func oaStatus(m *batchMetaDoc) string {
 	switch {
 	case m.Status == statusCanceling:
 		return openai.BatchCancelling
+	case m.Status != statusEnded && m.OpenAI.FinalizingAt != nil:
+		return openai.BatchFinalizing
 	case m.Status != statusEnded:
 		return openai.BatchInProgress
 	case m.OpenAI.Errors != nil:
@@ -486,8 +495,13 @@ func (g *Gateway) appendOABatch(buf []byte, gb *gwBatch, status string) []byte {
 		b.ErrorFileID = &oa.ErrorFileID
 	}
 	switch status {
+	case openai.BatchFinalizing:
+		b.FinalizingAt = unix(*oa.FinalizingAt)
 	case openai.BatchCompleted:
 		b.FinalizingAt, b.CompletedAt = unix(*m.EndedAt), unix(*m.EndedAt)
+		if oa.FinalizingAt != nil { // nil in a record of an older gateway
+			b.FinalizingAt = unix(*oa.FinalizingAt)
+		}
 	case openai.BatchCancelled:
 		b.CancelledAt = unix(*m.EndedAt)
 	case openai.BatchExpired:
