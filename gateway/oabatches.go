@@ -204,7 +204,9 @@ func (g *Gateway) createOABatch(w http.ResponseWriter, r *http.Request, client s
 			writeOAError(w, http.StatusInternalServerError, openai.ErrServer, "apidispatch gateway: storing the batch: "+err.Error())
 			return
 		}
-		writeOAJSON(w, g.appendOABatch(nil, gb, ""))
+		// The API validates after its create, whose answer says
+		// validating; the failure shows from the next retrieve.
+		writeOAJSON(w, g.appendOABatch(nil, gb, openai.BatchValidating))
 		return
 	}
 	hold, err := g.reserveTagged(client, worst, batchHoldTag)
@@ -237,21 +239,27 @@ func (g *Gateway) createOABatch(w http.ResponseWriter, r *http.Request, client s
 // checkOAInput reads an OpenAI batch input file: its requests, their
 // worst case (at the Batch API's price when batch), or, for a file the
 // API would fail, its bad lines (at most maxLineErrors, then one counting
-// the rest), and the model of its first request.
+// the rest; of the lines naming a model other than the first request's,
+// the first only, as the API names it), and the model of its first
+// request.
 func (g *Gateway) checkOAInput(path string, batch bool) (int64, cost.Nanos, string, []openai.BatchError, error) {
 	var errs []openai.BatchError
 	more := 0
-	add := func(code, msg string, line int64) {
+	addParam := func(code, param, msg string, line int64) {
 		if len(errs) >= maxLineErrors {
 			more++
 			return
 		}
 		e := openai.BatchError{Code: code, Message: msg}
+		if param != "" {
+			e.Param = &param
+		}
 		if line > 0 {
 			e.Line = &line
 		}
 		errs = append(errs, e)
 	}
+	add := func(code, msg string, line int64) { addParam(code, "", msg, line) }
 	done := func() []openai.BatchError {
 		if more > 0 {
 			errs = append(errs, openai.BatchError{Code: "invalid_value", Message: fmt.Sprintf("and %d more problems", more)})
@@ -281,16 +289,26 @@ func (g *Gateway) checkOAInput(path string, batch bool) (int64, cost.Nanos, stri
 		return 0, 0, "", nil, err
 	}
 	defer f.Close()
-	var n int64
+	var n, modelLine int64
 	var worst cost.Nanos
 	var model string
+	mixed := false
 	err = workload.Scan(path, func(it store.Item) error {
 		n++
-		if model == "" {
-			model = it.Model
-		}
 		if it.Provider != workload.ProviderOpenAI {
 			add("invalid_value", "this line is a Message Batches request (params); a line of an OpenAI batch is {\"custom_id\", \"method\": \"POST\", \"url\": \"/v1/chat/completions\", \"body\"}", it.Line)
+			return nil
+		}
+		switch {
+		case model == "":
+			model, modelLine = it.Model, it.Line
+		case it.Model != model:
+			// The API runs a batch on one model: a file naming another
+			// fails, at the first such line (its message, code and param).
+			if !mixed {
+				addParam("mixed_models", "body.model", fmt.Sprintf("A batch may use one model only: this line uses '%s' and line %d '%s'.", it.Model, modelLine, model), it.Line)
+			}
+			mixed = true
 			return nil
 		}
 		body, err := workload.ReadAt(f, it)

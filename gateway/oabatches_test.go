@@ -145,3 +145,73 @@ func TestOpenAIBatchFinalizingIsVisible(t *testing.T) {
 			c, p, f, *fin.FinalizingAt, e)
 	}
 }
+
+// simBatchErrors creates a batch of data on run's first OpenAI org
+// directly (the simulator plays the API's batch validation) and returns
+// its status and errors.data once it has left validating.
+func simBatchErrors(t *testing.T, run *sim.Running, data []byte) (string, []openai.BatchError) {
+	t.Helper()
+	var key string
+	for _, o := range run.Server.AllOrgs() {
+		if o.Provider == "openai" {
+			key = o.Key.Reveal()
+			break
+		}
+	}
+	st, f, e := uploadRaw(t, run.URL, key, "batch", "in.jsonl", data)
+	if st != http.StatusOK {
+		t.Fatalf("upload to the simulator: %d %+v", st, e.Error)
+	}
+	st, body := oaCall(t, http.MethodPost, run.URL+"/v1/batches", key, `{"input_file_id":"`+f.ID+`","endpoint":"/v1/chat/completions","completion_window":"24h"}`)
+	var b openai.Batch
+	if st != http.StatusOK || json.Unmarshal(body, &b) != nil {
+		t.Fatalf("create on the simulator: %d %s", st, body)
+	}
+	b = oaAwait(t, run.URL, key, b.ID, openai.BatchFailed, openai.BatchInProgress, openai.BatchCompleted)
+	if b.Errors == nil {
+		return b.Status, nil
+	}
+	return b.Status, b.Errors.Data
+}
+
+// TestOpenAIBatchOfMixedModelsFails: a batch whose input file names more
+// than one model fails as the API's does (the simulator's, checked here
+// on the same file): the create answers validating, then the batch is
+// failed, errors.data naming the first line of another model with code
+// mixed_models, param body.model and the API's message; nothing is held
+// or sent. Before, the gateway ran it (completed, each line on its own
+// model).
+func TestOpenAIBatchOfMixedModelsFails(t *testing.T) {
+	run := oaSim(t)
+	g, srv := startGW(t, run, func(c *Config) { c.Orgs = run.Server.AllOrgs() })
+	data := oaInput("mix", "gpt-4.1-mini", "gpt-4.1-mini", "gpt-4.1-nano", "gpt-4.1-mini")
+	simStatus, want := simBatchErrors(t, run, data)
+	if simStatus != openai.BatchFailed || len(want) != 1 {
+		t.Fatalf("the simulator's batch of mixed models: %s %+v, want failed with one error", simStatus, want)
+	}
+	b := oaCreate(t, srv.URL, tokA, data)
+	if b.Status != openai.BatchValidating || b.Errors != nil || b.FailedAt != nil || b.InProgressAt != nil {
+		t.Errorf("the create's answer: %+v, want validating, no errors nor failed_at yet (the API's)", b)
+	}
+	got := oaAwait(t, srv.URL, tokA, b.ID, openai.BatchFailed, openai.BatchCompleted, openai.BatchCancelled, openai.BatchExpired)
+	if got.Status != openai.BatchFailed || got.Errors == nil || len(got.Errors.Data) != 1 || got.FailedAt == nil || got.InProgressAt != nil {
+		t.Fatalf("batch of mixed models: %+v, want failed with one error, failed_at set, never in progress", got)
+	}
+	e, w := got.Errors.Data[0], want[0]
+	if e.Code != "mixed_models" || e.Code != w.Code || e.Message != w.Message || at(e.Line) != 3 || at(e.Line) != at(w.Line) ||
+		e.Param == nil || w.Param == nil || *e.Param != *w.Param {
+		t.Errorf("errors.data[0] %+v (param %v, line %v), the API's (the simulator's) %+v (param %v, line %v)", e, e.Param, at(e.Line), w, w.Param, at(w.Line))
+	}
+	if c := got.RequestCounts; c.Total != 0 || c.Completed != 0 || c.Failed != 0 {
+		t.Errorf("request_counts %+v, want 0s as the API's failed batch", c)
+	}
+	time.Sleep(100 * time.Millisecond)
+	for _, le := range run.Server.Ledger() {
+		if le.Provider == sim.ProviderOpenAI && strings.HasPrefix(le.CustomID, "mix-") {
+			t.Fatalf("the simulator billed %s of a batch of mixed models", le.CustomID)
+		}
+	}
+	if r := g.clientGate("a").Reserved(); r != 0 {
+		t.Errorf("%v reserved for a failed batch", r)
+	}
+}
