@@ -73,6 +73,10 @@ type oaBatchDoc struct {
 	// run that ended every request (nil: it has not); completed_at is
 	// when it had written them.
 	FinalizingAt *time.Time `json:"finalizing_at,omitempty"`
+	// OutputExpiresS is the create's output_expires_after.seconds: the
+	// output and error files expire that long after they are written (0:
+	// the default, defaultFileExpiry).
+	OutputExpiresS int64 `json:"output_expires_after_s,omitempty"`
 }
 
 // oaBatchUsage is a batch object's usage: its answered requests' usage
@@ -160,6 +164,30 @@ func (g *Gateway) createOABatch(w http.ResponseWriter, r *http.Request, client s
 			return
 		}
 	}
+	outExpiry := defaultFileExpiry
+	if m := bytes.TrimSpace(req.OutputExpiresAfter); len(m) > 0 && string(m) != "null" {
+		var oe struct {
+			Anchor  *string      `json:"anchor"`
+			Seconds *json.Number `json:"seconds"`
+		}
+		d := json.NewDecoder(bytes.NewReader(m))
+		d.UseNumber()
+		d.DisallowUnknownFields()
+		if d.Decode(&oe) != nil {
+			bad("output_expires_after", "invalid_type", "Invalid 'output_expires_after': expected an object {\"anchor\": \"created_at\", \"seconds\": an integer}.")
+			return
+		}
+		var secs *string
+		if oe.Seconds != nil {
+			v := oe.Seconds.String()
+			secs = &v
+		}
+		var param, code, msg string
+		if outExpiry, param, code, msg = parseExpiresAfter(oe.Anchor, secs, defaultFileExpiry); param != "" {
+			bad("output_"+param, code, strings.ReplaceAll(msg, "'expires_after.", "'output_expires_after."))
+			return
+		}
+	}
 	route, deadline, msg := batchRoute(r)
 	if msg != "" {
 		bad("", "", msg)
@@ -187,6 +215,9 @@ func (g *Gateway) createOABatch(w http.ResponseWriter, r *http.Request, client s
 	now := time.Now().UTC()
 	id := "batch_" + randomHex(12)
 	oa := &oaBatchDoc{InputFileID: in.ID, Endpoint: *req.Endpoint, CompletionWindow: *req.CompletionWindow, Metadata: meta, Model: model}
+	if outExpiry != defaultFileExpiry {
+		oa.OutputExpiresS = int64(outExpiry / time.Second)
+	}
 	gb := &gwBatch{dir: filepath.Join(s.dir, id), cancelReq: make(chan struct{}), meta: batchMetaDoc{
 		ID: id, Seq: s.nextSeq(), Client: client, N: n, Route: route, DeadlineS: deadline.Seconds(),
 		Status: statusInProgress, CreatedAt: now, ExpiresAt: now.Add(time.Duration(float64(24*time.Hour) / g.cfg.Speed)),
@@ -628,6 +659,10 @@ func (g *Gateway) writeOAResults(gb *gwBatch) func(dir string, end batchEnd) (co
 		}
 		gb.mu.Lock()
 		client, id := gb.meta.Client, gb.meta.ID
+		expiry := defaultFileExpiry
+		if s := gb.meta.OpenAI.OutputExpiresS; s > 0 {
+			expiry = time.Duration(s) * time.Second
+		}
 		gb.mu.Unlock()
 		var outID, errID string
 		for _, f := range []struct {
@@ -646,8 +681,9 @@ func (g *Gateway) writeOAResults(gb *gwBatch) func(dir string, end batchEnd) (co
 				return c, err
 			}
 			*f.id = oaFileID(id, f.kind)
-			err = g.files.put(&fileDoc{ID: *f.id, Seq: time.Now().UnixNano(), Client: client, Filename: id + "_" + f.kind + ".jsonl",
-				Purpose: openai.PurposeBatchOutput, Bytes: int64(len(f.data)), CreatedAt: time.Now().Unix(), Data: rel})
+			now := time.Now()
+			err = g.files.put(&fileDoc{ID: *f.id, Seq: now.UnixNano(), Client: client, Filename: id + "_" + f.kind + ".jsonl",
+				Purpose: openai.PurposeBatchOutput, Bytes: int64(len(f.data)), CreatedAt: now.Unix(), ExpiresAt: g.files.expiresAt(now, expiry), Data: rel})
 			if err != nil {
 				return c, err
 			}

@@ -17,8 +17,10 @@ import (
 
 // oaSim is a simulator of the preset's Anthropic orgs and one OpenAI org,
 // gpt, whose batches process 6,000 requests an API minute, at speed 200.
-func oaSim(t *testing.T) *sim.Running {
-	run, _ := simtest.Start(t, sim.PresetOrigin3Org, 200, func(c *sim.Config) {
+func oaSim(t *testing.T) *sim.Running { return oaSimAt(t, 200) }
+
+func oaSimAt(t *testing.T, speed float64) *sim.Running {
+	run, _ := simtest.Start(t, sim.PresetOrigin3Org, speed, func(c *sim.Config) {
 		c.Orgs = append(c.Orgs, sim.OrgConfig{Name: "gpt", Provider: sim.ProviderOpenAI, ServiceCapacity: 120,
 			ModelLimits: map[string]sim.OpenAILimits{"*": {RPM: 100_000, TPM: 100_000_000}},
 			Batch:       sim.BatchLimits{PerMinute: 6000, CancelS: 2}})
@@ -64,7 +66,14 @@ func oaCreate(t *testing.T, url, tok string, data []byte) openai.Batch {
 	if st != http.StatusOK {
 		t.Fatalf("upload: %d %+v", st, e.Error)
 	}
-	st, body := oaCall(t, http.MethodPost, url+"/v1/batches", tok, `{"input_file_id":"`+f.ID+`","endpoint":"/v1/chat/completions","completion_window":"24h"}`)
+	return oaCreateOf(t, url, tok, f.ID, "")
+}
+
+// oaCreateOf creates a batch of tok's file id, with the create's fields
+// extra (`,"name":value…`).
+func oaCreateOf(t *testing.T, url, tok, id, extra string) openai.Batch {
+	t.Helper()
+	st, body := oaCall(t, http.MethodPost, url+"/v1/batches", tok, `{"input_file_id":"`+id+`","endpoint":"/v1/chat/completions","completion_window":"24h"`+extra+`}`)
 	var b openai.Batch
 	if st != http.StatusOK || json.Unmarshal(body, &b) != nil {
 		t.Fatalf("create: %d %s", st, body)
