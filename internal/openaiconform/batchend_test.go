@@ -1,6 +1,10 @@
 package openaiconform
 
 import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
 	"net/http/httptest"
 	"strings"
 	"testing"
@@ -11,6 +15,7 @@ import (
 	"github.com/apidispatch/apidispatch/cost"
 	"github.com/apidispatch/apidispatch/gateway"
 	"github.com/apidispatch/apidispatch/internal/netproxy"
+	"github.com/apidispatch/apidispatch/openai"
 	"github.com/apidispatch/apidispatch/org"
 	"github.com/apidispatch/apidispatch/sim"
 )
@@ -128,4 +133,52 @@ func TestOpenAIBatchThatCannotRunEndsFailed(t *testing.T) {
 		Clients: []gateway.Client{{Name: "a", Token: tokA}}, StateDir: state, RetryFor: time.Minute})
 	done, _ := awaitBatch(t, alice, id)
 	checkStoppedForGood(t, alice, done, n, "nr", "batch_failed", "OpenAI")
+}
+
+// TestOpenAISDKSeesMixedModelsAndFileExpiry, with the official Go SDK
+// through serve: a batch whose file names two models is validating at
+// create, then failed with the API's mixed_models error on body.model at
+// the other model's line (it ran before); an upload with expires_after
+// has the API's expires_at (null before), and so do the default upload
+// and the batch's error file; every object has the SDK's shape.
+func TestOpenAISDKSeesMixedModelsAndFileExpiry(t *testing.T) {
+	run := batchSim(t, 1200)
+	_, url, _ := serve(t, run, nil)
+	alice := gwClient(url, tokA)
+	ctx := context.Background()
+	f, err := alice.Files.New(ctx, oai.FileNewParams{File: oai.File(bytes.NewReader(judgeFile(2, "ea")), "judge.jsonl", "application/jsonl"),
+		Purpose: oai.FilePurposeBatch, ExpiresAfter: oai.FileNewParamsExpiresAfter{Seconds: 3600}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	noDiffer(t, "file with expires_after", f)
+	// An hour of API time is 18 s at speed 200.
+	if d := f.ExpiresAt - f.CreatedAt; d < 17 || d > 20 {
+		t.Errorf("expires_at %d, created_at %d: want 18 s apart (3600 s of API time at speed 200)", f.ExpiresAt, f.CreatedAt)
+	}
+	var mixed bytes.Buffer
+	for i, m := range []string{"gpt-4.1-mini", "gpt-4.1-nano", "gpt-4.1-mini"} {
+		p := judgeParams(i)
+		p.Model = m
+		body, _ := json.Marshal(p)
+		line, _ := json.Marshal(openai.BatchInputLine{CustomID: fmt.Sprintf("mx-%d", i), Method: "POST", URL: "/v1/chat/completions", Body: body})
+		mixed.Write(append(line, '\n'))
+	}
+	mf := upload(t, alice, mixed.Bytes())
+	if d := mf.ExpiresAt - mf.CreatedAt; d < 12960-1 || d > 12960+2 {
+		t.Errorf("a default upload's expires_at is %d s after its created_at, want 30 days of API time (12,960 s at speed 200)", d)
+	}
+	b, err := newBatch(alice, mf.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b.Status != "validating" {
+		t.Errorf("the create of a batch of mixed models answered %s, want validating", b.Status)
+	}
+	done, _ := awaitBatch(t, alice, b.ID)
+	noDiffer(t, "failed batch of mixed models", done)
+	if done.Status != "failed" || len(done.Errors.Data) != 1 || done.Errors.Data[0].Code != "mixed_models" || done.Errors.Data[0].Param != "body.model" ||
+		done.Errors.Data[0].Line != 2 || done.FailedAt == 0 || done.InProgressAt != 0 {
+		t.Errorf("a batch of mixed models: %s, want failed, mixed_models on body.model at line 2", done.RawJSON())
+	}
 }
