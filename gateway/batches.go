@@ -501,7 +501,8 @@ func (s *batchStore) execute(gb *gwBatch) {
 		default:
 		}
 		if k := out.Stop.Kind; k == runner.Usage || k == runner.DataLoss {
-			// Will not get better by running again: end it, the rest errored.
+			// Will not get better by running again: end it, stopped for
+			// good; what was not done is not run (finalize).
 			g.log.Error("gateway batch cannot run", "batch", m.ID, "error", out.Err)
 			s.finalize(gb, batchEnd{stop: &batchStop{Cause: stopCannotRun, Message: "the gateway cannot run it: " + clientText(gb.dir, out.Err)}})
 			return
@@ -510,8 +511,8 @@ func (s *batchStore) execute(gb *gwBatch) {
 			// A spend cap refused the next request with nothing held
 			// anywhere that could free room: the client's max_cost (or the
 			// gateway's --max-cost) is spent, and spend never goes down,
-			// so running again would wait for ever. End it; what was not
-			// done is canceled.
+			// so running again would wait for ever. End it, stopped for
+			// good; what was not done is not run (finalize).
 			g.log.Warn("gateway batch ended at a spend cap", "batch", m.ID, "error", ce)
 			s.finalize(gb, batchEnd{stop: &batchStop{Cause: stopSpendCap, Message: "a spend cap of the gateway leaves no room for it: " + clientText(gb.dir, ce)}})
 			return
