@@ -23,6 +23,7 @@ import (
 	"github.com/apidispatch/apidispatch/cost"
 	"github.com/apidispatch/apidispatch/dispatch"
 	"github.com/apidispatch/apidispatch/gate"
+	"github.com/apidispatch/apidispatch/org"
 	"github.com/apidispatch/apidispatch/rundir"
 	"github.com/apidispatch/apidispatch/runner"
 	"github.com/apidispatch/apidispatch/spend"
@@ -71,10 +72,47 @@ type batchMetaDoc struct {
 	EndedAt         *time.Time `json:"ended_at"`
 	Counts          counts     `json:"counts"`
 	CostNanos       cost.Nanos `json:"cost_nanos"`
+	// Stopped says why the batch ended before its run ended every
+	// request, when neither a cancel nor its expiry ended it: the run
+	// stopped for good (nil: it did not).
+	Stopped *batchStop `json:"stopped,omitempty"`
 	// OpenAI is set on a batch of the OpenAI Batches API (oabatches.go);
 	// nil on a Message Batch.
 	OpenAI *oaBatchDoc `json:"openai,omitempty"`
 }
+
+// Why a gateway batch's run stopped for good (batchStop.Cause).
+const (
+	// stopSpendCap: a spend cap (its client's max_cost, or the gateway's
+	// --max-cost) refused the next request with nothing held that could
+	// free room.
+	stopSpendCap = "spend_cap"
+	// stopCannotRun: runner refused the run (a usage error: no org serves
+	// its requests, a run directory it cannot open) or its data-loss
+	// check failed; running again would not change that.
+	stopCannotRun = "cannot_run"
+)
+
+// batchStop is why a gateway batch's run stopped for good: its cause and
+// a message for the batch's client, a phrase of which the batch is the
+// subject (no paths of the gateway, no keys).
+type batchStop struct {
+	Cause   string `json:"cause"`
+	Message string `json:"message"`
+}
+
+// batchEnd is how a gateway batch's run ended, for its results: the
+// requests it did not end were canceled (a cancel), expired (its expiry)
+// or not run because it stopped for good (stop); none of these, it
+// completed.
+type batchEnd struct {
+	canceled, expired bool
+	stop              *batchStop
+}
+
+// completed says the run ended every request (nothing canceled, expired
+// or stopped).
+func (e batchEnd) completed() bool { return !e.canceled && !e.expired && e.stop == nil }
 
 // gwBatch is one gateway batch in memory.
 type gwBatch struct {
@@ -93,6 +131,9 @@ type gwBatch struct {
 	// runner reserves every request and upstream batch in.
 	hold *hold
 	gate *spend.Gate
+	// finalizing: the executor is writing the results of a run that ended
+	// every request; a cancel is refused from then on.
+	finalizing bool
 }
 
 // batchStore is the gateway's batches: one directory each, executed by
@@ -451,7 +492,7 @@ func (s *batchStore) execute(gb *gwBatch) {
 			continue
 		}
 		if out.Stop.Kind == runner.Complete || canceling || expired.Load() {
-			s.finalize(gb, canceling, expired.Load(), out)
+			s.finalize(gb, batchEnd{canceled: canceling, expired: expired.Load()})
 			return
 		}
 		select {
@@ -460,19 +501,20 @@ func (s *batchStore) execute(gb *gwBatch) {
 		default:
 		}
 		if k := out.Stop.Kind; k == runner.Usage || k == runner.DataLoss {
-			// Will not get better by running again: end it, the rest errored.
+			// Will not get better by running again: end it, stopped for
+			// good; what was not done is not run (finalize).
 			g.log.Error("gateway batch cannot run", "batch", m.ID, "error", out.Err)
-			s.finalize(gb, false, false, out)
+			s.finalize(gb, batchEnd{stop: &batchStop{Cause: stopCannotRun, Message: "the gateway cannot run it: " + clientText(gb.dir, out.Err)}})
 			return
 		}
 		if ce := (*spend.CapError)(nil); errors.As(out.Err, &ce) {
 			// A spend cap refused the next request with nothing held
 			// anywhere that could free room: the client's max_cost (or the
 			// gateway's --max-cost) is spent, and spend never goes down,
-			// so running again would wait for ever. End it; what was not
-			// done is canceled.
+			// so running again would wait for ever. End it, stopped for
+			// good; what was not done is not run (finalize).
 			g.log.Warn("gateway batch ended at a spend cap", "batch", m.ID, "error", ce)
-			s.finalize(gb, false, false, out)
+			s.finalize(gb, batchEnd{stop: &batchStop{Cause: stopSpendCap, Message: "a spend cap of the gateway leaves no room for it: " + clientText(gb.dir, ce)}})
 			return
 		}
 		// Incomplete (no usable lane now, an upstream failure): try again,
@@ -605,19 +647,37 @@ func (gb *gwBatch) attached() {
 	h.release()
 }
 
+// clientText is err's text for a batch's client: the paths under the
+// batch's directory dir relative to it, anything like a key scrubbed.
+func clientText(dir string, err error) string {
+	return org.Scrub(strings.ReplaceAll(err.Error(), dir+string(filepath.Separator), ""))
+}
+
 // finalize writes gb's results in the API's format (pending items as
-// canceled or expired), bills its cost to the client's ledger once, and
-// marks it ended.
-func (s *batchStore) finalize(gb *gwBatch, canceled, expired bool, out runner.Outcome) {
+// canceled, expired, or not run because the run stopped for good), bills
+// its cost to the client's ledger once, and marks it ended.
+func (s *batchStore) finalize(gb *gwBatch, end batchEnd) {
 	g := s.g
 	gb.mu.Lock()
 	m := gb.meta
 	gb.mu.Unlock()
+	if end.completed() {
+		// Writing the results takes a while for a big batch: an OpenAI
+		// batch is finalizing meanwhile, as the API's is while it writes
+		// its output file.
+		now := time.Now().UTC()
+		gb.mu.Lock()
+		gb.finalizing = true
+		if oa := gb.meta.OpenAI; oa != nil && oa.FinalizingAt == nil {
+			oa.FinalizingAt = &now
+		}
+		gb.mu.Unlock()
+	}
 	write := writeAPIResults
 	if m.OpenAI != nil {
 		write = g.writeOAResults(gb)
 	}
-	c, err := write(gb.dir, canceled, expired)
+	c, err := write(gb.dir, end)
 	if err != nil {
 		g.log.Error("gateway batch: writing results", "batch", m.ID, "error", err)
 		return // stays open; the next start finishes it
@@ -652,9 +712,9 @@ func (s *batchStore) finalize(gb *gwBatch, canceled, expired bool, out runner.Ou
 	}
 	now := time.Now().UTC()
 	gb.mu.Lock()
-	gb.meta.Status, gb.meta.EndedAt, gb.meta.Counts, gb.meta.CostNanos = statusEnded, &now, c, costN
+	gb.meta.Status, gb.meta.EndedAt, gb.meta.Counts, gb.meta.CostNanos, gb.meta.Stopped = statusEnded, &now, c, costN, end.stop
 	if oa := gb.meta.OpenAI; oa != nil {
-		oa.Expired = expired && !canceled
+		oa.Expired = end.expired && !end.canceled
 	}
 	if err := gb.writeMetaLocked(); err != nil {
 		g.log.Error("gateway batch: writing its record", "batch", m.ID, "error", err)
@@ -723,8 +783,11 @@ type resultLine struct {
 
 // writeAPIResults turns the run's results into the API's results file:
 // {"custom_id","result"} a line, with every request the run did not end
-// as canceled (or expired). It returns the counts.
-func writeAPIResults(dir string, canceled, expired bool) (counts, error) {
+// as canceled (or expired). A run stopped for good leaves its requests
+// canceled too: the Message Batches API has no result type for a request
+// not sent for another reason, and canceled is the one that says it was
+// not sent (nor billed). It returns the counts.
+func writeAPIResults(dir string, end batchEnd) (counts, error) {
 	var c counts
 	var out bytes.Buffer
 	done, err := eachRunResult(dir, func(customID string, raw []byte) {
@@ -751,7 +814,7 @@ func writeAPIResults(dir string, canceled, expired bool) (counts, error) {
 		return c, err
 	}
 	kind := "canceled"
-	if expired && !canceled {
+	if end.expired && !end.canceled {
 		kind = "expired"
 	}
 	err = eachUnended(dir, done, func(customID string) {
@@ -903,13 +966,17 @@ func (g *Gateway) cancelBatch(w http.ResponseWriter, r *http.Request, client str
 }
 
 // requestCancel asks gb's executor to cancel it (durably first): false
-// and nil once asked (or asked before), true when gb has ended already.
+// and nil once asked (or asked before), true when gb has ended already,
+// or (an OpenAI batch) is finalizing: every request has ended, and the
+// API refuses to cancel a finalizing batch.
 func (gb *gwBatch) requestCancel() (ended bool, err error) {
 	gb.mu.Lock()
 	defer gb.mu.Unlock()
-	switch gb.meta.Status {
-	case statusEnded:
+	switch {
+	case gb.meta.Status == statusEnded, gb.finalizing && gb.meta.OpenAI != nil:
 		return true, nil
+	}
+	switch gb.meta.Status {
 	case statusInProgress:
 		now := time.Now().UTC()
 		gb.meta.Status, gb.meta.CancelInitiated = statusCanceling, &now

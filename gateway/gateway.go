@@ -314,7 +314,7 @@ func New(cfg Config) (*Gateway, error) {
 	})
 	g.mux = http.NewServeMux()
 	g.routes()
-	if g.files, err = openFileStore(cfg.StateDir); err != nil {
+	if g.files, err = openFileStore(cfg.StateDir, cfg.Speed); err != nil {
 		g.closeSpend()
 		lock.Close()
 		return nil, err

@@ -48,8 +48,11 @@ import (
 //     expired, with code batch_cancelled or batch_expired), in the API's
 //     batch output line format, readable with GET /v1/files/{id}/content;
 //   - statuses are the API's: validating (the create's answer),
-//     in_progress, cancelling, then completed, failed, expired or
-//     cancelled; request_counts are total, completed and failed.
+//     in_progress, cancelling, finalizing while the results of a run
+//     that ended every request are written, then completed, failed,
+//     expired or cancelled; a batch the gateway stopped for good (a spend
+//     cap, a run it cannot run) is failed, its errors saying why;
+//     request_counts are total, completed and failed.
 
 // oaBatchDoc is what the durable record of an OpenAI batch adds.
 type oaBatchDoc struct {
@@ -66,6 +69,14 @@ type oaBatchDoc struct {
 	OutputFileID string       `json:"output_file_id,omitempty"`
 	ErrorFileID  string       `json:"error_file_id,omitempty"`
 	Expired      bool         `json:"expired,omitempty"`
+	// FinalizingAt is when the gateway began to write the results of a
+	// run that ended every request (nil: it has not); completed_at is
+	// when it had written them.
+	FinalizingAt *time.Time `json:"finalizing_at,omitempty"`
+	// OutputExpiresS is the create's output_expires_after.seconds: the
+	// output and error files expire that long after they are written (0:
+	// the default, defaultFileExpiry).
+	OutputExpiresS int64 `json:"output_expires_after_s,omitempty"`
 }
 
 // oaBatchUsage is a batch object's usage: its answered requests' usage
@@ -153,6 +164,30 @@ func (g *Gateway) createOABatch(w http.ResponseWriter, r *http.Request, client s
 			return
 		}
 	}
+	outExpiry := defaultFileExpiry
+	if m := bytes.TrimSpace(req.OutputExpiresAfter); len(m) > 0 && string(m) != "null" {
+		var oe struct {
+			Anchor  *string      `json:"anchor"`
+			Seconds *json.Number `json:"seconds"`
+		}
+		d := json.NewDecoder(bytes.NewReader(m))
+		d.UseNumber()
+		d.DisallowUnknownFields()
+		if d.Decode(&oe) != nil {
+			bad("output_expires_after", "invalid_type", "Invalid 'output_expires_after': expected an object {\"anchor\": \"created_at\", \"seconds\": an integer}.")
+			return
+		}
+		var secs *string
+		if oe.Seconds != nil {
+			v := oe.Seconds.String()
+			secs = &v
+		}
+		var param, code, msg string
+		if outExpiry, param, code, msg = parseExpiresAfter(oe.Anchor, secs, defaultFileExpiry); param != "" {
+			bad("output_"+param, code, strings.ReplaceAll(msg, "'expires_after.", "'output_expires_after."))
+			return
+		}
+	}
 	route, deadline, msg := batchRoute(r)
 	if msg != "" {
 		bad("", "", msg)
@@ -180,6 +215,9 @@ func (g *Gateway) createOABatch(w http.ResponseWriter, r *http.Request, client s
 	now := time.Now().UTC()
 	id := "batch_" + randomHex(12)
 	oa := &oaBatchDoc{InputFileID: in.ID, Endpoint: *req.Endpoint, CompletionWindow: *req.CompletionWindow, Metadata: meta, Model: model}
+	if outExpiry != defaultFileExpiry {
+		oa.OutputExpiresS = int64(outExpiry / time.Second)
+	}
 	gb := &gwBatch{dir: filepath.Join(s.dir, id), cancelReq: make(chan struct{}), meta: batchMetaDoc{
 		ID: id, Seq: s.nextSeq(), Client: client, N: n, Route: route, DeadlineS: deadline.Seconds(),
 		Status: statusInProgress, CreatedAt: now, ExpiresAt: now.Add(time.Duration(float64(24*time.Hour) / g.cfg.Speed)),
@@ -197,7 +235,9 @@ func (g *Gateway) createOABatch(w http.ResponseWriter, r *http.Request, client s
 			writeOAError(w, http.StatusInternalServerError, openai.ErrServer, "apidispatch gateway: storing the batch: "+err.Error())
 			return
 		}
-		writeOAJSON(w, g.appendOABatch(nil, gb, ""))
+		// The API validates after its create, whose answer says
+		// validating; the failure shows from the next retrieve.
+		writeOAJSON(w, g.appendOABatch(nil, gb, openai.BatchValidating))
 		return
 	}
 	hold, err := g.reserveTagged(client, worst, batchHoldTag)
@@ -230,21 +270,27 @@ func (g *Gateway) createOABatch(w http.ResponseWriter, r *http.Request, client s
 // checkOAInput reads an OpenAI batch input file: its requests, their
 // worst case (at the Batch API's price when batch), or, for a file the
 // API would fail, its bad lines (at most maxLineErrors, then one counting
-// the rest), and the model of its first request.
+// the rest; of the lines naming a model other than the first request's,
+// the first only, as the API names it), and the model of its first
+// request.
 func (g *Gateway) checkOAInput(path string, batch bool) (int64, cost.Nanos, string, []openai.BatchError, error) {
 	var errs []openai.BatchError
 	more := 0
-	add := func(code, msg string, line int64) {
+	addParam := func(code, param, msg string, line int64) {
 		if len(errs) >= maxLineErrors {
 			more++
 			return
 		}
 		e := openai.BatchError{Code: code, Message: msg}
+		if param != "" {
+			e.Param = &param
+		}
 		if line > 0 {
 			e.Line = &line
 		}
 		errs = append(errs, e)
 	}
+	add := func(code, msg string, line int64) { addParam(code, "", msg, line) }
 	done := func() []openai.BatchError {
 		if more > 0 {
 			errs = append(errs, openai.BatchError{Code: "invalid_value", Message: fmt.Sprintf("and %d more problems", more)})
@@ -274,16 +320,26 @@ func (g *Gateway) checkOAInput(path string, batch bool) (int64, cost.Nanos, stri
 		return 0, 0, "", nil, err
 	}
 	defer f.Close()
-	var n int64
+	var n, modelLine int64
 	var worst cost.Nanos
 	var model string
+	mixed := false
 	err = workload.Scan(path, func(it store.Item) error {
 		n++
-		if model == "" {
-			model = it.Model
-		}
 		if it.Provider != workload.ProviderOpenAI {
 			add("invalid_value", "this line is a Message Batches request (params); a line of an OpenAI batch is {\"custom_id\", \"method\": \"POST\", \"url\": \"/v1/chat/completions\", \"body\"}", it.Line)
+			return nil
+		}
+		switch {
+		case model == "":
+			model, modelLine = it.Model, it.Line
+		case it.Model != model:
+			// The API runs a batch on one model: a file naming another
+			// fails, at the first such line (its message, code and param).
+			if !mixed {
+				addParam("mixed_models", "body.model", fmt.Sprintf("A batch may use one model only: this line uses '%s' and line %d '%s'.", it.Model, modelLine, model), it.Line)
+			}
+			mixed = true
 			return nil
 		}
 		body, err := workload.ReadAt(f, it)
@@ -434,6 +490,8 @@ func oaStatus(m *batchMetaDoc) string {
 	switch {
 	case m.Status == statusCanceling:
 		return openai.BatchCancelling
+	case m.Status != statusEnded && m.OpenAI.FinalizingAt != nil:
+		return openai.BatchFinalizing
 	case m.Status != statusEnded:
 		return openai.BatchInProgress
 	case m.OpenAI.Errors != nil:
@@ -468,10 +526,12 @@ func (g *Gateway) appendOABatch(buf []byte, gb *gwBatch, status string) []byte {
 		Status: status, CreatedAt: m.CreatedAt.Unix(), ExpiresAt: unix(m.ExpiresAt), Metadata: oa.Metadata,
 		RequestCounts: openai.BatchRequestCounts{Total: m.N, Completed: c.Succeeded, Failed: c.Errored + c.Canceled + c.Expired},
 	}
-	if oa.Errors != nil {
+	if status == openai.BatchFailed {
 		b.Errors = &openai.BatchErrors{Object: "list", Data: oa.Errors}
 		b.FailedAt = unix(*m.EndedAt)
-	} else if status != openai.BatchValidating {
+	}
+	if status != openai.BatchValidating && (oa.Errors == nil || m.Stopped != nil) {
+		// It ran: a batch that failed its validation never did.
 		b.InProgressAt = unix(m.CreatedAt)
 	}
 	if m.CancelInitiated != nil {
@@ -484,8 +544,13 @@ func (g *Gateway) appendOABatch(buf []byte, gb *gwBatch, status string) []byte {
 		b.ErrorFileID = &oa.ErrorFileID
 	}
 	switch status {
+	case openai.BatchFinalizing:
+		b.FinalizingAt = unix(*oa.FinalizingAt)
 	case openai.BatchCompleted:
 		b.FinalizingAt, b.CompletedAt = unix(*m.EndedAt), unix(*m.EndedAt)
+		if oa.FinalizingAt != nil { // nil in a record of an older gateway
+			b.FinalizingAt = unix(*oa.FinalizingAt)
+		}
 	case openai.BatchCancelled:
 		b.CancelledAt = unix(*m.EndedAt)
 	case openai.BatchExpired:
@@ -512,6 +577,22 @@ type oaLine struct {
 	Error    *openai.BatchLineError    `json:"error"`
 }
 
+// Codes of a stopped batch's errors.data and of its lines not run.
+const (
+	// codeBatchFailed: the gateway cannot run the batch.
+	codeBatchFailed = "batch_failed"
+)
+
+// oaStopCode is the code saying why a batch stopped for good: the
+// insufficient_quota of the gateway's chat completions for a spend cap,
+// batch_failed otherwise.
+func oaStopCode(st *batchStop) string {
+	if st.Cause == stopSpendCap {
+		return openai.CodeInsufficientQuota
+	}
+	return codeBatchFailed
+}
+
 // oaFileID is the id of gb's output or error file: fixed by the batch, so
 // that a finalize done again (after a crash) records the same file.
 func oaFileID(batchID, kind string) string {
@@ -521,10 +602,12 @@ func oaFileID(batchID, kind string) string {
 
 // writeOAResults is writeAPIResults for an OpenAI batch: the run's
 // results split into the output file (answered 200) and the error file
-// (the rest, and every request the run did not end, as cancelled or
-// expired), both recorded as gb's client's files.
-func (g *Gateway) writeOAResults(gb *gwBatch) func(dir string, canceled, expired bool) (counts, error) {
-	return func(dir string, canceled, expired bool) (counts, error) {
+// (the rest, and every request the run did not end, as cancelled,
+// expired, or not run because the run stopped for good), both recorded
+// as gb's client's files. A batch stopped for good gets errors.data
+// saying why, and so ends failed.
+func (g *Gateway) writeOAResults(gb *gwBatch) func(dir string, end batchEnd) (counts, error) {
+	return func(dir string, end batchEnd) (counts, error) {
 		var c counts
 		var usage oaBatchUsage
 		var out, errs bytes.Buffer
@@ -553,16 +636,22 @@ func (g *Gateway) writeOAResults(gb *gwBatch) func(dir string, canceled, expired
 			return c, err
 		}
 		code, msg := openai.CodeBatchCancelled, "This request was not executed because the batch was cancelled."
-		if expired && !canceled {
+		var stopErrs []openai.BatchError
+		switch {
+		case end.expired && !end.canceled:
 			code, msg = openai.CodeBatchExpired, "This request could not be executed before the completion window expired."
+		case end.stop != nil && !end.canceled:
+			code = oaStopCode(end.stop)
+			msg = "This request was not executed because the batch stopped: " + end.stop.Message + "."
+			stopErrs = []openai.BatchError{{Code: code, Message: "The batch stopped before running all its requests: " + end.stop.Message + "."}}
 		}
 		err = eachUnended(dir, done, func(customID string) {
 			sum := sha256.Sum256([]byte(gb.meta.ID + "\x00" + customID))
 			put(&errs, oaLine{ID: "batch_req_" + hex.EncodeToString(sum[:16]), CustomID: customID, Error: &openai.BatchLineError{Code: code, Message: msg}})
-			if code == openai.CodeBatchCancelled {
-				c.Canceled++
-			} else {
+			if code == openai.CodeBatchExpired {
 				c.Expired++
+			} else {
+				c.Canceled++ // cancelled, or not run (the run stopped for good)
 			}
 		})
 		if err != nil {
@@ -570,6 +659,10 @@ func (g *Gateway) writeOAResults(gb *gwBatch) func(dir string, canceled, expired
 		}
 		gb.mu.Lock()
 		client, id := gb.meta.Client, gb.meta.ID
+		expiry := defaultFileExpiry
+		if s := gb.meta.OpenAI.OutputExpiresS; s > 0 {
+			expiry = time.Duration(s) * time.Second
+		}
 		gb.mu.Unlock()
 		var outID, errID string
 		for _, f := range []struct {
@@ -588,14 +681,18 @@ func (g *Gateway) writeOAResults(gb *gwBatch) func(dir string, canceled, expired
 				return c, err
 			}
 			*f.id = oaFileID(id, f.kind)
-			err = g.files.put(&fileDoc{ID: *f.id, Seq: time.Now().UnixNano(), Client: client, Filename: id + "_" + f.kind + ".jsonl",
-				Purpose: openai.PurposeBatchOutput, Bytes: int64(len(f.data)), CreatedAt: time.Now().Unix(), Data: rel})
+			now := time.Now()
+			err = g.files.put(&fileDoc{ID: *f.id, Seq: now.UnixNano(), Client: client, Filename: id + "_" + f.kind + ".jsonl",
+				Purpose: openai.PurposeBatchOutput, Bytes: int64(len(f.data)), CreatedAt: now.Unix(), ExpiresAt: g.files.expiresAt(now, expiry), Data: rel})
 			if err != nil {
 				return c, err
 			}
 		}
 		gb.mu.Lock()
 		gb.meta.OpenAI.OutputFileID, gb.meta.OpenAI.ErrorFileID, gb.meta.OpenAI.Usage = outID, errID, usage
+		if stopErrs != nil {
+			gb.meta.OpenAI.Errors = stopErrs
+		}
 		gb.mu.Unlock()
 		return c, nil
 	}

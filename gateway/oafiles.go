@@ -30,17 +30,33 @@ import (
 // found (404), as an id that does not exist.
 //
 // Storage is bounded: an upload holds at most MaxFileBytes, and a client's
-// uploads together at most MaxClientFileBytes in at most MaxClientFiles
-// files; past those an upload is refused until the client deletes some.
+// files together (its uploads, and the output and error files of its
+// batches) at most MaxClientFileBytes in at most MaxClientFiles files;
+// past those an upload is refused until the client deletes some or they
+// expire. A batch's output and error files are never refused (the batch
+// has run and been billed): they may take a client past the bounds.
+//
+// Files expire as the API's do: an upload after its expires_after
+// (anchor created_at, 3,600 s to 30 days), by default 30 days after its
+// upload; a batch's output and error files after its create's
+// output_expires_after, by default 30 days after they were written (all
+// in API time: divided by the speed factor). An expired file is not found,
+// and is removed when the store next meets it (a retrieve, a list, an
+// upload, a start).
 
 // Bounds of the files the gateway keeps.
 const (
 	MaxFileBytes       = openai.MaxBatchFileBytes // one upload (the API's own limit)
-	MaxClientFileBytes = 2 << 30                  // a client's uploads together
-	MaxClientFiles     = 1000                     // a client's uploads
+	MaxClientFileBytes = 2 << 30                  // a client's files together
+	MaxClientFiles     = 1000                     // a client's files
 	filesDir           = "files"
 	// formOverhead bounds an upload's multipart framing and small fields.
 	formOverhead = 1 << 20
+	// The API's file expiry: expires_after's bounds, and the default of
+	// a batch file (an upload of purpose batch, a batch's results).
+	minFileExpiry     = time.Hour
+	maxFileExpiry     = 30 * 24 * time.Hour
+	defaultFileExpiry = maxFileExpiry
 )
 
 // fileDoc is a file's durable record.
@@ -52,13 +68,22 @@ type fileDoc struct {
 	Purpose   string `json:"purpose"`
 	Bytes     int64  `json:"bytes"`
 	CreatedAt int64  `json:"created_at"` // Unix seconds
+	// ExpiresAt is when the file expires, Unix nanoseconds (0: never, a
+	// record of an older gateway).
+	ExpiresAt int64 `json:"expires_at_ns,omitempty"`
 	// Data is the content's path, relative to the state directory.
 	Data string `json:"data"`
+}
+
+// expired says d has expired at now.
+func (d *fileDoc) expired(now time.Time) bool {
+	return d.ExpiresAt != 0 && now.UnixNano() >= d.ExpiresAt
 }
 
 // fileStore is the gateway's files.
 type fileStore struct {
 	state, dir string
+	speed      float64 // the gateway's speed factor: expiries are in API time
 	// The bounds (MaxFileBytes, MaxClientFileBytes, MaxClientFiles).
 	maxFile, maxClientBytes, maxClientFiles int64
 
@@ -69,8 +94,8 @@ type fileStore struct {
 // openFileStore reads the records under stateDir/files. Uploads cut
 // before they were recorded (their temporary files, or content without
 // a record) are removed.
-func openFileStore(stateDir string) (*fileStore, error) {
-	s := &fileStore{state: stateDir, dir: filepath.Join(stateDir, filesDir), byID: map[string]*fileDoc{},
+func openFileStore(stateDir string, speed float64) (*fileStore, error) {
+	s := &fileStore{state: stateDir, speed: speed, dir: filepath.Join(stateDir, filesDir), byID: map[string]*fileDoc{},
 		maxFile: MaxFileBytes, maxClientBytes: MaxClientFileBytes, maxClientFiles: MaxClientFiles}
 	if err := os.MkdirAll(s.dir, 0o700); err != nil {
 		return nil, fmt.Errorf("gateway: files: %w", err)
@@ -101,17 +126,46 @@ func openFileStore(stateDir string) (*fileStore, error) {
 			os.Remove(filepath.Join(s.dir, name))
 		}
 	}
+	s.mu.Lock()
+	err = s.expireLocked(time.Now())
+	s.mu.Unlock()
+	if err != nil {
+		return nil, fmt.Errorf("gateway: files: removing an expired file: %w", err)
+	}
 	return s, nil
 }
 
-// own returns client's file id (nil: none, or another client's).
+// expiresAt is when a file made at now expires after d of API time.
+func (s *fileStore) expiresAt(now time.Time, d time.Duration) int64 {
+	return now.Add(time.Duration(float64(d) / s.speed)).UnixNano()
+}
+
+// expireLocked removes every file expired at now. s.mu is held.
+func (s *fileStore) expireLocked(now time.Time) error {
+	for _, d := range s.byID {
+		if d.expired(now) {
+			if err := s.removeLocked(d); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// own returns client's file id (nil: none, another client's, or expired:
+// then removed).
 func (s *fileStore) own(client, id string) *fileDoc {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if d := s.byID[id]; d != nil && d.Client == client {
-		return d
+	d := s.byID[id]
+	if d == nil || d.Client != client {
+		return nil
 	}
-	return nil
+	if d.expired(time.Now()) {
+		s.removeLocked(d) // not found either way; a failure is retried at the next meeting
+		return nil
+	}
+	return d
 }
 
 // path is d's content on disk.
@@ -121,24 +175,29 @@ func (s *fileStore) path(d *fileDoc) string { return filepath.Join(s.state, d.Da
 var errFileLimit = errors.New("file storage limit")
 
 // addUpload records the upload at tmp (size bytes) as a new file of
-// client, unless its uploads would pass a bound.
-func (s *fileStore) addUpload(client, filename, purpose, tmp string, size int64) (*fileDoc, error) {
+// client expiring after expiry (API time), unless its files would pass a
+// bound.
+func (s *fileStore) addUpload(client, filename, purpose, tmp string, size int64, expiry time.Duration) (*fileDoc, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	now := time.Now()
+	if err := s.expireLocked(now); err != nil {
+		return nil, err
+	}
 	var n, total int64
 	for _, d := range s.byID {
-		if d.Client == client && d.Purpose == openai.PurposeBatch {
+		if d.Client == client {
 			n++
 			total += d.Bytes
 		}
 	}
 	if n+1 > s.maxClientFiles || total+size > s.maxClientBytes {
-		return nil, fmt.Errorf("%w: this client's uploads hold %d files and %d bytes, and may hold at most %d files and %d bytes: delete files it no longer needs (DELETE /v1/files/{id})",
+		return nil, fmt.Errorf("%w: this client's files (its uploads, and its batches' output and error files) hold %d files and %d bytes, and may hold at most %d files and %d bytes: delete files it no longer needs (DELETE /v1/files/{id})",
 			errFileLimit, n, total, s.maxClientFiles, s.maxClientBytes)
 	}
 	id := "file-" + randomHex(12)
-	d := &fileDoc{ID: id, Seq: time.Now().UnixNano(), Client: client, Filename: filename, Purpose: purpose, Bytes: size,
-		CreatedAt: time.Now().Unix(), Data: filepath.Join(filesDir, id+".jsonl")}
+	d := &fileDoc{ID: id, Seq: now.UnixNano(), Client: client, Filename: filename, Purpose: purpose, Bytes: size,
+		CreatedAt: now.Unix(), ExpiresAt: s.expiresAt(now, expiry), Data: filepath.Join(filesDir, id+".jsonl")}
 	if err := os.Rename(tmp, s.path(d)); err != nil {
 		return nil, err
 	}
@@ -170,6 +229,10 @@ func (s *fileStore) writeLocked(d *fileDoc) error {
 func (s *fileStore) remove(d *fileDoc) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	return s.removeLocked(d)
+}
+
+func (s *fileStore) removeLocked(d *fileDoc) error {
 	if err := os.Remove(filepath.Join(s.dir, d.ID+".json")); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return err
 	}
@@ -182,11 +245,43 @@ func (s *fileStore) remove(d *fileDoc) error {
 
 // appendFileObject appends d's file object.
 func appendFileObject(b []byte, d *fileDoc) []byte {
+	f := openai.File{ID: d.ID, Object: "file", Bytes: d.Bytes, CreatedAt: d.CreatedAt, Filename: d.Filename, Purpose: d.Purpose, Status: "processed"}
+	if d.ExpiresAt != 0 {
+		// In whole seconds, rounded up: the file is found until then.
+		u := (d.ExpiresAt + int64(time.Second) - 1) / int64(time.Second)
+		f.ExpiresAt = &u
+	}
 	o, _ := json.Marshal(struct {
 		openai.File
 		StatusDetails *string `json:"status_details"`
-	}{File: openai.File{ID: d.ID, Object: "file", Bytes: d.Bytes, CreatedAt: d.CreatedAt, Filename: d.Filename, Purpose: d.Purpose, Status: "processed"}})
+	}{File: f})
 	return append(b, o...)
+}
+
+// parseExpiresAfter reads the API's expires_after (anchor created_at,
+// seconds 3,600 to 30 days; both or neither), def when absent, or the
+// param it refuses, its code and message.
+func parseExpiresAfter(anchor, seconds *string, def time.Duration) (d time.Duration, param, code, msg string) {
+	switch {
+	case anchor == nil && seconds == nil:
+		return def, "", "", ""
+	case anchor == nil:
+		return 0, "expires_after.anchor", "missing_required_parameter", "Missing required parameter: 'expires_after.anchor'."
+	case seconds == nil:
+		return 0, "expires_after.seconds", "missing_required_parameter", "Missing required parameter: 'expires_after.seconds'."
+	case *anchor != "created_at":
+		return 0, "expires_after.anchor", "invalid_value", fmt.Sprintf("Invalid value: '%s'. Supported values are: 'created_at'.", *anchor)
+	}
+	n, err := strconv.ParseInt(*seconds, 10, 64)
+	switch {
+	case err != nil:
+		return 0, "expires_after.seconds", "invalid_type", fmt.Sprintf("Invalid type for 'expires_after.seconds': expected an integer, but got %q instead.", *seconds)
+	case n < int64(minFileExpiry/time.Second):
+		return 0, "expires_after.seconds", "integer_below_min_value", fmt.Sprintf("Invalid 'expires_after.seconds': integer below minimum value. Expected a value greater than or equal to %d, but got %d instead.", minFileExpiry/time.Second, n)
+	case n > int64(maxFileExpiry/time.Second):
+		return 0, "expires_after.seconds", "integer_above_max_value", fmt.Sprintf("Invalid 'expires_after.seconds': integer above maximum value. Expected a value less than or equal to %d, but got %d instead.", maxFileExpiry/time.Second, n)
+	}
+	return time.Duration(n) * time.Second, "", "", ""
 }
 
 func writeOAJSON(w http.ResponseWriter, b []byte) {
@@ -237,6 +332,7 @@ func (g *Gateway) uploadFile(w http.ResponseWriter, r *http.Request, client stri
 		return
 	}
 	var purpose, filename, tmp string
+	var expAnchor, expSeconds *string
 	var size int64
 	defer func() {
 		if tmp != "" {
@@ -287,7 +383,19 @@ func (g *Gateway) uploadFile(w http.ResponseWriter, r *http.Request, client stri
 				return
 			}
 			filename = path.Base(part.FileName())
-		default: // expires_after[…] and the like: accepted, not kept
+		case "expires_after[anchor]", "expires_after[seconds]":
+			b, err := io.ReadAll(io.LimitReader(part, 64))
+			if err != nil {
+				readFailed(err)
+				return
+			}
+			v := string(b)
+			if part.FormName() == "expires_after[anchor]" {
+				expAnchor = &v
+			} else {
+				expSeconds = &v
+			}
+		default: // other fields: accepted, not kept
 			if _, err := io.Copy(io.Discard, part); err != nil {
 				readFailed(err)
 				return
@@ -308,7 +416,12 @@ func (g *Gateway) uploadFile(w http.ResponseWriter, r *http.Request, client stri
 		bad("file", "invalid_file_format", "Invalid file format for Batch API. Must be .jsonl")
 		return
 	}
-	d, err := g.files.addUpload(client, filename, purpose, tmp, size)
+	expiry, param, code, msg := parseExpiresAfter(expAnchor, expSeconds, defaultFileExpiry)
+	if param != "" {
+		bad(param, code, msg)
+		return
+	}
+	d, err := g.files.addUpload(client, filename, purpose, tmp, size, expiry)
 	if err != nil {
 		if errors.Is(err, errFileLimit) {
 			bad("file", "storage_limit_exceeded", "apidispatch gateway: "+err.Error())
@@ -379,6 +492,11 @@ func (g *Gateway) listFiles(w http.ResponseWriter, r *http.Request, client strin
 	}
 	s := g.files
 	s.mu.Lock()
+	if err := s.expireLocked(time.Now()); err != nil {
+		s.mu.Unlock()
+		writeOAError(w, http.StatusInternalServerError, openai.ErrServer, "apidispatch gateway: removing an expired file: "+err.Error())
+		return
+	}
 	var mine []*fileDoc
 	for _, d := range s.byID {
 		if d.Client == client && (q.Get("purpose") == "" || d.Purpose == q.Get("purpose")) {

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/apidispatch/apidispatch/internal/simtest"
 	"github.com/apidispatch/apidispatch/openai"
@@ -114,7 +115,7 @@ func TestFileStorageBounded(t *testing.T) {
 	for _, n := range []string{"upload-1.tmp", "file-0123.jsonl"} {
 		os.WriteFile(filepath.Join(g.files.dir, n), line, 0o600)
 	}
-	s, err := openFileStore(g.cfg.StateDir)
+	s, err := openFileStore(g.cfg.StateDir, g.cfg.Speed)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -229,5 +230,153 @@ func TestHostileInputOnOpenAIFileRoutes(t *testing.T) {
 	}
 	if n := reached.Load(); n != 0 {
 		t.Errorf("%d requests reached the simulator", n)
+	}
+}
+
+// uploadWith is uploadRaw of a batch file with the form's fields too.
+func uploadWith(t *testing.T, url, tok string, data []byte, fields ...string) (int, openai.File, openai.ErrorEnvelope) {
+	t.Helper()
+	var body bytes.Buffer
+	mw := multipart.NewWriter(&body)
+	mw.WriteField("purpose", "batch")
+	for i := 0; i+1 < len(fields); i += 2 {
+		mw.WriteField(fields[i], fields[i+1])
+	}
+	fw, _ := mw.CreateFormFile("file", "in.jsonl")
+	fw.Write(data)
+	mw.Close()
+	req, _ := http.NewRequest(http.MethodPost, url+"/v1/files", &body)
+	req.Header.Set("Content-Type", mw.FormDataContentType())
+	req.Header.Set("Authorization", "Bearer "+tok)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	var f openai.File
+	var e openai.ErrorEnvelope
+	if resp.StatusCode == http.StatusOK {
+		json.Unmarshal(b, &f)
+	} else {
+		json.Unmarshal(b, &e)
+	}
+	return resp.StatusCode, f, e
+}
+
+// waitPast sleeps until the wall clock is past Unix second u.
+func waitPast(u int64) {
+	if d := time.Until(time.Unix(u+1, 0)); d > 0 {
+		time.Sleep(d)
+	}
+}
+
+// TestOpenAIFilesExpire: files expire as the API's. An upload's file
+// object says when (30 days of API time by default; expires_after
+// anchor created_at with seconds from 3,600 to 30 days, else a 400 on
+// the param); past it the file is not found (retrieve, content, as a
+// batch's input) nor listed, and its record and content are gone from
+// disk. A batch's output file expires after the create's
+// output_expires_after the same way. Before, expires_at was null and no
+// file ever expired.
+func TestOpenAIFilesExpire(t *testing.T) {
+	const speed = 10_000 // an hour of API time is 0.36 s
+	run := oaSimAt(t, speed)
+	g, srv := startGW(t, run, func(c *Config) { c.Orgs = run.Server.AllOrgs() })
+	data := oaInput("exp", "gpt-4.1-mini", "gpt-4.1-mini")
+	st, keep, e := uploadWith(t, srv.URL, tokA, data)
+	if st != 200 || keep.ExpiresAt == nil || *keep.ExpiresAt-keep.CreatedAt < 259 || *keep.ExpiresAt-keep.CreatedAt > 261 {
+		t.Fatalf("an upload without expires_after: %d %+v %+v, want expires_at 30 days of API time (259.2 s) after created_at", st, keep, e.Error)
+	}
+	for _, c := range []struct {
+		fields []string
+		param  string
+	}{
+		{[]string{"expires_after[anchor]", "created_at", "expires_after[seconds]", "100"}, "expires_after.seconds"},
+		{[]string{"expires_after[anchor]", "created_at", "expires_after[seconds]", "2592001"}, "expires_after.seconds"},
+		{[]string{"expires_after[anchor]", "created_at", "expires_after[seconds]", "soon"}, "expires_after.seconds"},
+		{[]string{"expires_after[anchor]", "last_used_at", "expires_after[seconds]", "3600"}, "expires_after.anchor"},
+		{[]string{"expires_after[seconds]", "3600"}, "expires_after.anchor"},
+	} {
+		if st, _, e := uploadWith(t, srv.URL, tokA, data, c.fields...); st != 400 || e.Error.Param == nil || *e.Error.Param != c.param {
+			t.Errorf("upload with %v: %d %+v, want a 400 on %s", c.fields, st, e.Error, c.param)
+		}
+	}
+	st, short, e := uploadWith(t, srv.URL, tokA, data, "expires_after[anchor]", "created_at", "expires_after[seconds]", "3600")
+	if st != 200 || short.ExpiresAt == nil || *short.ExpiresAt-short.CreatedAt > 2 {
+		t.Fatalf("an upload expiring after 3600 s of API time: %d %+v %+v", st, short, e.Error)
+	}
+	// The output file expires 10 hours of API time (3.6 s) after it is
+	// written: time enough to read its object once the batch is done.
+	b := oaCreateOf(t, srv.URL, tokA, keep.ID, `,"output_expires_after":{"anchor":"created_at","seconds":36000}`)
+	if st, body := oaCall(t, http.MethodPost, srv.URL+"/v1/batches", tokA, `{"input_file_id":"`+keep.ID+`","endpoint":"/v1/chat/completions","completion_window":"24h","output_expires_after":{"anchor":"created_at","seconds":60}}`); st != 400 || !strings.Contains(string(body), "output_expires_after.seconds") {
+		t.Errorf("a create with output_expires_after 60 s: %d %s, want a 400 on output_expires_after.seconds", st, body)
+	}
+	done := oaAwait(t, srv.URL, tokA, b.ID, openai.BatchCompleted, openai.BatchFailed, openai.BatchExpired)
+	if done.Status != openai.BatchCompleted || done.OutputFileID == nil {
+		t.Fatalf("batch %+v", done)
+	}
+	var out openai.File
+	if st, body := oaCall(t, http.MethodGet, srv.URL+"/v1/files/"+*done.OutputFileID, tokA, ""); st != 200 || json.Unmarshal(body, &out) != nil || out.ExpiresAt == nil ||
+		*out.ExpiresAt-out.CreatedAt < 3 || *out.ExpiresAt-out.CreatedAt > 5 {
+		t.Fatalf("the output file: %d %s, want expires_at 3.6 s after created_at (36,000 s of API time)", st, body)
+	}
+
+	waitPast(max(*short.ExpiresAt, *out.ExpiresAt))
+	for _, p := range []string{"/v1/files/" + short.ID, "/v1/files/" + short.ID + "/content", "/v1/files/" + out.ID, "/v1/files/" + out.ID + "/content"} {
+		if st, body := oaCall(t, http.MethodGet, srv.URL+p, tokA, ""); st != 404 {
+			t.Errorf("GET %s past its expiry: %d %s, want 404", p, st, body)
+		}
+	}
+	if st, body := oaCall(t, http.MethodPost, srv.URL+"/v1/batches", tokA, `{"input_file_id":"`+short.ID+`","endpoint":"/v1/chat/completions","completion_window":"24h"}`); st != 404 || !strings.Contains(string(body), "input_file_id") {
+		t.Errorf("a batch of an expired file: %d %s, want the 404 on input_file_id", st, body)
+	}
+	st, body := oaCall(t, http.MethodGet, srv.URL+"/v1/files", tokA, "")
+	var list struct {
+		Data []openai.File `json:"data"`
+	}
+	if json.Unmarshal(body, &list); st != 200 || len(list.Data) != 1 || list.Data[0].ID != keep.ID {
+		t.Errorf("list past the expiries: %d %s, want the unexpired upload only", st, body)
+	}
+	for _, f := range []string{filepath.Join(g.files.dir, short.ID+".json"), filepath.Join(g.files.dir, short.ID+".jsonl"),
+		filepath.Join(g.files.dir, out.ID+".json"), filepath.Join(g.batches.dir, b.ID, oaOutputFile)} {
+		if _, err := os.Stat(f); err == nil {
+			t.Errorf("%s is left on disk past its file's expiry", f)
+		}
+	}
+}
+
+// TestOpenAIClientFileBoundCountsResults: a client's storage bound counts
+// the output and error files of its batches, not only its uploads: with
+// the bound between its uploads and its uploads plus its batch's output
+// file, an upload is refused (storage_limit_exceeded) until it deletes
+// the output file. Before, the output file was not counted and the
+// upload was taken.
+func TestOpenAIClientFileBoundCountsResults(t *testing.T) {
+	run := oaSim(t)
+	g, srv := startGW(t, run, func(c *Config) { c.Orgs = run.Server.AllOrgs() })
+	data := oaInput("bound", "gpt-4.1-mini", "gpt-4.1-mini")
+	b := oaCreate(t, srv.URL, tokA, data)
+	done := oaAwait(t, srv.URL, tokA, b.ID, openai.BatchCompleted, openai.BatchFailed, openai.BatchExpired)
+	if done.Status != openai.BatchCompleted || done.OutputFileID == nil || done.ErrorFileID != nil {
+		t.Fatalf("batch %+v", done)
+	}
+	var out openai.File
+	if st, body := oaCall(t, http.MethodGet, srv.URL+"/v1/files/"+*done.OutputFileID, tokA, ""); st != 200 || json.Unmarshal(body, &out) != nil || out.Bytes == 0 {
+		t.Fatalf("the output file: %d %s", st, body)
+	}
+	small := []byte("{}\n")
+	g.files.mu.Lock()
+	g.files.maxClientBytes = int64(len(data)+len(small)) + out.Bytes - 1 // the uploads fit; with the output file, not
+	g.files.mu.Unlock()
+	st, _, e := uploadRaw(t, srv.URL, tokA, "batch", "more.jsonl", small)
+	if st != 400 || e.Error.CodeString() != "storage_limit_exceeded" || !strings.Contains(e.Error.Message, "output and error files") {
+		t.Errorf("an upload past the bound with the output file counted: %d %+v, want 400 storage_limit_exceeded", st, e.Error)
+	}
+	if st, body := oaCall(t, http.MethodDelete, srv.URL+"/v1/files/"+out.ID, tokA, ""); st != 200 {
+		t.Fatalf("delete of the output file: %d %s", st, body)
+	}
+	if st, _, e := uploadRaw(t, srv.URL, tokA, "batch", "more.jsonl", small); st != 200 {
+		t.Errorf("the upload once the output file is deleted: %d %+v, want 200", st, e.Error)
 	}
 }

@@ -189,8 +189,8 @@ func checkOnce(t *testing.T, g *gateway.Gateway, run *sim.Running, out, errs []o
 // TestOpenAIBatchThroughServe: upload, create, retrieve, list and read the
 // results of a batch through serve over two OpenAI orgs: each custom_id
 // once, every line the API's, the cost the simulator's bill at half
-// price; a file with bad lines makes a failed batch naming them; another
-// client finds none of it.
+// price; a file with bad lines makes a batch that answers validating,
+// then is failed naming them; another client finds none of it.
 func TestOpenAIBatchThroughServe(t *testing.T) {
 	run := batchSim(t, 1200)
 	g, url, _ := serve(t, run, nil)
@@ -277,6 +277,13 @@ func TestOpenAIBatchThroughServe(t *testing.T) {
 	bad = append(bad, []byte("{not json\n")...)
 	bf := upload(t, alice, bad)
 	fb, err := newBatch(alice, bf.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fb.Status != "validating" || len(fb.Errors.Data) != 0 || fb.FailedAt != 0 {
+		t.Errorf("the create of a file with bad lines answered %s, want validating (the API's)", fb.RawJSON())
+	}
+	fb, err = alice.Batches.Get(ctx, fb.ID)
 	if err != nil {
 		t.Fatal(err)
 	}
