@@ -72,7 +72,10 @@ func lane(capacity int) gate.LaneConfig {
 // eventually renews every budget until cond holds (or fails after 5 s).
 func eventually(t *testing.T, what string, cond func() bool, bs ...*Budget) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
+	// 20 s: a state the processes reach in well under a second alone took
+	// more than 5 s beside a CI run under -race (leases of 500 ms lapse
+	// on a machine that stalls, and each lapse pauses the gate).
+	deadline := time.Now().Add(20 * time.Second)
 	for !cond() {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out waiting: %s", what)
