@@ -89,6 +89,9 @@ type apiError struct {
 	// noEffect: whatever the answer, the call made no batch (an OpenAI
 	// upload, which only stores a file).
 	noEffect bool
+	// file is the OpenAI file whose download this answered ("" for
+	// another call).
+	file string
 }
 
 func (e *apiError) Error() string {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/apidispatch/apidispatch/anthropic"
 	"github.com/apidispatch/apidispatch/cost"
+	"github.com/apidispatch/apidispatch/org"
 	"github.com/apidispatch/apidispatch/rundir"
 	"github.com/apidispatch/apidispatch/store"
 	"github.com/apidispatch/apidispatch/upstream"
@@ -362,20 +363,32 @@ func (r *Route) harvest(ctx context.Context, b *rec) error {
 		if !errors.As(streamErr, &ae) {
 			return streamErr
 		}
+		if ctx.Err() != nil {
+			return nil // cut by the stop: not a failure of the download
+		}
+		gone := false
 		if ae.status == http.StatusNotFound {
 			// Gone, or past retention: the batch object says which.
-			if ab, err := b.org.cl.retrieve(ctx, b.ID); err == nil && ab.ArchivedAt != nil {
+			ab, err := b.org.cl.retrieve(ctx, b.ID)
+			if err == nil && ab.ArchivedAt != nil {
 				return r.pastRetention(ctx, b, *ab.ArchivedAt)
 			}
+			if err == nil {
+				// An OpenAI file the batch still names answers 404: it
+				// was deleted, or is past its retention.
+				gone = ae.file != "" && (ab.OutputFile == ae.file || ab.ErrorFile == ae.file)
+				b.last = ab
+			}
 		}
-		b.harvestErr++
 		r.res.BrokenDownloads++
-		r.log.Warn("reading a batch's results failed; reading them again", "batch", b.Local, "id", b.ID, "error", streamErr.Error())
-		if ctx.Err() == nil {
-			r.backoff(b, now, ae.retryAfter)
+		if err := r.readFailed(b, now, seen, byID, gone, ae); err != nil {
+			return err
 		}
+		r.log.Warn("reading a batch's results failed; reading them again", "batch", b.Local, "id", b.ID, "error", org.Scrub(streamErr.Error()))
+		r.backoff(b, now, ae.retryAfter)
 		return nil
 	}
+	b.fails = readFails{}
 	missing := int64(len(its) - len(seen))
 	retried += missing
 	if err := r.settled(ctx, b, now); err != nil {
@@ -391,6 +404,72 @@ func (r *Route) harvest(ctx context.Context, b *rec) error {
 		b.Local, b.ID, b.Org, succ, errd, retried, missing, cost.Nanos(costN)),
 		map[string]any{"batch": b.Local, "batch_id": b.ID, "org": b.Org, "succeeded": succ, "errored": errd, "retried": retried, "expired": expired, "missing": missing, "cost_usd": cost.Nanos(costN).USD()})
 	return r.release(ctx, b)
+}
+
+// Bounds of the reads of a batch's results that fail (API time): a read
+// that fails readFailMax times in a row, over readFailSpan at least,
+// without getting further than the reads before it, will not succeed by
+// being tried again; nor will the download of an OpenAI file that answers
+// 404 goneConfirm times over goneSpan while the batch still names it.
+const (
+	readFailMax  = 10
+	readFailSpan = 30 * time.Minute
+	goneConfirm  = 3
+	goneSpan     = time.Minute
+)
+
+// readFails counts the failed reads of a batch's results since the last
+// one that got further.
+type readFails struct {
+	n     int       // failed reads in a row without getting further
+	since time.Time // the first of them
+	gone  int       // … of which the last ones in a row were confirmed 404s
+	goneT time.Time // the first of those
+	// reached is every item whose result a read of this process got to.
+	reached map[int64]bool
+	last    string // the last failure, scrubbed
+}
+
+// readFailed counts a failed read of batch b's results, which got to the
+// items of seen (custom_ids sent, whose items byID maps); gone: the download answered 404 for a
+// file the batch still names. A read that got to an item no read got to
+// before starts the count again. Once the reads have failed long enough
+// it returns ErrNeedsPerson: the run stops rather than try for ever; the
+// results committed stand, the batch's items stay held (none is sent
+// again, so none is paid twice), and the same command tries again.
+func (r *Route) readFailed(b *rec, now time.Time, seen map[string]bool, byID map[string]*store.BatchItem, gone bool, ae *apiError) error {
+	f := &b.fails
+	if f.reached == nil {
+		f.reached = map[int64]bool{}
+	}
+	further := false
+	for id := range seen {
+		if q := byID[id].Seq; !f.reached[q] {
+			f.reached[q], further = true, true
+		}
+	}
+	if further || f.n == 0 {
+		f.n, f.since, f.gone = 0, now, 0
+	}
+	f.n++
+	f.last = org.Scrub(ae.Error())
+	if !gone {
+		f.gone = 0
+	} else {
+		if f.gone == 0 {
+			f.goneT = now
+		}
+		f.gone++
+	}
+	switch {
+	case f.gone >= goneConfirm && now.Sub(f.goneT) >= r.api(goneSpan):
+		return fmt.Errorf("%w: batch %d of this run (%s, org %s): its results file %s answers 404 not found (%d times over %s), though the batch still names it: deleted, or past the file's retention (last: %s); the results committed before stand, and its items stay held, none sent again (so none is paid twice): check the batch and its files on the org; the same command tries again",
+			ErrNeedsPerson, b.Local, b.ID, b.Org, ae.file, f.gone, now.Sub(f.goneT).Round(time.Second), f.last)
+	case f.n >= readFailMax && now.Sub(f.since) >= r.api(readFailSpan):
+		return fmt.Errorf("%w: batch %d of this run (%s, org %s): reading its results failed %d times in a row over %s without getting further (last: %s); the results committed before stand, and its items stay held, none sent again (so none is paid twice): check the batch on the org; the same command tries again",
+			ErrNeedsPerson, b.Local, b.ID, b.Org, f.n, now.Sub(f.since).Round(time.Second), f.last)
+	}
+	return nil
 }
 
 // settled records b as harvested.

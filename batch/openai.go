@@ -219,6 +219,10 @@ func (c openaiAPI) results(ctx context.Context, b *apiBatch, fn func(line []byte
 			continue
 		}
 		if err := c.stream(ctx, c.url(openai.PathFiles, f, "content"), fn); err != nil {
+			if ae, ok := err.(*apiError); ok {
+				ae.file = f
+				ae.msg = "file " + f + ": " + ae.msg
+			}
 			return err
 		}
 	}

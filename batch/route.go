@@ -211,14 +211,15 @@ type orgState struct {
 // rec is a batch record with what the route keeps about it in memory.
 type rec struct {
 	store.BatchRecord
-	org        *orgState
-	next       time.Time // when to look at it again
-	wait       time.Duration
-	lost404    time.Time // first 404 of a run of them
-	warned404  bool
-	ended      bool
-	lateDone   bool
-	harvestErr int
+	org       *orgState
+	next      time.Time // when to look at it again
+	wait      time.Duration
+	lost404   time.Time // first 404 of a run of them
+	warned404 bool
+	ended     bool
+	lateDone  bool
+	// fails counts the reads of its results that failed.
+	fails readFails
 	// rejected are the candidate batches proven not this record's (a
 	// record whose create's answer was lost); waitNoted: the wait for
 	// candidates that have not ended was announced.

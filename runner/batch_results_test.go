@@ -1,0 +1,301 @@
+package runner_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/apidispatch/apidispatch/batch"
+	"github.com/apidispatch/apidispatch/rundir"
+	"github.com/apidispatch/apidispatch/runner"
+	"github.com/apidispatch/apidispatch/sim"
+	"github.com/apidispatch/apidispatch/soak"
+)
+
+// alwaysCut is a batch_results_cut that strikes every results download
+// from now on: each read of a results stream breaks at its half.
+var alwaysCut = sim.Fault{ID: "cut", Kind: sim.FaultBatchResultsCut, Duration: 1000 * time.Hour, FromNow: true}
+
+// boundedRun runs x on dir under a deadline a run that never ends would
+// pass (the test then fails on its error instead of hanging).
+func (b *bench) boundedRun(dir string, x runner.Exec) (*runner.Result, error) {
+	b.t.Helper()
+	ctx, cancel := context.WithTimeout(b.t.Context(), 2*time.Minute)
+	defer cancel()
+	res, err, _ := b.exec(ctx, dir, x)
+	if ctx.Err() != nil {
+		b.t.Fatalf("the run did not end within 2 minutes (it retries for ever): %v", err)
+	}
+	return res, err
+}
+
+// checkStopMessage checks that err is ErrNeedsPerson naming a batch by
+// its local number, its id and its org, and says what failed, without a
+// key.
+func (b *bench) checkStopMessage(err error, idPrefix string, what ...string) {
+	b.t.Helper()
+	if !errors.Is(err, batch.ErrNeedsPerson) {
+		b.t.Fatalf("the run ended with %v; want ErrNeedsPerson", err)
+	}
+	msg := err.Error()
+	re := regexp.MustCompile(`batch \d+ of this run \(` + idPrefix + `\w+, org \w+\)`)
+	if !re.MatchString(msg) {
+		b.t.Fatalf("the stop does not name the batch's number, id and org: %s", msg)
+	}
+	for _, w := range append(what, "stay held", "the same command tries again") {
+		if !strings.Contains(msg, w) {
+			b.t.Fatalf("the stop does not say %q: %s", w, msg)
+		}
+	}
+	for _, o := range b.sim.Server.AllOrgs() {
+		if k := o.Key.Reveal(); k != "" && strings.Contains(msg, k) {
+			b.t.Fatalf("the stop holds org %s's key: %s", o.Name, msg)
+		}
+	}
+}
+
+// noResultTwice checks that no custom_id has two results lines and none
+// is unknown.
+func (b *bench) noResultTwice(dir string) soak.Check {
+	b.t.Helper()
+	c, err := soak.CheckResults(b.input, filepath.Join(dir, rundir.ResultsFile))
+	if err != nil || c.Repeated+c.Unknown != 0 {
+		b.t.Fatalf("results %+v, %v", c, err)
+	}
+	return c
+}
+
+// TestBatchResultsAlwaysBrokenNeedsPerson: a Message Batches results
+// stream that breaks on every read (at the same place) is read again with
+// back-off, but not for ever: after readFailMax reads over 30 API minutes
+// without getting further the run stops with ErrNeedsPerson naming the
+// batch. The results committed stand, nothing is created or billed again,
+// and the run after the fault ends completes each item once. Before, the
+// run never ended.
+func TestBatchResultsAlwaysBrokenNeedsPerson(t *testing.T) {
+	t.Parallel()
+	b := newBench(t, 300, 20000, nil)
+	if _, err := b.sim.Server.AddFault(alwaysCut); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(t.TempDir(), "run")
+	_, stop := b.boundedRun(dir, runner.Exec{Route: runner.RouteBatch})
+	b.checkStopMessage(stop, "msgbatch_", "reading its results failed", "without getting further", "results stream broke off")
+	c := b.noResultTwice(dir)
+	if c.Lines == 0 {
+		t.Fatal("no results committed: the first half of each stream should stand")
+	}
+	if req, created := simCreated(b.sim); created != 3 || req != 300 {
+		t.Fatalf("%d batches (%d requests) created: want the 3 first, nothing sent again", created, req)
+	}
+	b.sim.Server.ClearFaults("cut")
+	res, err := b.boundedRun(dir, runner.Exec{Route: runner.RouteBatch})
+	if err != nil || !res.Complete {
+		t.Fatalf("the run after the fault: %v", err)
+	}
+	b.audit(dir)
+	_, billed, twice := batchLedger(b.sim.Server.Ledger())
+	if req, created := simCreated(b.sim); billed != 300 || twice != 0 || created != 3 || req != 300 {
+		t.Fatalf("billed %d (%d twice), %d batches of %d requests: want 300 once, the 3 first batches only", billed, twice, created, req)
+	}
+	t.Logf("stopped with %d of 300 results committed: %v", c.Lines, stop)
+}
+
+// openaiCreates counts the OpenAI batch creates answered 200.
+type openaiCreates struct {
+	mu sync.Mutex
+	n  int
+}
+
+func (c *openaiCreates) count(req *http.Request, resp *http.Response) {
+	if isOpenAICreate(req) && resp.StatusCode == http.StatusOK {
+		c.mu.Lock()
+		c.n++
+		c.mu.Unlock()
+	}
+}
+
+func (c *openaiCreates) get() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.n
+}
+
+// countingExec is a batch route Exec that counts the creates answered.
+func countingExec(c *openaiCreates) runner.Exec {
+	x := runner.Exec{Route: runner.RouteBatch}
+	x.Sync.WrapTransport = hook(func(req *http.Request, next http.RoundTripper) (*http.Response, error) {
+		resp, err := next.RoundTrip(req)
+		if err == nil {
+			c.count(req, resp)
+		}
+		return resp, err
+	})
+	return x
+}
+
+// TestOpenAIBatchResultsAlwaysBrokenNeedsPerson: TestBatchResultsAlwaysBrokenNeedsPerson
+// for OpenAI batches, whose output file's download breaks on every read.
+func TestOpenAIBatchResultsAlwaysBrokenNeedsPerson(t *testing.T) {
+	t.Parallel()
+	b := gptBench(t, 300, 20000, gptLimits, alwaysCut)
+	dir := filepath.Join(t.TempDir(), "run")
+	var creates openaiCreates
+	_, err := b.boundedRun(dir, countingExec(&creates))
+	b.checkStopMessage(err, "batch_", "reading its results failed", "without getting further", "results stream broke off")
+	c := b.noResultTwice(dir)
+	made := creates.get()
+	if c.Lines == 0 || made < 3 {
+		t.Fatalf("%d results committed, %d batches: want the first half of each output file to stand, a batch an org", c.Lines, made)
+	}
+	b.sim.Server.ClearFaults("cut")
+	res, err := b.boundedRun(dir, countingExec(&creates))
+	if err != nil || !res.Complete {
+		t.Fatalf("the run after the fault: %v", err)
+	}
+	b.audit(dir)
+	_, billed, twice := batchLedger(b.sim.Server.Ledger())
+	if billed != 300 || twice != 0 || creates.get() != made {
+		t.Fatalf("billed %d (%d twice), %d batches created (%d before): want 300 once, none created again", billed, twice, creates.get(), made)
+	}
+}
+
+// TestOpenAIBatchOutputFile404NeedsPerson: an ended OpenAI batch whose
+// output file was deleted (someone on the org, or the file's retention)
+// answers 404 on every download while the batch still names the file:
+// the run stops after goneConfirm confirmations with ErrNeedsPerson
+// naming the batch and the file, its items held (nothing created again,
+// nothing billed twice); a resume finds the same. Before, the run never
+// ended (an OpenAI batch has no archived_at, so the past-retention path
+// never fired).
+func TestOpenAIBatchOutputFile404NeedsPerson(t *testing.T) {
+	t.Parallel()
+	b := gptBench(t, 300, 20000, gptLimits)
+	dir := filepath.Join(t.TempDir(), "run")
+	var creates openaiCreates
+	var mu sync.Mutex
+	deleted := map[string]bool{}
+	x := runner.Exec{Route: runner.RouteBatch}
+	x.Sync.WrapTransport = hook(func(req *http.Request, next http.RoundTripper) (*http.Response, error) {
+		resp, err := next.RoundTrip(req)
+		if err != nil {
+			return resp, err
+		}
+		creates.count(req, resp)
+		if req.Method != http.MethodGet || !strings.HasPrefix(req.URL.Path, "/v1/batches/") || resp.StatusCode != http.StatusOK {
+			return resp, nil
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		resp.Body = io.NopCloser(bytes.NewReader(body))
+		var ob struct {
+			OutputFileID *string `json:"output_file_id"`
+		}
+		json.Unmarshal(body, &ob)
+		mu.Lock()
+		defer mu.Unlock()
+		if f := ob.OutputFileID; f != nil && !deleted[*f] {
+			// Deleted on the org once the batch has ended, before the
+			// route reads it.
+			deleted[*f] = true
+			del, _ := http.NewRequestWithContext(req.Context(), http.MethodDelete, b.sim.URL+"/v1/files/"+*f, nil)
+			del.Header = req.Header.Clone()
+			dr, err := next.RoundTrip(del)
+			if err != nil || dr.StatusCode != http.StatusOK {
+				t.Errorf("deleting %s: %v %v", *f, err, dr)
+			} else {
+				dr.Body.Close()
+			}
+		}
+		return resp, nil
+	})
+	_, err := b.boundedRun(dir, x)
+	b.checkStopMessage(err, "batch_", "answers 404 not found", "though the batch still names it")
+	mu.Lock()
+	named := false
+	for f := range deleted {
+		named = named || strings.Contains(err.Error(), f)
+	}
+	mu.Unlock()
+	if !named {
+		t.Fatalf("the stop does not name the file: %v", err)
+	}
+	made := creates.get()
+	_, err = b.boundedRun(dir, x)
+	b.checkStopMessage(err, "batch_", "answers 404 not found")
+	b.noResultTwice(dir)
+	if _, _, twice := batchLedger(b.sim.Server.Ledger()); twice != 0 || creates.get() != made {
+		t.Fatalf("%d billed twice, %d batches created (%d before the resume): want none twice, none created again", twice, creates.get(), made)
+	}
+}
+
+// TestBatchResultsBrokenThenRead: a results download that breaks and is
+// read again completes the run, each item once: one that breaks 12 times
+// (more than readFailMax, in less than 30 API minutes: at K = 100, 4.6 s
+// of back-off of the 18 s), and one that breaks 44 times (over more than
+// 30 API minutes) but gets a little further each time.
+func TestBatchResultsBrokenThenRead(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name   string
+		speed  float64
+		breaks int
+		// at is where the k-th read of a file breaks, of its n bytes.
+		at func(k, n int) int
+	}{
+		{"12 at the half", 100, 12, func(k, n int) int { return n / 2 }},
+		{"44 each further", 20000, 44, func(k, n int) int { return (k + 1) * n / 50 }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b := gptBench(t, 300, tc.speed, gptLimits)
+			var mu sync.Mutex
+			reads := map[string]int{}
+			x := runner.Exec{Route: runner.RouteBatch}
+			x.Sync.WrapTransport = hook(func(req *http.Request, next http.RoundTripper) (*http.Response, error) {
+				resp, err := next.RoundTrip(req)
+				if err != nil || req.Method != http.MethodGet || !strings.HasSuffix(req.URL.Path, "/content") || resp.StatusCode != http.StatusOK {
+					return resp, err
+				}
+				mu.Lock()
+				k := reads[req.URL.Path]
+				reads[req.URL.Path]++
+				mu.Unlock()
+				if k >= tc.breaks {
+					return resp, nil
+				}
+				body, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				resp.Body = io.NopCloser(io.MultiReader(bytes.NewReader(body[:tc.at(k, len(body))]), errReader{}))
+				return resp, nil
+			})
+			res, err := b.boundedRun("", x)
+			if err != nil || !res.Complete {
+				t.Fatalf("a download broken %d times: %v", tc.breaks, err)
+			}
+			if _, billed, twice := batchLedger(b.sim.Server.Ledger()); billed != 300 || twice != 0 {
+				t.Fatalf("billed %d (%d twice)", billed, twice)
+			}
+			if res.Batch.BrokenDownloads < tc.breaks {
+				t.Fatalf("%d broken downloads counted; the hook broke %d a file", res.Batch.BrokenDownloads, tc.breaks)
+			}
+		})
+	}
+}
+
+// errReader fails as a connection cut mid-body does.
+type errReader struct{}
+
+func (errReader) Read([]byte) (int, error) {
+	return 0, fmt.Errorf("%w: the connection was cut", io.ErrUnexpectedEOF)
+}
