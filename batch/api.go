@@ -92,6 +92,9 @@ type apiError struct {
 	// file is the OpenAI file whose download this answered ("" for
 	// another call).
 	file string
+	// upload is the input file an OpenAI create uploaded before its
+	// batch create failed ("" when there was none).
+	upload string
 }
 
 func (e *apiError) Error() string {
@@ -132,6 +135,10 @@ type api interface {
 	// whether they can be read now.
 	sent(ctx context.Context, b *apiBatch, fn func(line []byte) error) error
 	ready(b *apiBatch) bool
+	// discard deletes what batch b keeps on the org that nothing needs
+	// once its results are harvested (an OpenAI batch's input file), and
+	// is nil when it is gone already or there is nothing.
+	discard(ctx context.Context, b *apiBatch) error
 	// parse reads one results line.
 	parse(line []byte) (result, error)
 	// line is the results.jsonl line of a harvested result.
@@ -387,6 +394,9 @@ func (c messagesAPI) list(ctx context.Context, fn func(b *apiBatch) bool) error 
 func (c messagesAPI) results(ctx context.Context, b *apiBatch, fn func(line []byte) error) error {
 	return c.stream(ctx, c.url(b.ID, "results"), fn)
 }
+
+// discard: a message batch keeps nothing beside itself.
+func (messagesAPI) discard(context.Context, *apiBatch) error { return nil }
 
 // sent: a message batch's custom_ids are in its results, once it has ended.
 func (c messagesAPI) sent(ctx context.Context, b *apiBatch, fn func(line []byte) error) error {

@@ -140,6 +140,7 @@ func (r *Route) reconcile(ctx context.Context, b *rec) error {
 		r.backoff(b, now, 0)
 		return nil
 	}
+	r.discard(ctx, b, b.upload)
 	return r.abandon(ctx, b, fmt.Sprintf("no batch of org %s created since %s holds its %d requests (custom_ids %s_…), %s after the create; the create made no batch",
 		b.Org, b.CreatedAt.Format(time.RFC3339), b.N, cmp.Or(b.Prefix, "unprefixed"), now.Sub(b.CreatedAt).Round(time.Second)))
 }
@@ -391,6 +392,7 @@ func (r *Route) harvest(ctx context.Context, b *rec) error {
 	b.fails = readFails{}
 	missing := int64(len(its) - len(seen))
 	retried += missing
+	r.discard(ctx, b, b.last.InputFile)
 	if err := r.settled(ctx, b, now); err != nil {
 		return err
 	}
@@ -492,6 +494,7 @@ func (r *Route) settled(ctx context.Context, b *rec, now time.Time) error {
 func (r *Route) failed(ctx context.Context, b *rec) error {
 	now := time.Now()
 	why := b.last.Failed
+	r.discard(ctx, b, b.last.InputFile)
 	if err := r.settled(ctx, b, now); err != nil {
 		return err
 	}

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"mime/multipart"
@@ -85,6 +86,9 @@ func (c openaiAPI) create(ctx context.Context, prefix string, items []store.Item
 	})
 	var b openai.Batch
 	if err := c.call(ctx, http.MethodPost, c.url(openai.PathBatches), strings.NewReader(string(req)), "", &b); err != nil {
+		if ae, ok := err.(*apiError); ok {
+			ae.upload = f.ID
+		}
 		return nil, err
 	}
 	if b.ID == "" {
@@ -225,6 +229,29 @@ func (c openaiAPI) results(ctx context.Context, b *apiBatch, fn func(line []byte
 			}
 			return err
 		}
+	}
+	return nil
+}
+
+// discard deletes the batch's input file: the API keeps it (and counts it
+// in the org's file storage) until it expires. A 404 is a file deleted
+// already.
+func (c openaiAPI) discard(ctx context.Context, b *apiBatch) error {
+	if b.InputFile == "" {
+		return nil
+	}
+	var out struct {
+		Deleted bool `json:"deleted"`
+	}
+	err := c.call(ctx, http.MethodDelete, c.url(openai.PathFiles, b.InputFile), nil, "", &out)
+	var ae *apiError
+	switch {
+	case errors.As(err, &ae) && ae.status == http.StatusNotFound:
+		return nil
+	case err != nil:
+		return err
+	case !out.Deleted:
+		return fmt.Errorf("the API answered the delete of %s without deleted: true", b.InputFile)
 	}
 	return nil
 }

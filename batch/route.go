@@ -179,6 +179,10 @@ type Result struct {
 	// BrokenDownloads counts results streams that broke off and were read
 	// again.
 	BrokenDownloads int
+	// FilesLeft counts OpenAI input files the route could not delete once
+	// nothing needed them (their batch harvested, or its create refused):
+	// they stay on the org until they expire.
+	FilesLeft int
 	// Archived counts batches whose results were past retention: their
 	// items went back to pending.
 	Archived int
@@ -225,6 +229,10 @@ type rec struct {
 	// candidates that have not ended was announced.
 	rejected  map[string]bool
 	waitNoted bool
+	// upload is the input file an OpenAI create uploaded before the
+	// answer to its batch create was lost (known to this process only):
+	// deleted if the record is abandoned.
+	upload string
 	// hold is the batch's worst case in the spend gate.
 	hold *spend.Reservation
 	// last is the batch as last seen on the API (nil: not seen yet).
@@ -756,6 +764,24 @@ func (r *Route) release(ctx context.Context, b *rec) error {
 	default:
 	}
 	return nil
+}
+
+// discard deletes what batch b keeps on its org that nothing needs any
+// more (an OpenAI batch's input file): once b is harvested, nothing will
+// read the file to prove a batch ours (a batch of the run is never another
+// record's candidate). One try: a failure is logged and counted, and the
+// file stays on the org until it expires.
+func (r *Route) discard(ctx context.Context, b *rec, file string) {
+	if file == "" {
+		return
+	}
+	if err := b.org.cl.discard(ctx, &apiBatch{ID: b.ID, InputFile: file}); err != nil {
+		r.res.FilesLeft++
+		msg := org.Scrub(err.Error())
+		r.log.Warn("deleting a batch's input file failed; it stays on the org until it expires", "batch", b.Local, "id", b.ID, "file", file, "error", msg)
+		r.emit(fmt.Sprintf("batch %d (%s, org %s): its input file %s could not be deleted (%s); it stays on the org until it expires", b.Local, cmp.Or(b.ID, "no id"), b.Org, file, msg),
+			map[string]any{"batch": b.Local, "batch_id": b.ID, "org": b.Org, "file": file})
+	}
 }
 
 // abandon records that b's create made no batch and frees its items.

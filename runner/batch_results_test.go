@@ -299,3 +299,52 @@ type errReader struct{}
 func (errReader) Read([]byte) (int, error) {
 	return 0, fmt.Errorf("%w: the connection was cut", io.ErrUnexpectedEOF)
 }
+
+// openaiFiles lists, per OpenAI org of b, the filenames of its files of
+// purpose batch (the batches' input files).
+func (b *bench) openaiFiles() map[string][]string {
+	b.t.Helper()
+	out := map[string][]string{}
+	for _, o := range b.orgs {
+		req, _ := http.NewRequest(http.MethodGet, b.sim.URL+"/v1/files?purpose=batch", nil)
+		req.Header.Set("Authorization", "Bearer "+b.sim.Server.Keys()[o.Name][0])
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			b.t.Fatal(err)
+		}
+		var page struct {
+			Data []struct {
+				Filename string `json:"filename"`
+			} `json:"data"`
+		}
+		err = json.NewDecoder(resp.Body).Decode(&page)
+		resp.Body.Close()
+		if err != nil || resp.StatusCode != http.StatusOK {
+			b.t.Fatalf("listing org %s's files: %d %v", o.Name, resp.StatusCode, err)
+		}
+		for _, f := range page.Data {
+			out[o.Name] = append(out[o.Name], f.Filename)
+		}
+	}
+	return out
+}
+
+// TestOpenAIBatchDeletesInputFiles: once an OpenAI batch is harvested its
+// input file is deleted, also for a batch whose create's answer was lost
+// and that was adopted (the file proved it ours first): after the run the
+// orgs hold no input file of it. Before, every input file stayed (3 of 3).
+func TestOpenAIBatchDeletesInputFiles(t *testing.T) {
+	t.Parallel()
+	b := gptBench(t, 900, 2000, gptLimits, sim.Fault{Kind: sim.FaultBatchCreateLost500})
+	res, err, dir := b.exec(t.Context(), "", runner.Exec{Route: runner.RouteBatch})
+	if err != nil || !res.Complete {
+		t.Fatalf("batch route: %v", err)
+	}
+	b.audit(dir)
+	if _, billed, twice := batchLedger(b.sim.Server.Ledger()); billed != 900 || twice != 0 || res.Batch.Adopted != 3 {
+		t.Fatalf("billed %d (%d twice), batch result %+v: want 900 once, 3 adopted", billed, twice, res.Batch)
+	}
+	if files := b.openaiFiles(); len(files) != 0 || res.Batch.FilesLeft != 0 {
+		t.Fatalf("input files left on the orgs after the run: %v (%d counted)", files, res.Batch.FilesLeft)
+	}
+}
