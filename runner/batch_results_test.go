@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"github.com/apidispatch/apidispatch/batch"
+	"github.com/apidispatch/apidispatch/cost"
+	"github.com/apidispatch/apidispatch/dispatch"
 	"github.com/apidispatch/apidispatch/rundir"
 	"github.com/apidispatch/apidispatch/runner"
 	"github.com/apidispatch/apidispatch/sim"
@@ -346,5 +348,79 @@ func TestOpenAIBatchDeletesInputFiles(t *testing.T) {
 	}
 	if files := b.openaiFiles(); len(files) != 0 || res.Batch.FilesLeft != 0 {
 		t.Fatalf("input files left on the orgs after the run: %v (%d counted)", files, res.Batch.FilesLeft)
+	}
+}
+
+// TestOpenAIBatchInsufficientQuota: an OpenAI org out of quota answers the
+// batch create with 429 insufficient_quota, a billing refusal and not a
+// rate limit: the org creates no more batches (one create refused, never
+// tried again) and its upload is deleted. With another org able to take
+// them, its items go there and the run completes, each once; with every
+// org out of quota, the run stops at once (exit 4, incomplete) saying the
+// quota is used up, every item pending, nothing billed, no batch open.
+func TestOpenAIBatchInsufficientQuota(t *testing.T) {
+	t.Parallel()
+	for _, all := range []bool{false, true} {
+		t.Run(fmt.Sprintf("all=%v", all), func(t *testing.T) {
+			t.Parallel()
+			f := sim.Fault{Kind: sim.FaultSpendCap, Org: "gpt_a"}
+			if all {
+				f.Org = ""
+			}
+			b := gptBench(t, 300, 2000, gptLimits, f)
+			var mu sync.Mutex
+			refused := map[string]int{}
+			x := runner.Exec{Route: runner.RouteBatch}
+			x.Sync.WrapTransport = hook(func(req *http.Request, next http.RoundTripper) (*http.Response, error) {
+				resp, err := next.RoundTrip(req)
+				if err == nil && isOpenAICreate(req) && resp.StatusCode == http.StatusTooManyRequests {
+					mu.Lock()
+					refused[req.Header.Get("Authorization")]++
+					mu.Unlock()
+				}
+				return resp, err
+			})
+			ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+			defer cancel()
+			dir := filepath.Join(t.TempDir(), "run")
+			var log bytes.Buffer
+			out := runner.Run(ctx, runner.Config{
+				Input: b.input, RunDir: dir, Prices: cost.Default(), Stderr: &log, Route: runner.RouteBatch,
+				Sync: dispatch.Config{Orgs: b.orgs, BaseURL: b.sim.URL, Speed: b.speed, Prices: cost.Default(), SampleEvery: -1, WrapTransport: x.Sync.WrapTransport},
+			})
+			if ctx.Err() != nil {
+				t.Fatalf("the run did not end: %v", out.Err)
+			}
+			mu.Lock()
+			orgsRefused, creates := len(refused), 0
+			for _, n := range refused {
+				creates += n
+			}
+			mu.Unlock()
+			want := 1
+			if all {
+				want = 3
+			}
+			if orgsRefused != want || creates != want {
+				t.Fatalf("%d creates refused over %d orgs: want one an org out of quota (%d), none tried again", creates, orgsRefused, want)
+			}
+			_, billed, twice := batchLedger(b.sim.Server.Ledger())
+			if files := b.openaiFiles(); len(files) != 0 {
+				t.Fatalf("input files left: %v", files)
+			}
+			s := out.Summary
+			if !all {
+				if out.Code() != runner.ExitOK || s == nil || s.Succeeded != 300 || billed != 300 || twice != 0 {
+					t.Fatalf("exit %d (%v), billed %d (%d twice); log:\n%s", out.Code(), out.Err, billed, twice, log.String())
+				}
+				b.audit(dir)
+				return
+			}
+			if out.Code() != runner.ExitIncomplete || s == nil || s.Unfinished != 300 || s.Batches.Open != 0 || billed != 0 ||
+				!strings.Contains(out.Stop.Reason, "quota is used up") || !strings.Contains(out.Stop.Reason, "billing") {
+				t.Fatalf("exit %d, stop %q (%v), summary %+v, billed %d; want exit 4 saying the quota is used up, 300 pending, nothing billed", out.Code(), out.Stop.Reason, out.Err, s, billed)
+			}
+			t.Logf("stop: %s", out.Stop.Reason)
+		})
 	}
 }
