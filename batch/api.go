@@ -128,8 +128,11 @@ type api interface {
 	// list calls fn for the org's batches, newest first, until fn returns
 	// false or there are no more.
 	list(ctx context.Context, fn func(b *apiBatch) bool) error
-	// results streams every line of ended batch b's results.
-	results(ctx context.Context, b *apiBatch, fn func(line []byte) error) error
+	// parts names ended batch b's results streams, in the order they are
+	// read (a message batch's one, an OpenAI batch's output file then its
+	// error file); results streams every line of one of them.
+	parts(b *apiBatch) []string
+	results(ctx context.Context, b *apiBatch, part string, fn func(line []byte) error) error
 	// sent streams lines that hold (as "custom_id") every custom_id batch
 	// b was created with, each once: the adoption proof. ready reports
 	// whether they can be read now.
@@ -391,7 +394,10 @@ func (c messagesAPI) list(ctx context.Context, fn func(b *apiBatch) bool) error 
 	}
 }
 
-func (c messagesAPI) results(ctx context.Context, b *apiBatch, fn func(line []byte) error) error {
+// parts: a message batch's results are one stream.
+func (messagesAPI) parts(*apiBatch) []string { return []string{"results"} }
+
+func (c messagesAPI) results(ctx context.Context, b *apiBatch, _ string, fn func(line []byte) error) error {
 	return c.stream(ctx, c.url(b.ID, "results"), fn)
 }
 
@@ -400,7 +406,7 @@ func (messagesAPI) discard(context.Context, *apiBatch) error { return nil }
 
 // sent: a message batch's custom_ids are in its results, once it has ended.
 func (c messagesAPI) sent(ctx context.Context, b *apiBatch, fn func(line []byte) error) error {
-	return c.results(ctx, b, fn)
+	return c.results(ctx, b, "results", fn)
 }
 
 // writeMessagesBody streams the create body of items: {"requests":

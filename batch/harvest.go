@@ -305,7 +305,23 @@ func (r *Route) harvest(ctx context.Context, b *rec) error {
 		outs, syncOf = outs[:0], syncOf[:0]
 		return nil
 	}
-	streamErr := b.org.cl.results(ctx, b.last, func(line []byte) error {
+	parts := b.org.cl.parts(b.last)
+	skip := min(b.PartsRead, len(parts))
+	if skip > 0 {
+		// Read to their end by an earlier harvest (a process that
+		// stopped), their results committed: the items of the batch not
+		// pending were in them.
+		pending, err := r.pendingOf(ctx, its)
+		if err != nil {
+			return err
+		}
+		for id, it := range byID {
+			if !pending[it.Seq] {
+				seen[id] = true
+			}
+		}
+	}
+	read := func(line []byte) error {
 		l, err := b.org.cl.parse(line)
 		if err != nil {
 			return fmt.Errorf("batch %d (%s): %w", b.Local, b.ID, err)
@@ -352,7 +368,22 @@ func (r *Route) harvest(ctx context.Context, b *rec) error {
 			return flush()
 		}
 		return nil
-	})
+	}
+	var streamErr error
+	for i := skip; i < len(parts) && streamErr == nil; i++ {
+		if streamErr = b.org.cl.results(ctx, b.last, parts[i], read); streamErr != nil || i+1 == len(parts) {
+			break
+		}
+		// Read to its end: once its results are committed, a harvest
+		// started again (a resume) reads only the parts after it.
+		if err := flush(); err != nil {
+			return err
+		}
+		b.PartsRead = i + 1
+		if err := r.cfg.Store.UpdateBatch(context.WithoutCancel(ctx), b.BatchRecord); err != nil {
+			return fmt.Errorf("recording that batch %d's results file %s was read: %w", b.Local, parts[i], err)
+		}
+	}
 	if err := flush(); err != nil {
 		return err
 	}
@@ -494,6 +525,20 @@ func (r *Route) settled(ctx context.Context, b *rec, now time.Time) error {
 func (r *Route) failed(ctx context.Context, b *rec) error {
 	now := time.Now()
 	why := b.last.Failed
+	o := b.org
+	if b.last.QueueFull {
+		// What the queue held of ours beside it is what it holds at most;
+		// with nothing of ours beside it (a colleague's batches, or
+		// estimates below the API's counts) half of it, and the org rests.
+		// The record keeps it, so that a resume does not overrun it again.
+		c := r.queuedTokens(o, b.model)
+		if c <= 0 {
+			c = b.tokens / 2
+			o.holdUntil = now.Add(r.api(orgHoldMin))
+		}
+		b.QueueTokens = min(r.tokCapOf(o, b.model), max(c, 1))
+		o.tokSeen[b.model] = b.QueueTokens
+	}
 	r.discard(ctx, b, b.last.InputFile)
 	if err := r.settled(ctx, b, now); err != nil {
 		return err
@@ -508,17 +553,7 @@ func (r *Route) failed(ctx context.Context, b *rec) error {
 	if err := r.release(ctx, b); err != nil {
 		return err
 	}
-	o := b.org
 	if b.last.QueueFull {
-		// What the queue held of ours beside it is what it holds at most;
-		// with nothing of ours beside it (a colleague's batches, or
-		// estimates below the API's counts) half of it, and the org rests.
-		c := r.queuedTokens(o, b.model)
-		if c <= 0 {
-			c = b.tokens / 2
-			o.holdUntil = now.Add(r.api(orgHoldMin))
-		}
-		o.tokSeen[b.model] = min(r.tokCapOf(o, b.model), max(c, 1))
 		return nil
 	}
 	return fmt.Errorf("%w: batch %d of this run (%s, org %s, %d requests) failed: %s; its items are pending again, and the same input would fail again: check the requests (or the org's access to model %s)", ErrNeedsPerson, b.Local, b.ID, b.Org, b.N, why, b.model)
@@ -543,6 +578,22 @@ func (r *Route) outcome(b *rec, it *store.BatchItem, st store.State, l *result, 
 	return o
 }
 
+// pendingOf reports which of its are pending.
+func (r *Route) pendingOf(ctx context.Context, its []store.BatchItem) (map[int64]bool, error) {
+	in := make(map[int64]bool, len(its))
+	for _, it := range its {
+		in[it.Seq] = true
+	}
+	pending := make(map[int64]bool, len(its))
+	err := store.EachPending(ctx, r.cfg.Store, func(it store.Item) bool {
+		if in[it.Seq] {
+			pending[it.Seq] = true
+		}
+		return true
+	})
+	return pending, err
+}
+
 // pastRetention settles batch b, whose results the API no longer keeps
 // (archived at at, 29 days after its creation): nothing more can be read
 // from it, so its items not harvested before are pending again, to be sent
@@ -553,11 +604,7 @@ func (r *Route) pastRetention(ctx context.Context, b *rec, at time.Time) error {
 	if err != nil {
 		return err
 	}
-	pending := make(map[int64]bool, len(its))
-	err = store.EachPending(ctx, r.cfg.Store, func(it store.Item) bool {
-		pending[it.Seq] = true
-		return true
-	})
+	pending, err := r.pendingOf(ctx, its)
 	if err != nil {
 		return err
 	}

@@ -216,21 +216,25 @@ func (c openaiAPI) list(ctx context.Context, fn func(b *apiBatch) bool) error {
 	}
 }
 
-// results: the output file's lines, then the error file's.
-func (c openaiAPI) results(ctx context.Context, b *apiBatch, fn func(line []byte) error) error {
+// parts: the output file, then the error file (those the batch has).
+func (openaiAPI) parts(b *apiBatch) []string {
+	var out []string
 	for _, f := range []string{b.OutputFile, b.ErrorFile} {
-		if f == "" {
-			continue
-		}
-		if err := c.stream(ctx, c.url(openai.PathFiles, f, "content"), fn); err != nil {
-			if ae, ok := err.(*apiError); ok {
-				ae.file = f
-				ae.msg = "file " + f + ": " + ae.msg
-			}
-			return err
+		if f != "" {
+			out = append(out, f)
 		}
 	}
-	return nil
+	return out
+}
+
+// results: the lines of file f, one of b's parts.
+func (c openaiAPI) results(ctx context.Context, b *apiBatch, f string, fn func(line []byte) error) error {
+	err := c.stream(ctx, c.url(openai.PathFiles, f, "content"), fn)
+	if ae, ok := err.(*apiError); ok {
+		ae.file = f
+		ae.msg = "file " + f + ": " + ae.msg
+	}
+	return err
 }
 
 // discard deletes the batch's input file: the API keeps it (and counts it

@@ -414,6 +414,11 @@ func (r *Route) load(ctx context.Context) error {
 		if b.ID != "" {
 			r.known[b.ID] = b.Local
 		}
+		if b.QueueTokens > 0 {
+			if err := r.relearn(ctx, b); err != nil {
+				return err
+			}
+		}
 		if !b.Status.Open() {
 			continue
 		}
@@ -441,6 +446,25 @@ func (r *Route) load(ctx context.Context) error {
 		}
 		r.recs = append(r.recs, rc)
 		r.emit(fmt.Sprintf("batch %d (%s, org %s, %d requests, %s): re-attached", b.Local, cmp.Or(b.ID, "id not known yet"), b.Org, b.N, b.Status), recData(&b))
+	}
+	return nil
+}
+
+// relearn takes up the enqueued-token limit batch b's failure taught an
+// earlier process: its org places no more of the model than that.
+func (r *Route) relearn(ctx context.Context, b store.BatchRecord) error {
+	o := r.orgNamed(b.Org)
+	if o == nil || !o.openai {
+		return nil
+	}
+	its, err := r.cfg.Store.BatchItems(ctx, b.Local)
+	if err != nil || len(its) == 0 {
+		return err
+	}
+	m := its[0].Model
+	if s := o.tokSeen[m]; s == 0 || b.QueueTokens < s {
+		o.tokSeen[m] = b.QueueTokens
+		r.log.Info("an enqueued-token limit learnt earlier", "org", o.Name, "model", m, "tokens", b.QueueTokens, "batch", b.Local)
 	}
 	return nil
 }

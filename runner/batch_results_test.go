@@ -424,3 +424,185 @@ func TestOpenAIBatchInsufficientQuota(t *testing.T) {
 		})
 	}
 }
+
+// batchFiles records, from the batch objects the route retrieves, each
+// OpenAI batch's status and output and error files.
+type batchFiles struct {
+	mu             sync.Mutex
+	status         map[string]string // batch id → status
+	output, errors map[string]bool   // file ids
+}
+
+func newBatchFiles() *batchFiles {
+	return &batchFiles{status: map[string]string{}, output: map[string]bool{}, errors: map[string]bool{}}
+}
+
+// see reads a batch object answered to req.
+func (f *batchFiles) see(req *http.Request, resp *http.Response) {
+	if req.Method != http.MethodGet || !strings.HasPrefix(req.URL.Path, "/v1/batches/") || resp.StatusCode != http.StatusOK {
+		return
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	resp.Body = io.NopCloser(bytes.NewReader(body))
+	var ob struct {
+		ID           string  `json:"id"`
+		Status       string  `json:"status"`
+		OutputFileID *string `json:"output_file_id"`
+		ErrorFileID  *string `json:"error_file_id"`
+	}
+	if json.Unmarshal(body, &ob) != nil {
+		return
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.status[ob.ID] = ob.Status
+	if ob.OutputFileID != nil {
+		f.output[*ob.OutputFileID] = true
+	}
+	if ob.ErrorFileID != nil {
+		f.errors[*ob.ErrorFileID] = true
+	}
+}
+
+func (f *batchFiles) failed() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	n := 0
+	for _, s := range f.status {
+		if s == "failed" {
+			n++
+		}
+	}
+	return n
+}
+
+// fileOf is the file id of a content download, "" for another request.
+func fileOf(req *http.Request) string {
+	if req.Method != http.MethodGet || !strings.HasSuffix(req.URL.Path, "/content") {
+		return ""
+	}
+	return strings.TrimSuffix(strings.TrimPrefix(req.URL.Path, "/v1/files/"), "/content")
+}
+
+// TestOpenAIBatchLearntQueueTokensKept: a batch that fails for its
+// model's enqueued-token limit teaches the route what the org takes; a
+// run stopped just after it, resumed, keeps what it learnt (the batch's
+// record holds it) and does not overrun the limit again. Before, the
+// resume sent the same too-big batch first, and it failed again (1).
+func TestOpenAIBatchLearntQueueTokensKept(t *testing.T) {
+	t.Parallel()
+	lim := gptLimits
+	lim.BatchQueueTokens = 50_000
+	b := gptBench(t, 300, 2000, lim)
+	b.orgs = b.orgs[:1]
+	dir := filepath.Join(t.TempDir(), "run")
+	ctx, stop := context.WithCancel(t.Context())
+	defer stop()
+	first := newBatchFiles()
+	x := runner.Exec{Route: runner.RouteBatch}
+	x.Sync.WrapTransport = hook(func(req *http.Request, next http.RoundTripper) (*http.Response, error) {
+		if req.Method == http.MethodPost && req.URL.Path == "/v1/files" && first.failed() > 0 {
+			// The next upload after the failure: the run stops there
+			// (nothing of it sent).
+			stop()
+			return nil, errors.New("stopped before the upload")
+		}
+		resp, err := next.RoundTrip(req)
+		if err == nil {
+			first.see(req, resp)
+		}
+		return resp, err
+	})
+	res, _, _ := b.exec(ctx, dir, x)
+	if first.failed() != 1 || res == nil || res.Batch.Retried != 300 {
+		t.Fatalf("the first run: %d batches failed, %+v; want the one, its 300 items pending again", first.failed(), res)
+	}
+	again := newBatchFiles()
+	x.Sync.WrapTransport = hook(func(req *http.Request, next http.RoundTripper) (*http.Response, error) {
+		resp, err := next.RoundTrip(req)
+		if err == nil {
+			again.see(req, resp)
+		}
+		return resp, err
+	})
+	res, err := b.boundedRun(dir, x)
+	if err != nil || !res.Complete {
+		t.Fatalf("the resumed run: %v", err)
+	}
+	b.audit(dir)
+	if _, billed, twice := batchLedger(b.sim.Server.Ledger()); billed != 300 || twice != 0 {
+		t.Fatalf("billed %d (%d twice)", billed, twice)
+	}
+	if n := again.failed(); n != 0 {
+		t.Fatalf("the resumed run overran the enqueued-token limit again: %d batches failed for it; want 0", n)
+	}
+}
+
+// TestOpenAIBatchResumeSkipsReadOutput: an OpenAI batch that expires half
+// done has an output file (its finished requests) and an error file
+// (batch_expired lines). The output file is read to its end and its
+// results committed; the error file's downloads all break, and the run
+// stops (ErrNeedsPerson). The resume reads only the error file: the
+// output file, read already, is not downloaded again (before: 1 download
+// of 100 lines again), and the run completes each item once.
+func TestOpenAIBatchResumeSkipsReadOutput(t *testing.T) {
+	t.Parallel()
+	b := gptBench(t, 200, 20000, gptLimits, sim.Fault{ID: "stall", Kind: sim.FaultBatchStall, Fraction: 0.5})
+	b.orgs = b.orgs[:1]
+	dir := filepath.Join(t.TempDir(), "run")
+	first := newBatchFiles()
+	x := runner.Exec{Route: runner.RouteBatch}
+	x.Sync.WrapTransport = hook(func(req *http.Request, next http.RoundTripper) (*http.Response, error) {
+		resp, err := next.RoundTrip(req)
+		if err != nil {
+			return resp, err
+		}
+		first.see(req, resp)
+		first.mu.Lock()
+		cut := first.errors[fileOf(req)]
+		first.mu.Unlock()
+		if cut && resp.StatusCode == http.StatusOK {
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			resp.Body = io.NopCloser(io.MultiReader(bytes.NewReader(body[:len(body)/2]), errReader{}))
+		}
+		return resp, nil
+	})
+	_, err := b.boundedRun(dir, x)
+	b.checkStopMessage(err, "batch_", "reading its results failed")
+	if c := b.noResultTwice(dir); c.Lines != 100 || len(first.output) != 1 {
+		t.Fatalf("the first run committed %d results from %d output files; want the 100 the batch finished, from its one output file", c.Lines, len(first.output))
+	}
+	b.sim.Server.ClearFaults("stall")
+	var mu sync.Mutex
+	downloads := map[string]int{}
+	x.Sync.WrapTransport = hook(func(req *http.Request, next http.RoundTripper) (*http.Response, error) {
+		if f := fileOf(req); f != "" {
+			mu.Lock()
+			downloads[f]++
+			mu.Unlock()
+		}
+		return next.RoundTrip(req)
+	})
+	res, err := b.boundedRun(dir, x)
+	if err != nil || !res.Complete {
+		t.Fatalf("the resumed run: %v", err)
+	}
+	b.audit(dir)
+	if _, billed, twice := batchLedger(b.sim.Server.Ledger()); billed != 200 || twice != 0 {
+		t.Fatalf("billed %d (%d twice)", billed, twice)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for f := range first.output {
+		if downloads[f] != 0 {
+			t.Fatalf("the resume downloaded the output file %s, read to its end before, %d times; want 0", f, downloads[f])
+		}
+	}
+	for f := range first.errors {
+		if downloads[f] != 1 {
+			t.Fatalf("the resume downloaded the error file %s %d times; want 1", f, downloads[f])
+		}
+	}
+}
