@@ -89,6 +89,12 @@ type apiError struct {
 	// noEffect: whatever the answer, the call made no batch (an OpenAI
 	// upload, which only stores a file).
 	noEffect bool
+	// file is the OpenAI file whose download this answered ("" for
+	// another call).
+	file string
+	// upload is the input file an OpenAI create uploaded before its
+	// batch create failed ("" when there was none).
+	upload string
 }
 
 func (e *apiError) Error() string {
@@ -122,13 +128,20 @@ type api interface {
 	// list calls fn for the org's batches, newest first, until fn returns
 	// false or there are no more.
 	list(ctx context.Context, fn func(b *apiBatch) bool) error
-	// results streams every line of ended batch b's results.
-	results(ctx context.Context, b *apiBatch, fn func(line []byte) error) error
+	// parts names ended batch b's results streams, in the order they are
+	// read (a message batch's one, an OpenAI batch's output file then its
+	// error file); results streams every line of one of them.
+	parts(b *apiBatch) []string
+	results(ctx context.Context, b *apiBatch, part string, fn func(line []byte) error) error
 	// sent streams lines that hold (as "custom_id") every custom_id batch
 	// b was created with, each once: the adoption proof. ready reports
 	// whether they can be read now.
 	sent(ctx context.Context, b *apiBatch, fn func(line []byte) error) error
 	ready(b *apiBatch) bool
+	// discard deletes what batch b keeps on the org that nothing needs
+	// once its results are harvested (an OpenAI batch's input file), and
+	// is nil when it is gone already or there is nothing.
+	discard(ctx context.Context, b *apiBatch) error
 	// parse reads one results line.
 	parse(line []byte) (result, error)
 	// line is the results.jsonl line of a harvested result.
@@ -381,13 +394,19 @@ func (c messagesAPI) list(ctx context.Context, fn func(b *apiBatch) bool) error 
 	}
 }
 
-func (c messagesAPI) results(ctx context.Context, b *apiBatch, fn func(line []byte) error) error {
+// parts: a message batch's results are one stream.
+func (messagesAPI) parts(*apiBatch) []string { return []string{"results"} }
+
+func (c messagesAPI) results(ctx context.Context, b *apiBatch, _ string, fn func(line []byte) error) error {
 	return c.stream(ctx, c.url(b.ID, "results"), fn)
 }
 
+// discard: a message batch keeps nothing beside itself.
+func (messagesAPI) discard(context.Context, *apiBatch) error { return nil }
+
 // sent: a message batch's custom_ids are in its results, once it has ended.
 func (c messagesAPI) sent(ctx context.Context, b *apiBatch, fn func(line []byte) error) error {
-	return c.results(ctx, b, fn)
+	return c.results(ctx, b, "results", fn)
 }
 
 // writeMessagesBody streams the create body of items: {"requests":

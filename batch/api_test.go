@@ -45,7 +45,7 @@ func TestResultsStream(t *testing.T) {
 			u, _ := url.Parse(srv.URL)
 			c := messagesAPI{newConn(srv.Client(), u, org.Org{Name: "a", Key: org.NewKey("sk-test")}, nil)}
 			n := 0
-			err := c.results(context.Background(), &apiBatch{ID: "msgbatch_1"}, func([]byte) error { n++; return nil })
+			err := c.results(context.Background(), &apiBatch{ID: "msgbatch_1"}, "results", func([]byte) error { n++; return nil })
 			if n != tc.lines || (err != nil) != tc.err {
 				t.Fatalf("%d lines, error %v; want %d lines, error %v", n, err, tc.lines, tc.err)
 			}

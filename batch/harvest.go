@@ -11,6 +11,7 @@ import (
 
 	"github.com/apidispatch/apidispatch/anthropic"
 	"github.com/apidispatch/apidispatch/cost"
+	"github.com/apidispatch/apidispatch/org"
 	"github.com/apidispatch/apidispatch/rundir"
 	"github.com/apidispatch/apidispatch/store"
 	"github.com/apidispatch/apidispatch/upstream"
@@ -139,6 +140,7 @@ func (r *Route) reconcile(ctx context.Context, b *rec) error {
 		r.backoff(b, now, 0)
 		return nil
 	}
+	r.discard(ctx, b, b.upload)
 	return r.abandon(ctx, b, fmt.Sprintf("no batch of org %s created since %s holds its %d requests (custom_ids %s_…), %s after the create; the create made no batch",
 		b.Org, b.CreatedAt.Format(time.RFC3339), b.N, cmp.Or(b.Prefix, "unprefixed"), now.Sub(b.CreatedAt).Round(time.Second)))
 }
@@ -303,7 +305,23 @@ func (r *Route) harvest(ctx context.Context, b *rec) error {
 		outs, syncOf = outs[:0], syncOf[:0]
 		return nil
 	}
-	streamErr := b.org.cl.results(ctx, b.last, func(line []byte) error {
+	parts := b.org.cl.parts(b.last)
+	skip := min(b.PartsRead, len(parts))
+	if skip > 0 {
+		// Read to their end by an earlier harvest (a process that
+		// stopped), their results committed: the items of the batch not
+		// pending were in them.
+		pending, err := r.pendingOf(ctx, its)
+		if err != nil {
+			return err
+		}
+		for id, it := range byID {
+			if !pending[it.Seq] {
+				seen[id] = true
+			}
+		}
+	}
+	read := func(line []byte) error {
 		l, err := b.org.cl.parse(line)
 		if err != nil {
 			return fmt.Errorf("batch %d (%s): %w", b.Local, b.ID, err)
@@ -350,7 +368,22 @@ func (r *Route) harvest(ctx context.Context, b *rec) error {
 			return flush()
 		}
 		return nil
-	})
+	}
+	var streamErr error
+	for i := skip; i < len(parts) && streamErr == nil; i++ {
+		if streamErr = b.org.cl.results(ctx, b.last, parts[i], read); streamErr != nil || i+1 == len(parts) {
+			break
+		}
+		// Read to its end: once its results are committed, a harvest
+		// started again (a resume) reads only the parts after it.
+		if err := flush(); err != nil {
+			return err
+		}
+		b.PartsRead = i + 1
+		if err := r.cfg.Store.UpdateBatch(context.WithoutCancel(ctx), b.BatchRecord); err != nil {
+			return fmt.Errorf("recording that batch %d's results file %s was read: %w", b.Local, parts[i], err)
+		}
+	}
 	if err := flush(); err != nil {
 		return err
 	}
@@ -362,22 +395,35 @@ func (r *Route) harvest(ctx context.Context, b *rec) error {
 		if !errors.As(streamErr, &ae) {
 			return streamErr
 		}
+		if ctx.Err() != nil {
+			return nil // cut by the stop: not a failure of the download
+		}
+		gone := false
 		if ae.status == http.StatusNotFound {
 			// Gone, or past retention: the batch object says which.
-			if ab, err := b.org.cl.retrieve(ctx, b.ID); err == nil && ab.ArchivedAt != nil {
+			ab, err := b.org.cl.retrieve(ctx, b.ID)
+			if err == nil && ab.ArchivedAt != nil {
 				return r.pastRetention(ctx, b, *ab.ArchivedAt)
 			}
+			if err == nil {
+				// An OpenAI file the batch still names answers 404: it
+				// was deleted, or is past its retention.
+				gone = ae.file != "" && (ab.OutputFile == ae.file || ab.ErrorFile == ae.file)
+				b.last = ab
+			}
 		}
-		b.harvestErr++
 		r.res.BrokenDownloads++
-		r.log.Warn("reading a batch's results failed; reading them again", "batch", b.Local, "id", b.ID, "error", streamErr.Error())
-		if ctx.Err() == nil {
-			r.backoff(b, now, ae.retryAfter)
+		if err := r.readFailed(b, now, seen, byID, gone, ae); err != nil {
+			return err
 		}
+		r.log.Warn("reading a batch's results failed; reading them again", "batch", b.Local, "id", b.ID, "error", org.Scrub(streamErr.Error()))
+		r.backoff(b, now, ae.retryAfter)
 		return nil
 	}
+	b.fails = readFails{}
 	missing := int64(len(its) - len(seen))
 	retried += missing
+	r.discard(ctx, b, b.last.InputFile)
 	if err := r.settled(ctx, b, now); err != nil {
 		return err
 	}
@@ -391,6 +437,72 @@ func (r *Route) harvest(ctx context.Context, b *rec) error {
 		b.Local, b.ID, b.Org, succ, errd, retried, missing, cost.Nanos(costN)),
 		map[string]any{"batch": b.Local, "batch_id": b.ID, "org": b.Org, "succeeded": succ, "errored": errd, "retried": retried, "expired": expired, "missing": missing, "cost_usd": cost.Nanos(costN).USD()})
 	return r.release(ctx, b)
+}
+
+// Bounds of the reads of a batch's results that fail (API time): a read
+// that fails readFailMax times in a row, over readFailSpan at least,
+// without getting further than the reads before it, will not succeed by
+// being tried again; nor will the download of an OpenAI file that answers
+// 404 goneConfirm times over goneSpan while the batch still names it.
+const (
+	readFailMax  = 10
+	readFailSpan = 30 * time.Minute
+	goneConfirm  = 3
+	goneSpan     = time.Minute
+)
+
+// readFails counts the failed reads of a batch's results since the last
+// one that got further.
+type readFails struct {
+	n     int       // failed reads in a row without getting further
+	since time.Time // the first of them
+	gone  int       // … of which the last ones in a row were confirmed 404s
+	goneT time.Time // the first of those
+	// reached is every item whose result a read of this process got to.
+	reached map[int64]bool
+	last    string // the last failure, scrubbed
+}
+
+// readFailed counts a failed read of batch b's results, which got to the
+// items of seen (custom_ids sent, whose items byID maps); gone: the download answered 404 for a
+// file the batch still names. A read that got to an item no read got to
+// before starts the count again. Once the reads have failed long enough
+// it returns ErrNeedsPerson: the run stops rather than try for ever; the
+// results committed stand, the batch's items stay held (none is sent
+// again, so none is paid twice), and the same command tries again.
+func (r *Route) readFailed(b *rec, now time.Time, seen map[string]bool, byID map[string]*store.BatchItem, gone bool, ae *apiError) error {
+	f := &b.fails
+	if f.reached == nil {
+		f.reached = map[int64]bool{}
+	}
+	further := false
+	for id := range seen {
+		if q := byID[id].Seq; !f.reached[q] {
+			f.reached[q], further = true, true
+		}
+	}
+	if further || f.n == 0 {
+		f.n, f.since, f.gone = 0, now, 0
+	}
+	f.n++
+	f.last = org.Scrub(ae.Error())
+	if !gone {
+		f.gone = 0
+	} else {
+		if f.gone == 0 {
+			f.goneT = now
+		}
+		f.gone++
+	}
+	switch {
+	case f.gone >= goneConfirm && now.Sub(f.goneT) >= r.api(goneSpan):
+		return fmt.Errorf("%w: batch %d of this run (%s, org %s): its results file %s answers 404 not found (%d times over %s), though the batch still names it: deleted, or past the file's retention (last: %s); the results committed before stand, and its items stay held, none sent again (so none is paid twice): check the batch and its files on the org; the same command tries again",
+			ErrNeedsPerson, b.Local, b.ID, b.Org, ae.file, f.gone, now.Sub(f.goneT).Round(time.Second), f.last)
+	case f.n >= readFailMax && now.Sub(f.since) >= r.api(readFailSpan):
+		return fmt.Errorf("%w: batch %d of this run (%s, org %s): reading its results failed %d times in a row over %s without getting further (last: %s); the results committed before stand, and its items stay held, none sent again (so none is paid twice): check the batch on the org; the same command tries again",
+			ErrNeedsPerson, b.Local, b.ID, b.Org, f.n, now.Sub(f.since).Round(time.Second), f.last)
+	}
+	return nil
 }
 
 // settled records b as harvested.
@@ -413,6 +525,21 @@ func (r *Route) settled(ctx context.Context, b *rec, now time.Time) error {
 func (r *Route) failed(ctx context.Context, b *rec) error {
 	now := time.Now()
 	why := b.last.Failed
+	o := b.org
+	if b.last.QueueFull {
+		// What the queue held of ours beside it is what it holds at most;
+		// with nothing of ours beside it (a colleague's batches, or
+		// estimates below the API's counts) half of it, and the org rests.
+		// The record keeps it, so that a resume does not overrun it again.
+		c := r.queuedTokens(o, b.model)
+		if c <= 0 {
+			c = b.tokens / 2
+			o.holdUntil = now.Add(r.api(orgHoldMin))
+		}
+		b.QueueTokens = min(r.tokCapOf(o, b.model), max(c, 1))
+		o.tokSeen[b.model] = b.QueueTokens
+	}
+	r.discard(ctx, b, b.last.InputFile)
 	if err := r.settled(ctx, b, now); err != nil {
 		return err
 	}
@@ -426,17 +553,7 @@ func (r *Route) failed(ctx context.Context, b *rec) error {
 	if err := r.release(ctx, b); err != nil {
 		return err
 	}
-	o := b.org
 	if b.last.QueueFull {
-		// What the queue held of ours beside it is what it holds at most;
-		// with nothing of ours beside it (a colleague's batches, or
-		// estimates below the API's counts) half of it, and the org rests.
-		c := r.queuedTokens(o, b.model)
-		if c <= 0 {
-			c = b.tokens / 2
-			o.holdUntil = now.Add(r.api(orgHoldMin))
-		}
-		o.tokSeen[b.model] = min(r.tokCapOf(o, b.model), max(c, 1))
 		return nil
 	}
 	return fmt.Errorf("%w: batch %d of this run (%s, org %s, %d requests) failed: %s; its items are pending again, and the same input would fail again: check the requests (or the org's access to model %s)", ErrNeedsPerson, b.Local, b.ID, b.Org, b.N, why, b.model)
@@ -461,6 +578,22 @@ func (r *Route) outcome(b *rec, it *store.BatchItem, st store.State, l *result, 
 	return o
 }
 
+// pendingOf reports which of its are pending.
+func (r *Route) pendingOf(ctx context.Context, its []store.BatchItem) (map[int64]bool, error) {
+	in := make(map[int64]bool, len(its))
+	for _, it := range its {
+		in[it.Seq] = true
+	}
+	pending := make(map[int64]bool, len(its))
+	err := store.EachPending(ctx, r.cfg.Store, func(it store.Item) bool {
+		if in[it.Seq] {
+			pending[it.Seq] = true
+		}
+		return true
+	})
+	return pending, err
+}
+
 // pastRetention settles batch b, whose results the API no longer keeps
 // (archived at at, 29 days after its creation): nothing more can be read
 // from it, so its items not harvested before are pending again, to be sent
@@ -471,11 +604,7 @@ func (r *Route) pastRetention(ctx context.Context, b *rec, at time.Time) error {
 	if err != nil {
 		return err
 	}
-	pending := make(map[int64]bool, len(its))
-	err = store.EachPending(ctx, r.cfg.Store, func(it store.Item) bool {
-		pending[it.Seq] = true
-		return true
-	})
+	pending, err := r.pendingOf(ctx, its)
 	if err != nil {
 		return err
 	}

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"mime/multipart"
@@ -85,6 +86,9 @@ func (c openaiAPI) create(ctx context.Context, prefix string, items []store.Item
 	})
 	var b openai.Batch
 	if err := c.call(ctx, http.MethodPost, c.url(openai.PathBatches), strings.NewReader(string(req)), "", &b); err != nil {
+		if ae, ok := err.(*apiError); ok {
+			ae.upload = f.ID
+		}
 		return nil, err
 	}
 	if b.ID == "" {
@@ -212,15 +216,46 @@ func (c openaiAPI) list(ctx context.Context, fn func(b *apiBatch) bool) error {
 	}
 }
 
-// results: the output file's lines, then the error file's.
-func (c openaiAPI) results(ctx context.Context, b *apiBatch, fn func(line []byte) error) error {
+// parts: the output file, then the error file (those the batch has).
+func (openaiAPI) parts(b *apiBatch) []string {
+	var out []string
 	for _, f := range []string{b.OutputFile, b.ErrorFile} {
-		if f == "" {
-			continue
+		if f != "" {
+			out = append(out, f)
 		}
-		if err := c.stream(ctx, c.url(openai.PathFiles, f, "content"), fn); err != nil {
-			return err
-		}
+	}
+	return out
+}
+
+// results: the lines of file f, one of b's parts.
+func (c openaiAPI) results(ctx context.Context, b *apiBatch, f string, fn func(line []byte) error) error {
+	err := c.stream(ctx, c.url(openai.PathFiles, f, "content"), fn)
+	if ae, ok := err.(*apiError); ok {
+		ae.file = f
+		ae.msg = "file " + f + ": " + ae.msg
+	}
+	return err
+}
+
+// discard deletes the batch's input file: the API keeps it (and counts it
+// in the org's file storage) until it expires. A 404 is a file deleted
+// already.
+func (c openaiAPI) discard(ctx context.Context, b *apiBatch) error {
+	if b.InputFile == "" {
+		return nil
+	}
+	var out struct {
+		Deleted bool `json:"deleted"`
+	}
+	err := c.call(ctx, http.MethodDelete, c.url(openai.PathFiles, b.InputFile), nil, "", &out)
+	var ae *apiError
+	switch {
+	case errors.As(err, &ae) && ae.status == http.StatusNotFound:
+		return nil
+	case err != nil:
+		return err
+	case !out.Deleted:
+		return fmt.Errorf("the API answered the delete of %s without deleted: true", b.InputFile)
 	}
 	return nil
 }

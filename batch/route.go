@@ -179,6 +179,10 @@ type Result struct {
 	// BrokenDownloads counts results streams that broke off and were read
 	// again.
 	BrokenDownloads int
+	// FilesLeft counts OpenAI input files the route could not delete once
+	// nothing needed them (their batch harvested, or its create refused):
+	// they stay on the org until they expire.
+	FilesLeft int
 	// Archived counts batches whose results were past retention: their
 	// items went back to pending.
 	Archived int
@@ -211,19 +215,24 @@ type orgState struct {
 // rec is a batch record with what the route keeps about it in memory.
 type rec struct {
 	store.BatchRecord
-	org        *orgState
-	next       time.Time // when to look at it again
-	wait       time.Duration
-	lost404    time.Time // first 404 of a run of them
-	warned404  bool
-	ended      bool
-	lateDone   bool
-	harvestErr int
+	org       *orgState
+	next      time.Time // when to look at it again
+	wait      time.Duration
+	lost404   time.Time // first 404 of a run of them
+	warned404 bool
+	ended     bool
+	lateDone  bool
+	// fails counts the reads of its results that failed.
+	fails readFails
 	// rejected are the candidate batches proven not this record's (a
 	// record whose create's answer was lost); waitNoted: the wait for
 	// candidates that have not ended was announced.
 	rejected  map[string]bool
 	waitNoted bool
+	// upload is the input file an OpenAI create uploaded before the
+	// answer to its batch create was lost (known to this process only):
+	// deleted if the record is abandoned.
+	upload string
 	// hold is the batch's worst case in the spend gate.
 	hold *spend.Reservation
 	// last is the batch as last seen on the API (nil: not seen yet).
@@ -405,6 +414,11 @@ func (r *Route) load(ctx context.Context) error {
 		if b.ID != "" {
 			r.known[b.ID] = b.Local
 		}
+		if b.QueueTokens > 0 {
+			if err := r.relearn(ctx, b); err != nil {
+				return err
+			}
+		}
 		if !b.Status.Open() {
 			continue
 		}
@@ -432,6 +446,25 @@ func (r *Route) load(ctx context.Context) error {
 		}
 		r.recs = append(r.recs, rc)
 		r.emit(fmt.Sprintf("batch %d (%s, org %s, %d requests, %s): re-attached", b.Local, cmp.Or(b.ID, "id not known yet"), b.Org, b.N, b.Status), recData(&b))
+	}
+	return nil
+}
+
+// relearn takes up the enqueued-token limit batch b's failure taught an
+// earlier process: its org places no more of the model than that.
+func (r *Route) relearn(ctx context.Context, b store.BatchRecord) error {
+	o := r.orgNamed(b.Org)
+	if o == nil || !o.openai {
+		return nil
+	}
+	its, err := r.cfg.Store.BatchItems(ctx, b.Local)
+	if err != nil || len(its) == 0 {
+		return err
+	}
+	m := its[0].Model
+	if s := o.tokSeen[m]; s == 0 || b.QueueTokens < s {
+		o.tokSeen[m] = b.QueueTokens
+		r.log.Info("an enqueued-token limit learnt earlier", "org", o.Name, "model", m, "tokens", b.QueueTokens, "batch", b.Local)
 	}
 	return nil
 }
@@ -755,6 +788,24 @@ func (r *Route) release(ctx context.Context, b *rec) error {
 	default:
 	}
 	return nil
+}
+
+// discard deletes what batch b keeps on its org that nothing needs any
+// more (an OpenAI batch's input file): once b is harvested, nothing will
+// read the file to prove a batch ours (a batch of the run is never another
+// record's candidate). One try: a failure is logged and counted, and the
+// file stays on the org until it expires.
+func (r *Route) discard(ctx context.Context, b *rec, file string) {
+	if file == "" {
+		return
+	}
+	if err := b.org.cl.discard(ctx, &apiBatch{ID: b.ID, InputFile: file}); err != nil {
+		r.res.FilesLeft++
+		msg := org.Scrub(err.Error())
+		r.log.Warn("deleting a batch's input file failed; it stays on the org until it expires", "batch", b.Local, "id", b.ID, "file", file, "error", msg)
+		r.emit(fmt.Sprintf("batch %d (%s, org %s): its input file %s could not be deleted (%s); it stays on the org until it expires", b.Local, cmp.Or(b.ID, "no id"), b.Org, file, msg),
+			map[string]any{"batch": b.Local, "batch_id": b.ID, "org": b.Org, "file": file})
+	}
 }
 
 // abandon records that b's create made no batch and frees its items.

@@ -376,6 +376,14 @@ func (r *Route) create(ctx context.Context, o *orgState, items []store.Item, byt
 		return r.abandon(ctx, b, "stopped before its create was sent")
 	}
 	var ae *apiError
+	if errors.As(err, &ae) && ae.upload != "" {
+		if ae.certain() {
+			// The create made no batch: nothing will read its input file.
+			r.discard(ctx, b, ae.upload)
+		} else {
+			b.upload = ae.upload // it may prove the batch ours
+		}
+	}
 	if errors.As(err, &ae) && ae.certain() {
 		b.hold.Release() // no batch was made: nothing is billed
 		switch {

@@ -319,6 +319,12 @@ func TestOpenAILostCreateAdoptsOursNotColleagues(t *testing.T) {
 				t.Fatalf("batch result %+v: want %d adopted, %d abandoned", res.Batch, want[0], want[1])
 			}
 			billedOncePerItem(t, b.sim, n, theirs...)
+			// Our input files are deleted once nothing needs them (the
+			// adopted batch's once harvested, the abandoned record's
+			// upload), the colleagues' are left alone.
+			if files := b.openaiFiles(); len(files[b.orgs[0].Name]) != 2 || len(files) != 1 || files[b.orgs[0].Name][0] != "theirs.jsonl" || files[b.orgs[0].Name][1] != "theirs.jsonl" {
+				t.Fatalf("files of purpose batch left: %v; want the colleagues' two only", files)
+			}
 		})
 	}
 }

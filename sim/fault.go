@@ -43,7 +43,9 @@ const (
 	// error.details.error_code "enforced_spend_limit_reached", and a message
 	// naming the resume time (00:00 UTC on the 1st of next month). With
 	// Fault.SpendCapUSD > 0 it fires only once the org's billed cost has
-	// reached that amount.
+	// reached that amount. On an OpenAI org it answers the billing 429
+	// insufficient_quota instead (no retry-after), to chat completions and
+	// to batch creates.
 	FaultSpendCap FaultKind = "spend_cap"
 	// FaultAcceleration answers 429 to an org whose request rate over the
 	// last Window (default 5 s) exceeds both FloorRPM (default 1,000) and

@@ -565,6 +565,11 @@ func (s *Server) oaCreateBatch(c *oaCall) {
 	ob := s.orgBatches(o)
 	now := s.apiNow()
 	fs := s.faults.Load()
+	if f := fs.match(FaultSpendCap, o.idx, "", ks.fp, now, &c.rng); f != nil && o.costNanos.Load() >= f.capNanos {
+		// An org out of quota creates no batch: the billing 429.
+		s.oaWriteError(c, insufficientQuota)
+		return
+	}
 	b := &oaBatch{
 		endpoint: *w.Endpoint, window: *w.CompletionWindow, seq: s.batches.seq.Add(1), ks: ks, input: in, metadata: meta,
 		created: now, wall0: s.start.Add(s.real(now)), validEnd: now + oaValidateTime,

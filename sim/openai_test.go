@@ -545,3 +545,39 @@ func TestOpenAIBatchResultsCutEachRead(t *testing.T) {
 		t.Error("a fault added after the batch ended did not cut its output file's download")
 	}
 }
+
+// TestOpenAIFileDelete: DELETE /v1/files/{id} answers as the API does
+// ({"id", "object": "file", "deleted": true}); the file is then not found
+// (retrieve, content, a second delete: 404), nor listed. A batch whose
+// input file is deleted once it has ended keeps its results and still
+// names the file.
+func TestOpenAIFileDelete(t *testing.T) {
+	t.Parallel()
+	cfg := oaTestConfig()
+	cfg.Speed = 50_000
+	run := startSim(t, cfg)
+	in := upload(t, run, `{"custom_id":"c0","method":"POST","url":"/v1/chat/completions","body":{"model":"gpt-4.1-mini","messages":[{"role":"user","content":"hi"}],"max_completion_tokens":20}}`+"\n")
+	b := waitBatch(t, run, createBatch(t, run, in).ID)
+	if b.Status != "completed" || b.OutputFileID == nil {
+		t.Fatalf("batch: %+v", b)
+	}
+	r := oaDo(t, run, "DELETE", "/v1/files/"+in, oaKey, nil)
+	if r.status != 200 || string(r.body) != `{"id":"`+in+`","object":"file","deleted":true}` {
+		t.Fatalf("delete: %d %s", r.status, r.body)
+	}
+	for _, c := range []struct{ method, path string }{{"GET", in}, {"GET", in + "/content"}, {"DELETE", in}} {
+		if r := oaDo(t, run, c.method, "/v1/files/"+c.path, oaKey, nil); r.status != 404 || !bytes.Contains(r.body, []byte("No such File object: "+in)) {
+			t.Errorf("%s %s after the delete: %d %s; want 404", c.method, c.path, r.status, r.body)
+		}
+	}
+	if r := oaDo(t, run, "GET", "/v1/files?purpose=batch", oaKey, nil); r.status != 200 || bytes.Contains(r.body, []byte(in)) {
+		t.Errorf("list after the delete: %d %s", r.status, r.body)
+	}
+	after := waitBatch(t, run, b.ID)
+	if after.InputFileID != in {
+		t.Errorf("the batch names input file %q after its delete, want %q", after.InputFileID, in)
+	}
+	if r := oaDo(t, run, "GET", "/v1/files/"+*b.OutputFileID+"/content", oaKey, nil); r.status != 200 || !bytes.Contains(r.body, []byte(`"custom_id":"c0"`)) {
+		t.Errorf("output after the input's delete: %d %s", r.status, r.body)
+	}
+}

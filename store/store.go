@@ -197,6 +197,16 @@ type BatchRecord struct {
 	CancelRequested bool
 	// Note says, in words, how it came to its status.
 	Note string
+	// PartsRead is how many of the batch's results files, in the order its
+	// API gives them (an OpenAI batch's output file, then its error file),
+	// were read to their end with every result committed: a harvest
+	// started again (a resume) does not read them again.
+	PartsRead int
+	// QueueTokens, for an OpenAI batch that failed for its model's
+	// enqueued-token limit, is what the route learnt of that limit on its
+	// org: the most enqueued tokens of the model it places there from then
+	// on, resumes included (0: nothing learnt).
+	QueueTokens int64
 }
 
 // BatchItem is an item of a batch, with the number of batches (this one
@@ -272,7 +282,8 @@ type Store interface {
 	// must be pending and in no open batch (else ErrItemBusy, nothing
 	// recorded).
 	AddBatch(ctx context.Context, b BatchRecord, seqs []int64) (local int64, err error)
-	// UpdateBatch stores b (found by b.Local): status, id, times, note.
+	// UpdateBatch stores b (found by b.Local): status, id, times, note,
+	// parts read and queue tokens.
 	// A batch leaves an open status only forward: an update of a harvested
 	// or abandoned batch to another status is an error. A non-empty ID
 	// already held by another batch of the run is an error.

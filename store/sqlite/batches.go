@@ -95,7 +95,8 @@ func (s *Store) AddBatch(ctx context.Context, b store.BatchRecord, seqs []int64)
 	return local, nil
 }
 
-// UpdateBatch stores b's status, id, times, cancel flag and note (its
+// UpdateBatch stores b's status, id, times, cancel flag, note, parts read
+// and queue tokens (its
 // prefix is AddBatch's and never changes).
 func (s *Store) UpdateBatch(ctx context.Context, b store.BatchRecord) error {
 	if err := s.check(ctx, true); err != nil {
@@ -125,9 +126,9 @@ func (s *Store) UpdateBatch(ctx context.Context, b store.BatchRecord) error {
 		return fmt.Errorf("sqlite: update batch %d: it is %s already and cannot become %s", b.Local, was, b.Status)
 	}
 	if _, err := tx.ExecContext(ctx, `UPDATE batches SET status = ?, batch_id = ?, submitted_at = ?, ended_at = ?,
-		harvested_at = ?, cancel_requested = ?, note = ? WHERE local = ?`,
+		harvested_at = ?, cancel_requested = ?, note = ?, parts_read = ?, queue_tokens = ? WHERE local = ?`,
 		string(b.Status), b.ID, unixNanos(b.SubmittedAt), unixNanos(b.EndedAt), unixNanos(b.HarvestedAt),
-		boolInt(b.CancelRequested), b.Note, b.Local); err != nil {
+		boolInt(b.CancelRequested), b.Note, b.PartsRead, b.QueueTokens, b.Local); err != nil {
 		return fmt.Errorf("sqlite: update batch %d (id %s): %w", b.Local, b.ID, err)
 	}
 	if err := tx.Commit(); err != nil {
@@ -170,7 +171,7 @@ func (s *Store) OpenBatchesOfAnyInput(ctx context.Context) (inputPath string, op
 
 func (s *Store) batches(ctx context.Context) ([]store.BatchRecord, error) {
 	rows, err := s.r.QueryContext(ctx, `SELECT local, org, status, batch_id, n, bytes, worst_nanos, created_at,
-		submitted_at, ended_at, harvested_at, cancel_requested, note, prefix FROM batches ORDER BY local`)
+		submitted_at, ended_at, harvested_at, cancel_requested, note, prefix, parts_read, queue_tokens FROM batches ORDER BY local`)
 	if err != nil {
 		return nil, fmt.Errorf("sqlite: batches: %w", err)
 	}
@@ -181,7 +182,7 @@ func (s *Store) batches(ctx context.Context) ([]store.BatchRecord, error) {
 		var status string
 		var created, submitted, ended, harvested, cancel int64
 		if err := rows.Scan(&b.Local, &b.Org, &status, &b.ID, &b.N, &b.Bytes, &b.WorstNanos, &created,
-			&submitted, &ended, &harvested, &cancel, &b.Note, &b.Prefix); err != nil {
+			&submitted, &ended, &harvested, &cancel, &b.Note, &b.Prefix, &b.PartsRead, &b.QueueTokens); err != nil {
 			return nil, fmt.Errorf("sqlite: batches: %w", err)
 		}
 		b.Status = store.BatchStatus(status)

@@ -10,14 +10,15 @@ import (
 	"github.com/apidispatch/apidispatch/store"
 )
 
-// schemaVersion is the version of the schema below. Versions 1 and 2 are
+// schemaVersion is the version of the schema below. Earlier versions are
 // brought up to it when opened; a database recording a newer version is
 // refused with store.ErrUnsupportedSchema: a newer program wrote it, whose
 // meaning this one cannot know.
-const schemaVersion = 4
+const schemaVersion = 5
 
 // schema creates version 1; with batchSchema it is version 2, with
-// prefixSchema version 3, with providerSchema version 4. Design notes for maintainers:
+// prefixSchema version 3, with providerSchema version 4, with
+// batchStateSchema version 5. Design notes for maintainers:
 //
 //   - items holds the input, one row per request located by byte range in
 //     the input file, and is never updated after the import.
@@ -172,6 +173,15 @@ var providerSchema = []string{
 	`ALTER TABLE items ADD COLUMN choices INTEGER NOT NULL DEFAULT 0`,
 }
 
+// batchStateSchema is what version 5 adds to each batch: how many of its
+// results files were read to their end (parts_read), and the enqueued-token
+// limit an OpenAI batch's failure taught (queue_tokens); 0 for the batches
+// of earlier versions.
+var batchStateSchema = []string{
+	`ALTER TABLE batches ADD COLUMN parts_read INTEGER NOT NULL DEFAULT 0`,
+	`ALTER TABLE batches ADD COLUMN queue_tokens INTEGER NOT NULL DEFAULT 0`,
+}
+
 // migrate creates the schema in an empty database, or checks the version of
 // an existing one. It runs in one write transaction, so two processes
 // opening the same new file cannot both create it, and it changes nothing in
@@ -195,7 +205,7 @@ func migrate(ctx context.Context, db *sql.DB, path string) error {
 			return fmt.Errorf("%w: %s is a SQLite database but not an apidispatch store (no meta table)",
 				store.ErrUnsupportedSchema, path)
 		}
-		for _, stmt := range slices.Concat(schema, batchSchema, prefixSchema, providerSchema) {
+		for _, stmt := range slices.Concat(schema, batchSchema, prefixSchema, providerSchema, batchStateSchema) {
 			if _, err := tx.ExecContext(ctx, stmt); err != nil {
 				return fmt.Errorf("sqlite: open %s: create schema: %w", path, err)
 			}
@@ -247,6 +257,14 @@ func migrate(ctx context.Context, db *sql.DB, path string) error {
 		for _, stmt := range providerSchema {
 			if _, err := tx.ExecContext(ctx, stmt); err != nil {
 				return fmt.Errorf("sqlite: open %s: upgrade schema 3 to 4: %w", path, err)
+			}
+		}
+		v = "4"
+	}
+	if v == "4" {
+		for _, stmt := range batchStateSchema {
+			if _, err := tx.ExecContext(ctx, stmt); err != nil {
+				return fmt.Errorf("sqlite: open %s: upgrade schema 4 to 5: %w", path, err)
 			}
 		}
 		if _, err := tx.ExecContext(ctx, `UPDATE meta SET value = ? WHERE key = 'schema_version'`, strconv.Itoa(schemaVersion)); err != nil {

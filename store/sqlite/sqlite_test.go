@@ -490,6 +490,7 @@ func TestOpenUpgradesVersion3(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, q := range []string{`ALTER TABLE items DROP COLUMN provider`, `ALTER TABLE items DROP COLUMN choices`,
+		`ALTER TABLE batches DROP COLUMN parts_read`, `ALTER TABLE batches DROP COLUMN queue_tokens`,
 		`UPDATE meta SET value = '3' WHERE key = 'schema_version'`} {
 		if _, err := raw.Exec(q); err != nil {
 			t.Fatal(err)
@@ -513,5 +514,59 @@ func TestOpenUpgradesVersion3(t *testing.T) {
 	}
 	if len(its) != 2 || its[0].Provider != "" || its[0].Choices != 0 || its[0].MaxTokens != 9 || its[1] != oa {
 		t.Fatalf("pending after the upgrade: %+v", its)
+	}
+}
+
+// TestOpenUpgradesVersion4 opens a store written before batches kept the
+// results files read and the enqueued-token limit learnt: its batches read
+// with none (0), and an update after the upgrade keeps both.
+func TestOpenUpgradesVersion4(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	path := filepath.Join(t.TempDir(), "state.db")
+	s, err := Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	meta := store.Meta{InputPath: "/x.jsonl", InputHash: "abc", N: 1}
+	if _, err := s.Init(ctx, meta); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.AddItems(ctx, []store.Item{{Seq: 1, CustomID: "a", Model: "gpt-4.1-mini", Provider: "openai"}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.AddBatch(ctx, store.BatchRecord{Org: "gpt", Prefix: "adtest"}, []int64{1}); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	raw, err := sql.Open("sqlite", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range []string{`ALTER TABLE batches DROP COLUMN parts_read`, `ALTER TABLE batches DROP COLUMN queue_tokens`,
+		`UPDATE meta SET value = '4' WHERE key = 'schema_version'`} {
+		if _, err := raw.Exec(q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	raw.Close()
+	if s, err = Open(path); err != nil {
+		t.Fatalf("Open of a version 4 store: %v", err)
+	}
+	defer s.Close()
+	if _, err := s.Init(ctx, meta); err != nil {
+		t.Fatal(err)
+	}
+	bs, err := s.Batches(ctx)
+	if err != nil || len(bs) != 1 || bs[0].PartsRead != 0 || bs[0].QueueTokens != 0 || bs[0].Prefix != "adtest" {
+		t.Fatalf("batches after the upgrade: %+v, %v", bs, err)
+	}
+	b := bs[0]
+	b.Status, b.ID, b.PartsRead, b.QueueTokens = store.BatchHarvested, "batch_1", 1, 12345
+	if err := s.UpdateBatch(ctx, b); err != nil {
+		t.Fatal(err)
+	}
+	if bs, err = s.Batches(ctx); err != nil || bs[0] != b {
+		t.Fatalf("batch after an update: %+v, %v; want %+v", bs, err, b)
 	}
 }

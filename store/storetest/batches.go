@@ -44,6 +44,7 @@ func testBatches(t *testing.T, open func(t *testing.T) store.Store) {
 	}
 	sub := bs[0]
 	sub.Status, sub.ID, sub.SubmittedAt = store.BatchSubmitted, "msgbatch_1", at.Add(time.Second)
+	sub.PartsRead, sub.QueueTokens = 1, 4_000_000
 	if err := s.UpdateBatch(ctx, sub); err != nil {
 		t.Fatalf("UpdateBatch: %v", err)
 	}
@@ -76,7 +77,8 @@ func testBatches(t *testing.T, open func(t *testing.T) store.Store) {
 		}
 	}
 	got, _ := s.Batches(ctx)
-	if got[0].Status != store.BatchSubmitted || got[0].ID != "msgbatch_1" || !got[0].SubmittedAt.Equal(at.Add(time.Second)) {
+	if got[0].Status != store.BatchSubmitted || got[0].ID != "msgbatch_1" || !got[0].SubmittedAt.Equal(at.Add(time.Second)) ||
+		got[0].PartsRead != 1 || got[0].QueueTokens != 4_000_000 || got[1].PartsRead != 0 || got[1].QueueTokens != 0 {
 		t.Fatalf("batch 1 after update = %+v", got[0])
 	}
 	check(t, s)
