@@ -317,9 +317,15 @@ func BenchmarkGatewayCache(b *testing.B) {
 // 400 after a pause (so that identical requests queue behind it), and
 // passes the rest on (and every other request, such as the discovery of
 // the keys' organisations).
+// failFirst refuses the first Messages request it sends with a 400,
+// after 200 ms; with started and release set, it closes started when that
+// request is under way (the gateway has claimed it in the cache) and
+// answers only once release is closed, so that a test decides what
+// happens meanwhile rather than racing a sleep.
 type failFirst struct {
-	next http.RoundTripper
-	once sync.Once
+	next             http.RoundTripper
+	once             sync.Once
+	started, release chan struct{}
 }
 
 func (f *failFirst) RoundTrip(r *http.Request) (*http.Response, error) {
@@ -331,7 +337,12 @@ func (f *failFirst) RoundTrip(r *http.Request) (*http.Response, error) {
 	if !first {
 		return f.next.RoundTrip(r)
 	}
-	time.Sleep(200 * time.Millisecond)
+	if f.release != nil {
+		close(f.started)
+		<-f.release
+	} else {
+		time.Sleep(200 * time.Millisecond)
+	}
 	body := `{"type":"error","error":{"type":"invalid_request_error","message":"first one refused"}}`
 	return &http.Response{StatusCode: 400, Header: http.Header{"Content-Type": {"application/json"}},
 		Body: io.NopCloser(strings.NewReader(body)), ContentLength: int64(len(body)), Request: r}, nil

@@ -215,19 +215,34 @@ func TestGatewayCacheFailureReleasesTheClaim(t *testing.T) {
 	run, _ := simtest.Start(t, sim.PresetOrigin3Org, 200, nil)
 	path := filepath.Join(t.TempDir(), "c.db")
 	const lease = time.Minute
+	ff := &failFirst{next: http.DefaultTransport, started: make(chan struct{}), release: make(chan struct{})}
 	_, srv1 := startGW(t, run, func(c *Config) {
 		c.Cache, c.CacheLease = openCache(t, path), lease
-		c.HTTPClient = &http.Client{Transport: &failFirst{next: http.DefaultTransport}}
+		c.HTTPClient = &http.Client{Transport: ff}
 	})
 	g2, srv2 := startGW(t, run, func(c *Config) { c.Cache, c.CacheLease = openCache(t, path), lease })
 	var first, second gwAnswer
 	var wg sync.WaitGroup
 	wg.Go(func() { first = postMessage(t, srv1.URL, tokA, judgeBody(1, "")) })
-	wg.Go(func() {
-		time.Sleep(50 * time.Millisecond) // behind the first, which fails after 200 ms
-		second = postMessage(t, srv2.URL, tokA, judgeBody(1, ""))
-	})
+	// The second is sent once the first has claimed the request and is
+	// under way, and the first fails once the second waits for its claim
+	// (a sleep of 50 ms for the one and 200 ms for the other raced a
+	// loaded machine's scheduling).
+	select {
+	case <-ff.started:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the first request never went upstream")
+	}
 	start := time.Now()
+	wg.Go(func() { second = postMessage(t, srv2.URL, tokA, judgeBody(1, "")) })
+	for end := time.Now().Add(10 * time.Second); g2.Status().Cache.WaitedElsewhere == 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(end) {
+			close(ff.release)
+			wg.Wait()
+			t.Fatalf("the second gateway never waited for the first's claim: first %d, second %d", first.status, second.status)
+		}
+	}
+	close(ff.release)
 	wg.Wait()
 	if first.status != 400 || second.status != 200 || second.header.Get(headerCached) == "true" {
 		t.Fatalf("first %d, second %d cached=%q", first.status, second.status, second.header.Get(headerCached))

@@ -13,25 +13,39 @@ import (
 )
 
 // limitedServer serves a handler behind a connLimiter of c: GET /block
-// waits until release is closed, anything else answers at once.
-func limitedServer(t *testing.T, c ConnLimits) (addr string, lim *connLimiter, release chan struct{}) {
+// sends on blocked (the connection is active from then) and waits until
+// release is closed, anything else answers at once.
+func limitedServer(t *testing.T, c ConnLimits) (addr string, lim *connLimiter, blocked, release chan struct{}) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	release = make(chan struct{})
+	release, blocked = make(chan struct{}), make(chan struct{}, 8)
 	lim = newConnLimiter(ln, c)
 	srv := &http.Server{ConnState: lim.connState, ErrorLog: log.New(io.Discard, "", 0),
 		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			if r.URL.Path == "/block" {
+				blocked <- struct{}{}
 				<-release
 			}
 			io.WriteString(w, "ok")
 		})}
 	go srv.Serve(lim)
 	t.Cleanup(func() { srv.Close() })
-	return ln.Addr().String(), lim, release
+	return ln.Addr().String(), lim, blocked, release
+}
+
+// underWay waits until a request to /block is in its handler: its
+// connection is active (a sleep of 50 ms for it raced a loaded machine's
+// scheduling, and an idle-looking busy connection would be evicted).
+func underWay(t *testing.T, blocked chan struct{}) {
+	t.Helper()
+	select {
+	case <-blocked:
+	case <-time.After(10 * time.Second):
+		t.Fatal("a request to /block never reached its handler")
+	}
 }
 
 func dialIdle(t *testing.T, addr string) net.Conn {
@@ -66,18 +80,18 @@ func waitOpen(t *testing.T, lim *connLimiter, n int) {
 // once; a request under way is never cut. Per IP the same, among the
 // connections of that address.
 func TestConnLimiterEvictsTheLongestIdle(t *testing.T) {
-	addr, lim, release := limitedServer(t, ConnLimits{Max: 2})
+	addr, lim, blocked, release := limitedServer(t, ConnLimits{Max: 2})
 	busy := dialIdle(t, addr)
 	io.WriteString(busy, "GET /block HTTP/1.1\r\nHost: x\r\n\r\n")
 	idle := dialIdle(t, addr)
 	waitOpen(t, lim, 2)
-	time.Sleep(50 * time.Millisecond) // the request is under way
+	underWay(t, blocked)
 	third := dialIdle(t, addr)
 	if !closedByServer(idle) {
 		t.Error("the idle connection was not closed for the new one")
 	}
 	io.WriteString(third, "GET /block HTTP/1.1\r\nHost: x\r\n\r\n")
-	time.Sleep(50 * time.Millisecond)
+	underWay(t, blocked)
 	fourth := dialIdle(t, addr)
 	if !closedByServer(fourth) {
 		t.Error("every connection busy, yet a new one was held")
@@ -93,7 +107,7 @@ func TestConnLimiterEvictsTheLongestIdle(t *testing.T) {
 		t.Errorf("evicted %d, refused %d; want 1, 1", lim.evicted.Load(), lim.refused.Load())
 	}
 
-	addr, lim, _ = limitedServer(t, ConnLimits{Max: 100, PerIP: 2})
+	addr, lim, _, _ = limitedServer(t, ConnLimits{Max: 100, PerIP: 2})
 	a, b := dialIdle(t, addr), dialIdle(t, addr)
 	waitOpen(t, lim, 2)
 	c := dialIdle(t, addr)

@@ -416,11 +416,24 @@ func TestStreamErrorEventCountedAtWorstCase(t *testing.T) {
 func TestClientGoneRequestBilledAbandonedRetriesStop(t *testing.T) {
 	run, _ := simtest.Start(t, sim.PresetOrigin3Org, 200, nil)
 	g, srv := startGW(t, run, nil)
-	if _, err := run.Server.AddFault(sim.Fault{ID: "slow", Kind: sim.FaultSlow, ExtraLatency: 100 * time.Second}); err != nil { // 0.5 s at K=200
+	if _, err := run.Server.AddFault(sim.Fault{ID: "slow", Kind: sim.FaultSlow, ExtraLatency: 300 * time.Second}); err != nil { // 1.5 s at K=200
 		t.Fatal(err)
 	}
 	c := sdkClient(srv.URL, tokA)
-	ctx, cancel := context.WithTimeout(context.Background(), 150*time.Millisecond)
+	// The client leaves once its request is upstream (a fixed 150 ms was
+	// spent, on a loaded machine, before the gateway had learnt the org
+	// and sent it: nothing to bill then).
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() {
+		defer cancel()
+		for end := time.Now().Add(10 * time.Second); time.Now().Before(end); time.Sleep(time.Millisecond) {
+			for _, o := range run.Server.Stats().Orgs {
+				if o.InFlight > 0 {
+					return
+				}
+			}
+		}
+	}()
 	_, err := c.Messages.New(ctx, judgeParams(1))
 	cancel()
 	if err == nil {
@@ -449,7 +462,15 @@ func TestClientGoneRequestBilledAbandonedRetriesStop(t *testing.T) {
 	if err == nil {
 		t.Fatal("answered during a 529 storm")
 	}
-	time.Sleep(50 * time.Millisecond)
+	// The exchange ends (its reservation freed) once it sees the client
+	// gone; a loaded machine may take longer than the 50 ms that were
+	// waited here to see it, and an attempt begun meanwhile is not one
+	// after the client left.
+	for end := time.Now().Add(10 * time.Second); g.Status().Total.InFlight != 0; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatalf("the request still runs 10 s after its client left (%d attempts)", g.Status().Attempts)
+		}
+	}
 	at := g.Status().Attempts
 	time.Sleep(500 * time.Millisecond)
 	if later := g.Status().Attempts; later != at || at < 2 {

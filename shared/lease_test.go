@@ -276,20 +276,15 @@ func TestSharedGraceCoversTheLongestRequest(t *testing.T) {
 	url := testredis.URL(t)
 	a := openIdle(t, url, []org.Org{freshOrg("a")})
 	ga := a.NewGate(lane(100))
-	expiry := func() time.Duration {
+	// expiry renews and returns how long after the renewal Redis keeps
+	// the slots, at least and at most: the renewal ran between two reads
+	// of Redis's clock (after it alone, a loaded machine's round trip
+	// could take the 100 ms allowed below).
+	expiry := func() (lo, hi time.Duration) {
 		t.Helper()
-		a.renewAll(context.Background())
-		now, err := a.rdb.Time(context.Background()).Result()
-		if err != nil {
-			t.Fatal(err)
-		}
-		score, err := a.rdb.ZScore(context.Background(), ga.(*Gate).keys[4], a.proc).Result()
-		if err != nil {
-			t.Fatal(err)
-		}
-		return time.UnixMilli(int64(score)).Sub(now)
+		return keptAfterRenewal(t, a, ga.(*Gate), func() { a.renewAll(context.Background()) })
 	}
-	if d := expiry(); d > a.ttl+a.grace+100*time.Millisecond {
+	if d, _ := expiry(); d > a.ttl+a.grace+100*time.Millisecond {
 		t.Fatalf("no request yet: slots kept %v after the renewal, want the TTL %v and the grace %v", d, a.ttl, a.grace)
 	}
 	p, _, ok := ga.TryAdmit(time.Now(), one)
@@ -298,9 +293,32 @@ func TestSharedGraceCoversTheLongestRequest(t *testing.T) {
 	}
 	// A request that took 4 s from admission to answer.
 	ga.Done(p.At.Add(4*time.Second), p, ok200)
-	if d, want := expiry(), a.ttl+5*time.Second; d < want-100*time.Millisecond || d > want+100*time.Millisecond {
-		t.Fatalf("after a 4 s request: slots kept %v after the renewal, want %v (TTL and 1.25 × the longest request)", d, want)
+	if lo, hi := expiry(); hi < a.ttl+5*time.Second-100*time.Millisecond || lo > a.ttl+5*time.Second+100*time.Millisecond {
+		t.Fatalf("after a 4 s request: slots kept %v to %v after the renewal, want %v (TTL and 1.25 × the longest request)", lo, hi, a.ttl+5*time.Second)
 	}
+}
+
+// keptAfterRenewal runs renew between two reads of Redis's clock and
+// returns how long after the renewal Redis keeps g's slots: at least lo
+// (were the renewal at the second read) and at most hi (at the first).
+func keptAfterRenewal(t *testing.T, b *Budget, g *Gate, renew func()) (lo, hi time.Duration) {
+	t.Helper()
+	ctx := context.Background()
+	before, err := b.rdb.Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	renew()
+	after, err := b.rdb.Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	score, err := b.rdb.ZScore(ctx, g.keys[4], b.proc).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	end := time.UnixMilli(int64(score))
+	return end.Sub(after), end.Sub(before)
 }
 
 // The permit of a shared gate carries its lease's end: the engine does not
@@ -309,13 +327,18 @@ func TestSharedPermitEndsWithTheLease(t *testing.T) {
 	url := testredis.URL(t)
 	a := openIdle(t, url, []org.Org{freshOrg("a")})
 	ga := a.NewGate(lane(100))
+	// The lease runs from when its renewal was sent, between these two
+	// moments (a loaded machine's round trip to Redis took longer than
+	// the 200 ms once allowed after it).
+	sent := time.Now()
 	a.renewAll(context.Background())
 	p, _, ok := ga.TryAdmit(time.Now(), one)
 	if !ok {
 		t.Fatal("not admitted")
 	}
-	if p.Until.IsZero() || p.Until.After(time.Now().Add(a.ttl-a.margin)) || p.Until.Before(time.Now().Add(a.ttl-a.margin-200*time.Millisecond)) {
-		t.Fatalf("permit until %v from now, want the lease's end, %v less the margin %v", time.Until(p.Until), a.ttl, a.margin)
+	now := time.Now()
+	if p.Until.IsZero() || p.Until.After(now.Add(a.ttl-a.margin)) || p.Until.Before(sent.Add(a.ttl-a.margin)) {
+		t.Fatalf("permit until %v from now (the renewal sent %v ago), want the lease's end, %v less the margin %v", p.Until.Sub(now), now.Sub(sent), a.ttl, a.margin)
 	}
 }
 
@@ -332,17 +355,9 @@ func TestSharedGraceCoversTheOldestRequestInFlight(t *testing.T) {
 	if !ok {
 		t.Fatal("not admitted")
 	}
-	a.renewAll(context.Background())
-	now, err := a.rdb.Time(context.Background()).Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	score, err := a.rdb.ZScore(context.Background(), ga.(*Gate).keys[4], a.proc).Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if d, want := time.UnixMilli(int64(score)).Sub(now), a.ttl+5*time.Second; d < want-100*time.Millisecond {
-		t.Fatalf("a request 4 s in flight: slots kept %v after the renewal, want at least %v", d, want)
+	_, hi := keptAfterRenewal(t, a, ga.(*Gate), func() { a.renewAll(context.Background()) })
+	if want := a.ttl + 5*time.Second; hi < want-100*time.Millisecond {
+		t.Fatalf("a request 4 s in flight: slots kept at most %v after the renewal, want at least %v", hi, want)
 	}
 	ga.Done(time.Now(), p, ok200)
 }
