@@ -17,13 +17,17 @@ import (
 	"github.com/apidispatch/apidispatch/sim"
 )
 
-// uploadRaw posts a multipart upload of data as filename with purpose,
-// and returns the status and the answer's file object or error.
-func uploadRaw(t *testing.T, url, tok, purpose, filename string, data []byte) (int, openai.File, openai.ErrorEnvelope) {
+// uploadRaw posts a multipart upload of data as filename with purpose and
+// the form fields given as name, value pairs, and returns the status and
+// the answer's file object or error.
+func uploadRaw(t *testing.T, url, tok, purpose, filename string, data []byte, fields ...string) (int, openai.File, openai.ErrorEnvelope) {
 	t.Helper()
 	var body bytes.Buffer
 	mw := multipart.NewWriter(&body)
 	mw.WriteField("purpose", purpose)
+	for i := 0; i+1 < len(fields); i += 2 {
+		mw.WriteField(fields[i], fields[i+1])
+	}
 	fw, _ := mw.CreateFormFile("file", filename)
 	fw.Write(data)
 	mw.Close()
@@ -236,32 +240,7 @@ func TestHostileInputOnOpenAIFileRoutes(t *testing.T) {
 // uploadWith is uploadRaw of a batch file with the form's fields too.
 func uploadWith(t *testing.T, url, tok string, data []byte, fields ...string) (int, openai.File, openai.ErrorEnvelope) {
 	t.Helper()
-	var body bytes.Buffer
-	mw := multipart.NewWriter(&body)
-	mw.WriteField("purpose", "batch")
-	for i := 0; i+1 < len(fields); i += 2 {
-		mw.WriteField(fields[i], fields[i+1])
-	}
-	fw, _ := mw.CreateFormFile("file", "in.jsonl")
-	fw.Write(data)
-	mw.Close()
-	req, _ := http.NewRequest(http.MethodPost, url+"/v1/files", &body)
-	req.Header.Set("Content-Type", mw.FormDataContentType())
-	req.Header.Set("Authorization", "Bearer "+tok)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	var f openai.File
-	var e openai.ErrorEnvelope
-	if resp.StatusCode == http.StatusOK {
-		json.Unmarshal(b, &f)
-	} else {
-		json.Unmarshal(b, &e)
-	}
-	return resp.StatusCode, f, e
+	return uploadRaw(t, url, tok, "batch", "in.jsonl", data, fields...)
 }
 
 // waitPast sleeps until the wall clock is past Unix second u.
