@@ -192,14 +192,7 @@ func TestOpenRefusesNewerSchema(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.Close()
-	raw, err := sql.Open("sqlite", path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := raw.Exec(`UPDATE meta SET value = '7' WHERE key = 'schema_version'`); err != nil {
-		t.Fatal(err)
-	}
-	raw.Close()
+	execSQL(t, path, `UPDATE meta SET value = '7' WHERE key = 'schema_version'`)
 
 	before, err := os.ReadFile(path)
 	if err != nil {
@@ -220,14 +213,7 @@ func TestOpenRefusesNewerSchema(t *testing.T) {
 func TestOpenRefusesForeignDatabase(t *testing.T) {
 	t.Parallel()
 	path := filepath.Join(t.TempDir(), "other.db")
-	raw, err := sql.Open("sqlite", path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := raw.Exec(`CREATE TABLE invoices (id INTEGER PRIMARY KEY)`); err != nil {
-		t.Fatal(err)
-	}
-	raw.Close()
+	execSQL(t, path, `CREATE TABLE invoices (id INTEGER PRIMARY KEY)`)
 	before, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
@@ -434,18 +420,9 @@ func TestOpenUpgradesVersion1(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.Close()
-	raw, err := sql.Open("sqlite", path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, q := range []string{`DROP TABLE batches`, `DROP TABLE batch_items`, `DROP TABLE route_totals`,
+	execSQL(t, path, `DROP TABLE batches`, `DROP TABLE batch_items`, `DROP TABLE route_totals`,
 		`ALTER TABLE items DROP COLUMN provider`, `ALTER TABLE items DROP COLUMN choices`,
-		`UPDATE meta SET value = '1' WHERE key = 'schema_version'`} {
-		if _, err := raw.Exec(q); err != nil {
-			t.Fatal(err)
-		}
-	}
-	raw.Close()
+		`UPDATE meta SET value = '1' WHERE key = 'schema_version'`)
 	s, err = Open(path)
 	if err != nil {
 		t.Fatalf("Open of a version 1 store: %v", err)
@@ -485,18 +462,9 @@ func TestOpenUpgradesVersion3(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.Close()
-	raw, err := sql.Open("sqlite", path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, q := range []string{`ALTER TABLE items DROP COLUMN provider`, `ALTER TABLE items DROP COLUMN choices`,
+	execSQL(t, path, `ALTER TABLE items DROP COLUMN provider`, `ALTER TABLE items DROP COLUMN choices`,
 		`ALTER TABLE batches DROP COLUMN parts_read`, `ALTER TABLE batches DROP COLUMN queue_tokens`,
-		`UPDATE meta SET value = '3' WHERE key = 'schema_version'`} {
-		if _, err := raw.Exec(q); err != nil {
-			t.Fatal(err)
-		}
-	}
-	raw.Close()
+		`UPDATE meta SET value = '3' WHERE key = 'schema_version'`)
 	if s, err = Open(path); err != nil {
 		t.Fatalf("Open of a version 3 store: %v", err)
 	}
@@ -539,17 +507,8 @@ func TestOpenUpgradesVersion4(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.Close()
-	raw, err := sql.Open("sqlite", path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, q := range []string{`ALTER TABLE batches DROP COLUMN parts_read`, `ALTER TABLE batches DROP COLUMN queue_tokens`,
-		`UPDATE meta SET value = '4' WHERE key = 'schema_version'`} {
-		if _, err := raw.Exec(q); err != nil {
-			t.Fatal(err)
-		}
-	}
-	raw.Close()
+	execSQL(t, path, `ALTER TABLE batches DROP COLUMN parts_read`, `ALTER TABLE batches DROP COLUMN queue_tokens`,
+		`UPDATE meta SET value = '4' WHERE key = 'schema_version'`)
 	if s, err = Open(path); err != nil {
 		t.Fatalf("Open of a version 4 store: %v", err)
 	}
@@ -568,5 +527,21 @@ func TestOpenUpgradesVersion4(t *testing.T) {
 	}
 	if bs, err = s.Batches(ctx); err != nil || bs[0] != b {
 		t.Fatalf("batch after an update: %+v, %v; want %+v", bs, err, b)
+	}
+}
+
+// execSQL runs the statements qs on the SQLite database at path, as
+// another program (or an older apidispatch) would have left it.
+func execSQL(t *testing.T, path string, qs ...string) {
+	t.Helper()
+	raw, err := sql.Open("sqlite", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	for _, q := range qs {
+		if _, err := raw.Exec(q); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
