@@ -52,20 +52,15 @@ func stoppedBatch(t *testing.T, run *sim.Running, n int, prefix string) (string,
 	return b.ID, state
 }
 
-// resume starts a gateway of cfg on state until the test ends and returns
-// alice's client of it.
-func resume(t *testing.T, cfg gateway.Config) oai.Client {
+// resume starts serve's gateway on the state directory state, changed by
+// mutate, until the test ends, and returns alice's client of it.
+func resume(t *testing.T, run *sim.Running, state string, mutate func(*gateway.Config)) oai.Client {
 	t.Helper()
-	g, err := gateway.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := httptest.NewServer(g.Handler())
-	t.Cleanup(func() {
-		srv.Close()
-		g.Close()
+	_, url, _ := serve(t, run, func(c *gateway.Config) {
+		c.StateDir = state
+		mutate(c)
 	})
-	return gwClient(srv.URL, tokA)
+	return gwClient(url, tokA)
 }
 
 // checkStoppedForGood checks a batch of n lines that ended without running
@@ -106,8 +101,7 @@ func TestOpenAIBatchStoppedAtMaxCostEndsFailed(t *testing.T) {
 	run := batchSim(t, 1200)
 	const n = 6
 	id, state := stoppedBatch(t, run, n, "cap")
-	alice := resume(t, gateway.Config{Orgs: run.Server.AllOrgs(), BaseURL: run.URL, Speed: run.Server.Speed(), Prices: cost.Default(),
-		Clients: []gateway.Client{{Name: "a", Token: tokA, MaxCost: 1}}, StateDir: state, RetryFor: time.Minute})
+	alice := resume(t, run, state, func(c *gateway.Config) { c.Clients[0].MaxCost = 1 })
 	done, _ := awaitBatch(t, alice, id)
 	checkStoppedForGood(t, alice, done, n, "cap", "insufficient_quota", "max_cost")
 	if by, bill := simBatchEntries(run); len(by) != 0 || bill != 0 {
@@ -129,8 +123,7 @@ func TestOpenAIBatchThatCannotRunEndsFailed(t *testing.T) {
 			anthropicOnly = append(anthropicOnly, o)
 		}
 	}
-	alice := resume(t, gateway.Config{Orgs: anthropicOnly, BaseURL: run.URL, Speed: run.Server.Speed(), Prices: cost.Default(),
-		Clients: []gateway.Client{{Name: "a", Token: tokA}}, StateDir: state, RetryFor: time.Minute})
+	alice := resume(t, run, state, func(c *gateway.Config) { c.Orgs = anthropicOnly })
 	done, _ := awaitBatch(t, alice, id)
 	checkStoppedForGood(t, alice, done, n, "nr", "batch_failed", "OpenAI")
 }
