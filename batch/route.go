@@ -498,6 +498,10 @@ func (r *Route) Run(ctx context.Context) (*Result, error) {
 		if r.cfg.Cancel {
 			r.cancelAll(ctx)
 		}
+		// Counted before the submit, whose creates may settle a batch
+		// too (abandoned: an org refused it, or its upload's answer was
+		// lost).
+		settled := r.res.Harvested + r.res.Abandoned + r.res.Archived
 		if !r.closedSub && r.mayHaveRoom() {
 			if err := r.submit(ctx); err != nil {
 				if ctx.Err() != nil {
@@ -508,7 +512,6 @@ func (r *Route) Run(ctx context.Context) (*Result, error) {
 		}
 		now := time.Now()
 		next := now.Add(time.Hour)
-		settled := r.res.Harvested + r.res.Abandoned + r.res.Archived
 		for _, b := range r.recs {
 			if !b.Status.Open() {
 				continue
