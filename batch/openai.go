@@ -217,11 +217,12 @@ func (c openaiAPI) list(ctx context.Context, fn func(b *apiBatch) bool) error {
 }
 
 // uploads lists the org's files of purpose batch, newest first, down to
-// the first created before since.
+// the first created before since, in pages of the API's most (10,000), so
+// that an org holding many files costs few calls.
 func (c openaiAPI) uploads(ctx context.Context, since time.Time, fn func(name, id string) bool) error {
 	after := ""
 	for {
-		u := c.url(openai.PathFiles) + "?purpose=" + openai.PurposeBatch + "&limit=100"
+		u := c.url(openai.PathFiles) + "?purpose=" + openai.PurposeBatch + "&limit=10000"
 		if after != "" {
 			u += "&after=" + url.QueryEscape(after)
 		}
