@@ -50,6 +50,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"slices"
 	"sync"
 	"time"
 
@@ -824,6 +825,9 @@ func (r *Route) discard(ctx context.Context, b *rec, file string) {
 // uploaded since the earliest such record. A failure is logged and counted
 // (FilesLeft); the next start looks again.
 func (r *Route) sweep(ctx context.Context) {
+	if !slices.ContainsFunc(r.orgs, func(o *orgState) bool { return o.openai }) {
+		return
+	}
 	recs, err := r.cfg.Store.Batches(ctx)
 	if err != nil {
 		r.log.Warn("reading the run's batches to delete the input files left", "error", err.Error())
