@@ -62,19 +62,22 @@ func TestOpenAIBatchUploadLeftByAStopIsDeleted(t *testing.T) {
 // TestOpenAIBatchUploadAnswerLostIsDeleted: an upload the API stored whose
 // answer was lost (a 500 here) makes no batch, and the route sends its
 // items again in another; the stored file is one nothing will read, and
-// it is deleted: after the run the org holds no input file. Before, its
-// id was never known and it stayed on the org (1 left, 0 counted).
+// it is deleted: after the run the org holds no input file of the run,
+// and a colleague's batch file on the same org is left alone. Before, the
+// lost upload's id was never known and it stayed on the org (1 left, 0
+// counted).
 func TestOpenAIBatchUploadAnswerLostIsDeleted(t *testing.T) {
 	t.Parallel()
 	b := gptBench(t, 300, 2000, gptLimits)
 	b.orgs = b.orgs[:1]
+	colleagueOpenAIBatch(t, b.sim.URL, b.sim.Server.Keys()["gpt_a"][0], b.input, nil)
 	x := runner.Exec{Route: runner.RouteBatch}
 	x.Sync.WrapTransport = loseFirstUpload()
 	res, err := b.boundedRun("", x)
 	if err != nil || !res.Complete {
 		t.Fatalf("the run: %v", err)
 	}
-	if files := b.openaiFiles(); len(files) != 0 || res.Batch.FilesLeft != 0 {
-		t.Fatalf("input files left on the orgs after the run: %v (%d counted)", files, res.Batch.FilesLeft)
+	if files := b.openaiFiles(); len(files) != 1 || len(files["gpt_a"]) != 1 || files["gpt_a"][0] != "theirs.jsonl" || res.Batch.FilesLeft != 0 {
+		t.Fatalf("files on the orgs after the run: %v (%d counted left); want the colleague's theirs.jsonl only", files, res.Batch.FilesLeft)
 	}
 }
