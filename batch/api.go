@@ -142,6 +142,11 @@ type api interface {
 	// once its results are harvested (an OpenAI batch's input file), and
 	// is nil when it is gone already or there is nothing.
 	discard(ctx context.Context, b *apiBatch) error
+	// uploads calls fn with the name and id of each input file the org
+	// holds that was uploaded since since (as far as the API's clock
+	// tells), newest first, until fn returns false or there are no more
+	// (nothing for an API without input files).
+	uploads(ctx context.Context, since time.Time, fn func(name, id string) bool) error
 	// parse reads one results line.
 	parse(line []byte) (result, error)
 	// line is the results.jsonl line of a harvested result.
@@ -403,6 +408,9 @@ func (c messagesAPI) results(ctx context.Context, b *apiBatch, _ string, fn func
 
 // discard: a message batch keeps nothing beside itself.
 func (messagesAPI) discard(context.Context, *apiBatch) error { return nil }
+
+// uploads: a message batch is created without a file.
+func (messagesAPI) uploads(context.Context, time.Time, func(name, id string) bool) error { return nil }
 
 // sent: a message batch's custom_ids are in its results, once it has ended.
 func (c messagesAPI) sent(ctx context.Context, b *apiBatch, fn func(line []byte) error) error {

@@ -216,6 +216,38 @@ func (c openaiAPI) list(ctx context.Context, fn func(b *apiBatch) bool) error {
 	}
 }
 
+// uploads lists the org's files of purpose batch, newest first, down to
+// the first created before since, in pages of the API's most (10,000), so
+// that an org holding many files costs few calls.
+func (c openaiAPI) uploads(ctx context.Context, since time.Time, fn func(name, id string) bool) error {
+	after := ""
+	for {
+		u := c.url(openai.PathFiles) + "?purpose=" + openai.PurposeBatch + "&limit=10000"
+		if after != "" {
+			u += "&after=" + url.QueryEscape(after)
+		}
+		var page struct {
+			Data    []openai.File `json:"data"`
+			HasMore bool          `json:"has_more"`
+		}
+		if err := c.call(ctx, http.MethodGet, u, nil, "", &page); err != nil {
+			return err
+		}
+		for _, f := range page.Data {
+			if time.Unix(f.CreatedAt, 0).Before(since) {
+				return nil
+			}
+			if !fn(f.Filename, f.ID) {
+				return nil
+			}
+		}
+		if !page.HasMore || len(page.Data) == 0 {
+			return nil
+		}
+		after = page.Data[len(page.Data)-1].ID
+	}
+}
+
 // parts: the output file, then the error file (those the batch has).
 func (openaiAPI) parts(b *apiBatch) []string {
 	var out []string

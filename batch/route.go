@@ -50,6 +50,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"slices"
 	"sync"
 	"time"
 
@@ -483,6 +484,7 @@ func (r *Route) Run(ctx context.Context) (*Result, error) {
 	if err := r.Load(ctx); err != nil {
 		return nil, err
 	}
+	r.sweep(ctx) // what earlier processes of the run left
 	defer r.keepOpen()
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
@@ -498,6 +500,10 @@ func (r *Route) Run(ctx context.Context) (*Result, error) {
 		if r.cfg.Cancel {
 			r.cancelAll(ctx)
 		}
+		// Counted before the submit, whose creates may settle a batch
+		// too (abandoned: an org refused it, or its upload's answer was
+		// lost).
+		settled := r.res.Harvested + r.res.Abandoned + r.res.Archived
 		if !r.closedSub && r.mayHaveRoom() {
 			if err := r.submit(ctx); err != nil {
 				if ctx.Err() != nil {
@@ -508,7 +514,6 @@ func (r *Route) Run(ctx context.Context) (*Result, error) {
 		}
 		now := time.Now()
 		next := now.Add(time.Hour)
-		settled := r.res.Harvested + r.res.Abandoned + r.res.Archived
 		for _, b := range r.recs {
 			if !b.Status.Open() {
 				continue
@@ -555,6 +560,9 @@ func (r *Route) Run(ctx context.Context) (*Result, error) {
 		case <-timer.C:
 		case <-r.costWait:
 		}
+	}
+	if ctx.Err() == nil {
+		r.sweep(ctx) // what this process left (a stop leaves it to the next start)
 	}
 	return r.result(), nil
 }
@@ -805,6 +813,59 @@ func (r *Route) discard(ctx context.Context, b *rec, file string) {
 		r.log.Warn("deleting a batch's input file failed; it stays on the org until it expires", "batch", b.Local, "id", b.ID, "file", file, "error", msg)
 		r.emit(fmt.Sprintf("batch %d (%s, org %s): its input file %s could not be deleted (%s); it stays on the org until it expires", b.Local, cmp.Or(b.ID, "no id"), b.Org, file, msg),
 			map[string]any{"batch": b.Local, "batch_id": b.ID, "org": b.Org, "file": file})
+	}
+}
+
+// sweep deletes the input files of the run's abandoned OpenAI records
+// that their orgs may still hold: an upload whose id no process kept (its
+// answer was lost, or the process stopped or died between the upload and
+// the create's answer) is a file no batch of the run reads. Each is found
+// by its name, its record's prefix (made for that record alone, so a file
+// of another run or a colleague is never taken), among the org's files
+// uploaded since the earliest such record. A failure is logged and counted
+// (FilesLeft); the next start looks again.
+func (r *Route) sweep(ctx context.Context) {
+	if !slices.ContainsFunc(r.orgs, func(o *orgState) bool { return o.openai }) {
+		return
+	}
+	recs, err := r.cfg.Store.Batches(ctx)
+	if err != nil {
+		r.log.Warn("reading the run's batches to delete the input files left", "error", err.Error())
+		return
+	}
+	for _, o := range r.orgs {
+		if !o.openai {
+			continue
+		}
+		left := map[string]store.BatchRecord{}
+		var since time.Time
+		for _, b := range recs {
+			if b.Org != o.Name || b.Status != store.BatchAbandoned || b.Prefix == "" {
+				continue
+			}
+			left[b.Prefix+".jsonl"] = b
+			if since.IsZero() || b.CreatedAt.Before(since) {
+				since = b.CreatedAt
+			}
+		}
+		if len(left) == 0 {
+			continue
+		}
+		var found []string
+		err := o.cl.uploads(ctx, since.Add(-listSkew), func(name, id string) bool {
+			if _, ok := left[name]; ok {
+				found = append(found, name, id)
+			}
+			return true
+		})
+		if err != nil {
+			r.log.Warn("listing an org's files to delete the input files left", "org", o.Name, "error", org.Scrub(err.Error()))
+			continue
+		}
+		for i := 0; i < len(found); i += 2 {
+			b := &rec{BatchRecord: left[found[i]], org: o}
+			r.discard(ctx, b, found[i+1])
+		}
 	}
 }
 

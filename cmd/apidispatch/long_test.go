@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"net/http"
 	"net/url"
 	"os"
 	"os/exec"
@@ -688,6 +689,39 @@ func TestOpenAIBatchKillNineThenResume(t *testing.T) {
 	if s.Batches.Adopted == 0 {
 		t.Fatal("no lost create was adopted: the fault never struck")
 	}
+	// Every input file is deleted once nothing needs it, also the uploads
+	// of creates a kill cut (their records abandoned by a resume).
+	for _, name := range []string{"gpt_a", "gpt_b", "gpt_c"} {
+		var page struct {
+			Data []struct {
+				Filename string `json:"filename"`
+			} `json:"data"`
+		}
+		if err := getJSON(r.URL+"/v1/files?purpose=batch&limit=10000", r.Server.Keys()[name][0], &page); err != nil {
+			t.Fatalf("listing org %s's files: %v", name, err)
+		}
+		if len(page.Data) != 0 {
+			t.Errorf("org %s holds %d input files after the run, e.g. %s; want none", name, len(page.Data), page.Data[0].Filename)
+		}
+	}
+}
+
+// getJSON decodes the answer to a GET of u with bearer key into out.
+func getJSON(u, key string, out any) error {
+	req, err := http.NewRequest(http.MethodGet, u, nil)
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Authorization", "Bearer "+key)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("GET %s: %s", u, resp.Status)
+	}
+	return json.NewDecoder(resp.Body).Decode(out)
 }
 
 // batchEvents counts the batch events of a run directory.
