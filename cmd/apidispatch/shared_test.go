@@ -199,7 +199,12 @@ func TestSharedBudgetAcrossProcesses(t *testing.T) {
 // items each on an origin-3org simulator at K=4, sharing Redis at redisURL.
 func threeOnShared(t *testing.T, redisURL string) (*sim.Running, *sharedFleet, int) {
 	t.Helper()
-	n := envInt("APIDISPATCH_SHARED_N", 1500)
+	return threeOnSharedOf(t, redisURL, envInt("APIDISPATCH_SHARED_N", 1500))
+}
+
+// threeOnSharedOf is threeOnShared of n items each.
+func threeOnSharedOf(t *testing.T, redisURL string, n int) (*sim.Running, *sharedFleet, int) {
+	t.Helper()
 	r, _, _ := simWith(t, 4, 1, func(*sim.Config) {})
 	return r, startFleet(t, r, 3, n, redisURL), n
 }
@@ -225,9 +230,17 @@ func TestSharedBudgetKillNine(t *testing.T) {
 		t.Skip("starts processes")
 	}
 	t.Parallel()
-	r, f, n := threeOnShared(t, ownRedis(t))
-	// Kill process 0 once the simulator has billed a third of all items.
-	waitBilled(t, r, n)
+	// The dead process's slots come back a lease and a grace after its
+	// last renewal: the grace covers its requests in flight until their
+	// bound (twice the API's own for a max_tokens of 256: 20 API s, 5 s
+	// here at K=4).
+	// The survivors must outlast that to see it: with 1,500 items each and
+	// the kill at a third billed they finished 6.1-7.0 s after it on an
+	// idle machine, before the slots came back. 3,000 each, killed at a
+	// sixth, leave them about 16 s.
+	r, f, n := threeOnSharedOf(t, ownRedis(t), envInt("APIDISPATCH_SHARED_N", 3000))
+	// Kill process 0 once the simulator has billed a sixth of all items.
+	waitBilled(t, r, n/2)
 	f.cmds[0].Process.Signal(syscall.SIGKILL)
 	f.cmds[0].Wait()
 	killed := time.Now()
