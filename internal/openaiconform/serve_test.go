@@ -560,11 +560,24 @@ func TestOpenAIServeCutStreamCountedAtWorstCase(t *testing.T) {
 	if n == 0 || s.Err() == nil {
 		t.Fatalf("%d chunks, error %v: want chunks, then the cut's error", n, s.Err())
 	}
-	spent := spentOn(g, run, "gpt_a", "gpt_b")
-	cs, _ := g.Ledger().Totals()
 	// The worst case of the request: at least its 200 completion tokens.
 	floor, _ := cost.OpenAI().WorstCase("gpt-4.1-mini", 1, 200, 1, false)
-	if spent < floor || len(cs) == 0 || cs[0].UnreadUSD != cs[0].SpentUSD {
+	// The gateway writes the ledger entry as the attempt ends, which can
+	// come just after the client read the cut's error (a CI run found the
+	// ledger empty at once; the reservation holds the worst case meanwhile).
+	var spent cost.Nanos
+	var cs []gateway.ClientSpend
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		cs, _ = g.Ledger().Totals()
+		spent = spentOn(g, run, "gpt_a", "gpt_b")
+		if len(cs) > 0 || time.Now().After(deadline) {
+			break
+		}
+	}
+	if len(cs) == 0 {
+		t.Fatalf("a cut stream not in the ledger 10 s after its error reached the client (%d nano-dollars spent)", spent)
+	}
+	if spent < floor || cs[0].UnreadUSD != cs[0].SpentUSD {
 		t.Errorf("a cut stream counted %d nano-dollars (unread %v of %v USD); want its worst case (≥ %d), all unread", spent, cs[0].UnreadUSD, cs[0].SpentUSD, floor)
 	}
 }
