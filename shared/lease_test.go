@@ -68,9 +68,13 @@ func TestSharedCutOffProcessNeverAddsToReclaimedSlots(t *testing.T) {
 	b := process(t, srv, []org.Org{o})
 	ga, gb := a.NewGate(lane(100)), b.NewGate(lane(100))
 	var pa, pb []gate.Permit
+	// Each takes at most 40 here: a process whose first renewal came
+	// before the other's was granted the whole cap, and had it filled it
+	// (these permits are not done until the cut) the other could never
+	// hold a share (a CI run waited 20 s for it).
 	eventually(t, "both hold a share", func() bool {
-		pa = append(pa, fill(ga)...)
-		pb = append(pb, fill(gb)...)
+		pa = append(pa, fillUpTo(ga, 40-len(pa))...)
+		pb = append(pb, fillUpTo(gb, 40-len(pb))...)
 		return len(pa) > 20 && len(pb) > 20
 	}, a, b)
 	px.BlackHole(true)
@@ -360,4 +364,17 @@ func TestSharedGraceCoversTheOldestRequestInFlight(t *testing.T) {
 		t.Fatalf("a request 4 s in flight: slots kept at most %v after the renewal, want at least %v", hi, want)
 	}
 	ga.Done(time.Now(), p, ok200)
+}
+
+// fillUpTo admits until the gate refuses or n are admitted.
+func fillUpTo(g gate.Gate, n int) []gate.Permit {
+	var ps []gate.Permit
+	for len(ps) < n {
+		p, _, ok := g.TryAdmit(time.Now(), one)
+		if !ok {
+			break
+		}
+		ps = append(ps, p)
+	}
+	return ps
 }
