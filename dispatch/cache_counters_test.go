@@ -26,6 +26,19 @@ func counterStore(t *testing.T, dir string, n int) store.Store {
 	return st
 }
 
+// counterSink is counterStore's store with a sink of its results file in
+// dir, both closed when the test ends.
+func counterSink(t *testing.T, dir string, n int) (store.Store, *rundir.Sink) {
+	t.Helper()
+	st := counterStore(t, dir, n)
+	sink, err := rundir.OpenSink(context.Background(), filepath.Join(dir, rundir.ResultsFile), st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sink.Close() })
+	return st, sink
+}
+
 // TestCacheCountersCountedOnce pins issue #19 case 8: a run answered
 // wholly by the cache reported hits: 800, misses: -400 for 400 items.
 // The committer committed its last group a second time when its input
@@ -39,12 +52,7 @@ func TestCacheCountersCountedOnce(t *testing.T) {
 	const savedEach = cost.Nanos(1234)
 	ctx := context.Background()
 	dir := t.TempDir()
-	st := counterStore(t, dir, n)
-	sink, err := rundir.OpenSink(ctx, filepath.Join(dir, rundir.ResultsFile), st)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sink.Close()
+	st, sink := counterSink(t, dir, n)
 	var c counters
 	com := newCommitter(sink, &c, nil)
 	done := make(chan struct{})

@@ -22,12 +22,7 @@ func TestCacheWriteFailedIsCounted(t *testing.T) {
 	const n = 50
 	ctx := context.Background()
 	dir := t.TempDir()
-	st := counterStore(t, dir, n)
-	sink, err := rundir.OpenSink(ctx, filepath.Join(dir, rundir.ResultsFile), st)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sink.Close()
+	st, sink := counterSink(t, dir, n)
 	c, err := cache.Open(filepath.Join(dir, "c.db"))
 	if err != nil {
 		t.Fatal(err)
