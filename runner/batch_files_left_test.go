@@ -46,14 +46,7 @@ func TestOpenAIBatchUploadLeftByAStopIsDeleted(t *testing.T) {
 		t.Fatalf("after the stop the orgs hold %v; want the one upload", files)
 	}
 	x.Sync.WrapTransport = nil
-	res, err := b.boundedRun(dir, x)
-	if err != nil || !res.Complete {
-		t.Fatalf("the resumed run: %v", err)
-	}
-	b.audit(dir)
-	if _, billed, twice := batchLedger(b.sim.Server.Ledger()); billed != 300 || twice != 0 {
-		t.Fatalf("billed %d (%d twice)", billed, twice)
-	}
+	res := b.resumedOnce(dir, x, 300)
 	if files := b.openaiFiles(); len(files) != 0 || res.Batch.FilesLeft != 0 {
 		t.Fatalf("input files left on the orgs after the resumed run: %v (%d counted)", files, res.Batch.FilesLeft)
 	}

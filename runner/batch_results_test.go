@@ -41,6 +41,21 @@ func (b *bench) boundedRun(dir string, x runner.Exec) (*runner.Result, error) {
 	return res, err
 }
 
+// resumedOnce runs x on dir to its end as a resume, audits the results and
+// checks that the simulator billed each of n batch requests once.
+func (b *bench) resumedOnce(dir string, x runner.Exec, n int) *runner.Result {
+	b.t.Helper()
+	res, err := b.boundedRun(dir, x)
+	if err != nil || !res.Complete {
+		b.t.Fatalf("the resumed run: %v", err)
+	}
+	b.audit(dir)
+	if _, billed, twice := batchLedger(b.sim.Server.Ledger()); billed != n || twice != 0 {
+		b.t.Fatalf("billed %d (%d twice)", billed, twice)
+	}
+	return res
+}
+
 // checkStopMessage checks that err is ErrNeedsPerson naming a batch by
 // its local number, its id and its org, and says what failed, without a
 // key.
@@ -526,14 +541,7 @@ func TestOpenAIBatchLearntQueueTokensKept(t *testing.T) {
 		}
 		return resp, err
 	})
-	res, err := b.boundedRun(dir, x)
-	if err != nil || !res.Complete {
-		t.Fatalf("the resumed run: %v", err)
-	}
-	b.audit(dir)
-	if _, billed, twice := batchLedger(b.sim.Server.Ledger()); billed != 300 || twice != 0 {
-		t.Fatalf("billed %d (%d twice)", billed, twice)
-	}
+	b.resumedOnce(dir, x, 300)
 	if n := again.failed(); n != 0 {
 		t.Fatalf("the resumed run overran the enqueued-token limit again: %d batches failed for it; want 0", n)
 	}
@@ -585,14 +593,7 @@ func TestOpenAIBatchResumeSkipsReadOutput(t *testing.T) {
 		}
 		return next.RoundTrip(req)
 	})
-	res, err := b.boundedRun(dir, x)
-	if err != nil || !res.Complete {
-		t.Fatalf("the resumed run: %v", err)
-	}
-	b.audit(dir)
-	if _, billed, twice := batchLedger(b.sim.Server.Ledger()); billed != 200 || twice != 0 {
-		t.Fatalf("billed %d (%d twice)", billed, twice)
-	}
+	b.resumedOnce(dir, x, 200)
 	mu.Lock()
 	defer mu.Unlock()
 	for f := range first.output {
